@@ -1,0 +1,131 @@
+"""Events: the one seam between the decoding engines and everything that shows
+or records a run (UI, CLI, bench, traces, tests).
+
+Times are seconds since the start of the run, read with time.perf_counter()
+after synchronising the device, so they are real elapsed time.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+
+class Outcome(str, Enum):
+    """What happened to a token. Names and colours are defined here once."""
+
+    TARGET = "target"  # plain decoding: sampled from the target
+    ACCEPTED = "accepted"  # drafted and kept by the target
+    REJECTED = "rejected"  # drafted and refused (not part of the output)
+    RESAMPLED = "resampled"  # drawn from norm(max(0, p - q)) after a rejection
+    BONUS = "bonus"  # drawn from the target after all drafts were accepted
+
+
+# Okabe-Ito palette: distinguishable with the common colour-vision deficiencies.
+# Each outcome also has a non-colour cue (see ui/render.py).
+OUTCOME_COLOURS = {
+    Outcome.TARGET: "#999999",
+    Outcome.ACCEPTED: "#009E73",  # bluish green
+    Outcome.REJECTED: "#D55E00",  # vermillion
+    Outcome.RESAMPLED: "#0072B2",  # blue
+    Outcome.BONUS: "#E69F00",  # orange
+}
+
+OUTCOME_LABELS = {
+    Outcome.TARGET: "target token (plain decoding)",
+    Outcome.ACCEPTED: "accepted draft token",
+    Outcome.REJECTED: "rejected draft token (not kept)",
+    Outcome.RESAMPLED: "resampled from the residual after a rejection",
+    Outcome.BONUS: "bonus token (all drafts accepted)",
+}
+
+# ANSI styles for the terminal: colour plus a non-colour cue
+OUTCOME_ANSI = {
+    Outcome.TARGET: "",
+    Outcome.ACCEPTED: "\x1b[32m",
+    Outcome.REJECTED: "\x1b[31;9m",  # red, struck through
+    Outcome.RESAMPLED: "\x1b[34;4m",  # blue, underlined
+    Outcome.BONUS: "\x1b[33;1m",  # yellow, bold
+}
+
+
+@dataclass
+class TokenEvent:
+    """One token as it appeared in a run (rejected draft tokens included)."""
+
+    token_id: int
+    text: str
+    outcome: Outcome
+    t: float  # seconds since run start when the token became known
+    round: int = -1  # speculative round index, -1 for plain decoding
+    position: int = 0  # draft position 1..γ in the round; 0 for appended tokens
+    p: float | None = None  # target probability of this token
+    q: float | None = None  # draft probability of this token
+    u: float | None = None  # uniform drawn for the accept test
+
+    @property
+    def in_output(self) -> bool:
+        return self.outcome is not Outcome.REJECTED
+
+
+@dataclass
+class RoundEvent:
+    """One speculative round: γ drafts, one verification, one appended token."""
+
+    index: int
+    gamma: int  # tokens drafted this round
+    draft_ids: list[int]
+    q: list[float]  # q(x) of each drafted token
+    p: list[float]  # p(x) of each drafted token
+    u: list[float]  # uniforms used (tested positions only)
+    overlap: list[float]  # Σ min(p, q) at each drafted position
+    n_accepted: int
+    appended_id: int
+    resampled: bool  # False: bonus
+    t_start: float
+    t_draft: float  # seconds spent drafting this round
+    t_verify: float  # seconds spent in the target forward + accept test
+    t_end: float
+    draft_forwards: int  # draft forward passes this round
+    tokens: list[TokenEvent] = field(default_factory=list)  # in display order
+    # running totals after this round
+    total_tokens: int = 0
+    total_drafted: int = 0
+    total_accepted: int = 0
+    target_forwards: int = 0
+
+    @property
+    def n_new(self) -> int:
+        return sum(1 for t in self.tokens if t.in_output)
+
+
+@dataclass
+class RunSummary:
+    """Totals of a finished (or stopped) run. Every field is measured."""
+
+    mode: str  # "baseline" | "speculative"
+    method: str  # proposer name for speculative, "plain" for baseline
+    token_ids: list[int]
+    text: str
+    n_tokens: int
+    elapsed: float  # first forward to last token, seconds
+    prefill: float  # seconds spent on the prompt before the first token
+    target_forwards: int
+    stop_reason: str  # "eos" | "max_new_tokens" | "stopped" | "error"
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_time: float = 0.0
+    verify_time: float = 0.0
+    draft_forwards: int = 0
+    overlap_sum: float = 0.0  # Σ over drafted positions of Σ_x min(p, q)
+    gamma: int = 0
+    device: str = "cpu"
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_tokens / self.elapsed if self.elapsed > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["tokens_per_s"] = self.tokens_per_s
+        return d

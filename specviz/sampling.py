@@ -1,0 +1,150 @@
+"""Sampling math for speculative decoding: pure functions on tensors.
+
+Everything here works on probability vectors of shape (..., vocab) and knows
+nothing about models, time or I/O, so it can be tested exhaustively.
+
+Greedy (temperature 0) is handled as the argmax special case: the warped
+distribution is one-hot, which makes the accept test and the residual draw
+reduce exactly to "keep the draft token iff it is the target's argmax, else
+take the target's argmax".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Below this total mass the residual max(0, p - q) is numerically empty
+# (p == q up to rounding); we fall back to p, which is then the same law.
+RESIDUAL_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How logits become a distribution. temperature == 0 means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Turn logits (..., V) into probabilities (..., V), float32.
+
+    The same warp is applied to the target's p and the draft's q, so the
+    speculative output follows exactly the warped target distribution.
+    """
+    logits = logits.float()
+    if params.greedy:
+        # ties broken by the lowest index, as torch.argmax does in plain decoding
+        idx = logits.argmax(dim=-1, keepdim=True)
+        return torch.zeros_like(logits).scatter_(-1, idx, 1.0)
+    logits = logits / params.temperature
+    vocab = logits.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=True)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        # drop a token when the mass strictly before it already reaches top_p;
+        # the most likely token is always kept
+        drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter_(-1, sorted_idx, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return torch.softmax(logits, dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token id per row from probs (..., V). Returns shape (...)."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    out = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
+    return out.reshape(probs.shape[:-1])
+
+
+def draw_uniform(n: int, generator: torch.Generator | None = None, device="cpu") -> torch.Tensor:
+    if generator is not None:
+        device = generator.device  # a generator only feeds its own device
+    return torch.rand(n, generator=generator, device=device)
+
+
+def accept_mask(p_x: torch.Tensor, q_x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Accept draft token x iff u < p(x) / q(x).
+
+    Written as u * q < p so q(x) == 0 never divides; with q(x) == 0 the draft
+    could not have proposed x, and u * 0 < p(x) is false only when p(x) == 0,
+    so we reject explicitly for q(x) == 0 to be safe.
+    """
+    return (u * q_x < p_x) & (q_x > 0)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)); falls back to p when the residual mass is ~0."""
+    r = (p - q).clamp_min(0)
+    mass = r.sum(dim=-1, keepdim=True)
+    return torch.where(mass > RESIDUAL_EPS, r / mass.clamp_min(RESIDUAL_EPS), p)
+
+
+def accept_ratio(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """min(1, p(x)/q(x)), the probability that the accept test passes."""
+    return torch.where(q_x > 0, (p_x / q_x.clamp_min(1e-30)).clamp_max(1.0), torch.zeros_like(p_x))
+
+
+def overlap(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Σ_x min(p(x), q(x)) per row: the exact acceptance probability of a draft
+    token given the prefix (1 - total variation). Its mean is the unbiased α."""
+    return torch.minimum(p, q).sum(dim=-1)
+
+
+@dataclass
+class Verdict:
+    """Outcome of verifying one round of γ drafted tokens."""
+
+    n_accepted: int  # how many drafted tokens were kept (prefix length)
+    token: int  # the token appended after them
+    resampled: bool  # True: drawn from the residual after a rejection; False: bonus
+    u: list[float]  # uniforms used for each tested draft position
+    p_x: list[float]  # p(x) for each drafted token
+    q_x: list[float]  # q(x) for each drafted token
+    overlap: list[float]  # Σ min(p, q) for each drafted position
+
+
+def verify(
+    draft_tokens: torch.Tensor,
+    q: torch.Tensor,
+    p: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> Verdict:
+    """Modified rejection sampling for one round.
+
+    draft_tokens: (γ,) long; q: (γ, V) draft distributions they were drawn from;
+    p: (γ + 1, V) target distributions at the same positions plus one more.
+    """
+    gamma = draft_tokens.shape[0]
+    idx = draft_tokens.view(-1, 1)
+    p_x = p[:gamma].gather(-1, idx).squeeze(-1)
+    q_x = q.gather(-1, idx).squeeze(-1)
+    u = draw_uniform(gamma, generator, device=p.device).to(p.device)
+    ok = accept_mask(p_x, q_x, u)
+    # first rejected position, or γ when all accepted
+    rejected = (~ok).nonzero()
+    n = int(rejected[0, 0]) if rejected.numel() else gamma
+    if n < gamma:
+        token = int(sample(residual(p[n], q[n]), generator))
+        resampled = True
+    else:
+        token = int(sample(p[gamma], generator))
+        resampled = False
+    return Verdict(
+        n_accepted=n,
+        token=token,
+        resampled=resampled,
+        u=u[: n + 1 if n < gamma else gamma].tolist(),
+        p_x=p_x.tolist(),
+        q_x=q_x.tolist(),
+        overlap=overlap(p[:gamma], q).tolist(),
+    )
