@@ -21,7 +21,8 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>",
+                                   pad_token="<eos>")
 
 
 def tiny_model(vocab_size: int, seed: int, layers: int = 2, hidden: int = 32,
@@ -36,3 +37,18 @@ def tiny_model(vocab_size: int, seed: int, layers: int = 2, hidden: int = 32,
     model = Qwen2ForCausalLM(cfg).eval()
     model.requires_grad_(False)
     return model
+
+
+def save_tiny_pair(root, vocab_size: int = 96) -> tuple[str, str]:
+    """Write a tiny target (3 layers) and draft (1 layer) with a shared
+    tokenizer to root/target and root/draft; the output layer is padded past
+    the tokenizer, as real models often are."""
+    from pathlib import Path
+    tok = tiny_tokenizer()
+    dirs = []
+    for name, seed, layers in (("target", 0, 3), ("draft", 1, 1)):
+        d = Path(root) / name
+        tiny_model(vocab_size, seed, layers=layers).save_pretrained(d)
+        tok.save_pretrained(d)
+        dirs.append(str(d))
+    return dirs[0], dirs[1]

@@ -1,0 +1,126 @@
+"""RunRequest: validated settings for one run, built once from UI/CLI/API input.
+
+Validation errors are raised here as RequestError, in words a visitor
+understands; the engines can then trust every field.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, replace
+
+from .sampling import SamplingParams
+
+METHODS = ("draft", "lookup", "adaptive")
+MAX_GAMMA = 16
+
+
+class RequestError(ValueError):
+    """Bad input, with a message meant for the person who typed it."""
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Operator limits (flags or env) that visitors cannot exceed."""
+
+    max_new_tokens: int = 512
+    max_prompt_tokens: int = 2048
+    max_seconds: float = 300.0
+
+    @classmethod
+    def from_env(cls) -> "Limits":
+        return cls(_env_int("SPECVIZ_MAX_NEW_TOKENS", 512), _env_int("SPECVIZ_MAX_PROMPT_TOKENS", 2048),
+                   float(_env_int("SPECVIZ_MAX_SECONDS", 300)))
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    prompt: str
+    method: str = "draft"
+    gamma: int = 4
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = 0
+    chat_template: bool = False
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p)
+
+
+def _number(name, value, kind, lo, hi):
+    """Coerce value (possibly a string from an API call) to kind in [lo, hi]."""
+    try:
+        if isinstance(value, bool) or value is None or value == "":
+            raise TypeError
+        x = kind(float(value)) if kind is int else float(value)
+        if kind is int and float(value) != x:
+            raise TypeError
+    except (TypeError, ValueError, OverflowError):
+        raise RequestError(f"{name} must be a {'whole ' if kind is int else ''}number, got {value!r}.") from None
+    if isinstance(x, float) and not math.isfinite(x):
+        raise RequestError(f"{name} must be a finite number, got {value!r}.")
+    if not lo <= x <= hi:
+        raise RequestError(f"{name} must be between {lo} and {hi}, got {value!r}.")
+    return x
+
+
+def make_request(prompt, method="draft", gamma=4, max_new_tokens=64, temperature=0.0,
+                 top_p=1.0, top_k=0, seed=0, chat_template=False,
+                 limits: Limits | None = None) -> RunRequest:
+    limits = limits or Limits.from_env()
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise RequestError("The prompt is empty: type something or pick a preset.")
+    if method not in METHODS:
+        raise RequestError(f"Unknown method {method!r}: choose one of {', '.join(METHODS)}.")
+    if seed is not None and seed != "":
+        seed = _number("Seed", seed, int, 0, 2**63 - 1)
+    else:
+        seed = None
+    return RunRequest(
+        prompt=prompt,
+        method=method,
+        gamma=_number("γ (draft length)", gamma, int, 1, MAX_GAMMA),
+        max_new_tokens=_number("Max new tokens", max_new_tokens, int, 1, limits.max_new_tokens),
+        temperature=_number("Temperature", temperature, float, 0.0, 2.0),
+        top_p=_number("Top-p", top_p, float, 0.01, 1.0),
+        top_k=_number("Top-k", top_k, int, 0, 1000),
+        seed=seed,
+        chat_template=bool(chat_template),
+    )
+
+
+def encode_prompt(tokenizer, req: RunRequest, max_positions: int | None = None,
+                  limits: Limits | None = None) -> list[int]:
+    """Token ids of the prompt (through the chat template if asked), checked
+    against the operator's limit and the model's context length."""
+    limits = limits or Limits.from_env()
+    if req.chat_template and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": req.prompt}], tokenize=False, add_generation_prompt=True)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    else:
+        ids = tokenizer.encode(req.prompt)
+    if not ids:
+        raise RequestError("The prompt encodes to no tokens: type some text.")
+    if len(ids) > limits.max_prompt_tokens:
+        raise RequestError(f"The prompt is too long: {len(ids)} tokens, the limit here is "
+                           f"{limits.max_prompt_tokens}. Shorten it.")
+    if max_positions and len(ids) + req.max_new_tokens + MAX_GAMMA + 1 > max_positions:
+        raise RequestError(f"Prompt ({len(ids)} tokens) plus {req.max_new_tokens} new tokens does not "
+                           f"fit the model's context of {max_positions} tokens. Shorten the prompt "
+                           f"or lower max new tokens.")
+    return ids
+
+
+def with_overrides(req: RunRequest, **kw) -> RunRequest:
+    return replace(req, **kw)

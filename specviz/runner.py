@@ -1,0 +1,32 @@
+"""Glue: one RunRequest + a loaded ModelPair -> an event stream.
+
+The CLI, the UI, the race and the bench all start runs through run_events(),
+so they share the exact same engine calls.
+"""
+from __future__ import annotations
+
+from .decoding import baseline, speculative
+from .proposers import DraftModelProposer, Proposer
+from .request import RequestError, RunRequest
+
+
+def target_vocab(model) -> int:
+    return model.get_output_embeddings().out_features
+
+
+def make_proposer(pair, method: str) -> Proposer:
+    if method == "draft":
+        if pair.draft is None:
+            raise RequestError("This pair has no draft model: pick another method.")
+        return DraftModelProposer(pair.draft, vocab_size=target_vocab(pair.target))
+    raise RequestError(f"Unknown method {method!r}.")
+
+
+def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], stop=None):
+    if mode == "baseline":
+        return baseline(pair.target, pair.tokenizer, prompt_ids, req.max_new_tokens, req.sampling,
+                        pair.eos_ids, req.seed, stop)
+    if mode == "speculative":
+        return speculative(pair.target, make_proposer(pair, req.method), pair.tokenizer, prompt_ids,
+                           req.max_new_tokens, req.gamma, req.sampling, pair.eos_ids, req.seed, stop)
+    raise RequestError(f"Unknown mode {mode!r}.")

