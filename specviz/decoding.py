@@ -38,6 +38,30 @@ class Clock:
         return self.now_raw() - self.t0
 
 
+class VirtualClock(Clock):
+    """A clock that only runs while its owner is resumed.
+
+    The fair race steps two engines in turn; each engine reads this clock, so
+    its timestamps count only its own work, as if it ran alone."""
+
+    def __init__(self, device: torch.device):
+        super().__init__(device)
+        self.spent = 0.0
+        self.since: float | None = None
+
+    def resume(self) -> None:
+        self.since = self.now_raw()
+
+    def pause(self) -> None:
+        if self.since is not None:
+            self.spent += self.now_raw() - self.since
+            self.since = None
+
+    def now(self) -> float:
+        running = self.now_raw() - self.since if self.since is not None else 0.0
+        return self.spent + running
+
+
 class TextStream:
     """Incremental detokenizer: the text each new token adds, without splitting
     multi-byte characters that byte-level BPE spreads over several tokens."""
@@ -83,11 +107,12 @@ def baseline(
     eos_ids=(),
     seed: int | None = None,
     stop: threading.Event | None = None,
+    clock: Clock | None = None,
 ) -> Iterator[TokenEvent | RunSummary]:
     """Plain KV-cached autoregressive decoding of the target."""
     eos = frozenset(eos_ids)
     gen = _generator(model.device, seed)
-    clock = Clock(model.device)
+    clock = clock or Clock(model.device)
     cache = DynamicCache()
     stream = TextStream(tokenizer)
     out: list[int] = []
@@ -136,12 +161,13 @@ def speculative(
     eos_ids=(),
     seed: int | None = None,
     stop: threading.Event | None = None,
+    clock: Clock | None = None,
 ) -> Iterator[RoundEvent | RunSummary]:
     """Speculative decoding: the proposer drafts, the target verifies all drafts
     in one forward pass, modified rejection sampling keeps the target's law."""
     eos = frozenset(eos_ids)
     gen = _generator(target.device, seed)
-    clock = Clock(target.device)
+    clock = clock or Clock(target.device)
     cache = DynamicCache()
     stream = TextStream(tokenizer)
     committed = list(prompt_ids)

@@ -22,11 +22,11 @@ def make_proposer(pair, method: str) -> Proposer:
     raise RequestError(f"Unknown method {method!r}.")
 
 
-def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], stop=None):
+def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], stop=None, clock=None):
     if mode == "baseline":
         return baseline(pair.target, pair.tokenizer, prompt_ids, req.max_new_tokens, req.sampling,
-                        pair.eos_ids, req.seed, stop)
+                        pair.eos_ids, req.seed, stop, clock)
     if mode == "speculative":
         return speculative(pair.target, make_proposer(pair, req.method), pair.tokenizer, prompt_ids,
-                           req.max_new_tokens, req.gamma, req.sampling, pair.eos_ids, req.seed, stop)
+                           req.max_new_tokens, req.gamma, req.sampling, pair.eos_ids, req.seed, stop, clock)
     raise RequestError(f"Unknown mode {mode!r}.")
