@@ -23,13 +23,15 @@ def add_pair_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="target model: local directory or Hub id")
     p.add_argument("--draft", default=None, help="draft model: local directory or Hub id")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--quantize", choices=["none", "int8"], default="none",
+                   help="int8: dynamic int8 weights for both models (CPU; a different, faster model)")
 
 
 def load_from_args(args, progress=None, allow_local_paths=True):
     from .models import load_pair, resolve_pair
     pair = args.pair if (args.pair or args.target or args.draft) else "default"
     spec = resolve_pair(pair, args.target, args.draft, allow_local_paths=allow_local_paths)
-    return load_pair(spec, device=args.device, progress=progress)
+    return load_pair(spec, device=args.device, progress=progress, quantize=args.quantize)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,7 +77,9 @@ def generate(args) -> int:
                        args.top_p, args.top_k, args.seed, args.chat)
     if args.num_samples < 1:
         raise RequestError("--num-samples must be at least 1.")
-    progress = None if args.json else (lambda msg, frac: print(f"[{frac:4.0%}] {msg}", file=sys.stderr))
+    # progress only for a person at a terminal; scripts get clean stderr
+    progress = None if args.json or not sys.stderr.isatty() else (
+        lambda msg, frac: print(f"[{frac:4.0%}] {msg}", file=sys.stderr))
     pair = load_from_args(args, progress=progress)
     ids = encode_prompt(pair.tokenizer, req, getattr(pair.target.config, "max_position_embeddings", None))
     modes = ["baseline", "speculative"] if args.mode == "both" else [args.mode]

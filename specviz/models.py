@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from . import speed
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -391,6 +393,7 @@ class ModelPair:
     device: torch.device
     dtype: torch.dtype
     eos_ids: list[int]
+    precision: str = ""  # what both sides run: "float32", "bfloat16", "int8 (dynamic)"
 
     @property
     def has_chat_template(self) -> bool:
@@ -484,8 +487,14 @@ def _load_one(ref: str, device: torch.device, dtype: torch.dtype):
 
 
 def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | None = None,
-              progress: Progress | None = None, load_draft: bool = True) -> ModelPair:
-    """Load target (+ draft) and the target's tokenizer, checking that the vocabularies agree."""
+              progress: Progress | None = None, load_draft: bool = True,
+              quantize: str | None = None) -> ModelPair:
+    """Load target (+ draft) and the target's tokenizer, checking that the vocabularies agree.
+
+    quantize="int8" swaps every Linear of both models for dynamic int8 (CPU):
+    a different, faster model, used by the baseline and the speculative side alike."""
+    if quantize not in (None, "", "none", "int8"):
+        raise ModelError(f"unknown quantisation '{quantize}': use int8 or none")
     progress = progress or (lambda msg, frac: None)
     dev, auto_dtype = pick_device_dtype(device)
     dtype = dtype or auto_dtype
@@ -505,5 +514,16 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
         progress(f"loading draft {spec.draft}", 0.6)
         draft, tok_draft = _load_one(refs["draft"], dev, dtype)
     check_vocab(target, draft, tok, tok_draft)
+    precision = str(dtype).removeprefix("torch.")
+    models = [m for m in (target, draft) if m is not None]
+    if quantize == "int8":
+        if dev.type != "cpu":
+            raise ModelError("int8 quantisation is for CPU only")
+        progress("quantising both models to int8", 0.9)
+        target, draft = (speed.quantize_int8(m) if m is not None else None for m in (target, draft))
+        precision = "int8 (dynamic)"
+    else:
+        for m in models:  # same trick for both models, so both paths get it
+            speed.patch_small_m_linear(m)
     progress("models ready", 1.0)
-    return ModelPair(target, draft, tok, spec, dev, dtype, _eos_ids(target, tok))
+    return ModelPair(target, draft, tok, spec, dev, dtype, _eos_ids(target, tok), precision)

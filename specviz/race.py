@@ -1,0 +1,284 @@
+"""Race: run the baseline and speculative decoding side by side as one stream.
+
+`race()` yields `(side, event)` pairs, side being "baseline" or "speculative"
+and event the engine's own TokenEvent / RoundEvent / RunSummary, in display
+order. Two execution modes:
+
+fair (default on CPU)
+    Both engines run in this thread, one step at a time. Each has its own
+    VirtualClock that only counts while that engine is being stepped, so each
+    side is timed as if it ran alone on the machine. We always step the side
+    whose virtual clock is behind and emit events in virtual-time order, so the
+    two sides can be shown on one shared (virtual) clock. Work done by the
+    consumer between events (rendering, charts) is never counted.
+
+parallel
+    Two worker threads run both engines at the same time (on a CUDA device each
+    on its own stream). Events are merged through a queue in wall-clock order.
+    On CPU the two sides compete for the same cores, which distorts the
+    measured speedup (see the report in the UI/README); this mode shows what a
+    naive side-by-side demo would measure.
+
+Both modes stop promptly when `stop` is set (the engines check it between
+steps), when `time_limit` seconds of wall time have passed, or when the
+consumer closes the generator; worker threads are always joined.
+
+No gradio or plotly here: the UI, tests and scripts all consume this stream.
+"""
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from typing import Iterator
+
+import torch
+
+from .decoding import Clock, VirtualClock
+from .events import RoundEvent, RunSummary, TokenEvent
+from .runner import run_events
+
+SIDES = ("baseline", "speculative")
+MODES = ("fair", "parallel")
+
+Event = TokenEvent | RoundEvent | RunSummary
+
+
+def default_mode(device) -> str:
+    """Fair on CPU (two threads would share the same cores); parallel on a GPU
+    is an option but fair stays the honest default everywhere."""
+    return "fair"
+
+
+def event_time(ev: Event) -> float:
+    """When an event became known, in seconds on its side's clock."""
+    if isinstance(ev, TokenEvent):
+        return ev.t
+    if isinstance(ev, RoundEvent):
+        return ev.t_end
+    return ev.elapsed
+
+
+class _Either:
+    """Duck-typed stop flag for the engines: set when any of its events is."""
+
+    def __init__(self, *events: threading.Event | None):
+        self.events = [e for e in events if e is not None]
+
+    def is_set(self) -> bool:
+        return any(e.is_set() for e in self.events)
+
+
+class _StreamClock(Clock):
+    """Real-time clock that waits only for the current CUDA stream, so the two
+    parallel workers do not synchronise each other's work when reading time."""
+
+    def __init__(self, device, t0: float):
+        super().__init__(device)
+        self.t0 = t0
+
+    def now_raw(self) -> float:
+        if self.cuda:
+            torch.cuda.current_stream().synchronize()
+        return time.perf_counter()
+
+
+class RaceInfo:
+    """What the consumer may want to know besides the events."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.timed_out = False
+        self.wall_start = time.perf_counter()
+
+    @property
+    def wall(self) -> float:
+        return time.perf_counter() - self.wall_start
+
+
+def race(pair, req, prompt_ids: list[int], mode: str = "fair", stop: threading.Event | None = None,
+         sides: tuple[str, ...] = SIDES, time_limit: float | None = None,
+         info: RaceInfo | None = None) -> Iterator[tuple[str, Event]]:
+    """Run `sides` of one request and yield (side, event) in display order.
+
+    The generators are created through runner.run_events, so the engines are
+    called exactly as the CLI calls them. Exceptions from an engine (e.g. out
+    of memory) propagate to the consumer after the other side was stopped.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown execution mode {mode!r}: choose one of {', '.join(MODES)}")
+    info = info or RaceInfo(mode)
+    halt = threading.Event()
+    if time_limit:
+        timer = threading.Timer(time_limit, lambda: (setattr(info, "timed_out", True), halt.set()))
+        timer.daemon = True
+        timer.start()
+    else:
+        timer = None
+    either = _Either(stop, halt)
+    try:
+        if mode == "fair":
+            yield from _fair(pair, req, prompt_ids, either, sides)
+        else:
+            yield from _parallel(pair, req, prompt_ids, either, halt, sides)
+    finally:
+        halt.set()
+        if timer is not None:
+            timer.cancel()
+
+
+def _fair(pair, req, prompt_ids, stop, sides) -> Iterator[tuple[str, Event]]:
+    clocks = {s: VirtualClock(pair.device) for s in sides}
+    gens = {s: run_events(pair, req, s, prompt_ids, stop=stop, clock=clocks[s]) for s in sides}
+    pending: dict[str, list[Event]] = {s: [] for s in sides}
+    running = set(sides)
+    try:
+        while running or any(pending.values()):
+            if running:
+                # step the side whose virtual clock is behind (ties: baseline first)
+                side = min(running, key=lambda s: (clocks[s].now(), sides.index(s)))
+                clock = clocks[side]
+                clock.resume()
+                try:
+                    ev = next(gens[side])
+                finally:
+                    clock.pause()
+                pending[side].append(ev)
+                if isinstance(ev, RunSummary):
+                    running.discard(side)
+            # emit every pending event that no running side can still precede:
+            # a running side's next event is stamped at or after its clock now
+            horizon = min((clocks[s].now() for s in running), default=float("inf"))
+            while True:
+                ready = [(event_time(evs[0]), sides.index(s), s) for s, evs in pending.items()
+                         if evs and event_time(evs[0]) <= horizon]
+                if not ready:
+                    break
+                _, _, s = min(ready)
+                yield s, pending[s].pop(0)
+    finally:
+        for g in gens.values():
+            g.close()
+
+
+_DONE = object()
+
+
+def _parallel(pair, req, prompt_ids, stop, halt, sides) -> Iterator[tuple[str, Event]]:
+    q: queue.Queue = queue.Queue()
+    t0 = time.perf_counter()
+    cuda = torch.device(pair.device).type == "cuda"
+    start = threading.Barrier(len(sides))
+
+    def work(side: str) -> None:
+        try:
+            stream = torch.cuda.Stream(device=pair.device) if cuda else None
+            ctx = torch.cuda.stream(stream) if cuda else contextlib.nullcontext()
+            with ctx:
+                clock = _StreamClock(pair.device, t0)
+                gen = run_events(pair, req, side, prompt_ids, stop=stop, clock=clock)
+                try:
+                    start.wait(timeout=30)
+                except threading.BrokenBarrierError:
+                    pass
+                try:
+                    for ev in gen:
+                        q.put((side, ev))
+                finally:
+                    gen.close()
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer
+            halt.set()
+            q.put((side, err))
+        finally:
+            q.put((side, _DONE))
+
+    threads = [threading.Thread(target=work, args=(s,), name=f"specviz-{s}", daemon=True) for s in sides]
+    for t in threads:
+        t.start()
+    live = len(threads)
+    error: BaseException | None = None
+    try:
+        while live:
+            side, item = q.get()
+            if item is _DONE:
+                live -= 1
+            elif isinstance(item, BaseException):
+                error = error or item
+            elif error is None:
+                yield side, item
+        if error is not None:
+            raise error
+    finally:
+        halt.set()
+        for t in threads:
+            t.join()
+
+
+# ------------------------------------------------------------ measurement
+
+
+def measure(pair, req, prompt_ids, mode: str, repeats: int = 1) -> list[dict]:
+    """Run the race `repeats` times in `mode`; per run: tokens/s of each side
+    (on that side's own clock), the speedup and the wall time."""
+    from .metrics import run_stats
+    rows = []
+    for _ in range(repeats):
+        info = RaceInfo(mode)
+        summaries = {s: ev for s, ev in race(pair, req, prompt_ids, mode, info=info)
+                     if isinstance(ev, RunSummary)}
+        base, spec = summaries["baseline"], summaries["speculative"]
+        st = run_stats(spec, base)
+        rows.append(dict(mode=mode, base_tps=base.tokens_per_s, spec_tps=spec.tokens_per_s,
+                         speedup=st.speedup, alpha=st.alpha, c=st.c, predicted=st.predicted,
+                         wall=info.wall, tokens=(base.n_tokens, spec.n_tokens)))
+    return rows
+
+
+def main(argv=None) -> int:
+    """`python -m specviz.race --prompt ... [--repeats N]`: how much does running
+    both sides at once (parallel) distort the speedup, compared with timing each
+    side alone (fair)? Prints one line per run and the medians."""
+    import argparse
+    import statistics
+
+    from .cli import add_pair_args, load_from_args
+    from .request import encode_prompt, make_request
+    ap = argparse.ArgumentParser(prog="python -m specviz.race", description=main.__doc__)
+    add_pair_args(ap)
+    ap.add_argument("--prompt", default="def quicksort(arr):\n")
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    args = ap.parse_args(argv)
+    pair = load_from_args(args)
+    req = make_request(args.prompt, "draft", args.gamma, args.max_new_tokens, 0.0, 1.0, 0, 0, False)
+    ids = encode_prompt(pair.tokenizer, req)
+    results: dict[str, list[dict]] = {}
+
+    def work() -> None:
+        # in a worker thread, like the app (gradio steps generators in worker
+        # threads), so both modes run under the same threading conditions
+        for _ in range(args.warmup):
+            measure(pair, req, ids, "fair")
+        for i in range(args.repeats):
+            for mode in (MODES if i % 2 == 0 else MODES[::-1]):
+                r = measure(pair, req, ids, mode)[0]
+                results.setdefault(mode, []).append(r)
+                print(f"{mode:8s} base {r['base_tps']:8.2f} tok/s  spec {r['spec_tps']:8.2f} tok/s  "
+                      f"speedup {r['speedup']:.3f}  alpha {r['alpha']:.3f}  c {r['c']:.3f}  "
+                      f"wall {r['wall']:.2f} s  tokens {r['tokens']}", flush=True)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    med = {m: statistics.median(r["speedup"] for r in rows) for m, rows in results.items()}
+    print(f"median speedup: fair {med['fair']:.3f}  parallel {med['parallel']:.3f}  "
+          f"distortion (parallel/fair) {med['parallel'] / med['fair']:.3f}  "
+          f"torch threads {torch.get_num_threads()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,45 @@
+"""Speed tricks for the decoding hot path. Each one is applied to the model
+objects, so the baseline and the speculative engine get it alike.
+
+CPU: with fp32 weights, torch's F.linear on 2..32 input rows (what verifying
+γ drafts needs) runs 2-3x slower than on one row, although the weights are
+read once either way; computing `W @ x.T` instead takes the fast path for
+those shapes (measured in ../shared/models.md and docs/benchmarks.md).
+"""
+from __future__ import annotations
+
+from types import MethodType
+
+import torch
+import torch.nn.functional as F
+
+SMALL_M = 32  # above this, F.linear's own kernel is as good
+
+
+def _linear_small_m(self, x: torch.Tensor) -> torch.Tensor:
+    m = x.numel() // x.shape[-1]
+    if 2 <= m <= SMALL_M and x.device.type == "cpu" and x.dtype == torch.float32:
+        y = (self.weight @ x.reshape(m, x.shape[-1]).T).T
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+    return F.linear(x, self.weight, self.bias)
+
+
+def patch_small_m_linear(model: torch.nn.Module) -> int:
+    """Route every nn.Linear of a CPU fp32 model through the small-M path.
+    Returns how many layers were patched (0 on GPU or other dtypes)."""
+    n = 0
+    for mod in model.modules():
+        if type(mod) is torch.nn.Linear and mod.weight.device.type == "cpu" \
+                and mod.weight.dtype == torch.float32:
+            mod.forward = MethodType(_linear_small_m, mod)
+            n += 1
+    return n
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """Dynamic int8 weights for every Linear (CPU only). This makes a different
+    model from the fp32 one: use it for both sides, and say so in the UI."""
+    from torch.ao.quantization import quantize_dynamic
+    return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)

