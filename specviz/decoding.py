@@ -188,7 +188,7 @@ def speculative(
             break
         remaining = max_new_tokens - len(out)
         # never draft past the budget: the last slot is the target's own token
-        g = min(gamma, max(1, remaining - 1))
+        g = min(proposer.next_gamma(gamma), max(1, remaining - 1))
         t_start = clock.now()
         prop = proposer.propose(committed, g, params, gen, eos)
         t_drafted = clock.now()

@@ -29,6 +29,10 @@ class Proposer:
         """Start a new sequence. Returns forward passes spent (prefill)."""
         return 0
 
+    def next_gamma(self, requested: int) -> int:
+        """How many tokens to draft next round (adaptive proposers change it)."""
+        return requested
+
     def propose(self, committed: list[int], gamma: int, params: SamplingParams,
                 generator: torch.Generator | None, eos_ids: frozenset[int]) -> Proposal:
         raise NotImplementedError
@@ -68,6 +72,7 @@ class DraftModelProposer(Proposer):
     model: torch.nn.Module
     vocab_size: int | None = None  # cut the draft's logits to the target's vocabulary
     name: str = "draft"
+    confidence: float | None = None  # stop drafting below this top probability
     cache: DynamicCache | None = field(default=None, repr=False)
 
     def reset(self, prompt_ids: list[int]) -> int:
@@ -87,11 +92,16 @@ class DraftModelProposer(Proposer):
         feed = committed[self.cache.get_seq_length():]
         tokens, qs = [], []
         for _ in range(gamma):
-            q = warp(self._logits(feed)[-1], params)
+            logits = self._logits(feed)[-1]
+            q = warp(logits, params)
             x = pick(q, params, generator)
             tokens.append(x)
             qs.append(q)
             if x in eos_ids:  # nothing useful follows an end-of-sequence
+                break
+            # an unsure draft is likely rejected: stop spending draft forwards.
+            # The stop depends only on what was drafted, so verification stays exact.
+            if self.confidence is not None and float(logits.float().softmax(-1).max()) < self.confidence:
                 break
             feed = [x]
         return Proposal(tokens, torch.stack(qs), forwards=len(tokens))
@@ -100,3 +110,62 @@ class DraftModelProposer(Proposer):
         # the cache holds a prefix of what was fed; keep what is still committed,
         # leaving the last committed token to be fed next round
         crop_cache(self.cache, len(committed) - 1)
+
+
+@dataclass
+class AdaptiveDraftProposer(DraftModelProposer):
+    """Draft model with a γ that follows acceptance: +1 after a fully accepted
+    round, -1 after a rejection, plus the draft-confidence stop."""
+
+    name: str = "adaptive"
+    confidence: float | None = 0.3
+    max_gamma: int = 16
+    current: int | None = None
+
+    def reset(self, prompt_ids):
+        self.current = None
+        return super().reset(prompt_ids)
+
+    def next_gamma(self, requested):
+        if self.current is None:
+            self.current = requested  # the request's γ is the starting point
+        return self.current
+
+    def rollback(self, committed, n_accepted, n_drafted):
+        super().rollback(committed, n_accepted, n_drafted)
+        if n_drafted and n_accepted == n_drafted:
+            self.current = min(self.max_gamma, self.current + 1)
+        elif n_accepted < n_drafted:
+            self.current = max(1, self.current - 1)
+
+
+@dataclass
+class PromptLookupProposer(Proposer):
+    """Copy what followed the last occurrence of the current n-gram in the
+    prompt or output (no model). Its q is one-hot: the token is proposed with
+    certainty, so it is accepted with probability p(x) and a rejection
+    resamples from p with x removed, which keeps the target's law."""
+
+    vocab_size: int
+    max_ngram: int = 3
+    min_ngram: int = 1
+    name: str = "lookup"
+
+    def propose(self, committed, gamma, params, generator, eos_ids):
+        tokens = self._match(committed, gamma)
+        q = torch.zeros(len(tokens), self.vocab_size)
+        if tokens:
+            q[torch.arange(len(tokens)), torch.tensor(tokens)] = 1.0
+        return Proposal(tokens, q, forwards=0)
+
+    def _match(self, seq: list[int], gamma: int) -> list[int]:
+        n_seq = len(seq)
+        for n in range(min(self.max_ngram, n_seq - 1), self.min_ngram - 1, -1):
+            tail = seq[n_seq - n:]
+            # latest earlier occurrence first: recent context predicts best
+            for start in range(n_seq - n - 1, -1, -1):
+                if seq[start:start + n] == tail:
+                    follow = seq[start + n:start + n + gamma]
+                    if follow:
+                        return follow
+        return []

@@ -6,7 +6,7 @@ so they share the exact same engine calls.
 from __future__ import annotations
 
 from .decoding import baseline, speculative
-from .proposers import DraftModelProposer, Proposer
+from .proposers import AdaptiveDraftProposer, DraftModelProposer, PromptLookupProposer, Proposer
 from .request import RequestError, RunRequest
 
 
@@ -15,10 +15,14 @@ def target_vocab(model) -> int:
 
 
 def make_proposer(pair, method: str) -> Proposer:
-    if method == "draft":
+    vocab = target_vocab(pair.target)
+    if method == "lookup":
+        return PromptLookupProposer(vocab)
+    if method in ("draft", "adaptive"):
         if pair.draft is None:
-            raise RequestError("This pair has no draft model: pick another method.")
-        return DraftModelProposer(pair.draft, vocab_size=target_vocab(pair.target))
+            raise RequestError("This pair has no draft model: pick prompt lookup instead.")
+        cls = DraftModelProposer if method == "draft" else AdaptiveDraftProposer
+        return cls(pair.draft, vocab_size=vocab)
     raise RequestError(f"Unknown method {method!r}.")
 
 

@@ -9,7 +9,7 @@ from scipy.stats import chisquare
 from specviz.decoding import baseline, speculative
 from specviz.events import Outcome, RoundEvent, RunSummary
 from specviz.metrics import run_stats
-from specviz.proposers import DraftModelProposer
+from specviz.proposers import AdaptiveDraftProposer, DraftModelProposer, PromptLookupProposer
 from specviz.sampling import SamplingParams, warp
 from specviz.tiny import tiny_model
 
@@ -41,21 +41,48 @@ def check_stream(rounds, summary):
     assert times == sorted(times)
 
 
+def make(which, target, draft, vocab):
+    return {
+        "same": lambda: DraftModelProposer(target),
+        "different": lambda: DraftModelProposer(draft),
+        "lookup": lambda: PromptLookupProposer(vocab),
+        "adaptive": lambda: AdaptiveDraftProposer(draft),
+        "adaptive_same": lambda: AdaptiveDraftProposer(target),
+    }[which]()
+
+
 @pytest.mark.parametrize("gamma", range(1, 9))
-@pytest.mark.parametrize("which", ["same", "different"])
+@pytest.mark.parametrize("which", ["same", "different", "lookup", "adaptive", "adaptive_same"])
 def test_greedy_speculative_equals_baseline(tok, target, draft, gamma, which):
-    ids = tok.encode(PROMPT)
+    ids = tok.encode(PROMPT + " arr arr arr")
     _, base = run(baseline(target, tok, ids, 40, GREEDY))
-    prop = DraftModelProposer(target if which == "same" else draft)
+    prop = make(which, target, draft, target.config.vocab_size)
     rounds, spec = run(speculative(target, prop, tok, ids, 40, gamma, GREEDY))
     assert spec.token_ids == base.token_ids
     assert spec.text == base.text
     check_stream(rounds, spec)
     if which == "same":  # a perfect draft: every round accepted with a bonus token
         assert spec.accepted == spec.drafted and all(not r.resampled for r in rounds)
-    else:
+    if which in ("different", "lookup"):
         assert any(r.resampled for r in rounds)
 
+
+def test_adaptive_gamma_moves(tok, target, draft):
+    ids = tok.encode(PROMPT)
+    rounds, _ = run(speculative(target, AdaptiveDraftProposer(target, confidence=None), tok, ids,
+                                60, 2, GREEDY))
+    assert [r.gamma for r in rounds[:4]] == [2, 3, 4, 5]  # all accepted: γ grows
+    rounds, _ = run(speculative(target, AdaptiveDraftProposer(draft, confidence=None), tok, ids,
+                                30, 6, GREEDY))
+    assert min(r.gamma for r in rounds) < 6  # rejections: γ shrinks
+
+
+def test_prompt_lookup_matches_latest_ngram():
+    p = PromptLookupProposer(vocab_size=10)
+    assert p._match([1, 2, 3, 9, 1, 2, 3, 4, 5, 1, 2], 3) == [3, 4, 5]
+    assert p._match([1, 2, 3], 3) == []
+    prop = p.propose([5, 6, 7, 5, 6], 4, GREEDY, None, frozenset())
+    assert prop.tokens == [7, 5, 6] and prop.q.sum(-1).tolist() == [1.0, 1.0, 1.0]
 
 @pytest.mark.parametrize("gamma", [1, 3, 6])
 def test_eos_inside_a_draft(tok, target, gamma):
@@ -121,20 +148,24 @@ def exact_sequence_probs(model, prompt, length, params):
     return probs
 
 
-@pytest.mark.parametrize("params,gamma", [
-    (SamplingParams(temperature=1.0), 2),
-    (SamplingParams(temperature=0.8, top_k=3), 3),
+@pytest.mark.parametrize("method,params,gamma", [
+    ("draft", SamplingParams(temperature=1.0), 2),
+    ("draft", SamplingParams(temperature=0.8, top_k=3), 3),
+    ("lookup", SamplingParams(temperature=1.0), 2),
+    ("adaptive", SamplingParams(temperature=1.0, top_p=0.9), 2),
 ])
-def test_sequences_follow_target_distribution(params, gamma):
+def test_sequences_follow_target_distribution(method, params, gamma):
     V, L, N = 4, 3, 1500
     t = tiny_model(V, seed=10, layers=2, init=0.8)
     d = tiny_model(V, seed=11, layers=1, init=0.8)
-    prompt = [1, 2, 3]
+    prompt = [1, 2, 3, 1, 2]  # repeats give prompt lookup something to copy
     exact = exact_sequence_probs(t, prompt, L, params)
     counts = dict.fromkeys(exact, 0)
     drafted = accepted = 0
     for i in range(N):
-        rounds, s = run(speculative(t, DraftModelProposer(d), NullTok(), prompt, L, gamma, params, seed=i))
+        prop = {"draft": lambda: DraftModelProposer(d), "lookup": lambda: PromptLookupProposer(V),
+                "adaptive": lambda: AdaptiveDraftProposer(d, confidence=0.5)}[method]()
+        rounds, s = run(speculative(t, prop, NullTok(), prompt, L, gamma, params, seed=i))
         counts[tuple(s.token_ids)] += 1
         drafted, accepted = drafted + s.drafted, accepted + s.accepted
     assert 0.05 < accepted / drafted < 0.95, "test needs both accepts and rejections"

@@ -1,0 +1,77 @@
+"""SpecViz web app: `python app.py` serves the page on http://127.0.0.1:7860.
+
+    python app.py                                  # the embedded default pair
+    python app.py --target DIR/target --draft DIR/draft --port 7861
+    python app.py --pair smollm2 --device cuda --host 0.0.0.0
+
+Models load in a background thread; the page shows the progress and enables
+Run when they are ready. A loading failure is shown in the page and the app
+keeps serving (another pair can be loaded from the page).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from specviz.cli import add_pair_args
+from specviz.models import ModelError, resolve_pair
+from specviz.race import MODES, default_mode
+from specviz.request import Limits
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python app.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_pair_args(ap)
+    ap.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
+    ap.add_argument("--host", default=None,
+                    help="interface to listen on (default: 0.0.0.0 on a Hugging Face Space, else 127.0.0.1)")
+    ap.add_argument("--share", action="store_true", help="also open a temporary public gradio.live link")
+    ap.add_argument("--allow-local-paths", action="store_true",
+                    help="let visitors type local folders as custom model ids (off by default; "
+                         "--target/--draft given here are always allowed)")
+    ap.add_argument("--mode", choices=MODES, default=None,
+                    help="default execution mode in the page (default: fair)")
+    return ap
+
+
+def initial_spec(args):
+    """The pair to load at start (operator paths are always allowed)."""
+    pair = args.pair if (args.pair or args.target or args.draft) else "default"
+    return resolve_pair(pair, args.target, args.draft, allow_local_paths=True)
+
+
+def create_app(args):
+    """(demo, manager): the Blocks page and the model manager, loading started."""
+    from specviz.ui.blocks import build_demo
+    from specviz.ui.loader import ModelManager
+
+    manager = ModelManager(device=args.device)
+    spec = None
+    try:
+        spec = initial_spec(args)
+    except ModelError as e:
+        manager.error = str(e)  # shown in the page; a pair can still be picked there
+    if spec is not None:
+        manager.start(spec)
+    demo = build_demo(manager, initial=spec, default_mode=args.mode or default_mode(args.device or "cpu"),
+                      allow_local_paths=args.allow_local_paths, limits=Limits.from_env())
+    demo.queue(default_concurrency_limit=4, max_size=64)
+    return demo, manager
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    host = args.host or ("0.0.0.0" if os.environ.get("SPACE_ID") else "127.0.0.1")
+    from specviz.ui.render import page_css
+
+    demo, _ = create_app(args)
+    print(f"SpecViz: serving on http://{host}:{args.port} (models load in the background)", file=sys.stderr)
+    demo.launch(server_name=host, server_port=args.port, share=args.share, css=page_css(),
+                show_error=True, footer_links=["api", "gradio"])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""Plotly figures of a run, computed from RunView (i.e. from events only).
+
+Transparent backgrounds, grey grid and a mid-grey font so the charts read in
+light and dark mode alike; series colours from the Okabe-Ito palette.
+"""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from ..events import OUTCOME_COLOURS, Outcome
+from .state import RunView
+
+GREEN = OUTCOME_COLOURS[Outcome.ACCEPTED]
+ORANGE = OUTCOME_COLOURS[Outcome.BONUS]
+BLUE = OUTCOME_COLOURS[Outcome.RESAMPLED]
+VERMILLION = OUTCOME_COLOURS[Outcome.REJECTED]
+SKY = "#56B4E9"
+PURPLE = "#CC79A7"
+GRID = "rgba(128,128,128,0.25)"
+FONT = "#8c8c8c"
+
+
+def _layout(fig: go.Figure, title: str, xaxis: str, yaxis: str, **kw) -> go.Figure:
+    fig.update_layout(
+        title=dict(text=title, x=0.01, xanchor="left", font=dict(size=14)),
+        height=270, margin=dict(l=48, r=12, t=58, b=40),
+        paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)",
+        font=dict(color=FONT, size=12),
+        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0,
+                    bgcolor="rgba(0,0,0,0)", font=dict(size=11)),
+        hovermode="x unified", **kw)
+    fig.update_xaxes(title_text=xaxis, gridcolor=GRID, zerolinecolor=GRID, linecolor=GRID)
+    fig.update_yaxes(title_text=yaxis, gridcolor=GRID, zerolinecolor=GRID, linecolor=GRID)
+    return fig
+
+
+def _empty(fig: go.Figure, text: str) -> go.Figure:
+    fig.add_annotation(text=text, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(color=FONT, size=13))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
+def alpha_chart(view: RunView) -> go.Figure:
+    rounds = view.spec.rounds
+    fig = go.Figure()
+    _layout(fig, "Acceptance α per round", "round", "accepted ÷ drafted", yaxis_range=[0, 1.05])
+    if not rounds:
+        return _empty(fig, "waiting for the first round…")
+    x = [r.index + 1 for r in rounds]
+    per = [r.n_accepted / r.gamma if r.gamma else 0.0 for r in rounds]
+    cum = [r.total_accepted / r.total_drafted if r.total_drafted else 0.0 for r in rounds]
+    fig.add_bar(x=x, y=per, name="this round", marker_color=GREEN, opacity=0.55,
+                customdata=[f"{r.n_accepted}/{r.gamma}" for r in rounds],
+                hovertemplate="%{customdata} accepted<extra>this round</extra>")
+    fig.add_scatter(x=x, y=cum, name="cumulative α", mode="lines+markers", line=dict(color=BLUE, width=2.5),
+                    marker=dict(size=5), hovertemplate="%{y:.3f}<extra>cumulative α</extra>")
+    return fig
+
+
+def speedup_chart(view: RunView) -> go.Figure:
+    pts = view.speedup_series
+    fig = go.Figure()
+    _layout(fig, "Speedup over time: measured vs predicted", "seconds" + (" (virtual clock)" if view.mode == "fair" else ""),
+            "× baseline")
+    if not pts:
+        return _empty(fig, "waiting for both sides…")
+    t = [p[0] for p in pts]
+    fig.add_hline(y=1.0, line=dict(color=FONT, width=1, dash="dot"))
+    fig.add_scatter(x=t, y=[p[1] for p in pts], name="measured", mode="lines+markers",
+                    line=dict(color=BLUE, width=2.5), marker=dict(size=5), connectgaps=False,
+                    hovertemplate="%{y:.2f}×<extra>measured</extra>")
+    fig.add_scatter(x=t, y=[p[2] for p in pts], name="Leviathan prediction (measured α̂, c)",
+                    mode="lines", line=dict(color=ORANGE, width=2.5, dash="dash"), connectgaps=False,
+                    hovertemplate="%{y:.2f}×<extra>predicted</extra>")
+    return fig
+
+
+def time_split_chart(view: RunView) -> go.Figure:
+    rounds = view.spec.rounds
+    fig = go.Figure()
+    _layout(fig, "Time per round: draft vs verify", "round", "seconds", barmode="stack")
+    if not rounds:
+        return _empty(fig, "waiting for the first round…")
+    x = [r.index + 1 for r in rounds]
+    fig.add_bar(x=x, y=[r.t_draft for r in rounds], name="draft (γ small-model steps)", marker_color=SKY,
+                hovertemplate="%{y:.3f} s<extra>draft</extra>")
+    fig.add_bar(x=x, y=[r.t_verify for r in rounds], name="verify (1 target pass)", marker_color=PURPLE,
+                hovertemplate="%{y:.3f} s<extra>verify</extra>")
+    return fig
+
+
+def position_chart(view: RunView) -> go.Figure:
+    """Per draft position i: how often the i-th guess was kept, out of all rounds
+    that drafted it (bars), and out of the rounds where it was tested, i.e. all
+    earlier guesses were kept (line)."""
+    rounds = view.spec.rounds
+    fig = go.Figure()
+    _layout(fig, "Acceptance by draft position", "draft position (1..γ)", "rate", yaxis_range=[0, 1.05])
+    if not rounds:
+        return _empty(fig, "waiting for the first round…")
+    g = max(r.gamma for r in rounds)
+    drafted = [0] * g
+    tested = [0] * g
+    kept = [0] * g
+    for r in rounds:
+        for i in range(r.gamma):
+            drafted[i] += 1
+            if i < len(r.u):  # one uniform per tested position
+                tested[i] += 1
+            if i < r.n_accepted:
+                kept[i] += 1
+    x = list(range(1, g + 1))
+    fig.add_bar(x=x, y=[k / d if d else None for k, d in zip(kept, drafted)], name="kept ÷ drafted",
+                marker_color=GREEN, opacity=0.75, customdata=[f"{k}/{d}" for k, d in zip(kept, drafted)],
+                hovertemplate="%{customdata}<extra>kept ÷ drafted</extra>")
+    fig.add_scatter(x=x, y=[k / t if t else None for k, t in zip(kept, tested)], name="kept ÷ tested",
+                    mode="lines+markers", line=dict(color=BLUE, width=2), marker=dict(size=6),
+                    customdata=[f"{k}/{t}" for k, t in zip(kept, tested)],
+                    hovertemplate="%{customdata}<extra>kept ÷ tested</extra>")
+    fig.update_xaxes(dtick=1)
+    return fig
+
+
+def all_charts(view: RunView) -> list[go.Figure]:
+    return [alpha_chart(view), speedup_chart(view), time_split_chart(view), position_chart(view)]

@@ -1,0 +1,105 @@
+"""ModelManager: loads a model pair in a background thread and reports progress.
+
+The page polls status() (a plain dict) to show loading progress, errors and the
+ready pair. A failing load leaves the previous pair (if any) in service, so the
+app keeps working and the visitor sees why the new pair did not load.
+"""
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+from ..models import ModelError, PairSpec, load_pair
+
+
+def _friendly(err: BaseException) -> str:
+    text = str(err).strip()
+    if isinstance(err, ModelError):
+        return text
+    if isinstance(err, MemoryError) or "out of memory" in text.lower():
+        return "out of memory while loading the models: try a smaller pair"
+    first = text.splitlines()[0] if text else type(err).__name__
+    return f"could not load the models: {first}"
+
+
+class ModelManager:
+    def __init__(self, device: str | None = None, loader=load_pair):
+        self.device = device
+        self._loader = loader
+        self._lock = threading.Lock()
+        self.pair = None  # the ModelPair in service
+        self.spec: PairSpec | None = None  # its spec
+        self.loading: PairSpec | None = None  # the spec being loaded
+        self.message = ""
+        self.frac = 0.0
+        self.error: str | None = None
+        self.generation = 0  # bumps on every change of state
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ loading
+
+    def start(self, spec: PairSpec) -> bool:
+        """Start loading `spec` in the background; False if a load is already running."""
+        with self._lock:
+            if self.loading is not None:
+                return False
+            self.loading = spec
+            self.message, self.frac, self.error = f"starting: {spec.label}", 0.0, None
+            self.generation += 1
+        self._thread = threading.Thread(target=self._run, args=(spec,), name="specviz-load", daemon=True)
+        self._thread.start()
+        return True
+
+    def _progress(self, msg: str, frac: float) -> None:
+        with self._lock:
+            self.message, self.frac = str(msg), float(frac or 0.0)
+            self.generation += 1
+
+    def _run(self, spec: PairSpec) -> None:
+        try:
+            pair = self._loader(spec, device=self.device, progress=self._progress)
+        except BaseException as err:  # noqa: BLE001 - shown in the page, the app keeps serving
+            with self._lock:
+                self.error = _friendly(err)
+                self.loading = None
+                self.generation += 1
+            gc.collect()
+            return
+        with self._lock:
+            self.pair, self.spec = pair, spec
+            self.loading, self.error, self.frac = None, None, 1.0
+            self.message = "models ready"
+            self.generation += 1
+        gc.collect()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until no load is running (tests, CLI); True if a pair is ready."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.loading is not None:
+            if end is not None and time.monotonic() > end:
+                break
+            time.sleep(0.05)
+        return self.pair is not None
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def ready(self) -> bool:
+        return self.pair is not None and self.loading is None
+
+    def status(self) -> dict:
+        with self._lock:
+            pair, spec = self.pair, self.spec
+            return dict(
+                loading=self.loading is not None,
+                loading_label=self.loading.label if self.loading else None,
+                message=self.message, frac=self.frac, error=self.error,
+                ready=pair is not None and self.loading is None,
+                label=spec.label if spec else None,
+                name=spec.name if spec else None,
+                device=str(pair.device) if pair is not None else None,
+                precision=getattr(pair, "precision", "") or (str(pair.dtype).removeprefix("torch.")
+                                                             if pair is not None else ""),
+                generation=self.generation,
+            )

@@ -1,0 +1,328 @@
+"""HTML for the page: token panes, legend, numbers, badges, status.
+
+Pure functions of events (no gradio here), so they are unit-tested directly.
+Every piece of model or user text goes through `esc()`: HTML-escaped, and
+lone surrogates (which a byte-level tokenizer can produce mid-character, and
+which JSON encoders refuse) replaced by U+FFFD.
+
+Colours come from events.OUTCOME_COLOURS (Okabe-Ito, colour-blind safe); each
+outcome also has a non-colour cue (see CSS below), and text keeps the theme's
+own colour, so panes read well in light and dark mode.
+"""
+from __future__ import annotations
+
+import html
+import math
+
+from ..events import OUTCOME_COLOURS, OUTCOME_LABELS, Outcome, RoundEvent, TokenEvent
+
+SPEC_OUTCOMES = (Outcome.ACCEPTED, Outcome.REJECTED, Outcome.RESAMPLED, Outcome.BONUS)
+LEGEND_ORDER = SPEC_OUTCOMES + (Outcome.TARGET,)
+
+# the non-colour cue of each outcome, said in words in the legend too
+OUTCOME_CUES = {
+    Outcome.TARGET: "thin underline per token",
+    Outcome.ACCEPTED: "tinted, no line",
+    Outcome.REJECTED: "struck through",
+    Outcome.RESAMPLED: "underlined",
+    Outcome.BONUS: "bold with a line above",
+}
+
+# lighter variants for line colours on dark backgrounds (same hue family)
+_DARK_LINES = {
+    Outcome.ACCEPTED: "#3fd3a6",
+    Outcome.REJECTED: "#ff8a4c",
+    Outcome.RESAMPLED: "#56B4E9",  # Okabe-Ito sky blue
+    Outcome.BONUS: "#f5c242",
+    Outcome.TARGET: "#aaaaaa",
+}
+
+
+def esc(text) -> str:
+    """HTML-escape text that may hold lone surrogates or other odd code points."""
+    if text is None:
+        return ""
+    s = str(text)
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        # pair up valid surrogate pairs, turn lone ones into U+FFFD
+        s = s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return html.escape(s, quote=True)
+
+
+def rgba(hex_colour: str, alpha: float) -> str:
+    h = hex_colour.lstrip("#")
+    r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r}, {g}, {b}, {alpha})"
+
+
+def css_class(outcome: Outcome) -> str:
+    return f"sv-{outcome.value}"
+
+
+def _num(x: float | None, fmt: str = "{:.3f}") -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "n/a"
+    return fmt.format(x)
+
+
+def tooltip(tok: TokenEvent) -> str:
+    """Hover text: what happened, p(x), q(x), u and the acceptance probability."""
+    lines = [OUTCOME_LABELS[tok.outcome]]
+    if tok.round >= 0:
+        where = f"round {tok.round + 1}"
+        if tok.position:
+            where += f", draft position {tok.position}"
+        lines.append(where)
+    lines.append(f"token id {tok.token_id}: {tok.text!r}")
+    if tok.outcome in (Outcome.ACCEPTED, Outcome.REJECTED):
+        p, q = tok.p, tok.q
+        accept = min(1.0, p / q) if (p is not None and q) else None
+        lines.append(f"p(x) = {_num(p, '{:.4f}')}   q(x) = {_num(q, '{:.4f}')}")
+        lines.append(f"u = {_num(tok.u, '{:.4f}')}   min(1, p/q) = {_num(accept, '{:.4f}')}")
+        verdict = "u ≤ min(1, p/q): kept" if tok.outcome is Outcome.ACCEPTED else "u > min(1, p/q): rejected"
+        lines.append(verdict)
+    elif tok.outcome is Outcome.RESAMPLED:
+        lines.append(f"p(x) = {_num(tok.p, '{:.4f}')}   drawn from norm(max(0, p − q))")
+    elif tok.outcome is Outcome.BONUS:
+        lines.append(f"p(x) = {_num(tok.p, '{:.4f}')}   drawn from p: all drafts were accepted")
+    else:
+        lines.append(f"p(x) = {_num(tok.p, '{:.4f}')}")
+    lines.append(f"t = {tok.t:.3f} s")
+    return "\n".join(lines)
+
+
+def token_span(tok: TokenEvent) -> str:
+    text = tok.text
+    classes = ["sv-tok", css_class(tok.outcome)]
+    if text == "":
+        classes.append("sv-empty")  # part of a multi-byte character still being built
+    elif text.strip("\n") == "":
+        classes.append("sv-nl")  # newline-only token: CSS shows a faint ↵ (not copied)
+    return f'<span class="{" ".join(classes)}" title="{esc(tooltip(tok))}">{esc(text)}</span>'
+
+
+def prompt_span(prompt: str, chat: bool = False, limit: int = 400) -> str:
+    if not prompt:
+        return ""
+    shown = prompt if len(prompt) <= limit else "…" + prompt[-limit:]
+    sep = "\n\n" if chat else ""
+    return f'<span class="sv-prompt" title="prompt">{esc(shown)}{sep}</span>'
+
+
+def baseline_html(tokens: list[TokenEvent]) -> str:
+    """Baseline tokens; append-only as the run grows (gradio then sends only the tail)."""
+    return "".join(token_span(t) for t in tokens)
+
+
+def round_html(r: RoundEvent) -> str:
+    inner = "".join(token_span(t) for t in r.tokens)
+    return f'<span class="sv-round" data-round="{r.index + 1}">{inner}</span>'
+
+
+def speculative_html(rounds: list[RoundEvent]) -> str:
+    return "".join(round_html(r) for r in rounds)
+
+
+def legend_html() -> str:
+    items = []
+    for o in LEGEND_ORDER:
+        sample = "token" if o is not Outcome.TARGET else "plain"
+        items.append(
+            f'<span class="sv-legend-item" data-outcome="{o.value}">'
+            f'<span class="sv-tok {css_class(o)}">{sample}</span> '
+            f'<span class="sv-legend-text"><b>{esc(o.value)}</b>: {esc(OUTCOME_LABELS[o])} '
+            f'<i>({esc(OUTCOME_CUES[o])})</i></span></span>')
+    return ('<div class="sv-legend" role="list" aria-label="legend">' + "".join(items)
+            + '<span class="sv-legend-item"><span class="sv-round-demo"></span> '
+              '<span class="sv-legend-text">thin bar: a new verification round</span></span>'
+            + '<span class="sv-legend-item sv-hint">hover a token for p(x), q(x), u and min(1, p/q)</span>'
+            + "</div>")
+
+
+EXPLAINER = (
+    "<b>How to read this.</b> Speculative decoding makes a big <i>target</i> model faster without changing "
+    "what it writes: a small <i>draft</i> model guesses the next <b>γ</b> tokens, and the target checks all γ "
+    "guesses in <b>one</b> forward pass. Each guess is kept with probability min(1, p/q) (p: target, "
+    "q: draft); the first refused guess is "
+    "<span class='sv-tok sv-rejected'>struck through</span> and replaced by a token "
+    "<span class='sv-tok sv-resampled'>resampled</span> from the target, and when all γ guesses pass the "
+    "target adds a <span class='sv-tok sv-bonus'>bonus</span> token for free. "
+    "<span class='sv-tok sv-accepted'>Green</span> tokens are accepted guesses. "
+    "<b>α</b> is the share of guesses accepted, <b>τ</b> the tokens gained per target pass, <b>c</b> the cost "
+    "of one draft step relative to one target step; the speedup follows from α, γ and c "
+    "(Leviathan et al., 2023). The left pane is plain decoding of the same target, for comparison."
+)
+
+
+def _cell(v) -> str:
+    return f"<td>{v}</td>"
+
+
+def stats_html(snap: dict) -> str:
+    """The live numbers: one column per side, then the speculative statistics.
+
+    `snap` is RunView.snapshot(): every value there is computed from events."""
+    b, s = snap["baseline"], snap["speculative"]
+
+    def side_rows(d):
+        return [
+            ("tokens", f"{d['n_tokens']}"),
+            ("elapsed", f"{d['elapsed']:.2f} s"),
+            ("tokens/s", _num(d["tokens_per_s"], "{:.2f}")),
+            ("target forward passes", f"{d['target_forwards']}"),
+            ("state", esc(d["state"])),
+        ]
+
+    rows = "".join(
+        f"<tr><th scope='row'>{name}</th>{_cell(bv)}{_cell(sv)}</tr>"
+        for (name, bv), (_, sv) in zip(side_rows(b), side_rows(s)))
+    st = snap["stats"]
+    spd = st.get("speedup")
+    spd_cls = "" if spd is None else (" sv-good" if spd >= 1 else " sv-bad")
+    big = (f"<div class='sv-speedup{spd_cls}' title='speculative tokens/s ÷ baseline tokens/s'>"
+           f"<span class='sv-speedup-num'>{_num(spd, '{:.2f}×')}</span>"
+           f"<span class='sv-speedup-label'>measured speedup</span>"
+           f"<span class='sv-speedup-sub'>predicted {_num(st.get('predicted'), '{:.2f}×')} from "
+           f"α̂ and c</span></div>")
+    metrics = [
+        ("α", st.get("alpha"), "{:.3f}", "accepted ÷ drafted guesses"),
+        ("α̂", st.get("alpha_hat"), "{:.3f}", "mean Σ min(p, q): an estimate of α from the distributions"),
+        ("τ", st.get("tau"), "{:.2f}", "output tokens per target forward pass (per round)"),
+        ("c", st.get("c"), "{:.3f}", "time of one draft step ÷ time of one plain target step"),
+        ("rounds", st.get("rounds"), "{}", "verification rounds so far"),
+        ("best γ", st.get("best_gamma"), "{}", "γ that maximises the predicted speedup at this α̂ and c"),
+    ]
+    chips = "".join(
+        f"<span class='sv-chip' title='{esc(tip)}'><b>{esc(name)}</b> {_num(v, fmt)}</span>"
+        for name, v, fmt, tip in metrics)
+    return (
+        "<div class='sv-stats'>" + big
+        + "<table class='sv-table'><thead><tr><th></th><th>baseline</th><th>speculative</th></tr></thead>"
+        + f"<tbody>{rows}</tbody></table>"
+        + f"<div class='sv-chips'>{chips}</div></div>"
+    )
+
+
+def run_info_html(snap: dict) -> str:
+    """Badge (greedy: identical or not), which execution mode ran, stop reasons."""
+    parts = []
+    badge = snap.get("identical")
+    if badge is not None:
+        if badge["identical"]:
+            parts.append("<span class='sv-badge sv-badge-ok'>✓ identical outputs: greedy speculative "
+                         "decoding reproduced the target's own text token for token</span>")
+        else:
+            parts.append(
+                f"<span class='sv-badge sv-badge-diff'>≠ outputs differ from token {badge['first_diff'] + 1}"
+                " (floating-point differences between a one-token and a (γ+1)-token forward pass can "
+                "flip near-ties)</span>")
+    elif snap.get("finished") and not snap.get("greedy"):
+        parts.append("<span class='sv-badge sv-badge-info'>sampled run (temperature &gt; 0): the two "
+                     "texts differ by chance, but both follow the target's distribution</span>")
+    mode = snap.get("mode")
+    if mode == "fair":
+        parts.append("<span class='sv-mode'>mode: <b>fair</b>, each side timed alone on its own virtual "
+                     "clock; both shown on one shared clock</span>")
+    elif mode == "parallel":
+        parts.append("<span class='sv-mode'>mode: <b>parallel</b>, both sides ran at once and shared the "
+                     "hardware, so timings include contention</span>")
+    if snap.get("note"):
+        parts.append(f"<span class='sv-mode'>{esc(snap['note'])}</span>")
+    return "<div class='sv-runinfo'>" + " ".join(parts) + "</div>"
+
+
+def status_html(status: dict) -> str:
+    """Model loading status: progress while loading, error text, or the ready pair."""
+    if status.get("loading"):
+        pct = max(0.0, min(1.0, status.get("frac") or 0.0))
+        return (f"<div class='sv-status sv-status-loading' role='status'>⏳ <b>Loading models…</b> "
+                f"{esc(status.get('message') or '')}"
+                f"<div class='sv-bar'><div style='width:{pct * 100:.0f}%'></div></div></div>")
+    err = status.get("error")
+    if err and not status.get("ready"):
+        return (f"<div class='sv-status sv-status-error' role='alert'>❌ <b>Models could not be loaded.</b> "
+                f"{esc(err)}</div>")
+    ready = (f"✅ <b>{esc(status.get('label') or '')}</b> on {esc(status.get('device') or '')}"
+             + (f" ({esc(status['precision'])})" if status.get("precision") else ""))
+    if err:
+        return (f"<div class='sv-status sv-status-error' role='alert'>⚠️ {esc(err)}<br>Still using: "
+                f"{ready}</div>")
+    return f"<div class='sv-status sv-status-ready' role='status'>{ready}</div>"
+
+
+def message_html(text: str, kind: str = "error") -> str:
+    icon = {"error": "❌", "warning": "⚠️", "info": "ℹ️"}.get(kind, "")
+    return f"<div class='sv-status sv-status-{kind}' role='alert'>{icon} {esc(text)}</div>"
+
+
+def _outcome_css() -> str:
+    out = []
+    for o, colour in OUTCOME_COLOURS.items():
+        cls = css_class(o)
+        dark = _DARK_LINES[o]
+        if o is Outcome.TARGET:
+            out.append(f".{cls} {{ box-shadow: inset 0 -1px 0 {rgba(colour, 0.55)}; }}")
+            continue
+        out.append(f".{cls} {{ background: {rgba(colour, 0.24)}; text-decoration-color: {colour}; }}")
+        out.append(f".dark .{cls} {{ background: {rgba(colour, 0.34)}; text-decoration-color: {dark}; }}")
+    return "\n".join(out)
+
+
+CSS = """
+.sv-pane { font-family: var(--font-mono, ui-monospace, SFMono-Regular, Menlo, Consolas, monospace);
+  font-size: 13.5px; line-height: 1.75; white-space: pre-wrap; overflow-wrap: anywhere;
+  min-height: 14em; max-height: 30em; overflow-y: auto; padding: 10px 12px !important;
+  border: 1px solid var(--border-color-primary); border-radius: var(--radius-lg, 8px);
+  background: var(--background-fill-secondary); }
+.sv-pane-title { font-weight: 600; margin: 0 0 4px 2px; }
+.sv-prompt { opacity: .5; }
+.sv-placeholder { opacity: .55; font-style: italic; font-family: var(--font, sans-serif); }
+.sv-tok { border-radius: 3px; padding: 1px 0; color: inherit;
+  text-decoration-thickness: 2px; text-decoration-skip-ink: none; }
+.sv-rejected { text-decoration-line: line-through; opacity: .8; }
+.sv-resampled { text-decoration-line: underline; text-underline-offset: 3px; }
+.sv-bonus { font-weight: 700; text-decoration-line: overline; }
+.sv-nl::before { content: "↵"; opacity: .45; }
+.sv-round + .sv-round { border-left: 1.5px solid rgba(128,128,128,.55); margin-left: 1px; padding-left: 1px; }
+.sv-legend { display: flex; flex-wrap: wrap; gap: 6px 18px; font-size: 13px; align-items: center; }
+.sv-legend-item { white-space: nowrap; }
+.sv-legend-item .sv-tok { font-family: var(--font-mono, monospace); padding: 1px 4px; }
+.sv-legend-text i { opacity: .7; }
+.sv-hint { opacity: .7; font-style: italic; }
+.sv-round-demo { display: inline-block; width: 0; height: 1.1em; vertical-align: middle;
+  border-left: 1.5px solid rgba(128,128,128,.55); margin: 0 4px; }
+.sv-stats { display: flex; flex-wrap: wrap; gap: 12px; align-items: flex-start; }
+.sv-speedup { display: flex; flex-direction: column; align-items: center; justify-content: center;
+  padding: 8px 16px; border-radius: 10px; border: 1px solid var(--border-color-primary); min-width: 9em; }
+.sv-speedup-num { font-size: 2em; font-weight: 700; font-variant-numeric: tabular-nums; }
+.sv-speedup-label { font-size: 12px; opacity: .8; }
+.sv-speedup-sub { font-size: 11.5px; opacity: .7; }
+.sv-good { background: rgba(0,158,115,.14); }
+.sv-bad { background: rgba(213,94,0,.12); }
+.sv-table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; }
+.sv-table th, .sv-table td { padding: 2px 10px; text-align: right; border-bottom: 1px solid var(--border-color-primary); }
+.sv-table th[scope=row] { text-align: left; font-weight: 500; opacity: .85; }
+.sv-chips { display: flex; flex-wrap: wrap; gap: 6px; max-width: 26em; }
+.sv-chip { padding: 2px 8px; border-radius: 999px; border: 1px solid var(--border-color-primary);
+  font-size: 13px; font-variant-numeric: tabular-nums; cursor: help; }
+.sv-runinfo { display: flex; flex-wrap: wrap; gap: 8px; align-items: center; font-size: 13px; min-height: 1.5em; }
+.sv-badge { padding: 3px 10px; border-radius: 999px; font-weight: 600; }
+.sv-badge-ok { background: rgba(0,158,115,.18); border: 1px solid #009E73; }
+.sv-badge-diff { background: rgba(213,94,0,.15); border: 1px solid #D55E00; }
+.sv-badge-info { background: rgba(0,114,178,.14); border: 1px solid #0072B2; font-weight: 500; }
+.sv-mode { opacity: .8; }
+.sv-status { padding: 6px 10px; border-radius: 8px; font-size: 13.5px; border: 1px solid var(--border-color-primary); }
+.sv-status-error { background: rgba(213,94,0,.13); border-color: #D55E00; }
+.sv-status-warning { background: rgba(230,159,0,.15); border-color: #E69F00; }
+.sv-status-loading { background: rgba(0,114,178,.10); }
+.sv-bar { height: 6px; border-radius: 3px; background: rgba(128,128,128,.25); margin-top: 6px; overflow: hidden; }
+.sv-bar > div { height: 100%; background: #0072B2; transition: width .3s; }
+.sv-explainer { font-size: 14px; line-height: 1.55; }
+.sv-explainer .sv-tok { padding: 1px 3px; }
+"""
+
+
+def page_css() -> str:
+    return CSS + "\n" + _outcome_css()

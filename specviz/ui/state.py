@@ -1,0 +1,187 @@
+"""RunView: what the page knows about the current run, built only from events.
+
+The race yields (side, event); RunView.add() keeps them and snapshot() turns
+them into the numbers shown (through specviz.metrics, so the page, the CLI and
+the bench compute α, τ, c and the speedup the same way).
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from ..events import RoundEvent, RunSummary, TokenEvent
+from ..metrics import predicted_speedup, run_stats
+
+
+@dataclass
+class SideView:
+    name: str
+    tokens: list[TokenEvent] = field(default_factory=list)  # baseline tokens
+    rounds: list[RoundEvent] = field(default_factory=list)  # speculative rounds
+    summary: RunSummary | None = None
+    t: float = 0.0  # latest event time on this side's clock
+    # running sums over rounds (speculative)
+    draft_time: float = 0.0
+    verify_time: float = 0.0
+    draft_forwards: int = 0
+    overlap_sum: float = 0.0
+
+    @property
+    def n_tokens(self) -> int:
+        if self.summary is not None:
+            return self.summary.n_tokens
+        if self.rounds:
+            return self.rounds[-1].total_tokens
+        return len(self.tokens)
+
+    @property
+    def target_forwards(self) -> int:
+        if self.summary is not None:
+            return self.summary.target_forwards
+        if self.rounds:
+            return self.rounds[-1].target_forwards
+        return len(self.tokens)
+
+    @property
+    def elapsed(self) -> float:
+        return self.summary.elapsed if self.summary is not None else self.t
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.n_tokens / self.elapsed if self.elapsed > 0 and self.n_tokens else None
+
+    @property
+    def state(self) -> str:
+        if self.summary is None:
+            return "running" if (self.tokens or self.rounds) else "waiting"
+        return {"eos": "done (end of text)", "max_new_tokens": "done (max tokens)",
+                "stopped": "stopped"}.get(self.summary.stop_reason, self.summary.stop_reason)
+
+    def partial_summary(self) -> RunSummary:
+        """The RunSummary so far (the real one once the side finished)."""
+        if self.summary is not None:
+            return self.summary
+        if self.name == "baseline":
+            return RunSummary(mode="baseline", method="plain", token_ids=[t.token_id for t in self.tokens],
+                              text="", n_tokens=len(self.tokens), elapsed=self.t,
+                              prefill=self.tokens[0].t if self.tokens else 0.0,
+                              target_forwards=len(self.tokens), stop_reason="running")
+        last = self.rounds[-1] if self.rounds else None
+        return RunSummary(
+            mode="speculative", method="draft", token_ids=[], text="", n_tokens=self.n_tokens,
+            elapsed=self.t, prefill=self.rounds[0].t_start if self.rounds else 0.0,
+            target_forwards=self.target_forwards, stop_reason="running", rounds=len(self.rounds),
+            drafted=last.total_drafted if last else 0, accepted=last.total_accepted if last else 0,
+            draft_time=self.draft_time, verify_time=self.verify_time, draft_forwards=self.draft_forwards,
+            overlap_sum=self.overlap_sum, gamma=max((r.gamma for r in self.rounds), default=0))
+
+
+class RunView:
+    """Accumulates one race. `gamma` is the requested γ (rounds near the end of
+    the budget may draft fewer)."""
+
+    def __init__(self, gamma: int, temperature: float, mode: str, prompt: str = "", chat: bool = False):
+        self.gamma = gamma
+        self.greedy = temperature == 0
+        self.mode = mode
+        self.prompt = prompt
+        self.chat = chat
+        self.base = SideView("baseline")
+        self.spec = SideView("speculative")
+        self.clock = 0.0  # shared display clock (virtual in fair mode)
+        self.note = ""
+        # per spec round: (t_end, measured speedup, predicted speedup) for the chart
+        self.speedup_series: list[tuple[float, float | None, float | None]] = []
+        self._base_times: list[float] = []
+
+    def side(self, name: str) -> SideView:
+        return self.base if name == "baseline" else self.spec
+
+    @property
+    def finished(self) -> bool:
+        return self.base.summary is not None and self.spec.summary is not None
+
+    def add(self, side: str, ev) -> None:
+        v = self.side(side)
+        if isinstance(ev, TokenEvent):
+            v.tokens.append(ev)
+            self._base_times.append(ev.t)
+            v.t = max(v.t, ev.t)
+        elif isinstance(ev, RoundEvent):
+            v.rounds.append(ev)
+            v.draft_time += ev.t_draft
+            v.verify_time += ev.t_verify
+            v.draft_forwards += ev.draft_forwards
+            v.overlap_sum += sum(ev.overlap)
+            v.t = max(v.t, ev.t_end)
+        elif isinstance(ev, RunSummary):
+            v.summary = ev
+            v.t = max(v.t, ev.elapsed)
+        self.clock = max(self.clock, v.t)
+        if isinstance(ev, RoundEvent):
+            self.speedup_series.append((ev.t_end, *self._speedup_at(ev)))
+        elif isinstance(ev, RunSummary) and side == "speculative":
+            st = run_stats(ev, self.base.partial_summary() if self.base.tokens else None)
+            self.speedup_series.append((ev.elapsed, st.speedup, st.predicted))
+
+    # ------------------------------------------------------------ numbers
+
+    def _base_rate_at(self, t: float) -> tuple[float | None, float | None]:
+        """Baseline tokens/s and seconds per plain step, using baseline events up to time t."""
+        b = self.base
+        if b.summary is not None and b.summary.elapsed <= t:
+            s = b.summary
+            step = (s.elapsed - s.prefill) / (s.n_tokens - 1) if s.n_tokens > 1 else None
+            return (s.tokens_per_s or None), step
+        n = bisect.bisect_right(self._base_times, t)
+        if n == 0:
+            return None, None
+        # baseline still running at t: tokens done by t over t
+        rate = n / t if t > 0 else None
+        step = (self._base_times[n - 1] - self._base_times[0]) / (n - 1) if n > 1 else None
+        return rate, step
+
+    def _speedup_at(self, r: RoundEvent) -> tuple[float | None, float | None]:
+        t = r.t_end
+        base_rate, base_step = self._base_rate_at(t)
+        measured = (r.total_tokens / t) / base_rate if (base_rate and t > 0) else None
+        s = self.spec
+        predicted = None
+        if r.total_drafted and s.draft_forwards and base_step:
+            alpha_hat = s.overlap_sum / r.total_drafted
+            c = (s.draft_time / s.draft_forwards) / base_step
+            predicted = predicted_speedup(alpha_hat, self.gamma, c)
+        elif r.total_drafted and s.draft_forwards == 0 and base_step:  # draft-free proposer: c = 0
+            predicted = predicted_speedup(s.overlap_sum / r.total_drafted, self.gamma, 0.0)
+        return measured, predicted
+
+    def stats(self) -> dict:
+        spec = self.spec.partial_summary()
+        base = self.base.partial_summary() if (self.base.tokens or self.base.summary) else None
+        if not self.spec.rounds:
+            return {"rounds": 0}
+        spec.gamma = self.gamma
+        st = run_stats(spec, base).to_dict()
+        st["rounds"] = len(self.spec.rounds)
+        return st
+
+    def identical(self) -> dict | None:
+        """Greedy runs that both finished normally: are the outputs identical?"""
+        if not (self.greedy and self.finished):
+            return None
+        a, b = self.base.summary, self.spec.summary
+        if "stopped" in (a.stop_reason, b.stop_reason) or a.stop_reason == "error" or b.stop_reason == "error":
+            return None
+        x, y = a.token_ids, b.token_ids
+        first = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), None)
+        if first is None and len(x) != len(y):
+            first = min(len(x), len(y))
+        return {"identical": first is None, "first_diff": first}
+
+    def snapshot(self) -> dict:
+        def side(v: SideView) -> dict:
+            return dict(n_tokens=v.n_tokens, elapsed=v.elapsed, tokens_per_s=v.tokens_per_s,
+                        target_forwards=v.target_forwards, state=v.state)
+        return dict(baseline=side(self.base), speculative=side(self.spec), stats=self.stats(),
+                    identical=self.identical(), finished=self.finished, greedy=self.greedy,
+                    mode=self.mode, clock=self.clock, note=self.note)
