@@ -458,11 +458,18 @@ def _per_repeat(runs: list[Run]) -> dict[int, tuple[float | None, float | None]]
     return out
 
 
-def summarize(runs: list[Run], variants: list[Variant], tasks: list[str]) -> list[dict]:
+def summarize(runs: list[Run], variants: list[Variant], tasks: list[str], by_prompt: bool = False) -> list[dict]:
+    """Rows per task (and "all"), or per prompt with by_prompt=True (then "task" holds the prompt id)."""
     rows = []
     ok = [r for r in runs if r.error is None]
-    for task in tasks + (["all"] if len(tasks) > 1 else []):
-        in_task = [r for r in ok if task == "all" or r.task == task]
+    if by_prompt:
+        groups = list(dict.fromkeys(r.prompt_id for r in ok))
+        member = lambda r, g: r.prompt_id == g  # noqa: E731
+    else:
+        groups = tasks + (["all"] if len(tasks) > 1 else [])
+        member = lambda r, g: g == "all" or r.task == g  # noqa: E731
+    for task in groups:
+        in_task = [r for r in ok if member(r, task)]
         plain = _per_repeat([r for r in in_task if r.family == "plain"])
         if not plain:
             continue
@@ -620,10 +627,14 @@ def _plot_data(rows: list[dict]):
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000"]
 
 
-def _svg_lines(path: Path, title: str, series: list[tuple[str, list[float], list[float], str, bool]],
+DASH = {"solid": "", "dash": "6,4", "dot": "2,3"}
+MPL_STYLE = {"solid": "o-", "dash": "o--", "dot": "s:"}
+
+
+def _svg_lines(path: Path, title: str, series: list[tuple[str, list[float], list[float], str, str]],
                xlabel: str, ylabel: str) -> None:
-    """A tiny dependency-free SVG line chart. series: (name, xs, ys, colour, dashed)."""
-    W, H, L, R, T, B = 640, 400, 60, 170, 40, 50
+    """A tiny dependency-free SVG line chart. series: (name, xs, ys, colour, style)."""
+    W, H, L, R, T, B = 680, 400, 60, 210, 40, 50
     pts = [(x, y) for _, xs, ys, _, _ in series for x, y in zip(xs, ys) if y is not None]
     if not pts:
         return
@@ -648,11 +659,11 @@ def _svg_lines(path: Path, title: str, series: list[tuple[str, list[float], list
         o.append(f'<text x="{L - 6}" y="{sy(y) + 4:.1f}" text-anchor="end">{y:g}</text>')
         y += step
     o.append(f'<line x1="{L}" y1="{sy(1):.1f}" x2="{W - R}" y2="{sy(1):.1f}" stroke="#888" stroke-dasharray="2,2"/>')
-    for i, (name, xs, ys, colour, dashed) in enumerate(series):
+    for i, (name, xs, ys, colour, style) in enumerate(series):
         xy = [(sx(x), sy(y)) for x, y in zip(xs, ys) if y is not None]
         if not xy:
             continue
-        dash = ' stroke-dasharray="6,4"' if dashed else ""
+        dash = f' stroke-dasharray="{DASH[style]}"' if DASH[style] else ""
         o.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} points="'
                  + " ".join(f"{a:.1f},{b:.1f}" for a, b in xy) + '"/>')
         o += [f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{colour}"/>' for a, b in xy]
@@ -715,8 +726,9 @@ def write_plots(out: Path, rows: list[dict], title_suffix: str = "") -> list[str
             continue
         col = PALETTE[i % len(PALETTE)]
         xs = [r["gamma"] for r in rs]
-        series.append((f"{t} measured", xs, [r["speedup"] for r in rs], col, False))
-        series.append((f"{t} predicted", xs, [r["predicted"] for r in rs], col, True))
+        series.append((f"{t} measured", xs, [r["speedup"] for r in rs], col, "solid"))
+        series.append((f"{t} measured, decode", xs, [r["decode_speedup"] for r in rs], col, "dot"))
+        series.append((f"{t} predicted", xs, [r["predicted"] for r in rs], col, "dash"))
     _svg_lines(out / "speedup_vs_gamma.svg", f"Speedup vs γ (draft model){title_suffix}", series,
                "γ (draft tokens per round)", "speedup vs plain")
     _svg_bars(out / "alpha_by_task.svg", f"Acceptance rate α by task{title_suffix}", tasks, names, alpha_vals,
@@ -727,9 +739,9 @@ def write_plots(out: Path, rows: list[dict], title_suffix: str = "") -> list[str
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
-        for name, xs, ys, col, dashed in series:
-            ax.plot(xs, [float("nan") if y is None else y for y in ys], "o--" if dashed else "o-",
-                    color=col, label=name)
+        for name, xs, ys, col, style in series:
+            ax.plot(xs, [float("nan") if y is None else y for y in ys], MPL_STYLE[style], color=col, label=name)
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.axhline(1.0, color="#888", lw=0.8, ls=":")
         ax.set(xlabel="γ (draft tokens per round)", ylabel="speedup vs plain",
                title=f"Speedup vs γ (draft model){title_suffix}")
@@ -756,9 +768,8 @@ def write_plots(out: Path, rows: list[dict], title_suffix: str = "") -> list[str
         import plotly.graph_objects as go
         import plotly.io as pio
         f1 = go.Figure()
-        for name, xs, ys, col, dashed in series:
-            f1.add_scatter(x=xs, y=ys, name=name, mode="lines+markers",
-                           line=dict(color=col, dash="dash" if dashed else "solid"))
+        for name, xs, ys, col, style in series:
+            f1.add_scatter(x=xs, y=ys, name=name, mode="lines+markers", line=dict(color=col, dash=style))
         f1.add_hline(y=1.0, line_dash="dot", line_color="#888")
         f1.update_layout(title=f"Speedup vs γ (draft model){title_suffix}", xaxis_title="γ",
                          yaxis_title="speedup vs plain (tokens/s ratio of medians)")
@@ -867,6 +878,12 @@ def build_variants(pair, s: dict, notes: list[str]) -> list[Variant]:
         gammas = s["gammas"] if m == "draft" else [s["gamma_other"]]
         vs += [Variant(f"{m}:{g}", m, "specviz", g) for g in gammas]
     return vs
+
+
+def build_variants_used(runs: list[Run], variants: list[Variant]) -> list[Variant]:
+    """The variants that have runs, in their original order (a variant dropped mid-run keeps its rows)."""
+    used = {r.variant for r in runs}
+    return [v for v in variants if v.key in used]
 
 
 def _estimate(warm: dict[str, Run], n_tokens: int) -> float | None:
@@ -991,8 +1008,9 @@ def run_bench(argv: list[str]) -> int:
         mismatch = str(e)
     for w in hf_warnings:
         notes.append("HF output differs from plain (numerical near-tie?): " + w)
-    rows = summarize(runs, [v for v in variants], s["tasks"])
-    # a variant dropped mid-run still has rows from its finished runs
+    all_variants = build_variants_used(runs, variants)
+    rows = summarize(runs, all_variants, s["tasks"])
+    per_prompt = summarize(runs, all_variants, s["tasks"], by_prompt=True)
     meta["machine"]["loadavg_end"] = loadavg()
     meta["wall_s"] = round(time.perf_counter() - t_start, 1)
     meta["notes"] = notes
@@ -1002,14 +1020,16 @@ def run_bench(argv: list[str]) -> int:
                      + ([""] + [f"note: {n}" for n in notes] if notes else []))
     notes += write_plots(out, rows, f" — {meta['machine']['precision']}")
     payload = {"meta": meta, "prompts": [{**asdict(p), "n_prompt_tokens": len(ids)} for p, ids in encoded],
-               "summary": rows, "best": best_lines(rows), "mismatch": mismatch,
+               "summary": rows, "per_prompt": per_prompt, "best": best_lines(rows), "mismatch": mismatch,
                "runs": [{**r.row(), "token_ids": r.token_ids} for r in runs]}
     (out / "bench.json").write_text(json.dumps(payload, indent=1, ensure_ascii=False))
     write_csv(out / "runs.csv", [r.row() for r in runs], RUN_COLUMNS)
     write_csv(out / "summary.csv", rows, SUMMARY_COLUMNS)
+    write_csv(out / "per_prompt.csv", [{**r, "prompt_id": r["task"]} for r in per_prompt],
+              ["prompt_id" if c == "task" else c for c in SUMMARY_COLUMNS])
     (out / "table.txt").write_text(text + "\n")
     print(text)
-    print(f"\nwrote {out}/ (bench.json, runs.csv, summary.csv, table.txt, plots)")
+    print(f"\nwrote {out}/ (bench.json, runs.csv, summary.csv, per_prompt.csv, table.txt, plots)")
     if mismatch:
         print(f"\nFAILED: {mismatch}", file=sys.stderr)
         return 1

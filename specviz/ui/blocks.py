@@ -222,7 +222,11 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
         base_html = spec_html = head
         info = RaceInfo(mode)
         stream = race(pair, req, ids, mode, stop=stop, time_limit=limits.max_seconds, info=info)
-        last_ui = last_chart = time.perf_counter()
+        # fair mode: the engines' clocks are paused while we render, so only wall
+        # time is at stake; parallel mode: rendering competes with the engines
+        chart_every = CHART_INTERVAL if mode == "parallel" else CHART_INTERVAL / 2
+        last_ui = last_chart = prev_event = time.perf_counter()
+        dirty = False  # charts lag the events
         try:
             yield outputs_for(view, base_html, spec_html, charts=True)
             for side, ev in stream:
@@ -231,13 +235,16 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
                     base_html += render.token_span(ev)
                 elif side == "speculative" and isinstance(ev, RoundEvent):
                     spec_html += render.round_html(ev)
+                    dirty = True
                 now = time.perf_counter()
-                if now - last_ui >= UI_INTERVAL:
-                    charts = now - last_chart >= CHART_INTERVAL
+                slow = now - prev_event >= 0.5  # a slow stream has time for every redraw
+                prev_event = now
+                if now - last_ui >= UI_INTERVAL or slow:
+                    charts = dirty and (slow or now - last_chart >= chart_every)
                     yield outputs_for(view, base_html, spec_html, charts)
                     last_ui = time.perf_counter()
                     if charts:
-                        last_chart = last_ui
+                        last_chart, dirty = last_ui, False
             if info.timed_out:
                 view.note = f"stopped at the server's time limit of {limits.max_seconds:.0f} s"
             elif stop.is_set():
@@ -277,23 +284,24 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
                                     elem_id="sv-prompt")
             with gr.Column(scale=2):
                 with gr.Row():
-                    gamma = gr.Slider(1, MAX_GAMMA, value=first["gamma"], step=1, label="γ (draft length)",
-                                      info="Tokens the draft guesses per round; the target checks them in one pass")
+                    gamma = gr.Slider(1, MAX_GAMMA, value=first["gamma"], step=1, label="γ (draft length)", elem_id="sv-gamma",
+                                      info="Draft guesses per round")
                     max_new = gr.Slider(1, limits.max_new_tokens, value=min(first["max_new_tokens"],
                                                                             limits.max_new_tokens),
-                                        step=1, label="Max new tokens", info="Length budget of each side")
+                                        step=1, label="Max new tokens", info="Budget for each side",
+                                        elem_id="sv-max-new")
                 with gr.Row():
                     temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature",
-                                            info="0 = greedy: both sides must then write identical text")
+                                            info="0 = greedy (identical outputs)")
                     seed = gr.Number(0, precision=0, minimum=0, label="Seed",
-                                     info="Same seed, same settings: same run")
+                                     info="Same seed, same run")
                 mode = gr.Radio(MODE_CHOICES, value=default_mode, label="Execution mode",
                                 info="fair: each side gets the machine to itself on its own virtual clock. "
                                      "parallel: both run at once and slow each other down.")
                 with gr.Row():
                     run_btn = gr.Button("▶ Run" if st0["ready"] else "loading models…", variant="primary",
                                         interactive=st0["ready"], elem_id="sv-run")
-                    stop_btn = gr.Button("■ Stop", variant="stop", elem_id="sv-stop")
+                    stop_btn = gr.Button("■ Stop", variant="secondary", elem_id="sv-stop")
         with gr.Accordion("More sampling settings", open=False):
             with gr.Row():
                 top_p = gr.Slider(0.01, 1.0, value=1.0, step=0.01, label="Top-p",
@@ -341,7 +349,7 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
         outputs = [base_pane, spec_pane, stats, run_info, plot_alpha, plot_speed, plot_time, plot_pos]
         poll_out = [status, run_btn, timer]
         timer.tick(poll, None, poll_out, api_visibility="private", show_progress="hidden", queue=False)
-        demo.load(poll, None, poll_out, api_visibility="private", show_progress="hidden", queue=False)
+        demo.load(poll, None, poll_out, api_name="status", show_progress="hidden", queue=False)
         preset.change(on_preset, preset, [prompt, gamma, max_new, chat], api_visibility="private",
                       show_progress="hidden", queue=False)
         pair_pick.change(on_pair_pick, pair_pick, custom_row, api_visibility="private",

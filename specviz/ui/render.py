@@ -149,7 +149,7 @@ EXPLAINER = (
     "<span class='sv-tok sv-rejected'>struck through</span> and replaced by a token "
     "<span class='sv-tok sv-resampled'>resampled</span> from the target, and when all γ guesses pass the "
     "target adds a <span class='sv-tok sv-bonus'>bonus</span> token for free. "
-    "<span class='sv-tok sv-accepted'>Green</span> tokens are accepted guesses. "
+    "Accepted guesses are <span class='sv-tok sv-accepted'>tinted green</span>. "
     "<b>α</b> is the share of guesses accepted, <b>τ</b> the tokens gained per target pass, <b>c</b> the cost "
     "of one draft step relative to one target step; the speedup follows from α, γ and c "
     "(Leviathan et al., 2023). The left pane is plain decoding of the same target, for comparison."
@@ -192,6 +192,8 @@ def stats_html(snap: dict) -> str:
         ("τ", st.get("tau"), "{:.2f}", "output tokens per target forward pass (per round)"),
         ("c", st.get("c"), "{:.3f}", "time of one draft step ÷ time of one plain target step"),
         ("rounds", st.get("rounds"), "{}", "verification rounds so far"),
+        ("verify cost", st.get("verify_cost"), "{:.2f} steps",
+         "time of one verification pass (γ+1 tokens at once) in plain target steps; the prediction assumes 1"),
         ("best γ", st.get("best_gamma"), "{}", "γ that maximises the predicted speedup at this α̂ and c"),
     ]
     chips = "".join(
@@ -237,24 +239,24 @@ def status_html(status: dict) -> str:
     """Model loading status: progress while loading, error text, or the ready pair."""
     if status.get("loading"):
         pct = max(0.0, min(1.0, status.get("frac") or 0.0))
-        return (f"<div class='sv-status sv-status-loading' role='status'>⏳ <b>Loading models…</b> "
+        return (f"<div class='sv-status sv-status-loading' role='status'><span class='sv-dot sv-dot-busy'></span><b>Loading models…</b> "
                 f"{esc(status.get('message') or '')}"
                 f"<div class='sv-bar'><div style='width:{pct * 100:.0f}%'></div></div></div>")
     err = status.get("error")
     if err and not status.get("ready"):
-        return (f"<div class='sv-status sv-status-error' role='alert'>❌ <b>Models could not be loaded.</b> "
+        return (f"<div class='sv-status sv-status-error' role='alert'><span class='sv-dot sv-dot-bad'></span><b>Models could not be loaded.</b> "
                 f"{esc(err)}</div>")
-    ready = (f"✅ <b>{esc(status.get('label') or '')}</b> on {esc(status.get('device') or '')}"
+    ready = (f"<span class='sv-dot sv-dot-ok'></span>Model pair: <b>{esc(status.get('label') or '')}</b> on {esc(status.get('device') or '')}"
              + (f" ({esc(status['precision'])})" if status.get("precision") else ""))
     if err:
-        return (f"<div class='sv-status sv-status-error' role='alert'>⚠️ {esc(err)}<br>Still using: "
+        return (f"<div class='sv-status sv-status-error' role='alert'><span class='sv-dot sv-dot-bad'></span>{esc(err)}<br>Still using: "
                 f"{ready}</div>")
     return f"<div class='sv-status sv-status-ready' role='status'>{ready}</div>"
 
 
 def message_html(text: str, kind: str = "error") -> str:
-    icon = {"error": "❌", "warning": "⚠️", "info": "ℹ️"}.get(kind, "")
-    return f"<div class='sv-status sv-status-{kind}' role='alert'>{icon} {esc(text)}</div>"
+    return (f"<div class='sv-status sv-status-{kind}' role='alert'><span class='sv-dot sv-dot-{kind}'></span>"
+            f"{esc(text)}</div>")
 
 
 def _outcome_css() -> str:
@@ -271,7 +273,7 @@ def _outcome_css() -> str:
 
 
 CSS = """
-.sv-pane { font-family: var(--font-mono, ui-monospace, SFMono-Regular, Menlo, Consolas, monospace);
+.prose.sv-pane { font-family: var(--font-mono, ui-monospace, SFMono-Regular, Menlo, Consolas, monospace);
   font-size: 13.5px; line-height: 1.75; white-space: pre-wrap; overflow-wrap: anywhere;
   min-height: 14em; max-height: 30em; overflow-y: auto; padding: 10px 12px !important;
   border: 1px solid var(--border-color-primary); border-radius: var(--radius-lg, 8px);
@@ -317,6 +319,14 @@ CSS = """
 .sv-status-error { background: rgba(213,94,0,.13); border-color: #D55E00; }
 .sv-status-warning { background: rgba(230,159,0,.15); border-color: #E69F00; }
 .sv-status-loading { background: rgba(0,114,178,.10); }
+.sv-dot { display: inline-block; width: .65em; height: .65em; border-radius: 50%; margin-right: .45em;
+  vertical-align: baseline; background: #999; }
+.sv-dot-ok { background: #009E73; }
+.sv-dot-bad, .sv-dot-error { background: #D55E00; border-radius: 2px; transform: rotate(45deg); }
+.sv-dot-warning { background: #E69F00; }
+.sv-dot-info { background: #0072B2; }
+.sv-dot-busy { background: #0072B2; animation: sv-pulse 1s ease-in-out infinite alternate; }
+@keyframes sv-pulse { from { opacity: .3; } to { opacity: 1; } }
 .sv-bar { height: 6px; border-radius: 3px; background: rgba(128,128,128,.25); margin-top: 6px; overflow: hidden; }
 .sv-bar > div { height: 100%; background: #0072B2; transition: width .3s; }
 .sv-explainer { font-size: 14px; line-height: 1.55; }

@@ -1,0 +1,1 @@
+"""Helpers shared by tests/test_app.py and tests/test_browser.py."""

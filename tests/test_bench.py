@@ -1,0 +1,149 @@
+"""The bench, in process, on the tiny random pair (seconds, no real weights)."""
+import csv
+import json
+from xml.etree import ElementTree
+
+import pytest
+import torch
+
+from specviz import bench
+from specviz.bench import OutputMismatch, Run, check_outputs, first_difference
+from specviz.tiny import save_tiny_pair
+
+PROMPTS = [
+    {"id": "code/a", "task": "code", "text": "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n"},
+    {"id": "code/b", "task": "code", "text": "x = [1, 2, 3]\ny = [1, 2, 3]\nz = ["},
+    {"id": "grounded/a", "task": "grounded", "text": "Repeat: the cat sat on the mat. the cat sat"},
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    return save_tiny_pair(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # tiny matrices: OpenMP threads only add sync cost (badly so on a loaded machine)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _args(tiny_pair, tmp_path, *extra):
+    t, d = tiny_pair
+    pj = tmp_path / "prompts.json"
+    pj.write_text(json.dumps(PROMPTS))
+    return ["--target", t, "--draft", d, "--quick", "--max-new-tokens", "8", "--repeats", "1",
+            "--prompts-json", str(pj), "--out", str(tmp_path / "out"), *extra]
+
+
+def _read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_quick_bench_writes_json_csv_and_plots(tiny_pair, tmp_path, capsys):
+    assert bench.main(_args(tiny_pair, tmp_path, "--methods", "plain,hf-greedy,hf-assisted,draft,lookup")) == 0
+    out = tmp_path / "out"
+    data = json.loads((out / "bench.json").read_text())
+    summary = _read_csv(out / "summary.csv")
+    runs = _read_csv(out / "runs.csv")
+    assert list(summary[0]) == bench.SUMMARY_COLUMNS
+    assert list(runs[0]) == bench.RUN_COLUMNS
+    variants = {r["variant"] for r in runs}
+    assert {"plain", "hf-greedy", "hf-assisted:4", "draft:2", "draft:4", "draft:6"} <= variants
+    # 3 prompts (code 2 + grounded 1 of the quick preset) × methods × 1 repeat
+    assert len(runs) == 3 * len(variants) == len(data["runs"])
+    assert {r["prompt_id"] for r in runs} == {"code/a", "code/b", "grounded/a"}
+    # SpecViz greedy runs equal the baseline token for token (the bench checked it)
+    assert all(r["match"] == "True" for r in runs if r["engine"] == "specviz")
+    spec = [r for r in summary if r["family"] == "draft" and r["task"] == "code"]
+    assert len(spec) == 3 and sum(r["best"] == "True" for r in spec) == 1
+    assert all(float(r["alpha"]) >= 0 and float(r["c"]) > 0 and float(r["tokens_per_s"]) > 0 for r in spec)
+    plain = next(r for r in summary if r["variant"] == "plain" and r["task"] == "code")
+    assert float(plain["speedup"]) == pytest.approx(1.0)
+    assert data["meta"]["machine"]["torch"] == torch.__version__
+    assert data["meta"]["command"].startswith("python -m specviz.bench --target")
+    for name in ("speedup_vs_gamma.svg", "alpha_by_task.svg", "plots.html", "table.txt", "per_prompt.csv"):
+        assert (out / name).stat().st_size > 0
+    for name in ("speedup_vs_gamma.svg", "alpha_by_task.svg"):
+        assert ElementTree.parse(out / name).getroot().tag.endswith("svg")  # well-formed
+    per_prompt = _read_csv(out / "per_prompt.csv")
+    assert {r["prompt_id"] for r in per_prompt} == {"code/a", "code/b", "grounded/a"}
+    text = capsys.readouterr().out
+    assert "SpecViz draft γ=4" in text and "load average" in text and "command: python -m specviz.bench" in text
+
+
+def test_first_difference():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 9, 3]) == 1
+    assert first_difference([1, 2, 3], [1, 2]) == 2
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+    assert first_difference([], []) is None
+
+
+def _run(variant, engine, ids, prompt="code/a", repeat=0):
+    family = variant.split(":")[0]
+    return Run(variant, family, engine, 0, "code", prompt, repeat, 0, token_ids=ids)
+
+
+def test_checker_raises_on_broken_specviz_output():
+    runs = [_run("plain", "specviz", [5, 6, 7, 8]), _run("draft:4", "specviz", [5, 6, 9, 8]),
+            _run("plain", "specviz", [1, 2], prompt="code/b"), _run("draft:4", "specviz", [1, 2], prompt="code/b")]
+    with pytest.raises(OutputMismatch, match=r"draft:4 on code/a .*first differing position 2"):
+        check_outputs(runs)
+    assert runs[1].match is False and runs[1].first_diff == 2 and runs[3].match is True
+
+
+def test_checker_only_warns_for_hf():
+    runs = [_run("plain", "specviz", [5, 6, 7]), _run("hf-assisted:4", "hf", [5, 6]),
+            _run("draft:4", "specviz", [5, 6, 7])]
+    warnings = check_outputs(runs)
+    assert len(warnings) == 1 and "hf-assisted:4 on code/a" in warnings[0] and "position 2" in warnings[0]
+    assert runs[1].match is False and runs[2].match is True
+
+
+def test_bench_exits_1_on_broken_result(tiny_pair, tmp_path, monkeypatch, capsys):
+    real = bench.run_specviz
+
+    def broken(pair, v, req, ids):
+        summary, first = real(pair, v, req, ids)
+        if v.key == "draft:4":
+            summary.token_ids = summary.token_ids[:3] + [(summary.token_ids[3] + 1) % 90] + summary.token_ids[4:]
+        return summary, first
+
+    monkeypatch.setattr(bench, "run_specviz", broken)
+    rc = bench.main(_args(tiny_pair, tmp_path, "--no-hf", "--gammas", "4", "--methods", "plain,draft",
+                          "--no-warmup"))
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "FAILED" in err and "draft:4 on code/a" in err and "first differing position 3" in err
+    assert (tmp_path / "out" / "bench.json").exists()  # results are written before failing
+
+
+def test_bad_flags_exit_2(tiny_pair, tmp_path, capsys):
+    assert bench.main(_args(tiny_pair, tmp_path, "--gammas", "0,2")) == 2
+    assert "--gammas" in capsys.readouterr().err
+    assert bench.main(_args(tiny_pair, tmp_path, "--methods", "magic")) == 2
+
+
+def test_unavailable_method_is_skipped_with_a_note(tiny_pair, tmp_path, monkeypatch, capsys):
+    from specviz import runner
+    from specviz.request import RequestError
+    real = runner.make_proposer
+
+    def no_lookup(pair, method):
+        if method == "lookup":
+            raise RequestError("Unknown method 'lookup'.")
+        return real(pair, method)
+
+    monkeypatch.setattr(runner, "make_proposer", no_lookup)
+    rc = bench.main(_args(tiny_pair, tmp_path, "--no-hf", "--gammas", "2", "--methods", "plain,draft,lookup",
+                          "--no-warmup"))
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "method 'lookup' skipped" in out
+    runs = _read_csv(tmp_path / "out" / "runs.csv")
+    assert {r["variant"] for r in runs} == {"plain", "draft:2"}

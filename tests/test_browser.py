@@ -1,0 +1,116 @@
+"""The page in a real headless Chromium (Debian's /usr/bin/chromium driven by the
+Python playwright package; no browser download). Screenshots go to
+test-artifacts/ (gitignored) for a human to look at.
+
+    apt-get install -y chromium chromium-driver && pip install playwright==1.65.2
+"""
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = os.environ.get("SPECVIZ_CHROMIUM", "/usr/bin/chromium")
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install -y chromium chromium-driver)",
+                allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright==1.65.2 (no browser download "
+                                                             "needed: the test uses /usr/bin/chromium)")
+
+from browser.server import shared_server  # noqa: E402
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+TIMEOUT = 120_000  # ms
+
+
+@pytest.fixture(scope="module")
+def server():
+    return shared_server()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+def open_page(browser, server, scheme):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000}, color_scheme=scheme)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{server.url}?__theme={scheme}")
+    page.wait_for_selector("#sv-run:not([disabled])", timeout=TIMEOUT)
+    return page, errors
+
+
+def set_number(page, elem_id, value):
+    box = page.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def run_and_wait(page):
+    page.click("#sv-run")
+    page.wait_for_selector("#sv-runinfo .sv-badge", timeout=TIMEOUT)
+    page.wait_for_timeout(800)  # let plotly finish drawing
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_generation_renders_tokens_and_charts(browser, server, scheme):
+    page, errors = open_page(browser, server, scheme)
+    assert "Model pair" in page.inner_text("#sv-status")
+    set_number(page, "sv-max-new", 48)
+    run_and_wait(page)
+
+    spec = page.locator("#sv-speculative .sv-tok")
+    assert spec.count() > 0
+    classes = set()
+    for c in spec.evaluate_all("els => els.map(e => e.className)"):
+        classes.update(re.findall(r"sv-(accepted|rejected|resampled|bonus)", c))
+    assert classes, "no coloured speculative tokens"
+    assert classes <= {"accepted", "rejected", "resampled", "bonus"}
+    # colour plus a non-colour cue, with the theme's own text colour
+    first = page.locator("#sv-speculative .sv-tok").first
+    bg = first.evaluate("e => getComputedStyle(e).backgroundColor")
+    assert bg not in ("rgba(0, 0, 0, 0)", "transparent"), bg
+    if "rejected" in classes:
+        deco = page.locator("#sv-speculative .sv-rejected").first.evaluate(
+            "e => getComputedStyle(e).textDecorationLine")
+        assert "line-through" in deco
+    assert "p(x)" in first.get_attribute("title")
+    assert page.locator("#sv-baseline .sv-target").count() > 0
+    assert page.locator("#sv-speculative .sv-round").count() >= 1
+    # four plotly charts were drawn
+    assert page.locator(".js-plotly-plot").count() == 4
+    assert page.locator(".js-plotly-plot .main-svg").count() >= 4
+    assert "identical outputs" in page.inner_text("#sv-runinfo")
+    assert "tokens/s" in page.inner_text("#sv-stats")
+    if scheme == "dark":
+        assert page.evaluate("document.body.classList.contains('dark') || "
+                             "!!document.querySelector('.dark')")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"browser-{scheme}.png"), full_page=True)
+    assert not errors, errors
+    page.close()
+
+
+def test_stop_button_stops_the_run(browser, server):
+    page, errors = open_page(browser, server, "light")
+    set_number(page, "sv-max-new", 512)
+    set_number(page, "sv-gamma", 2)
+    page.click("#sv-run")
+    page.wait_for_selector("#sv-speculative .sv-round", timeout=TIMEOUT)
+    page.click("#sv-stop")
+    page.wait_for_function("document.querySelector('#sv-stats').innerText.includes('stopped')",
+                           timeout=30_000)
+    assert "stopped by you" in page.inner_text("#sv-runinfo")
+    # the next run starts clean
+    set_number(page, "sv-max-new", 16)
+    run_and_wait(page)
+    assert "stopped" not in page.inner_text("#sv-stats")
+    assert not errors, errors
+    page.close()

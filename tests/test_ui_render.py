@@ -1,0 +1,163 @@
+"""HTML rendering of tokens, legend, numbers and status (no gradio, no models)."""
+import json
+import re
+
+import pytest
+
+from specviz.events import OUTCOME_COLOURS, Outcome, RoundEvent, RunSummary, TokenEvent
+from specviz.ui import render
+from specviz.ui.state import RunView
+
+
+def tok(text, outcome=Outcome.ACCEPTED, **kw):
+    base = dict(token_id=7, text=text, outcome=outcome, t=0.5, round=2, position=1, p=0.8, q=0.4, u=0.25)
+    base.update(kw)
+    return TokenEvent(**base)
+
+
+@pytest.mark.parametrize("text", [
+    "<script>alert(1)</script>",
+    '<img src=x onerror="alert(1)">',
+    "a & b &amp; c",
+    "\"quoted\" 'single'",
+])
+def test_token_text_is_escaped(text):
+    html = render.token_span(tok(text))
+    assert "<script" not in html and "<img" not in html
+    inner = re.search(r">(.*)</span>$", html, re.S).group(1)
+    assert inner == render.html.escape(text, quote=True)
+    # the tooltip (an attribute) holds the text too, escaped with quotes
+    title = re.search(r'title="([^"]*)"', html).group(1)
+    assert "<" not in title and '"' not in title
+
+
+def test_amp_entity_is_not_unescaped():
+    html = render.token_span(tok("&amp;"))
+    assert ">&amp;amp;</span>" in html
+
+
+def test_lone_surrogate_does_not_crash_and_serialises():
+    html = render.token_span(tok("x\ud800y"))
+    assert "\ufffd" in html
+    html.encode("utf-8")  # would raise on a lone surrogate
+    json.dumps(html, ensure_ascii=False).encode("utf-8")
+    # a valid surrogate pair (as some decoders produce) becomes the real character
+    assert "😀" in render.esc("\ud83d\ude00")
+
+
+def test_newlines_kept_and_marked():
+    html = render.token_span(tok("\n", Outcome.TARGET, round=-1, position=0, q=None, u=None))
+    assert "sv-nl" in html and ">\n</span>" in html
+    assert "white-space: pre-wrap" in render.page_css()
+
+
+@pytest.mark.parametrize("outcome", list(Outcome))
+def test_css_class_per_outcome(outcome):
+    html = render.token_span(tok("x", outcome))
+    assert f"sv-{outcome.value}" in html
+    css = render.page_css()
+    assert f".sv-{outcome.value}" in css
+    # each outcome's colour (Okabe-Ito) is used, also in dark mode rules
+    r, g, b = (int(OUTCOME_COLOURS[outcome][i:i + 2], 16) for i in (1, 3, 5))
+    assert f"rgba({r}, {g}, {b}" in css
+
+
+def test_non_colour_cues():
+    css = render.page_css()
+    assert re.search(r"\.sv-rejected \{[^}]*line-through", css)
+    assert re.search(r"\.sv-resampled \{[^}]*underline", css)
+    assert re.search(r"\.sv-bonus \{[^}]*font-weight: 700[^}]*overline", css)
+    assert ".dark .sv-accepted" in css  # dark mode variant
+
+
+def test_tooltip_has_p_q_u_and_acceptance():
+    t = render.tooltip(tok("x", Outcome.REJECTED, p=0.1, q=0.4, u=0.9))
+    assert "p(x) = 0.1000" in t and "q(x) = 0.4000" in t and "u = 0.9000" in t
+    assert "min(1, p/q) = 0.2500" in t
+    assert "round 3" in t and "position 1" in t
+    acc = render.tooltip(tok("x", Outcome.ACCEPTED, p=0.9, q=0.3, u=0.5))
+    assert "min(1, p/q) = 1.0000" in acc
+    res = render.tooltip(tok("x", Outcome.RESAMPLED, position=0, q=None, u=None, p=0.3))
+    assert "p(x) = 0.3000" in res and "max(0, p − q)" in res
+    bonus = render.tooltip(tok("x", Outcome.BONUS, position=0, q=None, u=None))
+    assert "all drafts were accepted" in bonus
+    # q = 0 must not divide by zero
+    assert "n/a" in render.tooltip(tok("x", Outcome.REJECTED, q=0.0))
+
+
+def test_legend_lists_all_outcomes():
+    legend = render.legend_html()
+    for o in Outcome:
+        assert f'data-outcome="{o.value}"' in legend
+        assert f"sv-{o.value}" in legend
+    assert "p(x), q(x), u" in legend
+
+
+def _round(i, tokens, n_acc, gamma=2, t=1.0):
+    return RoundEvent(index=i, gamma=gamma, draft_ids=[1] * gamma, q=[0.5] * gamma, p=[0.5] * gamma,
+                      u=[0.1] * min(n_acc + 1, gamma), overlap=[0.6] * gamma, n_accepted=n_acc,
+                      appended_id=3, resampled=n_acc < gamma, t_start=t - 0.3, t_draft=0.2, t_verify=0.1,
+                      t_end=t, draft_forwards=gamma, tokens=tokens,
+                      total_tokens=(i + 1) * 2, total_drafted=(i + 1) * gamma, total_accepted=(i + 1) * n_acc,
+                      target_forwards=i + 2)
+
+
+def test_speculative_html_rounds_in_display_order():
+    r = _round(0, [tok("a", Outcome.ACCEPTED), tok("b", Outcome.REJECTED, position=2),
+                   tok("c", Outcome.RESAMPLED, position=0, q=None, u=None)], 1)
+    html = render.speculative_html([r, _round(1, [tok("d", Outcome.BONUS, position=0, q=None, u=None)], 2)])
+    assert html.count('class="sv-round"') == 2
+    order = [m for m in re.findall(r"sv-(accepted|rejected|resampled|bonus)\b", html)]
+    assert order == ["accepted", "rejected", "resampled", "bonus"]
+    # append-only: a longer run starts with the shorter run's HTML (gradio then sends only the tail)
+    assert html.startswith(render.speculative_html([r]))
+
+
+def test_run_view_stats_badge_and_panels():
+    view = RunView(gamma=2, temperature=0.0, mode="fair", prompt="p")
+    for i in range(3):
+        view.add("baseline", tok(str(i), Outcome.TARGET, t=0.5 * (i + 1), round=-1, position=0, q=None, u=None))
+    view.add("speculative", _round(0, [tok("0", t=0.6), tok("1", Outcome.BONUS, t=0.6)], 2, t=0.6))
+    snap = view.snapshot()
+    assert snap["stats"]["alpha"] == 1.0 and snap["stats"]["rounds"] == 1
+    assert snap["identical"] is None  # not finished yet
+    base = RunSummary("baseline", "plain", [1, 2, 3], "", 3, 1.5, 0.5, 3, "max_new_tokens")
+    spec = RunSummary("speculative", "draft", [1, 2, 3], "", 3, 0.9, 0.3, 2, "max_new_tokens",
+                      rounds=2, drafted=4, accepted=3, draft_time=0.4, verify_time=0.2, draft_forwards=4,
+                      overlap_sum=3.0, gamma=2)
+    view.add("baseline", base)
+    view.add("speculative", spec)
+    snap = view.snapshot()
+    assert snap["identical"] == {"identical": True, "first_diff": None}
+    assert abs(snap["stats"]["speedup"] - (3 / 0.9) / (3 / 1.5)) < 1e-9
+    info = render.run_info_html(snap)
+    assert "identical outputs" in info and "fair" in info
+    stats = render.stats_html(snap)
+    assert "1.67×" in stats and "tokens/s" in stats and "target forward passes" in stats
+    spec.token_ids = [1, 2, 4]
+    assert view.identical() == {"identical": False, "first_diff": 2}
+    assert "differ from token 3" in render.run_info_html(view.snapshot())
+
+
+def test_status_and_messages_escape():
+    assert "sv-status-loading" in render.status_html({"loading": True, "message": "<b>x</b>", "frac": 0.5})
+    assert "&lt;b&gt;" in render.status_html({"loading": True, "message": "<b>x</b>", "frac": 0.5})
+    err = render.status_html({"loading": False, "ready": False, "error": "could not load '<x>'"})
+    assert "could not load &#x27;&lt;x&gt;&#x27;" in err
+    ok = render.status_html({"loading": False, "ready": True, "label": "A + B", "device": "cpu"})
+    assert "A + B" in ok and "sv-status-ready" in ok
+    assert "&lt;script&gt;" in render.message_html("<script>")
+
+
+def test_charts_build_from_events():
+    from specviz.ui.charts import all_charts
+    view = RunView(gamma=2, temperature=0.0, mode="fair")
+    assert len(all_charts(view)) == 4  # empty charts are fine
+    view.add("baseline", tok("a", Outcome.TARGET, t=0.2, round=-1, position=0))
+    view.add("baseline", tok("b", Outcome.TARGET, t=0.4, round=-1, position=0))
+    view.add("speculative", _round(0, [tok("a"), tok("b", Outcome.REJECTED, position=2),
+                                       tok("c", Outcome.RESAMPLED, position=0)], 1, t=0.5))
+    figs = all_charts(view)
+    assert [len(f.data) for f in figs] == [2, 2, 2, 2]
+    pos = figs[3].data[1].y  # kept ÷ tested per position: 1/1 then 0/1
+    assert list(pos) == [1.0, 0.0]
