@@ -24,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python app.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(ap)
-    ap.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
+    ap.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)),
+                    help="port to serve on (default: 7860, or $GRADIO_SERVER_PORT)")
     ap.add_argument("--host", default=None,
                     help="interface to listen on (default: 0.0.0.0 on a Hugging Face Space, else 127.0.0.1)")
     ap.add_argument("--share", action="store_true", help="also open a temporary public gradio.live link")
@@ -47,7 +48,7 @@ def create_app(args):
     from specviz.ui.blocks import build_demo
     from specviz.ui.loader import ModelManager
 
-    manager = ModelManager(device=args.device)
+    manager = ModelManager(device=args.device, quantize=getattr(args, "quantize", None))
     spec = None
     try:
         spec = initial_spec(args)

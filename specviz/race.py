@@ -132,11 +132,11 @@ def race(pair, req, prompt_ids: list[int], mode: str = "fair", stop: threading.E
 _DONE = object()
 
 # Fair mode steps both engines on this one long-lived thread, whichever thread
-# the consumer calls next() from. A web server steps a generator from any of its
-# worker threads, and torch's CPU thread pool belongs to the calling thread, so
-# hopping threads left idle pools spinning on the cores: on the 2-core dev box
-# the draft step measured 0.93x a target step instead of ~0.3x. One thread also
-# means two fair races never overlap, so each stays timed in isolation.
+# the consumer calls next() from (a web server resumes a generator from any of
+# its worker threads). Torch's CPU thread pool belongs to the calling thread, so
+# this keeps one warm pool instead of one per server thread; and two fair races
+# (two visitors, a test and the app) never overlap, so each side stays timed in
+# isolation.
 _FAIR_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specviz-fair")
 
 

@@ -45,7 +45,7 @@ def test_api_names(client):
 
 
 def test_run_streams_and_finishes(client):
-    job = client.submit(*args(max_new_tokens=64), api_name="/run")
+    job = client.submit(*args(max_new_tokens=200), api_name="/run")
     job.result(timeout=120)
     outs = job.outputs()
     assert len(outs) >= 3, "expected intermediate updates before the final one"
@@ -237,7 +237,17 @@ def test_loader_reports_progress_and_friendly_errors():
         raise ModelError("could not load 'x': not found")
 
     manager._loader = bad
-    manager.start(spec)
+    manager.start(spec, owner="visitor-a")
     manager.wait(10)
     st = manager.status()
     assert st["ready"] and st["error"] == "could not load 'x': not found"  # old pair still serves
+    # only the visitor who asked for the failed pair sees its error
+    assert manager.status("visitor-a")["error"] and manager.status("visitor-b")["error"] is None
+
+
+@pytest.mark.parametrize("method", ["lookup", "adaptive"])
+def test_other_draft_methods(client, method):
+    out = client.predict(*args("abcabcabcabc", max_new_tokens=16), method, api_name="/run")
+    assert "identical outputs" in out[INFO]
+    if method == "lookup":
+        assert "prompt lookup" in out[INFO]

@@ -114,3 +114,47 @@ def test_stop_button_stops_the_run(browser, server):
     assert "stopped" not in page.inner_text("#sv-stats")
     assert not errors, errors
     page.close()
+
+
+def test_loading_progress_then_run_enabled(browser, tmp_path):
+    """While models load the page shows progress and Run is disabled; then it enables."""
+    import threading
+
+    from browser.server import free_port
+    from specviz.models import load_pair, resolve_pair
+    from specviz.tiny import save_tiny_pair
+    from specviz.ui.blocks import build_demo
+    from specviz.ui.loader import ModelManager
+    from specviz.ui.render import page_css
+
+    release = threading.Event()
+
+    def slow_loader(spec, device=None, progress=None):
+        progress("loading target tiny (test)", 0.4)
+        release.wait(60)
+        return load_pair(spec, device="cpu")
+
+    target, draft = save_tiny_pair(tmp_path)
+    spec = resolve_pair(None, target, draft)
+    manager = ModelManager(loader=slow_loader)
+    manager.start(spec)
+    demo = build_demo(manager, initial=spec, network=False)
+    demo.queue()
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, css=page_css())
+    try:
+        page = browser.new_page(viewport={"width": 1200, "height": 700})
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.wait_for_selector("#sv-status .sv-status-loading", timeout=TIMEOUT)
+        assert "loading target tiny (test)" in page.inner_text("#sv-status")
+        assert page.locator("#sv-run").is_disabled()
+        assert "loading models" in page.inner_text("#sv-run")
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "browser-loading.png"))
+        release.set()
+        page.wait_for_selector("#sv-run:not([disabled])", timeout=TIMEOUT)
+        assert "Model pair" in page.inner_text("#sv-status")
+        page.close()
+    finally:
+        release.set()
+        demo.close()

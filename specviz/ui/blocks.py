@@ -17,6 +17,7 @@ from ..models import ModelError, PairSpec, available_pairs, resolve_pair
 from ..prompts import load_presets
 from ..race import MODES, RaceInfo, race
 from ..request import MAX_GAMMA, Limits, RequestError, encode_prompt, make_request
+from ..runner import free_memory, is_oom
 from . import render
 from .charts import all_charts
 from .loader import ModelManager
@@ -34,6 +35,11 @@ except Exception:  # noqa: BLE001 - not on a Space: a no-op decorator
     def gpu(fn=None, **_kw):
         return fn if fn is not None else (lambda f: f)
 
+METHOD_CHOICES = [
+    ("draft model: the small model guesses γ tokens", "draft"),
+    ("adaptive γ: draft model, γ follows the acceptance rate", "adaptive"),
+    ("prompt lookup: copy what followed the last n-gram earlier (no draft model)", "lookup"),
+]
 MODE_CHOICES = [
     ("fair: each side timed alone (honest speedup)", "fair"),
     ("parallel: both at once (shares the hardware)", "parallel"),
@@ -119,20 +125,11 @@ def _session_key(request: gr.Request | None) -> str:
 
 def _runtime_error_text(err: BaseException) -> str:
     text = str(err)
-    if isinstance(err, MemoryError) or "out of memory" in text.lower():
+    if is_oom(err):
         return ("The run ran out of memory. Try fewer new tokens, a shorter prompt, a smaller γ or a smaller "
                 "model pair. The app is still running.")
     first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
     return f"The run failed: {first}. The app is still running; try again or change the settings."
-
-
-def _free_device_memory() -> None:
-    try:
-        import torch
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    except Exception:  # noqa: BLE001
-        pass
 
 
 def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_mode: str = "fair",
@@ -154,8 +151,8 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
             return gr.Button(value="loading models…", interactive=False)
         return gr.Button(value="no models loaded", interactive=False)
 
-    def poll():
-        st = manager.status()
+    def poll(request: gr.Request = None):
+        st = manager.status(_session_key(request))
         return render.status_html(st), button_state(st), gr.Timer(active=st["loading"])
 
     def on_preset(name):
@@ -167,7 +164,7 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
     def on_pair_pick(key):
         return gr.update(visible=key == CUSTOM)
 
-    def load_pair_click(key, target, draft):
+    def load_pair_click(key, target, draft, request: gr.Request = None):
         try:
             if key == CUSTOM:
                 spec = resolve_pair("custom", target, draft, allow_local_paths=allow_local_paths)
@@ -179,11 +176,11 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
                 spec = resolve_pair(key, None, None, allow_local_paths=allow_local_paths)
         except ModelError as e:
             gr.Warning(str(e))
-            st = manager.status()
+            st = manager.status(_session_key(request))
             return render.message_html(str(e)) + render.status_html(st), button_state(st), gr.Timer(active=False)
-        if not manager.start(spec):
+        if not manager.start(spec, owner=_session_key(request)):
             gr.Warning("A model pair is already loading: wait until it is ready.")
-        st = manager.status()
+        st = manager.status(_session_key(request))
         return render.status_html(st), button_state(st), gr.Timer(active=True)
 
     def outputs_for(view: RunView, base_html: str, spec_html: str, charts: bool):
@@ -197,9 +194,9 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
 
     @gpu
     def run(prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed, chat_template, mode,
-            request: gr.Request):
+            method="draft", request: gr.Request = None):
         try:
-            req = make_request(prompt, "draft", gamma, max_new_tokens, temperature, top_p, top_k, seed,
+            req = make_request(prompt, method or "draft", gamma, max_new_tokens, temperature, top_p, top_k, seed,
                                chat_template, limits)
             if mode not in MODES:
                 raise RequestError(f"Unknown execution mode {mode!r}: choose fair or parallel.")
@@ -218,6 +215,7 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
         key = _session_key(request)
         stop, done = sessions.begin(key)
         view = RunView(req.gamma, req.temperature, mode, req.prompt, req.chat_template)
+        view.method = req.method
         head = render.prompt_span(req.prompt, req.chat_template and pair.has_chat_template)
         base_html = spec_html = head
         info = RaceInfo(mode)
@@ -251,9 +249,10 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
                 view.note = "stopped by you"
             yield outputs_for(view, base_html, spec_html, charts=True)
         except Exception as err:  # noqa: BLE001 - OOM and friends: tell the visitor, keep serving
-            _free_device_memory()
+            stream.close()  # drop what the failed run held before freeing memory
+            free_memory()
             msg = _runtime_error_text(err)
-            view.note = msg
+            view.error = msg
             yield outputs_for(view, base_html, spec_html, charts=True)
             raise gr.Error(msg, print_exception=True) from None
         finally:
@@ -278,14 +277,15 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
                 preset = gr.Dropdown([p["name"] for p in presets], value=first["name"], label="Preset",
-                                     info="Example prompts (code, chat, grounded): fills the prompt and settings")
+                                     info="Example prompts (code, chat, grounded): fills the prompt and settings",
+                                     elem_id="sv-preset")
                 prompt = gr.Textbox(first["prompt"], label="Prompt", lines=5, max_lines=14,
                                     info="Text the model continues (or answers, with the chat template on)",
                                     elem_id="sv-prompt")
             with gr.Column(scale=2):
                 with gr.Row():
-                    gamma = gr.Slider(1, MAX_GAMMA, value=first["gamma"], step=1, label="γ (draft length)", elem_id="sv-gamma",
-                                      info="Draft guesses per round")
+                    gamma = gr.Slider(1, MAX_GAMMA, value=first["gamma"], step=1, label="γ (draft length)",
+                                      info="Draft guesses per round", elem_id="sv-gamma")
                     max_new = gr.Slider(1, limits.max_new_tokens, value=min(first["max_new_tokens"],
                                                                             limits.max_new_tokens),
                                         step=1, label="Max new tokens", info="Budget for each side",
@@ -302,7 +302,7 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
                     run_btn = gr.Button("▶ Run" if st0["ready"] else "loading models…", variant="primary",
                                         interactive=st0["ready"], elem_id="sv-run")
                     stop_btn = gr.Button("■ Stop", variant="secondary", elem_id="sv-stop")
-        with gr.Accordion("More sampling settings", open=False):
+        with gr.Accordion("More settings: sampling, draft method", open=False):
             with gr.Row():
                 top_p = gr.Slider(0.01, 1.0, value=1.0, step=0.01, label="Top-p",
                                   info="Keep the smallest set of tokens with this much probability (1 = off)")
@@ -310,6 +310,9 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
                                   info="Keep only the k most likely tokens (0 = off)")
                 chat = gr.Checkbox(first["chat_template"], label="Use the chat template",
                                    info="Wrap the prompt as a user message (instruct models)")
+            method = gr.Radio(METHOD_CHOICES, value="draft", label="Where the guesses come from",
+                              info="Every method is verified the same way, so the output law stays the target's",
+                              elem_id="sv-method")
         with gr.Accordion("Model pair", open=False):
             gr.Markdown("The pair is shared by everyone using this server. Loading another one takes "
                         "a while; the current pair serves until the new one is ready.")
@@ -356,7 +359,7 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
                          show_progress="hidden", queue=False)
         load_btn.click(load_pair_click, [pair_pick, custom_target, custom_draft], poll_out,
                        api_name="load_pair", show_progress="hidden")
-        inputs = [prompt, gamma, max_new, temperature, top_p, top_k, seed, chat, mode]
+        inputs = [prompt, gamma, max_new, temperature, top_p, top_k, seed, chat, mode, method]
         run_event = run_btn.click(run, inputs, outputs, api_name="run", concurrency_limit=1,
                                   concurrency_id="generate", trigger_mode="once",
                                   show_progress="full", show_progress_on=[run_info])

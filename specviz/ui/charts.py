@@ -62,8 +62,8 @@ def alpha_chart(view: RunView) -> go.Figure:
 def speedup_chart(view: RunView) -> go.Figure:
     pts = view.speedup_series
     fig = go.Figure()
-    _layout(fig, "Speedup over time: measured vs predicted", "seconds" + (" (virtual clock)" if view.mode == "fair" else ""),
-            "× baseline")
+    clock = "seconds (virtual clock)" if view.mode == "fair" else "seconds"
+    _layout(fig, "Speedup over time: measured vs predicted", clock, "× baseline")
     if not pts:
         return _empty(fig, "waiting for both sides…")
     t = [p[0] for p in pts]
@@ -84,7 +84,7 @@ def time_split_chart(view: RunView) -> go.Figure:
     if not rounds:
         return _empty(fig, "waiting for the first round…")
     x = [r.index + 1 for r in rounds]
-    fig.add_bar(x=x, y=[r.t_draft for r in rounds], name="draft (γ small-model steps)", marker_color=SKY,
+    fig.add_bar(x=x, y=[r.t_draft for r in rounds], name="draft (proposing the guesses)", marker_color=SKY,
                 hovertemplate="%{y:.3f} s<extra>draft</extra>")
     fig.add_bar(x=x, y=[r.t_verify for r in rounds], name="verify (1 target pass)", marker_color=PURPLE,
                 hovertemplate="%{y:.3f} s<extra>verify</extra>")

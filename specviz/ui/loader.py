@@ -24,8 +24,9 @@ def _friendly(err: BaseException) -> str:
 
 
 class ModelManager:
-    def __init__(self, device: str | None = None, loader=load_pair):
+    def __init__(self, device: str | None = None, loader=load_pair, quantize: str | None = None):
         self.device = device
+        self.quantize = quantize if quantize not in (None, "", "none") else None
         self._loader = loader
         self._lock = threading.Lock()
         self.pair = None  # the ModelPair in service
@@ -35,16 +36,19 @@ class ModelManager:
         self.frac = 0.0
         self.error: str | None = None
         self.generation = 0  # bumps on every change of state
+        self.owner: str | None = None  # who asked for the current/last load (a session id)
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------ loading
 
-    def start(self, spec: PairSpec) -> bool:
-        """Start loading `spec` in the background; False if a load is already running."""
+    def start(self, spec: PairSpec, owner: str | None = None) -> bool:
+        """Start loading `spec` in the background; False if a load is already running.
+        `owner` (a session id): only that session is shown the error if this load
+        fails while an older pair keeps serving."""
         with self._lock:
             if self.loading is not None:
                 return False
-            self.loading = spec
+            self.loading, self.owner = spec, owner
             self.message, self.frac, self.error = f"starting: {spec.label}", 0.0, None
             self.generation += 1
         self._thread = threading.Thread(target=self._run, args=(spec,), name="specviz-load", daemon=True)
@@ -58,7 +62,8 @@ class ModelManager:
 
     def _run(self, spec: PairSpec) -> None:
         try:
-            pair = self._loader(spec, device=self.device, progress=self._progress)
+            extra = {"quantize": self.quantize} if self.quantize else {}
+            pair = self._loader(spec, device=self.device, progress=self._progress, **extra)
         except BaseException as err:  # noqa: BLE001 - shown in the page, the app keeps serving
             with self._lock:
                 self.error = _friendly(err)
@@ -88,13 +93,20 @@ class ModelManager:
     def ready(self) -> bool:
         return self.pair is not None and self.loading is None
 
-    def status(self) -> dict:
+    def status(self, viewer: str | None = None) -> dict:
+        """State for the page. A failed switch of pair is an error for the
+        session that asked for it (or everyone, with viewer None); the others
+        just keep using the pair in service."""
         with self._lock:
             pair, spec = self.pair, self.spec
+            error = self.error
+            if error and pair is not None and viewer is not None and self.owner is not None \
+                    and viewer != self.owner:
+                error = None
             return dict(
                 loading=self.loading is not None,
                 loading_label=self.loading.label if self.loading else None,
-                message=self.message, frac=self.frac, error=self.error,
+                message=self.message, frac=self.frac, error=error,
                 ready=pair is not None and self.loading is None,
                 label=spec.label if spec else None,
                 name=spec.name if spec else None,

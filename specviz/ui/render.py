@@ -210,6 +210,8 @@ def stats_html(snap: dict) -> str:
 def run_info_html(snap: dict) -> str:
     """Badge (greedy: identical or not), which execution mode ran, stop reasons."""
     parts = []
+    if snap.get("error"):
+        parts.append(message_html(snap["error"]))
     badge = snap.get("identical")
     if badge is not None:
         if badge["identical"]:
@@ -230,6 +232,10 @@ def run_info_html(snap: dict) -> str:
     elif mode == "parallel":
         parts.append("<span class='sv-mode'>mode: <b>parallel</b>, both sides ran at once and shared the "
                      "hardware, so timings include contention</span>")
+    method = snap.get("method")
+    if method and method != "draft":
+        names = {"lookup": "prompt lookup (no draft model)", "adaptive": "draft model with adaptive γ"}
+        parts.append(f"<span class='sv-mode'>guesses from: <b>{esc(names.get(method, method))}</b></span>")
     if snap.get("note"):
         parts.append(f"<span class='sv-mode'>{esc(snap['note'])}</span>")
     return "<div class='sv-runinfo'>" + " ".join(parts) + "</div>"
@@ -237,21 +243,23 @@ def run_info_html(snap: dict) -> str:
 
 def status_html(status: dict) -> str:
     """Model loading status: progress while loading, error text, or the ready pair."""
+    def box(kind: str, role: str, dot: str, body: str) -> str:
+        return (f"<div class='sv-status sv-status-{kind}' role='{role}'>"
+                f"<span class='sv-dot sv-dot-{dot}'></span>{body}</div>")
+
     if status.get("loading"):
         pct = max(0.0, min(1.0, status.get("frac") or 0.0))
-        return (f"<div class='sv-status sv-status-loading' role='status'><span class='sv-dot sv-dot-busy'></span><b>Loading models…</b> "
-                f"{esc(status.get('message') or '')}"
-                f"<div class='sv-bar'><div style='width:{pct * 100:.0f}%'></div></div></div>")
+        return box("loading", "status", "busy",
+                   f"<b>Loading models…</b> {esc(status.get('message') or '')}"
+                   f"<div class='sv-bar'><div style='width:{pct * 100:.0f}%'></div></div>")
     err = status.get("error")
     if err and not status.get("ready"):
-        return (f"<div class='sv-status sv-status-error' role='alert'><span class='sv-dot sv-dot-bad'></span><b>Models could not be loaded.</b> "
-                f"{esc(err)}</div>")
-    ready = (f"<span class='sv-dot sv-dot-ok'></span>Model pair: <b>{esc(status.get('label') or '')}</b> on {esc(status.get('device') or '')}"
+        return box("error", "alert", "bad", f"<b>Models could not be loaded.</b> {esc(err)}")
+    ready = (f"Model pair: <b>{esc(status.get('label') or '')}</b> on {esc(status.get('device') or '')}"
              + (f" ({esc(status['precision'])})" if status.get("precision") else ""))
     if err:
-        return (f"<div class='sv-status sv-status-error' role='alert'><span class='sv-dot sv-dot-bad'></span>{esc(err)}<br>Still using: "
-                f"{ready}</div>")
-    return f"<div class='sv-status sv-status-ready' role='status'>{ready}</div>"
+        return box("error", "alert", "bad", f"{esc(err)}<br>Still using: {ready}")
+    return box("ready", "status", "ok", ready)
 
 
 def message_html(text: str, kind: str = "error") -> str:
@@ -304,7 +312,8 @@ CSS = """
 .sv-good { background: rgba(0,158,115,.14); }
 .sv-bad { background: rgba(213,94,0,.12); }
 .sv-table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; }
-.sv-table th, .sv-table td { padding: 2px 10px; text-align: right; border-bottom: 1px solid var(--border-color-primary); }
+.sv-table th, .sv-table td { padding: 2px 10px; text-align: right;
+  border-bottom: 1px solid var(--border-color-primary); }
 .sv-table th[scope=row] { text-align: left; font-weight: 500; opacity: .85; }
 .sv-chips { display: flex; flex-wrap: wrap; gap: 6px; max-width: 26em; }
 .sv-chip { padding: 2px 8px; border-radius: 999px; border: 1px solid var(--border-color-primary);

@@ -90,6 +90,8 @@ class RunView:
         self.spec = SideView("speculative")
         self.clock = 0.0  # shared display clock (virtual in fair mode)
         self.note = ""
+        self.method = "draft"  # where the guesses came from (RunRequest.method)
+        self.error = ""  # a failed run's message for the visitor
         # per spec round: (t_end, measured speedup, predicted speedup) for the chart
         self.speedup_series: list[tuple[float, float | None, float | None]] = []
         self._base_times: list[float] = []
@@ -188,4 +190,5 @@ class RunView:
                         target_forwards=v.target_forwards, state=v.state)
         return dict(baseline=side(self.base), speculative=side(self.spec), stats=self.stats(),
                     identical=self.identical(), finished=self.finished, greedy=self.greedy,
-                    mode=self.mode, clock=self.clock, note=self.note)
+                    mode=self.mode, clock=self.clock, note=self.note, method=self.method,
+                    error=self.error)
