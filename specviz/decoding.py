@@ -25,13 +25,15 @@ from .sampling import SamplingParams, verify, warp
 class Clock:
     """Seconds since the run started; synchronises the device before reading."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, t0: float | None = None):
         self.cuda = torch.device(device).type == "cuda"
-        self.t0 = self.now_raw()
+        self.t0 = self.now_raw() if t0 is None else t0
 
     def now_raw(self) -> float:
         if self.cuda:
-            torch.cuda.synchronize()
+            # only this thread's stream: a parallel race runs the other side on
+            # another stream, and its work must not be counted here
+            torch.cuda.current_stream().synchronize()
         return time.perf_counter()
 
     def now(self) -> float:

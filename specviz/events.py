@@ -129,3 +129,12 @@ class RunSummary:
         d = asdict(self)
         d["tokens_per_s"] = self.tokens_per_s
         return d
+
+
+def event_time(ev) -> float:
+    """When an event became visible, in seconds on its run's clock."""
+    if isinstance(ev, TokenEvent):
+        return ev.t
+    if isinstance(ev, RoundEvent):
+        return ev.t_end
+    return ev.elapsed

@@ -37,7 +37,7 @@ from typing import Iterator
 import torch
 
 from .decoding import Clock, VirtualClock
-from .events import RoundEvent, RunSummary, TokenEvent
+from .events import RoundEvent, RunSummary, TokenEvent, event_time
 from .runner import run_events
 
 SIDES = ("baseline", "speculative")
@@ -52,15 +52,6 @@ def default_mode(device) -> str:
     return "fair"
 
 
-def event_time(ev: Event) -> float:
-    """When an event became known, in seconds on its side's clock."""
-    if isinstance(ev, TokenEvent):
-        return ev.t
-    if isinstance(ev, RoundEvent):
-        return ev.t_end
-    return ev.elapsed
-
-
 class _Either:
     """Duck-typed stop flag for the engines: set when any of its events is."""
 
@@ -69,20 +60,6 @@ class _Either:
 
     def is_set(self) -> bool:
         return any(e.is_set() for e in self.events)
-
-
-class _StreamClock(Clock):
-    """Real-time clock that waits only for the current CUDA stream, so the two
-    parallel workers do not synchronise each other's work when reading time."""
-
-    def __init__(self, device, t0: float):
-        super().__init__(device)
-        self.t0 = t0
-
-    def now_raw(self) -> float:
-        if self.cuda:
-            torch.cuda.current_stream().synchronize()
-        return time.perf_counter()
 
 
 class RaceInfo:
@@ -188,7 +165,7 @@ def _parallel(pair, req, prompt_ids, stop, halt, sides) -> Iterator[tuple[str, E
             stream = torch.cuda.Stream(device=pair.device) if cuda else None
             ctx = torch.cuda.stream(stream) if cuda else contextlib.nullcontext()
             with ctx:
-                clock = _StreamClock(pair.device, t0)
+                clock = Clock(pair.device, t0)
                 gen = run_events(pair, req, side, prompt_ids, stop=stop, clock=clock)
                 try:
                     start.wait(timeout=30)
