@@ -23,8 +23,9 @@ def add_pair_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="target model: local directory or Hub id")
     p.add_argument("--draft", default=None, help="draft model: local directory or Hub id")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--quantize", choices=["none", "int8"], default="none",
-                   help="int8: dynamic int8 weights for both models (CPU; a different, faster model)")
+    p.add_argument("--quantize", choices=["none", "int8", "draft-int8"], default="none",
+                   help="CPU only. int8: dynamic int8 weights for both models (a different, faster "
+                        "target, for both sides); draft-int8: only the draft (output unchanged)")
 
 
 def load_from_args(args, progress=None, allow_local_paths=True):

@@ -38,6 +38,9 @@ MANIFEST_VERSION = 1
 FINGERPRINT_BYTES = 1 << 20
 
 
+QUANTIZE = (None, "", "none", "int8", "draft-int8")
+
+
 class ModelError(Exception):
     """A message a visitor understands (one line, names the missing package/path/id)."""
 
@@ -492,9 +495,11 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
     """Load target (+ draft) and the target's tokenizer, checking that the vocabularies agree.
 
     quantize="int8" swaps every Linear of both models for dynamic int8 (CPU):
-    a different, faster model, used by the baseline and the speculative side alike."""
-    if quantize not in (None, "", "none", "int8"):
-        raise ModelError(f"unknown quantisation '{quantize}': use int8 or none")
+    a different, faster target, used by the baseline and the speculative side
+    alike. quantize="draft-int8" quantises only the draft: the target (and so
+    the output) is unchanged, the draft just guesses faster."""
+    if quantize not in QUANTIZE:
+        raise ModelError(f"unknown quantisation '{quantize}': use int8, draft-int8 or none")
     progress = progress or (lambda msg, frac: None)
     dev, auto_dtype = pick_device_dtype(device)
     dtype = dtype or auto_dtype
@@ -515,15 +520,19 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
         draft, tok_draft = _load_one(refs["draft"], dev, dtype)
     check_vocab(target, draft, tok, tok_draft)
     precision = str(dtype).removeprefix("torch.")
-    models = [m for m in (target, draft) if m is not None]
+    if quantize in ("int8", "draft-int8") and dev.type != "cpu":
+        raise ModelError("int8 quantisation is for CPU only")
     if quantize == "int8":
-        if dev.type != "cpu":
-            raise ModelError("int8 quantisation is for CPU only")
         progress("quantising both models to int8", 0.9)
         target, draft = (speed.quantize_int8(m) if m is not None else None for m in (target, draft))
-        precision = "int8 (dynamic)"
+        precision = "int8 (dynamic), both models"
     else:
-        for m in models:  # same trick for both models, so both paths get it
-            speed.patch_small_m_linear(m)
+        speed.patch_small_m_linear(target)  # the target's trick serves both paths
+        if quantize == "draft-int8" and draft is not None:
+            progress("quantising the draft to int8", 0.9)
+            draft = speed.quantize_int8(draft)
+            precision = f"target {precision}, draft int8 (dynamic)"
+        elif draft is not None:
+            speed.patch_small_m_linear(draft)
     progress("models ready", 1.0)
     return ModelPair(target, draft, tok, spec, dev, dtype, _eos_ids(target, tok), precision)
