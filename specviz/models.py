@@ -534,5 +534,9 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
             precision = f"target {precision}, draft int8 (dynamic)"
         elif draft is not None:
             speed.patch_small_m_linear(draft)
+    progress("warming up", 0.95)
+    for m in (target, draft):
+        if m is not None:
+            speed.warm_up(m)
     progress("models ready", 1.0)
     return ModelPair(target, draft, tok, spec, dev, dtype, _eos_ids(target, tok), precision)

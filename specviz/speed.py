@@ -43,3 +43,16 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     model from the fp32 one: use it for both sides, and say so in the UI."""
     from torch.ao.quantization import quantize_dynamic
     return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+
+
+@torch.inference_mode()
+def warm_up(model: torch.nn.Module) -> None:
+    """Run the shapes decoding uses once, untimed: the first forwards of a
+    freshly loaded model pay page faults and kernel set-up, and whichever side
+    of a race ran first would otherwise be charged for them."""
+    from transformers import DynamicCache
+    dev = next(model.parameters()).device if any(True for _ in model.parameters()) else "cpu"
+    cache = DynamicCache()
+    for n in (8, 1, 5):  # prefill, a plain step, a verify-sized step
+        ids = torch.zeros((1, n), dtype=torch.long, device=dev)
+        model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=n)
