@@ -34,7 +34,43 @@ def build_parser() -> argparse.ArgumentParser:
                          "--target/--draft given here are always allowed)")
     ap.add_argument("--mode", choices=MODES, default=None,
                     help="default execution mode in the page (default: fair)")
+    limits = ap.add_argument_group("per-run limits for visitors (flags override the environment)")
+    for flag, env, kind, default in LIMIT_FLAGS:
+        limits.add_argument(flag, type=_positive(kind), default=None, metavar="N",
+                            help=f"default: ${env} or {default:g}")
     return ap
+
+
+# flag, environment variable (read by request.Limits.from_env), type, built-in default
+LIMIT_FLAGS = (
+    ("--max-new-tokens", "SPECVIZ_MAX_NEW_TOKENS", int, Limits.max_new_tokens),
+    ("--max-prompt-tokens", "SPECVIZ_MAX_PROMPT_TOKENS", int, Limits.max_prompt_tokens),
+    ("--max-seconds", "SPECVIZ_MAX_SECONDS", float, Limits.max_seconds),
+)
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive {'whole ' if kind is int else ''}number, "
+                                             f"got {text!r}") from None
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        return value
+    return parse
+
+
+def limits_from_args(args) -> Limits:
+    """The operator's limits: flags win over the environment. Flags given are
+    written to the environment too, so every Limits.from_env() in this process
+    (the page, replays, anything started later) sees the same limits."""
+    for flag, env, _, _ in LIMIT_FLAGS:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+        if value is not None:
+            os.environ[env] = str(value)
+    return Limits.from_env()
 
 
 def initial_spec(args):
@@ -57,7 +93,7 @@ def create_app(args):
     if spec is not None:
         manager.start(spec)
     demo = build_demo(manager, initial=spec, default_mode=args.mode or default_mode(args.device or "cpu"),
-                      allow_local_paths=args.allow_local_paths, limits=Limits.from_env())
+                      allow_local_paths=args.allow_local_paths, limits=limits_from_args(args))
     demo.queue(default_concurrency_limit=4, max_size=64)
     return demo, manager
 

@@ -61,7 +61,7 @@ RUN_COLUMNS = [
     "peak_rss_mb", "cuda_peak_mb", "match", "first_diff", "rounds", "drafted", "accepted",
     "draft_time", "verify_time", "draft_forwards", "target_forwards", "prefill",
     "alpha", "alpha_hat", "tau", "c", "v", "t_draft_step", "t_target_step", "speedup_run",
-    "predicted", "error",
+    "predicted", "load1", "error",
 ]
 SUMMARY_COLUMNS = [
     "task", "variant", "label", "family", "engine", "gamma", "n_prompts", "repeats", "n_tokens",
@@ -140,6 +140,7 @@ class Run:
     t_target_step: float | None = None
     speedup_run: float | None = None
     predicted: float | None = None
+    load1: float | None = None  # 1-minute load average of the machine when the run ended
     error: str | None = None
     token_ids: list[int] = field(default_factory=list)
 
@@ -417,6 +418,8 @@ def measure(pair, v: Variant, p: BenchPrompt, ids: list[int], max_new_tokens: in
         run.stop_reason = res["stop_reason"]
     run.first_t, run.first_n = first["first_t"], first["first_n"]
     run.peak_rss_mb = round(_peak_rss_mb(), 1)
+    with contextlib.suppress(OSError):
+        run.load1 = round(os.getloadavg()[0], 2)
     if cuda:
         import torch
         run.cuda_peak_mb = round(torch.cuda.max_memory_allocated() / 2**20, 1)
@@ -581,7 +584,8 @@ def header_lines(meta: dict) -> list[str]:
     lines = [
         f"SpecViz bench, {m['date']}",
         f"machine: {m['cpu']}, {m['cores']} cores (torch threads {m['torch_threads']}), "
-        f"load average {m['loadavg_start']} at start, {m.get('loadavg_end', 'n/a')} at end"
+        f"load average {m['loadavg_start']} at start, {m.get('loadavg_end', 'n/a')} at end, "
+        f"1-min load during runs {m.get('load1_range', 'n/a')}"
         + (f", GPU {m['gpu']}" if m.get("gpu") else ""),
         f"python {m['python']}, torch {m['torch']}, transformers {m['transformers']}; "
         f"device {m['device']}, precision {m['precision']}",
@@ -1012,6 +1016,9 @@ def run_bench(argv: list[str]) -> int:
     rows = summarize(runs, all_variants, s["tasks"])
     per_prompt = summarize(runs, all_variants, s["tasks"], by_prompt=True)
     meta["machine"]["loadavg_end"] = loadavg()
+    loads = [r.load1 for r in runs if r.load1 is not None]
+    if loads:
+        meta["machine"]["load1_range"] = f"{min(loads):.2f}–{max(loads):.2f} (median {_median(loads):.2f})"
     meta["wall_s"] = round(time.perf_counter() - t_start, 1)
     meta["notes"] = notes
 

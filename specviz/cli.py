@@ -35,8 +35,15 @@ def load_from_args(args, progress=None, allow_local_paths=True):
     return load_pair(spec, device=args.device, progress=progress, quantize=args.quantize)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes as one line on stderr and exit 2, like every other bad input."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m specviz", description=__doc__)
+    ap = _Parser(prog="python -m specviz", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text with the baseline or speculative decoding")
     add_pair_args(g)
@@ -81,6 +88,9 @@ def generate(args) -> int:
     # progress only for a person at a terminal; scripts get clean stderr
     progress = None if args.json or not sys.stderr.isatty() else (
         lambda msg, frac: print(f"[{frac:4.0%}] {msg}", file=sys.stderr))
+    if progress is None:  # transformers' own "Loading weights" bars too
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
     pair = load_from_args(args, progress=progress)
     ids = encode_prompt(pair.tokenizer, req, getattr(pair.target.config, "max_position_embeddings", None))
     modes = ["baseline", "speculative"] if args.mode == "both" else [args.mode]
@@ -135,4 +145,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("stopped", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - out of memory: one line, not a traceback; bugs still raise
+        from .runner import is_oom
+        if not is_oom(e):
+            raise
+        print("error: out of memory: try fewer new tokens, a shorter prompt, a smaller γ or a smaller pair",
+              file=sys.stderr)
+        return 1
     return 1

