@@ -3,6 +3,11 @@
     python app.py                                  # the embedded default pair
     python app.py --target DIR/target --draft DIR/draft --port 7861
     python app.py --pair smollm2 --device cuda --host 0.0.0.0
+    python app.py --host 0.0.0.0 --fixed-pair --max-new-tokens 256 --max-seconds 60   # public / on stage
+
+Per-run limits come from the flags, else from $SPECVIZ_MAX_NEW_TOKENS,
+$SPECVIZ_MAX_PROMPT_TOKENS and $SPECVIZ_MAX_SECONDS. Runs queue: one generates
+at a time, the others see their place in the queue.
 
 Models load in a background thread; the page shows the progress and enables
 Run when they are ready. A loading failure is shown in the page and the app
@@ -34,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "--target/--draft given here are always allowed)")
     ap.add_argument("--mode", choices=MODES, default=None,
                     help="default execution mode in the page (default: fair)")
+    ap.add_argument("--fixed-pair", action="store_true",
+                    help="visitors cannot load another model pair from the page (the pair is shared by "
+                         "everyone: use this for a public or on-stage server)")
     limits = ap.add_argument_group("per-run limits for visitors (flags override the environment)")
     for flag, env, kind, default in LIMIT_FLAGS:
         limits.add_argument(flag, type=_positive(kind), default=None, metavar="N",
@@ -93,7 +101,8 @@ def create_app(args):
     if spec is not None:
         manager.start(spec)
     demo = build_demo(manager, initial=spec, default_mode=args.mode or default_mode(args.device or "cpu"),
-                      allow_local_paths=args.allow_local_paths, limits=limits_from_args(args))
+                      allow_local_paths=args.allow_local_paths, limits=limits_from_args(args),
+                      fixed_pair=getattr(args, "fixed_pair", False))
     demo.queue(default_concurrency_limit=4, max_size=64)
     return demo, manager
 
@@ -104,7 +113,10 @@ def main(argv=None) -> int:
     from specviz.ui.render import page_css
 
     demo, _ = create_app(args)
-    print(f"SpecViz: serving on http://{host}:{args.port} (models load in the background)", file=sys.stderr)
+    lim = Limits.from_env()  # as create_app set them
+    print(f"SpecViz: serving on http://{host}:{args.port} (models load in the background); per run at most "
+          f"{lim.max_new_tokens} new tokens, {lim.max_prompt_tokens} prompt tokens, {lim.max_seconds:g} s"
+          + ("; model pair fixed" if args.fixed_pair else ""), file=sys.stderr)
     demo.launch(server_name=host, server_port=args.port, share=args.share, css=page_css(),
                 show_error=True, footer_links=["api", "gradio"])
     return 0

@@ -102,11 +102,16 @@ def test_stop_button_stops_the_run(browser, server):
     page, errors = open_page(browser, server, "light")
     set_number(page, "sv-max-new", 512)
     set_number(page, "sv-gamma", 2)
+    # press Stop from inside the page as soon as the first round shows: on a busy
+    # 2-core machine playwright itself may only notice the round seconds later,
+    # after the (short, tiny-model) run has ended
+    page.evaluate("""() => new MutationObserver((_, obs) => {
+        if (document.querySelector('#sv-speculative .sv-round')) {
+            obs.disconnect(); document.querySelector('#sv-stop').click(); }
+    }).observe(document.querySelector('#sv-speculative'), {childList: true, subtree: true})""")
     page.click("#sv-run")
-    page.wait_for_selector("#sv-speculative .sv-round", timeout=TIMEOUT)
-    page.click("#sv-stop")
     page.wait_for_function("document.querySelector('#sv-stats').innerText.includes('stopped')",
-                           timeout=30_000)
+                           timeout=60_000)
     assert "stopped by you" in page.inner_text("#sv-runinfo")
     # the next run starts clean
     set_number(page, "sv-max-new", 16)

@@ -16,6 +16,7 @@ def shot(page, name):
 
 def shots(page, name):
     """Screenshots in light and dark mode (gradio's dark theme is the `dark` class on body)."""
+    page.mouse.move(0, 0)  # no hover tooltips in the pictures
     shot(page, f"{name}-light.png")
     page.evaluate("document.body.classList.add('dark')")
     page.wait_for_timeout(300)

@@ -323,15 +323,19 @@ def fake_embedded(tmp_path, monkeypatch):
     monkeypatch.setattr(M, "EMBEDDED", embedded)
     monkeypatch.setattr(M, "_part_files", lambda model: [parts[model]])
     log = []
+    real_model = transformers.AutoModelForCausalLM.from_pretrained
+    real_tokenizer = transformers.AutoTokenizer.from_pretrained
 
     def fake_model(path, gguf_file=None, **kw):
+        if gguf_file is None:  # loading the converted cache: the real thing
+            return real_model(path, **kw)
         log.append((Path(gguf_file).stem, kw))
         assert Path(gguf_file).exists()  # the joined file, checked before this point
         return tiny_model(len(tiny_tokenizer()), seed=len(log), layers=1)
 
     def fake_tokenizer(path, gguf_file=None, **kw):
         assert kw.get("trust_remote_code") is False
-        return tiny_tokenizer()
+        return tiny_tokenizer() if gguf_file is not None else real_tokenizer(path, **kw)
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_model)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake_tokenizer)

@@ -239,7 +239,7 @@ def slow_engine(monkeypatch):
 
 
 def test_operator_limits_from_flags_end_the_run(tmp_path, slow_engine, monkeypatch):
-    """app.py's --max-new-tokens / --max-seconds reach the page, and the time
+    """app.py's --max-new-tokens / --max-seconds / --fixed-pair reach the page, and the time
     limit really ends a run (race's timer sets its halt Event; the engines stop
     at their next step)."""
     import app as app_module
@@ -252,7 +252,7 @@ def test_operator_limits_from_flags_end_the_run(tmp_path, slow_engine, monkeypat
     monkeypatch.setenv("SPECVIZ_MAX_PROMPT_TOKENS", "50")  # no flag: the environment counts
     target, draft = save_tiny_pair(tmp_path)
     ns = app_module.build_parser().parse_args(["--target", target, "--draft", draft, "--max-new-tokens", "600",
-                                               "--max-seconds", "3"])
+                                               "--max-seconds", "3", "--fixed-pair"])
     demo, manager = app_module.create_app(ns)
     assert manager.wait(60)
     port = free_port()
@@ -260,6 +260,9 @@ def test_operator_limits_from_flags_end_the_run(tmp_path, slow_engine, monkeypat
     try:
         from gradio_client import Client
         c = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        # --fixed-pair: no visitor can swap the shared pair
+        status = c.predict("custom", "org/big", "org/small", api_name="/load_pair")[0]
+        assert "The model pair is fixed on this server" in status and "sv-status-ready" in status
         with pytest.raises(Exception, match=r"Max new tokens must be between 1 and 600, got 601\."):
             c.predict(*args(max_new_tokens=601), api_name="/run")
         with pytest.raises(Exception, match=r"The prompt is too long: 60 tokens, the limit here is 50\."):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import threading
+import uuid
 from dataclasses import dataclass, field
 
 import gradio as gr
@@ -140,7 +141,9 @@ class Sessions:
 
 
 def _session_key(request: gr.Request | None) -> str:
-    return getattr(request, "session_hash", None) or "anonymous"
+    # a plain HTTP API call may come without a session: give it a key of its own, so
+    # that two such callers never share a Stop flag or a recorded run
+    return getattr(request, "session_hash", None) or f"anonymous-{uuid.uuid4().hex}"
 
 
 def _runtime_error_text(err: BaseException) -> str:
@@ -154,7 +157,9 @@ def _runtime_error_text(err: BaseException) -> str:
 
 def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_mode: str = "fair",
                allow_local_paths: bool = False, limits: Limits | None = None,
-               network: bool | None = None) -> gr.Blocks:
+               network: bool | None = None, fixed_pair: bool = False) -> gr.Blocks:
+    """The page. fixed_pair: visitors cannot load another model pair (a public
+    or on-stage server, where the pair in service is shared by everyone)."""
     limits = limits or Limits.from_env()
     presets = load_presets()
     by_name = {p["name"]: p for p in presets}
@@ -187,6 +192,8 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
 
     def load_pair_click(key, target, draft, request: gr.Request = None):
         try:
+            if fixed_pair:
+                raise ModelError("The model pair is fixed on this server: it cannot be changed from the page.")
             if not key or not isinstance(key, str):
                 raise ModelError("Pick a model pair in the list first.")
             if key == CUSTOM:
@@ -341,7 +348,8 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
             with gr.Row():
                 pair_pick = gr.Dropdown(choices.labels, value=choices.initial, label="Target + draft",
                                         info="Both models must share one tokenizer", scale=3)
-                load_btn = gr.Button("Load pair", scale=1)
+                load_btn = gr.Button("Load pair" if not fixed_pair else "Load pair (fixed on this server)",
+                                     scale=1, interactive=not fixed_pair)
             with gr.Row(visible=False) as custom_row:
                 custom_target = gr.Textbox(label="Target model", placeholder="org/name on the Hugging Face Hub"
                                            + (" or a local folder" if allow_local_paths else ""),

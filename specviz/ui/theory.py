@@ -188,7 +188,7 @@ def numbers_html(alpha: float, gamma: int, c: float) -> str:
         f"on average <b>{e:.2f}</b> tokens come out of that pass (at most γ + 1 = {gamma + 1}). "
         f"The round costs one target pass plus γ·c = <b>{gamma * c:.2f}</b> target passes of drafting, "
         f"so the predicted speedup is {e:.2f} ÷ {1 + gamma * c:.2f} = <b>{s:.2f}×</b>. "
-        f"The best γ here is <b>{best}</b> ({predicted_speedup(alpha, best, c):.2f}×); "
+        f"The best γ here is <b>{best}</b> ({predicted_speedup(alpha, best, c):.2f}×). "
         f"At γ {gamma} and c {c:.2f}, {even_txt}."
         "</div></div>")
 
