@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("gradio_client")
 
-from browser.server import AppServer, InProcessApp, ready_client, shared_server  # noqa: E402
+from browser.server import InProcessApp, ready_client, shared_server  # noqa: E402
 
 # inputs of /run, in order
 FIELDS = ("prompt", "gamma", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "chat_template", "mode",
@@ -208,11 +208,12 @@ def test_markup_in_a_model_id_is_escaped(client):
 
 
 @pytest.fixture(scope="module")
-def local_server():
-    """A second app, started with --allow-local-paths."""
-    s = AppServer("--allow-local-paths")
-    yield s
-    s.close()
+def inproc(tmp_path_factory):
+    """The page in this process (the engine can be monkeypatched), built as
+    `app.py --allow-local-paths` builds it."""
+    app = InProcessApp(tmp_path_factory.mktemp("tiny-inproc"), allow_local_paths=True)
+    yield app
+    app.close()
 
 
 @pytest.fixture(scope="module")
@@ -231,9 +232,9 @@ def other_vocab_dir(tmp_path_factory):
     return str(d)
 
 
-def test_local_paths_with_the_operator_flag(local_server, other_vocab_dir, tmp_path):
-    client = ready_client(local_server)
-    tiny = f"{local_server.dir}/target"
+def test_local_paths_with_the_operator_flag(inproc, other_vocab_dir, tmp_path):
+    client = inproc.client()
+    tiny = f"{inproc.dir}/target"
     cases = [
         (tiny, other_vocab_dir, "draft and target use different vocabularies (11 vs 89 tokens): pick a draft "
                                 "from the same model family"),
@@ -246,20 +247,13 @@ def test_local_paths_with_the_operator_flag(local_server, other_vocab_dir, tmp_p
         assert message in text_of(status) and "Still using" in status, status
         good_run_works(client)
     # a good local pair loads and serves
-    client.predict("custom", tiny, f"{local_server.dir}/draft", api_name="/load_pair")
+    client.predict("custom", tiny, f"{inproc.dir}/draft", api_name="/load_pair")
     status = wait_loaded(client)
     assert "sv-status-ready" in status and f"{tiny} + " in text_of(status), status
     good_run_works(client)
 
 
 # ---------------------------------------------------------------- in process
-
-
-@pytest.fixture(scope="module")
-def inproc(tmp_path_factory):
-    app = InProcessApp(tmp_path_factory.mktemp("tiny-inproc"))
-    yield app
-    app.close()
 
 
 @pytest.mark.parametrize("error", ["cuda", "cpu"])

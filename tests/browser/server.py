@@ -107,6 +107,7 @@ class InProcessApp:
         from specviz.ui.render import page_css
 
         target, draft = save_tiny_pair(root)
+        self.dir = str(root)
         self.manager = ModelManager(device="cpu")
         spec = resolve_pair(None, target, draft)
         self.manager.start(spec)
