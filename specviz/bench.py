@@ -57,7 +57,7 @@ WARMUP_TOKENS = 8
 
 RUN_COLUMNS = [
     "variant", "family", "engine", "gamma", "task", "prompt_id", "repeat", "order", "n_tokens",
-    "elapsed", "first_t", "first_n", "tokens_per_s", "decode_tokens_per_s", "stop_reason",
+    "elapsed", "cpu_s", "first_t", "first_n", "tokens_per_s", "decode_tokens_per_s", "stop_reason",
     "peak_rss_mb", "cuda_peak_mb", "match", "first_diff", "rounds", "drafted", "accepted",
     "draft_time", "verify_time", "draft_forwards", "target_forwards", "prefill",
     "alpha", "alpha_hat", "tau", "c", "v", "t_draft_step", "t_target_step", "speedup_run",
@@ -66,6 +66,7 @@ RUN_COLUMNS = [
 SUMMARY_COLUMNS = [
     "task", "variant", "label", "family", "engine", "gamma", "n_prompts", "repeats", "n_tokens",
     "tokens_per_s", "speedup", "paired_speedup", "decode_tokens_per_s", "decode_speedup",
+    "cpu_tokens_per_s", "cpu_speedup", "cpu_per_wall",
     "alpha", "alpha_hat", "tau", "c", "v", "predicted", "measured_over_predicted",
     "peak_rss_mb", "cuda_peak_mb", "mismatches", "runs", "first_diff", "best",
 ]
@@ -114,6 +115,7 @@ class Run:
     order: int
     n_tokens: int = 0
     elapsed: float = 0.0
+    cpu_s: float | None = None  # process CPU seconds (all threads) spent in the run
     first_t: float | None = None  # when the first output chunk appeared (prefill and first round)
     first_n: int = 0  # tokens in that first chunk
     tokens_per_s: float | None = None
@@ -399,6 +401,7 @@ def measure(pair, v: Variant, p: BenchPrompt, ids: list[int], max_new_tokens: in
     cuda = str(pair.target.device).startswith("cuda")
     _reset_peak(cuda)
     summary = None
+    cpu0 = time.process_time()
     if v.engine == "specviz":
         method = v.family if v.family != "plain" else "draft"
         req = make_request(p.text, method=method, gamma=max(1, v.gamma), max_new_tokens=max_new_tokens,
@@ -416,6 +419,7 @@ def measure(pair, v: Variant, p: BenchPrompt, ids: list[int], max_new_tokens: in
         first = res
         run.token_ids, run.n_tokens, run.elapsed = res["token_ids"], len(res["token_ids"]), res["elapsed"]
         run.stop_reason = res["stop_reason"]
+    run.cpu_s = time.process_time() - cpu0
     run.first_t, run.first_n = first["first_t"], first["first_n"]
     run.peak_rss_mb = round(_peak_rss_mb(), 1)
     with contextlib.suppress(OSError):
@@ -448,8 +452,8 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
-def _per_repeat(runs: list[Run]) -> dict[int, tuple[float | None, float | None]]:
-    """repeat -> (tokens/s, decode tokens/s) over all the prompts of that repeat."""
+def _per_repeat(runs: list[Run]) -> dict[int, tuple[float | None, float | None, float | None]]:
+    """repeat -> (tokens/s, decode tokens/s, tokens per CPU second) over all the prompts of that repeat."""
     out = {}
     for rep in sorted({r.repeat for r in runs}):
         sel = [r for r in runs if r.repeat == rep]
@@ -457,7 +461,9 @@ def _per_repeat(runs: list[Run]) -> dict[int, tuple[float | None, float | None]]
         dsel = [r for r in sel if r.decode_tokens_per_s is not None]
         dn = sum(r.n_tokens - r.first_n for r in dsel)
         dt = sum(r.elapsed - r.first_t for r in dsel)
-        out[rep] = (n / t if t > 0 else None, dn / dt if dt > 0 and len(dsel) == len(sel) else None)
+        cpu = sum(r.cpu_s or 0.0 for r in sel)
+        out[rep] = (n / t if t > 0 else None, dn / dt if dt > 0 and len(dsel) == len(sel) else None,
+                    n / cpu if cpu > 0 else None)
     return out
 
 
@@ -478,6 +484,7 @@ def summarize(runs: list[Run], variants: list[Variant], tasks: list[str], by_pro
             continue
         p_tps = _median([x[0] for x in plain.values()])
         p_dtps = _median([x[1] for x in plain.values()])
+        p_ctps = _median([x[2] for x in plain.values()])
         for v in variants:
             sel = [r for r in in_task if r.variant == v.key]
             if not sel:
@@ -485,6 +492,7 @@ def summarize(runs: list[Run], variants: list[Variant], tasks: list[str], by_pro
             reps = _per_repeat(sel)
             tps = _median([x[0] for x in reps.values()])
             dtps = _median([x[1] for x in reps.values()])
+            ctps = _median([x[2] for x in reps.values()])
             paired = _median([reps[k][0] / plain[k][0] for k in reps
                               if k in plain and reps[k][0] and plain[k][0]])
             speedup = tps / p_tps if tps and p_tps else None
@@ -497,6 +505,8 @@ def summarize(runs: list[Run], variants: list[Variant], tasks: list[str], by_pro
                 "repeats": len(reps), "n_tokens": _median([r.n_tokens for r in sel]),
                 "tokens_per_s": tps, "speedup": speedup, "paired_speedup": paired,
                 "decode_tokens_per_s": dtps, "decode_speedup": dspeed,
+                "cpu_tokens_per_s": ctps, "cpu_speedup": ctps / p_ctps if ctps and p_ctps else None,
+                "cpu_per_wall": _median([r.cpu_s / r.elapsed for r in sel if r.cpu_s and r.elapsed]),
                 "alpha": _median([r.alpha for r in sel]), "alpha_hat": _median([r.alpha_hat for r in sel]),
                 "tau": _median([r.tau for r in sel]), "c": _median([r.c for r in sel]),
                 "v": _median([r.v for r in sel]), "predicted": pred,
@@ -542,7 +552,7 @@ TABLE = [  # header, width, key, format
     ("task", 8, "task", None), ("method", 24, "label", None),
     ("tok/s", 6, "tokens_per_s", "{:.2f}"), ("speedup", 7, "speedup", "{:.2f}×"),
     ("paired", 6, "paired_speedup", "{:.2f}×"), ("dec t/s", 7, "decode_tokens_per_s", "{:.2f}"),
-    ("dec spd", 7, "decode_speedup", "{:.2f}×"), ("α", 5, "alpha", "{:.2f}"), ("α̂", 5, "alpha_hat", "{:.2f}"),
+    ("dec spd", 7, "decode_speedup", "{:.2f}×"), ("cpu spd", 7, "cpu_speedup", "{:.2f}×"), ("α", 5, "alpha", "{:.2f}"), ("α̂", 5, "alpha_hat", "{:.2f}"),
     ("τ", 5, "tau", "{:.2f}"), ("c", 5, "c", "{:.2f}"), ("v", 5, "v", "{:.2f}"),
     ("pred", 6, "predicted", "{:.2f}×"), ("meas/pred", 9, "measured_over_predicted", "{:.2f}"),
     ("RSS GB", 6, "peak_rss_mb", None), ("HF≠", 8, "mismatches", None),
@@ -583,10 +593,11 @@ def header_lines(meta: dict) -> list[str]:
     m = meta["machine"]
     lines = [
         f"SpecViz bench, {m['date']}",
-        f"machine: {m['cpu']}, {m['cores']} cores (torch threads {m['torch_threads']}), "
-        f"load average {m['loadavg_start']} at start, {m.get('loadavg_end', 'n/a')} at end, "
-        f"1-min load during runs {m.get('load1_range', 'n/a')}"
+        f"machine: {m['cpu']}, {m['cores']} cores (torch threads {m['torch_threads']})"
         + (f", GPU {m['gpu']}" if m.get("gpu") else ""),
+        f"load average {m['loadavg_start']} at start, {m.get('loadavg_end', 'n/a')} at end, "
+        f"1-min load during runs {m.get('load1_range', 'n/a')}; "
+        f"process CPU s per wall s {m.get('cpu_per_wall', 'n/a')} (≈ threads when the machine is free)",
         f"python {m['python']}, torch {m['torch']}, transformers {m['transformers']}; "
         f"device {m['device']}, precision {m['precision']}",
         f"pair: {meta['pair']}",
@@ -603,6 +614,7 @@ LEGEND = """\
 tok/s: new tokens / wall time including prefill (median over repeats of all the task's prompts together).
 speedup: ratio of medians vs plain; paired: median of per-repeat ratios (same interleaved run).
 dec t/s, dec spd: after the first output chunk (prefill and first round excluded).
+cpu spd: tokens per process CPU second vs plain (robust to other jobs sharing the cores).
 α: accepted/drafted; α̂: mean Σmin(p,q); τ: tokens per target forward; c: draft step / plain target step;
 v: verify forward (γ+1 tokens) / plain target step; pred: Leviathan et al. (α̂, γ, c), which assumes v = 1;
 meas/pred: dec spd / pred. RSS GB: peak resident memory (CUDA: max allocated). HF≠: HF runs whose
@@ -999,6 +1011,9 @@ def run_bench(argv: list[str]) -> int:
             for key, (run, summary) in block.items():
                 if run.engine == "specviz" and run.family != "plain":
                     add_stats(run, summary, base)
+            with open(out / "runs.partial.jsonl", "a") as f:  # what a killed bench leaves behind
+                for run in runs[-len(order):]:
+                    f.write(json.dumps({**run.row(), "token_ids": run.token_ids}) + "\n")
             done += 1
             spent = time.perf_counter() - t_runs
             _log(f"[{done}/{blocks}] {p.id} repeat {rep + 1}: plain {block['plain'][0].tokens_per_s:.2f} tok/s; "
@@ -1019,6 +1034,8 @@ def run_bench(argv: list[str]) -> int:
     loads = [r.load1 for r in runs if r.load1 is not None]
     if loads:
         meta["machine"]["load1_range"] = f"{min(loads):.2f}–{max(loads):.2f} (median {_median(loads):.2f})"
+    util = _median([r.cpu_s / r.elapsed for r in runs if r.cpu_s and r.elapsed])
+    meta["machine"]["cpu_per_wall"] = round(util, 2) if util else None
     meta["wall_s"] = round(time.perf_counter() - t_start, 1)
     meta["notes"] = notes
 
@@ -1035,6 +1052,7 @@ def run_bench(argv: list[str]) -> int:
     write_csv(out / "per_prompt.csv", [{**r, "prompt_id": r["task"]} for r in per_prompt],
               ["prompt_id" if c == "task" else c for c in SUMMARY_COLUMNS])
     (out / "table.txt").write_text(text + "\n")
+    (out / "runs.partial.jsonl").unlink(missing_ok=True)  # bench.json has it all
     print(text)
     print(f"\nwrote {out}/ (bench.json, runs.csv, summary.csv, per_prompt.csv, table.txt, plots)")
     if mismatch:

@@ -19,9 +19,11 @@ SMALL_M = 32  # above this, F.linear's own kernel is as good
 def _linear_small_m(self, x: torch.Tensor) -> torch.Tensor:
     m = x.numel() // x.shape[-1]
     if 2 <= m <= SMALL_M and x.device.type == "cpu" and x.dtype == torch.float32:
-        y = (self.weight @ x.reshape(m, x.shape[-1]).T).T
+        # x must be row-major for x.T to hit the fast kernel: an upstream
+        # transposed output would silently send W @ x.T down the slow path (3x)
+        y = (self.weight @ x.reshape(m, x.shape[-1]).contiguous().T).T.contiguous()
         if self.bias is not None:
-            y = y + self.bias
+            y += self.bias
         return y.reshape(*x.shape[:-1], y.shape[-1])
     return F.linear(x, self.weight, self.bias)
 

@@ -163,6 +163,8 @@ def trace_for(req, pair, mode: str, label: str = "") -> Trace:
     tr = new_trace(asdict(req), pair.spec.target, pair.spec.draft or "", str(pair.device),
                    getattr(pair, "precision", "") or str(pair.dtype).removeprefix("torch."), mode, label)
     tr.meta.update(request_meta(req, pair))
+    import torch
+    tr.meta["torch_threads"] = torch.get_num_threads()  # CPU timings depend on it
     return tr
 
 
