@@ -46,11 +46,11 @@ from .request import METHODS, RequestError
 # --------------------------------------------------------------------- presets
 
 QUICK = dict(tasks="code,grounded", n_prompts="code=2,grounded=1", max_new_tokens=32,
-             gammas="2,4,6", repeats=3, hf_gammas="4", methods="plain,hf-assisted," + ",".join(METHODS))
+             gammas="2,4,6", repeats=3, hf_gammas="4", methods="plain,hf-assisted,hf-stock," + ",".join(METHODS))
 FULL = dict(tasks="code,chat,grounded", n_prompts="1", max_new_tokens=32,
             gammas="1,2,3,4,5,6,7,8", repeats=3, hf_gammas="4",
-            methods="plain,hf-greedy,hf-assisted,hf-heuristic," + ",".join(METHODS))
-HF_FAMILIES = ("hf-greedy", "hf-assisted", "hf-heuristic")
+            methods="plain,hf-greedy,hf-assisted,hf-heuristic,hf-stock," + ",".join(METHODS))
+HF_FAMILIES = ("hf-greedy", "hf-assisted", "hf-heuristic", "hf-stock")
 FAMILIES = ("plain",) + HF_FAMILIES + tuple(METHODS)
 CHAT_TASKS = ("chat", "grounded")  # user messages: wrapped in the chat template
 WARMUP_TOKENS = 8
@@ -98,6 +98,8 @@ class Variant:
             return f"HF assisted γ={self.gamma} const"
         if self.family == "hf-heuristic":
             return "HF assisted heuristic"
+        if self.family == "hf-stock":
+            return f"HF assisted γ={self.gamma} stock"
         return f"SpecViz {self.family} γ={self.gamma}"
 
 
@@ -358,6 +360,21 @@ def _assistant_config(draft, **settings):
             setattr(gc, k, val)
 
 
+_STOCK: dict[int, object] = {}
+
+
+def stock_draft(pair):
+    """The fp32 draft as `from_pretrained` gives it (loaded once more if ours is int8)."""
+    if not str(pair.precision).endswith("int8 (dynamic)"):
+        return pair.draft  # fp32: the same object, run with speed.unpatched
+    if id(pair) not in _STOCK:
+        from . import speed
+        from .models import load_stock, local_refs
+        _STOCK[id(pair)] = load_stock(local_refs(pair.spec)["draft"], pair.target.device, pair.dtype)
+        speed.warm_up(_STOCK[id(pair)])
+    return _STOCK[id(pair)]
+
+
 def run_hf(pair, v: Variant, ids: list[int], max_new_tokens: int) -> dict:
     """One `target.generate` call (greedy, plain or assisted); timed end to end."""
     import torch
@@ -381,6 +398,17 @@ def run_hf(pair, v: Variant, ids: list[int], max_new_tokens: int) -> dict:
                                 num_assistant_tokens_schedule="heuristic",
                                 assistant_confidence_threshold=0.4)
         kw["assistant_model"] = pair.draft
+    elif v.family == "hf-stock":
+        # what `generate(assistant_model=...)` gives out of the box: fp32 draft,
+        # stock nn.Linear kernels in both models (our speed patch removed)
+        from . import speed
+        draft = stock_draft(pair)
+        ctx = contextlib.ExitStack()
+        ctx.enter_context(speed.unpatched(pair.target, draft))
+        ctx.enter_context(_assistant_config(draft, num_assistant_tokens=v.gamma,
+                                            num_assistant_tokens_schedule="constant",
+                                            assistant_confidence_threshold=0.0))
+        kw["assistant_model"] = draft
     with ctx, torch.inference_mode():
         _sync(dev)
         t0 = time.perf_counter()
@@ -440,8 +468,8 @@ def add_stats(run: Run, spec, base) -> None:
     run.alpha, run.alpha_hat, run.tau, run.c = st.alpha, st.alpha_hat, st.tau, st.c
     run.t_draft_step, run.t_target_step = st.t_draft_step, st.t_target_step
     run.speedup_run, run.predicted = st.speedup, st.predicted
-    if spec.rounds and st.t_target_step:
-        run.v = spec.verify_time / spec.rounds / st.t_target_step
+    if spec.timed_rounds and st.t_target_step:
+        run.v = spec.verify_time / spec.timed_rounds / st.t_target_step
 
 
 # --------------------------------------------------------------- aggregates
@@ -883,6 +911,11 @@ def build_variants(pair, s: dict, notes: list[str]) -> list[Variant]:
         vs += [Variant(f"hf-assisted:{g}", "hf-assisted", "hf", g) for g in s["hf_gammas"]]
     if "hf-heuristic" in fam and hf_ok:
         vs.append(Variant("hf-assisted:heuristic", "hf-heuristic", "hf"))
+    if "hf-stock" in fam and hf_ok:
+        if str(pair.precision).startswith("int8"):
+            notes.append("HF assisted stock skipped: the target itself is int8 here, stock would be another model")
+        else:
+            vs += [Variant(f"hf-stock:{g}", "hf-stock", "hf", g) for g in s["hf_gammas"]]
     for m in METHODS:
         if m not in fam:
             continue

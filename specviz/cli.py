@@ -23,9 +23,10 @@ def add_pair_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="target model: local directory or Hub id")
     p.add_argument("--draft", default=None, help="draft model: local directory or Hub id")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--quantize", choices=["none", "int8", "draft-int8"], default="none",
-                   help="CPU only. int8: dynamic int8 weights for both models (a different, faster "
-                        "target, for both sides); draft-int8: only the draft (output unchanged)")
+    p.add_argument("--quantize", choices=["auto", "none", "int8", "draft-int8"], default="auto",
+                   help="CPU only. draft-int8: dynamic int8 weights for the draft only (output unchanged); "
+                        "int8: both models (a different, faster target, for both sides); auto (default): "
+                        "draft-int8 on a CPU when the draft has 100M+ parameters, else none")
 
 
 def load_from_args(args, progress=None, allow_local_paths=True):

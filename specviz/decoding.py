@@ -177,12 +177,10 @@ def speculative(
     s = RunSummary(mode="speculative", method=proposer.name, token_ids=out, text="", n_tokens=0,
                    elapsed=0.0, prefill=0.0, target_forwards=0, stop_reason="max_new_tokens",
                    gamma=gamma, device=str(target.device))
-    # prefill all but the last prompt token; round 1 feeds it with the drafts
-    if len(prompt_ids) > 1:
-        forward_logits(target, prompt_ids[:-1], cache, 1)
-        s.target_forwards += 1
-    proposer.reset(prompt_ids)  # its prefill counts in s.prefill, not in draft_forwards
-    s.prefill = clock.now()
+    # the target reads the prompt in round 1, together with the first drafts:
+    # one forward fewer than a separate prefill (HF assisted generation does the
+    # same). Round 1 therefore counts as prefill, not in the draft/verify split.
+    proposer.reset(prompt_ids)  # the draft's prefill, not in draft_forwards
     r = 0
     while len(out) < max_new_tokens:
         if _check_stop(stop):
@@ -195,7 +193,8 @@ def speculative(
         prop = proposer.propose(committed, g, params, gen, eos)
         t_drafted = clock.now()
         k = len(prop.tokens)
-        logits = forward_logits(target, [committed[-1]] + prop.tokens, cache, k + 1)
+        fed = committed[cache.get_seq_length():]  # the whole prompt in round 1, then the last token
+        logits = forward_logits(target, fed + prop.tokens, cache, k + 1)
         p = warp(logits, params)
         q = _pad_to(prop.q.to(p.device), p.shape[-1]) if k else p[:0]
         v = verify(torch.tensor(prop.tokens, device=p.device, dtype=torch.long), q, p, gen)
@@ -233,8 +232,14 @@ def speculative(
         s.rounds += 1
         s.drafted += k
         s.accepted += v.n_accepted
-        s.draft_time += t_drafted - t_start
-        s.verify_time += t_end - t_drafted
+        prompt_tokens = len(fed) - 1
+        if prompt_tokens:
+            s.prefill = t_end
+            s.prompt_rounds += 1
+            s.draft_forwards -= prop.forwards  # counted with the prefill
+        else:
+            s.draft_time += t_drafted - t_start
+            s.verify_time += t_end - t_drafted
         s.overlap_sum += sum(v.overlap)
         yield RoundEvent(
             index=r, gamma=k, draft_ids=prop.tokens, q=v.q_x, p=v.p_x, u=v.u, overlap=v.overlap,
@@ -242,7 +247,7 @@ def speculative(
             resampled=v.resampled, t_start=t_start, t_draft=t_drafted - t_start,
             t_verify=t_end - t_drafted, t_end=t_end, draft_forwards=prop.forwards, tokens=tokens,
             total_tokens=len(out), total_drafted=s.drafted, total_accepted=s.accepted,
-            target_forwards=s.target_forwards,
+            target_forwards=s.target_forwards, prompt_tokens=prompt_tokens,
         )
         r += 1
         if s.stop_reason == "eos":

@@ -92,6 +92,7 @@ class RoundEvent:
     total_drafted: int = 0
     total_accepted: int = 0
     target_forwards: int = 0
+    prompt_tokens: int = 0  # >0: this forward also read the prompt (round 1): its time is prefill
 
     @property
     def n_new(self) -> int:
@@ -120,6 +121,12 @@ class RunSummary:
     overlap_sum: float = 0.0  # Σ over drafted positions of Σ_x min(p, q)
     gamma: int = 0
     device: str = "cpu"
+    prompt_rounds: int = 0  # rounds whose target forward also read the prompt (timed as prefill)
+
+    @property
+    def timed_rounds(self) -> int:
+        """Rounds in draft_time / verify_time."""
+        return self.rounds - self.prompt_rounds
 
     @property
     def tokens_per_s(self) -> float:

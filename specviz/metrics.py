@@ -59,8 +59,8 @@ def run_stats(spec: RunSummary, base: RunSummary | None = None) -> Stats:
     # c needs the cost of a plain target step; without a baseline the verify
     # forward (γ+1 tokens) is the closest measurement we have
     t_t = target_step_time(base) if base is not None else None
-    if t_t is None and spec.rounds:
-        t_t = spec.verify_time / spec.rounds
+    if t_t is None and spec.timed_rounds:
+        t_t = spec.verify_time / spec.timed_rounds
     c = t_d / t_t if (t_d is not None and t_t) else (0.0 if spec.draft_forwards == 0 and t_t else None)
     speedup = None
     if base is not None and base.tokens_per_s > 0 and spec.elapsed > 0:

@@ -8,6 +8,7 @@ those shapes (measured in ../shared/models.md and docs/benchmarks.md).
 """
 from __future__ import annotations
 
+import contextlib
 from types import MethodType
 
 import torch
@@ -38,6 +39,24 @@ def patch_small_m_linear(model: torch.nn.Module) -> int:
             mod.forward = MethodType(_linear_small_m, mod)
             n += 1
     return n
+
+
+@contextlib.contextmanager
+def unpatched(*models: torch.nn.Module):
+    """Temporarily give patched Linears back their stock forward (the bench's
+    "as shipped" Hugging Face reference)."""
+    undone = []
+    for model in models:
+        for mod in model.modules():
+            fwd = mod.__dict__.get("forward")
+            if getattr(fwd, "__func__", None) is _linear_small_m:
+                del mod.forward
+                undone.append((mod, fwd))
+    try:
+        yield len(undone)
+    finally:
+        for mod, fwd in undone:
+            mod.forward = fwd
 
 
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:

@@ -116,7 +116,13 @@ def test_stats_are_consistent(tok, target, draft):
     assert st.alpha == spec.accepted / spec.drafted
     assert 0 <= st.alpha_hat <= 1 and st.tau == spec.n_tokens / spec.rounds
     assert st.c > 0 and st.speedup > 0 and st.predicted > 0
-    assert spec.draft_time == pytest.approx(sum(r.t_draft for r in rounds))
+    # round 1 also reads the prompt: its time is prefill, not in the draft/verify split
+    assert rounds[0].prompt_tokens == len(ids) - 1 and spec.prompt_rounds == 1
+    assert all(r.prompt_tokens == 0 for r in rounds[1:])
+    assert spec.draft_time == pytest.approx(sum(r.t_draft for r in rounds[1:]))
+    assert spec.verify_time == pytest.approx(sum(r.t_verify for r in rounds[1:]))
+    assert spec.draft_forwards == sum(r.draft_forwards for r in rounds[1:])
+    assert spec.prefill == rounds[0].t_end and spec.target_forwards == spec.rounds
 
 
 def test_stop_event_ends_run(tok, target, draft):

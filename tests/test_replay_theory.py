@@ -227,3 +227,13 @@ def test_shipped_traces_load_and_replay():
         assert rp.measured_from(tr) is not None
         assert json.loads(tr.to_json())["version"] == 1
     assert {"draft", "lookup"} <= methods
+
+
+def test_records_delete_a_forgotten_sessions_files(recorded):
+    _, recorded = recorded
+    records = rp.Records(keep=2)
+    for key in "abc":
+        records.put(key, recorded)
+        rp.export(recorded, records.folder(key))
+    assert not records.folder("a").exists()  # evicted with its session
+    assert all(any(records.folder(k).glob("specviz-*.json")) for k in "bc")

@@ -405,4 +405,5 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
                                        run_triggers=[run_btn.click, prompt.submit])
         stop_btn.click(stop_click, None, None, api_name="stop", queue=False, show_progress="hidden") \
             .then(None, None, None, cancels=[run_event, submit_event, *replay_events], api_visibility="private")
+    demo.specviz_records = records  # read by specviz.bench_ui
     return demo

@@ -86,8 +86,12 @@ def time_split_chart(view: RunView) -> go.Figure:
     x = [r.index + 1 for r in rounds]
     fig.add_bar(x=x, y=[r.t_draft for r in rounds], name="draft (proposing the guesses)", marker_color=SKY,
                 hovertemplate="%{y:.3f} s<extra>draft</extra>")
-    fig.add_bar(x=x, y=[r.t_verify for r in rounds], name="verify (1 target pass)", marker_color=PURPLE,
-                hovertemplate="%{y:.3f} s<extra>verify</extra>")
+    fig.add_bar(x=x, y=[0.0 if r.prompt_tokens else r.t_verify for r in rounds], name="verify (1 target pass)",
+                marker_color=PURPLE, hovertemplate="%{y:.3f} s<extra>verify</extra>")
+    if any(r.prompt_tokens for r in rounds):  # round 1's target pass also reads the prompt
+        fig.add_bar(x=x, y=[r.t_verify if r.prompt_tokens else 0.0 for r in rounds],
+                    name="verify + reading the prompt", marker_color=PURPLE, marker_pattern_shape="/",
+                    hovertemplate="%{y:.3f} s<extra>verify + prompt</extra>")
     return fig
 
 

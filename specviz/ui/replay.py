@@ -9,10 +9,12 @@
 """
 from __future__ import annotations
 
+import atexit
 import csv
 import hashlib
 import io
 import os
+import shutil
 import tempfile
 import threading
 from collections import OrderedDict
@@ -246,17 +248,28 @@ class Records:
         self._latest: OrderedDict[str, tuple[Trace, str]] = OrderedDict()
         self.keep = keep
         self.dir = tempfile.mkdtemp(prefix="specviz-traces-")
+        atexit.register(shutil.rmtree, self.dir, ignore_errors=True)
+
+    def folder(self, key: str) -> Path:
+        """Where this session's downloads are written (one run's files at a time)."""
+        return Path(self.dir) / hashlib.sha1(key.encode()).hexdigest()[:16]
 
     def put(self, key: str, tr: Trace, source: str = "your last run") -> None:
         with self._lock:
             self._latest[key] = (tr, source)
             self._latest.move_to_end(key)
-            while len(self._latest) > self.keep:
-                self._latest.popitem(last=False)
+            while len(self._latest) > self.keep:  # a forgotten session's files go with it
+                old, _ = self._latest.popitem(last=False)
+                shutil.rmtree(self.folder(old), ignore_errors=True)
 
     def get(self, key: str) -> tuple[Trace, str] | None:
         with self._lock:
             return self._latest.get(key)
+
+    def latest(self) -> Trace | None:
+        """The most recent trace of any session (the UI benchmark reads it)."""
+        with self._lock:
+            return next(reversed(self._latest.values()))[0] if self._latest else None
 
 
 # ---------------------------------------------------------------- page
@@ -320,7 +333,7 @@ def wire(ui: dict, th: dict, records: Records, sessions, session_key, outputs: l
             tr, source = selected(choice, up)
         except ValueError as e:
             if up:
-                gr.Warning(f"That file cannot be replayed: {e}")
+                gr.Warning(render.toast_text(f"That file cannot be replayed: {e}"))
             return render.message_html(f"That file cannot be replayed: {e}" if up else str(e))
         return describe_html(tr, "Uploaded" if up else "Selected")
 
@@ -333,7 +346,7 @@ def wire(ui: dict, th: dict, records: Records, sessions, session_key, outputs: l
         except (ValueError, TypeError) as e:
             msg = f"Cannot replay: {e}" if not isinstance(e, TypeError) else "Cannot replay: bad speed"
             yield [gr.skip()] * 3 + [render.message_html(msg)] + [gr.skip()] * 4
-            raise gr.Error(msg, print_exception=False) from None
+            raise gr.Error(render.toast_text(msg), print_exception=False) from None
         key = session_key(request)
         sessions.stop(key, wait=stop_grace)  # this visitor's live run or replay, if any
         stop, done = sessions.begin(key)
@@ -359,12 +372,14 @@ def wire(ui: dict, th: dict, records: Records, sessions, session_key, outputs: l
         if got is None:
             return [gr.skip(), gr.skip()] + [gr.skip()] * 5
         tr, source = got
-        folder = Path(records.dir) / hashlib.sha1(session_key(request).encode()).hexdigest()[:16]
-        js, cs = export(tr, folder)
+        js, cs = export(tr, records.folder(session_key(request)))
         m = measured_from(tr, source)
+        updates = theory.measured_updates(m, alpha, gamma, c)
+        spec = tr.summaries().get("speculative")
+        if m is None and spec is not None and spec.rounds and not spec.drafted:
+            updates[3] = theory.nothing_drafted_html(source)  # say why no point appears
         return [gr.DownloadButton(value=str(js), interactive=True),
-                gr.DownloadButton(value=str(cs), interactive=True),
-                *theory.measured_updates(m, alpha, gamma, c)]
+                gr.DownloadButton(value=str(cs), interactive=True), *updates]
 
     def stop_click(request: gr.Request = None):
         sessions.stop(session_key(request), wait=stop_grace)

@@ -69,11 +69,18 @@ class SideView:
         last = self.rounds[-1] if self.rounds else None
         return RunSummary(
             mode="speculative", method="draft", token_ids=[], text="", n_tokens=self.n_tokens,
-            elapsed=self.t, prefill=self.rounds[0].t_start if self.rounds else 0.0,
+            elapsed=self.t, prefill=self._prefill(),
             target_forwards=self.target_forwards, stop_reason="running", rounds=len(self.rounds),
             drafted=last.total_drafted if last else 0, accepted=last.total_accepted if last else 0,
             draft_time=self.draft_time, verify_time=self.verify_time, draft_forwards=self.draft_forwards,
-            overlap_sum=self.overlap_sum, gamma=max((r.gamma for r in self.rounds), default=0))
+            overlap_sum=self.overlap_sum, gamma=max((r.gamma for r in self.rounds), default=0),
+            prompt_rounds=sum(1 for r in self.rounds if r.prompt_tokens))
+
+    def _prefill(self) -> float:
+        if not self.rounds:
+            return 0.0
+        first = self.rounds[0]
+        return first.t_end if first.prompt_tokens else first.t_start
 
 
 class RunView:
@@ -111,9 +118,10 @@ class RunView:
             v.t = max(v.t, ev.t)
         elif isinstance(ev, RoundEvent):
             v.rounds.append(ev)
-            v.draft_time += ev.t_draft
-            v.verify_time += ev.t_verify
-            v.draft_forwards += ev.draft_forwards
+            if not ev.prompt_tokens:  # round 1 also read the prompt: that is prefill
+                v.draft_time += ev.t_draft
+                v.verify_time += ev.t_verify
+                v.draft_forwards += ev.draft_forwards
             v.overlap_sum += sum(ev.overlap)
             v.t = max(v.t, ev.t_end)
         elif isinstance(ev, RunSummary):
@@ -168,7 +176,7 @@ class RunView:
         # what one verification pass (γ+1 tokens) costs in plain target steps; the
         # Leviathan analysis assumes 1, a CPU often pays more (explains measured < predicted)
         step = (base.elapsed - base.prefill) / (base.n_tokens - 1) if base and base.n_tokens > 1 else None
-        st["verify_cost"] = (spec.verify_time / spec.rounds) / step if (step and spec.rounds) else None
+        st["verify_cost"] = (spec.verify_time / spec.timed_rounds) / step if (step and spec.timed_rounds) else None
         return st
 
     def identical(self) -> dict | None:

@@ -193,6 +193,12 @@ def numbers_html(alpha: float, gamma: int, c: float) -> str:
         "</div></div>")
 
 
+def nothing_drafted_html(source: str) -> str:
+    return (f"<div class='sv-runinfo sv-theory-measured'><span><b>{esc(source)}</b> drafted no tokens at all "
+            "(prompt lookup found no repeated text to copy), so it has no α to place on the charts: every "
+            "round was a plain target step.</span></div>")
+
+
 def measured_html(m: dict | Measured | None) -> str:
     m = Measured.from_dict(m) if isinstance(m, dict) or m is None else m
     if m is None:

@@ -1,0 +1,122 @@
+"""Engine speed with the page streaming vs headless, measured side by side.
+
+    python -m specviz.bench_ui                     # default pair, 3 repeats
+    python -m specviz.bench_ui --quantize draft-int8 --repeats 5
+
+One process loads the pair once, serves the real page (specviz.ui.blocks) on a
+local port, and alternates, per repeat:
+
+* headless: `race(pair, req, ids, "fair")` consumed with nothing rendered;
+* UI: the same request through the page's `/run` API with gradio_client, which
+  receives every streamed update (pane HTML, stats, the four charts) exactly as
+  a browser tab would, while the server renders and serialises them.
+
+Both report the engines' own RunSummary (from the race directly, and from the
+page's recorded trace), so "engine tok/s" is the same measured quantity on
+both sides; "wall" is what a visitor waits from request to last update.
+Target: UI engine speed >= 0.95 x headless.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import sys
+import time
+
+from .cli import add_pair_args, load_from_args
+from .race import race
+from .request import encode_prompt, make_request
+
+PROMPT = "def quicksort(arr):\n"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def headless(pair, req, ids) -> tuple[dict, float]:
+    t = time.perf_counter()
+    sums = {side: ev for side, ev in race(pair, req, ids, "fair") if type(ev).__name__ == "RunSummary"}
+    return sums, time.perf_counter() - t
+
+
+def through_ui(client, demo, req) -> tuple[dict, float, int]:
+    t = time.perf_counter()
+    job = client.submit(req.prompt, req.gamma, req.max_new_tokens, req.temperature, req.top_p, req.top_k,
+                        req.seed, req.chat_template, "fair", req.method, api_name="/run")
+    updates = sum(1 for _ in job)  # every streamed update reaches this client
+    job.result()
+    wall = time.perf_counter() - t
+    return demo.specviz_records.latest().summaries(), wall, updates
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m specviz.bench_ui", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_pair_args(ap)
+    ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", default=None, help="also write the results to this file")
+    args = ap.parse_args(argv)
+
+    from gradio_client import Client
+
+    from .ui.blocks import build_demo
+    from .ui.loader import ModelManager
+
+    pair = load_from_args(args)
+    manager = ModelManager(loader=lambda spec, **_: pair)
+    manager.start(pair.spec)
+    manager.wait()
+    demo = build_demo(manager, initial=pair.spec)
+    demo.queue(default_concurrency_limit=4)
+    port = _free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+    req = make_request(args.prompt, "draft", args.gamma, args.max_new_tokens, 0.0, 1.0, 0, 0, False)
+    ids = encode_prompt(pair.tokenizer, req)
+
+    rows = []
+    try:
+        through_ui(client, demo, req)  # untimed: first request pays gradio's set-up
+        for rep in range(args.repeats):
+            order = ("headless", "ui") if rep % 2 == 0 else ("ui", "headless")
+            for how in order:
+                if how == "headless":
+                    sums, wall = headless(pair, req, ids)
+                    updates = 0
+                else:
+                    sums, wall, updates = through_ui(client, demo, req)
+                spec, base = sums["speculative"], sums["baseline"]
+                rows.append({"repeat": rep, "how": how, "spec_tok_s": spec.tokens_per_s,
+                             "base_tok_s": base.tokens_per_s, "speedup": spec.tokens_per_s / base.tokens_per_s,
+                             "wall_s": wall, "updates": updates, "tokens": spec.n_tokens})
+                print(f"repeat {rep + 1} {how:8s}: speculative {spec.tokens_per_s:.3f} tok/s, baseline "
+                      f"{base.tokens_per_s:.3f} tok/s, wall {wall:.1f} s, {updates} updates", file=sys.stderr)
+    finally:
+        demo.close()
+
+    med = {how: {k: statistics.median(r[k] for r in rows if r["how"] == how)
+                 for k in ("spec_tok_s", "base_tok_s", "speedup", "wall_s")} for how in ("headless", "ui")}
+    ratio = med["ui"]["spec_tok_s"] / med["headless"]["spec_tok_s"]
+    print(f"pair {pair.spec.label}, precision {pair.precision}, γ {args.gamma}, {args.max_new_tokens} tokens, "
+          f"median of {args.repeats}")
+    for how in ("headless", "ui"):
+        m = med[how]
+        print(f"  {how:8s}: speculative {m['spec_tok_s']:.3f} tok/s, baseline {m['base_tok_s']:.3f} tok/s, "
+              f"speedup {m['speedup']:.2f}x, wall {m['wall_s']:.1f} s")
+    print(f"engine speed with the UI streaming / headless: {ratio:.3f} (target >= 0.95)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "median": med, "ui_over_headless": ratio}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
