@@ -45,7 +45,7 @@ def _read_csv(path):
 
 
 def test_quick_bench_writes_json_csv_and_plots(tiny_pair, tmp_path, capsys):
-    assert bench.main(_args(tiny_pair, tmp_path, "--methods", "plain,hf-greedy,hf-assisted,draft,lookup")) == 0
+    assert bench.main(_args(tiny_pair, tmp_path, "--methods", "plain,hf-greedy,hf-assisted,hf-stock,draft,lookup")) == 0
     out = tmp_path / "out"
     data = json.loads((out / "bench.json").read_text())
     summary = _read_csv(out / "summary.csv")
@@ -53,7 +53,7 @@ def test_quick_bench_writes_json_csv_and_plots(tiny_pair, tmp_path, capsys):
     assert list(summary[0]) == bench.SUMMARY_COLUMNS
     assert list(runs[0]) == bench.RUN_COLUMNS
     variants = {r["variant"] for r in runs}
-    assert {"plain", "hf-greedy", "hf-assisted:4", "draft:2", "draft:4", "draft:6"} <= variants
+    assert {"plain", "hf-greedy", "hf-assisted:4", "hf-stock:4", "draft:2", "draft:4", "draft:6"} <= variants
     # 3 prompts (code 2 + grounded 1 of the quick preset) × methods × 1 repeat
     assert len(runs) == 3 * len(variants) == len(data["runs"])
     assert {r["prompt_id"] for r in runs} == {"code/a", "code/b", "grounded/a"}
@@ -147,3 +147,19 @@ def test_unavailable_method_is_skipped_with_a_note(tiny_pair, tmp_path, monkeypa
     assert "method 'lookup' skipped" in out
     runs = _read_csv(tmp_path / "out" / "runs.csv")
     assert {r["variant"] for r in runs} == {"plain", "draft:2"}
+
+
+def test_ui_bench_compares_streaming_with_headless(tiny_pair, tmp_path, capsys):
+    """python -m specviz.bench_ui: the real page over gradio_client vs the bare race."""
+    pytest.importorskip("gradio_client")
+    from specviz import bench_ui
+    t, d = tiny_pair
+    out = tmp_path / "ui.json"
+    assert bench_ui.main(["--target", t, "--draft", d, "--repeats", "1", "--max-new-tokens", "8",
+                          "--prompt", "abc abc", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert {r["how"] for r in data["rows"]} == {"headless", "ui"}
+    assert all(r["tokens"] == 8 and r["spec_tok_s"] > 0 for r in data["rows"])
+    assert next(r for r in data["rows"] if r["how"] == "ui")["updates"] > 1  # it streamed
+    assert data["ui_over_headless"] > 0
+    assert "engine speed with the UI streaming / headless" in capsys.readouterr().out

@@ -6,6 +6,7 @@ render.py, the figures from charts.py, the numbers from state.RunView.
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 import threading
 import uuid
@@ -28,6 +29,7 @@ from .panes import PaneStream
 from .state import RunView
 
 UI_INTERVAL = 0.25  # seconds between page updates while a run streams (≤ 4/s)
+SETTLE = float(os.environ.get("SPECVIZ_UI_SETTLE", 0.1))  # see PaneStream.settle
 CHART_INTERVAL = 1.0  # charts are heavier: at most one redraw per second
 STOP_GRACE = 5.0  # Stop waits this long for the run to end cleanly before cancelling it
 
@@ -256,7 +258,8 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
             # fair mode: the engines' clocks are paused while we render, so only wall
             # time is at stake; parallel mode: rendering competes with the engines
             chart_every = CHART_INTERVAL if mode == "parallel" else CHART_INTERVAL / 2
-            panes = PaneStream(view, head, chart_every, UI_INTERVAL)  # replays take the same path
+            settle = SETTLE if mode == "fair" else 0.0  # fair: engine clocks count engine work only
+            panes = PaneStream(view, head, chart_every, UI_INTERVAL, settle=settle)  # replays take the same path
             yield panes.outputs(charts=True)
             yield from panes.follow(stream)
             if info.timed_out:

@@ -22,13 +22,17 @@ N_OUTPUTS = 8
 
 class PaneStream:
     def __init__(self, view: RunView, head: str = "", chart_every: float = 0.5, ui_interval: float = 0.25,
-                 banner: str = ""):
+                 banner: str = "", settle: float = 0.0):
         self.view = view
         self.base_html = head  # baseline pane (prompt, then one span per token)
         self.spec_html = head  # speculative pane (prompt, then one span per round)
         self.chart_every = chart_every
         self.ui_interval = ui_interval
         self.banner = banner  # HTML above the run info (replays say so here)
+        # seconds to pause after each page update before the engines step again:
+        # gradio sends the update (and a local browser draws it) meanwhile, work
+        # that would otherwise share the cores with the timed engine step
+        self.settle = settle
 
     def add(self, side: str, ev) -> bool:
         """Take one event; True if it changed what the charts show."""
@@ -67,6 +71,8 @@ class PaneStream:
             if now - last_ui >= self.ui_interval or slow:
                 charts = dirty and (slow or now - last_chart >= self.chart_every)
                 yield self.outputs(charts)
+                if self.settle:
+                    time.sleep(self.settle)
                 # time spent rendering and sending is not the stream being slow: counting it
                 # made every event after a slow redraw "slow", redrawing charts each time
                 last_ui = prev_event = time.perf_counter()
