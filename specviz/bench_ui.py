@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     from .ui.blocks import build_demo
     from .ui.loader import ModelManager
 
-    pair = load_from_args(args)
+    from .race import on_engine_thread
+    pair = on_engine_thread(load_from_args, args)  # load where the race decodes
     manager = ModelManager(loader=lambda spec, **_: pair)
     manager.start(pair.spec)
     manager.wait()

@@ -230,7 +230,8 @@ def main(argv=None) -> int:
         req = make_request(prompt, args.method, gamma, args.max_new_tokens, args.temperature, args.top_p,
                            args.top_k, args.seed, chat)
         print("loading the model pair…", file=sys.stderr)
-        pair = load_from_args(args)
+        from .race import on_engine_thread
+        pair = on_engine_thread(load_from_args, args)  # load where the race decodes
         ids = encode_prompt(pair.tokenizer, req, getattr(pair.target.config, "max_position_embeddings", None))
     except (RequestError, ModelError) as e:
         print(f"error: {e}", file=sys.stderr)
