@@ -365,7 +365,7 @@ _STOCK: dict[int, object] = {}
 
 def stock_draft(pair):
     """The fp32 draft as `from_pretrained` gives it (loaded once more if ours is int8)."""
-    if not str(pair.precision).endswith("int8 (dynamic)"):
+    if pair.quantize != "draft-int8":
         return pair.draft  # fp32: the same object, run with speed.unpatched
     if id(pair) not in _STOCK:
         from . import speed
@@ -385,30 +385,26 @@ def run_hf(pair, v: Variant, ids: list[int], max_new_tokens: int) -> dict:
     gen_cfg = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos,
                                pad_token_id=eos[0] if eos else None)
     kw = dict(attention_mask=torch.ones_like(x), generation_config=gen_cfg)
-    ctx = contextlib.nullcontext()
-    if v.family == "hf-assisted":
+    ctx = contextlib.ExitStack()
+    if v.family in ("hf-assisted", "hf-stock"):
+        draft = pair.draft
+        if v.family == "hf-stock":
+            # what `generate(assistant_model=...)` gives out of the box: fp32 draft,
+            # stock nn.Linear kernels in both models (our speed patch removed)
+            from . import speed
+            draft = stock_draft(pair)
+            ctx.enter_context(speed.unpatched(pair.target, draft))
         # constant γ, and no early stop on low draft confidence: γ drafts every round
-        ctx = _assistant_config(pair.draft, num_assistant_tokens=v.gamma,
-                                num_assistant_tokens_schedule="constant",
-                                assistant_confidence_threshold=0.0)
-        kw["assistant_model"] = pair.draft
-    elif v.family == "hf-heuristic":
-        # HF's defaults: start at 20, +2 after a full accept, -1 otherwise; confidence stop 0.4
-        ctx = _assistant_config(pair.draft, num_assistant_tokens=20,
-                                num_assistant_tokens_schedule="heuristic",
-                                assistant_confidence_threshold=0.4)
-        kw["assistant_model"] = pair.draft
-    elif v.family == "hf-stock":
-        # what `generate(assistant_model=...)` gives out of the box: fp32 draft,
-        # stock nn.Linear kernels in both models (our speed patch removed)
-        from . import speed
-        draft = stock_draft(pair)
-        ctx = contextlib.ExitStack()
-        ctx.enter_context(speed.unpatched(pair.target, draft))
         ctx.enter_context(_assistant_config(draft, num_assistant_tokens=v.gamma,
                                             num_assistant_tokens_schedule="constant",
                                             assistant_confidence_threshold=0.0))
         kw["assistant_model"] = draft
+    elif v.family == "hf-heuristic":
+        # HF's defaults: start at 20, +2 after a full accept, -1 otherwise; confidence stop 0.4
+        ctx.enter_context(_assistant_config(pair.draft, num_assistant_tokens=20,
+                                            num_assistant_tokens_schedule="heuristic",
+                                            assistant_confidence_threshold=0.4))
+        kw["assistant_model"] = pair.draft
     with ctx, torch.inference_mode():
         _sync(dev)
         t0 = time.perf_counter()
@@ -467,9 +463,7 @@ def add_stats(run: Run, spec, base) -> None:
     st = run_stats(spec, base)
     run.alpha, run.alpha_hat, run.tau, run.c = st.alpha, st.alpha_hat, st.tau, st.c
     run.t_draft_step, run.t_target_step = st.t_draft_step, st.t_target_step
-    run.speedup_run, run.predicted = st.speedup, st.predicted
-    if spec.timed_rounds and st.t_target_step:
-        run.v = spec.verify_time / spec.timed_rounds / st.t_target_step
+    run.speedup_run, run.predicted, run.v = st.speedup, st.predicted, st.verify_cost
 
 
 # --------------------------------------------------------------- aggregates
@@ -912,7 +906,7 @@ def build_variants(pair, s: dict, notes: list[str]) -> list[Variant]:
     if "hf-heuristic" in fam and hf_ok:
         vs.append(Variant("hf-assisted:heuristic", "hf-heuristic", "hf"))
     if "hf-stock" in fam and hf_ok:
-        if str(pair.precision).startswith("int8"):
+        if pair.quantize == "int8":
             notes.append("HF assisted stock skipped: the target itself is int8 here, stock would be another model")
         else:
             vs += [Variant(f"hf-stock:{g}", "hf-stock", "hf", g) for g in s["hf_gammas"]]

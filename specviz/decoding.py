@@ -200,7 +200,6 @@ def speculative(
         v = verify(torch.tensor(prop.tokens, device=p.device, dtype=torch.long), q, p, gen)
         t_end = clock.now()
         s.target_forwards += 1
-        s.draft_forwards += prop.forwards
 
         new = prop.tokens[: v.n_accepted] + [v.token]
         # EOS or the budget can end the output inside the round, as in plain decoding
@@ -235,9 +234,9 @@ def speculative(
         prompt_tokens = len(fed) - 1
         if prompt_tokens:
             s.prefill = t_end
-            s.prompt_rounds += 1
-            s.draft_forwards -= prop.forwards  # counted with the prefill
+            s.prompt_rounds += 1  # its draft forwards count with the prefill too
         else:
+            s.draft_forwards += prop.forwards
             s.draft_time += t_drafted - t_start
             s.verify_time += t_end - t_drafted
         s.overlap_sum += sum(v.overlap)

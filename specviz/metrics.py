@@ -39,6 +39,9 @@ class Stats:
     speedup: float | None  # measured tokens/s ratio vs the baseline
     predicted: float | None  # Leviathan prediction at the measured α̂, γ, c
     best_gamma: int | None
+    # a verification forward (γ+1 tokens) in plain target steps; the theory
+    # assumes 1 (None without a baseline to compare with)
+    verify_cost: float | None = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -58,9 +61,9 @@ def run_stats(spec: RunSummary, base: RunSummary | None = None) -> Stats:
     t_d = spec.draft_time / spec.draft_forwards if spec.draft_forwards else None
     # c needs the cost of a plain target step; without a baseline the verify
     # forward (γ+1 tokens) is the closest measurement we have
-    t_t = target_step_time(base) if base is not None else None
-    if t_t is None and spec.timed_rounds:
-        t_t = spec.verify_time / spec.timed_rounds
+    step = target_step_time(base) if base is not None else None
+    verify = spec.verify_time / spec.timed_rounds if spec.timed_rounds else None
+    t_t = step if step is not None else verify
     c = t_d / t_t if (t_d is not None and t_t) else (0.0 if spec.draft_forwards == 0 and t_t else None)
     speedup = None
     if base is not None and base.tokens_per_s > 0 and spec.elapsed > 0:
@@ -70,4 +73,5 @@ def run_stats(spec: RunSummary, base: RunSummary | None = None) -> Stats:
     if alpha_hat is not None and c is not None:
         pred = predicted_speedup(alpha_hat, gamma, c)
         best = best_gamma(alpha_hat, c)
-    return Stats(alpha, alpha_hat, tau, c, t_d, t_t, speedup, pred, best)
+    v = verify / step if (verify is not None and step) else None
+    return Stats(alpha, alpha_hat, tau, c, t_d, t_t, speedup, pred, best, v)

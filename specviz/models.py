@@ -401,6 +401,7 @@ class ModelPair:
     dtype: torch.dtype
     eos_ids: list[int]
     precision: str = ""  # what both sides run: "float32", "bfloat16", "int8 (dynamic)"
+    quantize: str | None = None  # None, "int8" (both models) or "draft-int8"
 
     @property
     def has_chat_template(self) -> bool:
@@ -559,4 +560,5 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
         if m is not None:
             speed.warm_up(m)
     progress("models ready", 1.0)
-    return ModelPair(target, draft, tok, spec, dev, dtype, _eos_ids(target, tok), precision)
+    return ModelPair(target, draft, tok, spec, dev, dtype, _eos_ids(target, tok), precision,
+                     quantize if quantize in ("int8", "draft-int8") else None)

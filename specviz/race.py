@@ -144,7 +144,7 @@ def _fair(pair, req, prompt_ids, stop, sides) -> Iterator[tuple[str, Event]]:
             if running:
                 # step the side whose virtual clock is behind (ties: baseline first)
                 side = min(running, key=lambda s: (clocks[s].now(), sides.index(s)))
-                ev = _FAIR_THREAD.submit(_step, gens[side], clocks[side]).result()
+                ev = on_engine_thread(_step, gens[side], clocks[side])
                 pending[side].append(ev)
                 if isinstance(ev, RunSummary):
                     running.discard(side)

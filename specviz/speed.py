@@ -72,7 +72,7 @@ def warm_up(model: torch.nn.Module) -> None:
     freshly loaded model pay page faults and kernel set-up, and whichever side
     of a race ran first would otherwise be charged for them."""
     from transformers import DynamicCache
-    dev = next(model.parameters()).device if any(True for _ in model.parameters()) else "cpu"
+    dev = next((p.device for p in model.parameters()), torch.device("cpu"))
     cache = DynamicCache()
     for n in (8, 1, 5):  # prefill, a plain step, a verify-sized step
         ids = torch.zeros((1, n), dtype=torch.long, device=dev)

@@ -173,10 +173,6 @@ class RunView:
         spec.gamma = self.gamma
         st = run_stats(spec, base).to_dict()
         st["rounds"] = len(self.spec.rounds)
-        # what one verification pass (γ+1 tokens) costs in plain target steps; the
-        # Leviathan analysis assumes 1, a CPU often pays more (explains measured < predicted)
-        step = (base.elapsed - base.prefill) / (base.n_tokens - 1) if base and base.n_tokens > 1 else None
-        st["verify_cost"] = (spec.verify_time / spec.timed_rounds) / step if (step and spec.timed_rounds) else None
         return st
 
     def identical(self) -> dict | None:
