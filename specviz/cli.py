@@ -10,8 +10,8 @@ import json
 import sys
 from dataclasses import asdict
 
-from .events import OUTCOME_ANSI, Outcome, RoundEvent, RunSummary, TokenEvent
-from .metrics import run_stats
+from .engine.events import OUTCOME_ANSI, Outcome, RoundEvent, RunSummary, TokenEvent
+from .engine.metrics import run_stats
 from .request import METHODS, RequestError, encode_prompt, make_request
 
 RESET = "\x1b[0m"

@@ -36,8 +36,8 @@ from typing import Iterator
 
 import torch
 
-from .decoding import Clock, VirtualClock
-from .events import RoundEvent, RunSummary, TokenEvent, event_time
+from .engine.clock import Clock, VirtualClock
+from .engine.events import RoundEvent, RunSummary, TokenEvent, event_time
 from .runner import run_events
 
 SIDES = ("baseline", "speculative")
@@ -219,7 +219,7 @@ def _parallel(pair, req, prompt_ids, stop, halt, sides) -> Iterator[tuple[str, E
 def measure(pair, req, prompt_ids, mode: str, repeats: int = 1) -> list[dict]:
     """Run the race `repeats` times in `mode`; per run: tokens/s of each side
     (on that side's own clock), the speedup and the wall time."""
-    from .metrics import run_stats
+    from .engine.metrics import run_stats
     rows = []
     for _ in range(repeats):
         info = RaceInfo(mode)

@@ -9,7 +9,7 @@ import math
 import os
 from dataclasses import dataclass, replace
 
-from .sampling import SamplingParams
+from .engine.sampling import SamplingParams
 
 METHODS = ("draft", "lookup", "adaptive")
 MAX_GAMMA = 16

@@ -5,25 +5,9 @@ so they share the exact same engine calls.
 """
 from __future__ import annotations
 
-from .decoding import baseline, speculative
-from .proposers import AdaptiveDraftProposer, DraftModelProposer, PromptLookupProposer, Proposer
+from .engine.decoding import baseline, speculative
+from .engine.proposers import make_proposer, target_vocab  # noqa: F401 (re-exported)
 from .request import RequestError, RunRequest
-
-
-def target_vocab(model) -> int:
-    return model.get_output_embeddings().out_features
-
-
-def make_proposer(pair, method: str) -> Proposer:
-    vocab = target_vocab(pair.target)
-    if method == "lookup":
-        return PromptLookupProposer(vocab)
-    if method in ("draft", "adaptive"):
-        if pair.draft is None:
-            raise RequestError("This pair has no draft model: pick prompt lookup instead.")
-        cls = DraftModelProposer if method == "draft" else AdaptiveDraftProposer
-        return cls(pair.draft, vocab_size=vocab)
-    raise RequestError(f"Unknown method {method!r}.")
 
 
 def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], stop=None, clock=None):

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .events import Outcome, RoundEvent, RunSummary, TokenEvent, event_time
+from .engine.events import Outcome, RoundEvent, RunSummary, TokenEvent, event_time
 
 VERSION = 1
 _TYPES = {"token": TokenEvent, "round": RoundEvent, "summary": RunSummary}

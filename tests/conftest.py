@@ -1,6 +1,6 @@
 import pytest
 
-from specviz.tiny import tiny_model, tiny_tokenizer
+from specviz.models.tiny import tiny_model, tiny_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -147,7 +147,7 @@ def inproc(tmp_path_factory):
     monkeypatched), launched without blocking."""
     from browser.server import free_port
     from specviz.models import resolve_pair
-    from specviz.tiny import save_tiny_pair
+    from specviz.models.tiny import save_tiny_pair
     from specviz.ui.blocks import build_demo
     from specviz.ui.loader import ModelManager
 

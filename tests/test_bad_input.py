@@ -222,7 +222,7 @@ def other_vocab_dir(tmp_path_factory):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from specviz.tiny import tiny_model
+    from specviz.models.tiny import tiny_model
     d = tmp_path_factory.mktemp("other-vocab")
     vocab = {"<eos>": 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate("abcdefgh")}}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
@@ -262,7 +262,7 @@ def test_out_of_memory_in_an_engine_step(inproc, monkeypatch, error):
     (runner.free_memory), the page says so, and the next run works."""
     import torch
 
-    import specviz.decoding as decoding
+    import specviz.engine.decoding as decoding
     import specviz.ui.blocks as blocks
 
     real_step, real_free = decoding.forward_logits, blocks.free_memory
@@ -315,7 +315,7 @@ def test_unexpected_failure_before_the_run(inproc, monkeypatch):
 
 @pytest.fixture(scope="module")
 def pair_dirs(tmp_path_factory):
-    from specviz.tiny import save_tiny_pair
+    from specviz.models.tiny import save_tiny_pair
     return save_tiny_pair(tmp_path_factory.mktemp("tiny-cli"))
 
 
@@ -371,7 +371,7 @@ def test_cli_bad_input_one_line(capsys, monkeypatch, pair_dirs, argv, message):
 def test_cli_out_of_memory_is_one_line(capsys, monkeypatch, pair_dirs):
     import torch
 
-    import specviz.decoding as decoding
+    import specviz.engine.decoding as decoding
 
     def oom(*a, **kw):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")

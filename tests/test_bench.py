@@ -6,9 +6,9 @@ from xml.etree import ElementTree
 import pytest
 import torch
 
-from specviz import bench
+from specviz.bench import core as bench
 from specviz.bench import OutputMismatch, Run, check_outputs, first_difference
-from specviz.tiny import save_tiny_pair
+from specviz.models.tiny import save_tiny_pair
 
 PROMPTS = [
     {"id": "code/a", "task": "code", "text": "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n"},
@@ -150,9 +150,9 @@ def test_unavailable_method_is_skipped_with_a_note(tiny_pair, tmp_path, monkeypa
 
 
 def test_ui_bench_compares_streaming_with_headless(tiny_pair, tmp_path, capsys):
-    """python -m specviz.bench_ui: the real page over gradio_client vs the bare race."""
+    """python -m specviz.bench.ui_overhead: the real page over gradio_client vs the bare race."""
     pytest.importorskip("gradio_client")
-    from specviz import bench_ui
+    from specviz.bench import ui_overhead as bench_ui
     t, d = tiny_pair
     out = tmp_path / "ui.json"
     assert bench_ui.main(["--target", t, "--draft", d, "--repeats", "1", "--max-new-tokens", "8",

@@ -127,7 +127,7 @@ def test_loading_progress_then_run_enabled(browser, tmp_path):
 
     from browser.server import free_port
     from specviz.models import load_pair, resolve_pair
-    from specviz.tiny import save_tiny_pair
+    from specviz.models.tiny import save_tiny_pair
     from specviz.ui.blocks import build_demo
     from specviz.ui.loader import ModelManager
     from specviz.ui.render import page_css

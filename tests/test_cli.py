@@ -4,7 +4,7 @@ import json
 import pytest
 
 from specviz.cli import main
-from specviz.tiny import save_tiny_pair, tiny_model
+from specviz.models.tiny import save_tiny_pair, tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,12 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specviz.decoding import baseline, speculative
-from specviz.events import Outcome, RoundEvent, RunSummary
-from specviz.metrics import run_stats
-from specviz.proposers import AdaptiveDraftProposer, DraftModelProposer, PromptLookupProposer
-from specviz.sampling import SamplingParams, warp
-from specviz.tiny import tiny_model
+from specviz.engine.decoding import baseline, speculative
+from specviz.engine.events import Outcome, RoundEvent, RunSummary
+from specviz.engine.metrics import run_stats
+from specviz.engine.proposers import AdaptiveDraftProposer, DraftModelProposer, PromptLookupProposer
+from specviz.engine.sampling import SamplingParams, warp
+from specviz.models.tiny import tiny_model
 
 GREEDY = SamplingParams(temperature=0)
 PROMPT = "def quicksort(arr):"

@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 
-from specviz.events import RunSummary
+from specviz.engine.events import RunSummary
 from specviz.request import encode_prompt, make_request
 from specviz.runner import run_events
 

@@ -310,7 +310,7 @@ def fake_embedded(tmp_path, monkeypatch):
 
     import transformers
 
-    from specviz.tiny import tiny_model, tiny_tokenizer
+    from specviz.models.tiny import tiny_model, tiny_tokenizer
 
     parts, embedded = {}, {}
     for i, ref in enumerate((M.DEFAULT_TARGET, M.DEFAULT_DRAFT)):

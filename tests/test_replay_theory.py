@@ -5,11 +5,11 @@ import threading
 
 import pytest
 
-from specviz.metrics import best_gamma, expected_tokens_per_round, predicted_speedup
+from specviz.engine.metrics import best_gamma, expected_tokens_per_round, predicted_speedup
 from specviz.models import load_pair, resolve_pair
 from specviz.race import race
 from specviz.request import encode_prompt, make_request
-from specviz.tiny import save_tiny_pair
+from specviz.models.tiny import save_tiny_pair
 from specviz.trace import record, trace_for
 from specviz.ui import render, replay as rp, theory
 from specviz.ui.panes import PaneStream

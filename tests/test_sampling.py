@@ -4,7 +4,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specviz.sampling import (SamplingParams, accept_mask, overlap, residual, sample, verify,
+from specviz.engine.sampling import (SamplingParams, accept_mask, overlap, residual, sample, verify,
                               warp)
 
 N = 10000

@@ -221,7 +221,7 @@ def test_fifty_runs_keep_memory_flat_and_caches_correct(server, client):
 def slow_engine(monkeypatch):
     """Every target step of the engines takes >= 20 ms: a 400-token run lasts
     well over 10 s. Yields a counter of steps taken."""
-    import specviz.decoding as decoding
+    import specviz.engine.decoding as decoding
     real = decoding.forward_logits
 
     class Steps(list):
@@ -244,8 +244,8 @@ def test_operator_limits_from_flags_end_the_run(tmp_path, slow_engine, monkeypat
     limit really ends a run (race's timer sets its halt Event; the engines stop
     at their next step)."""
     import app as app_module
-    import specviz.decoding as decoding
-    from specviz.tiny import save_tiny_pair
+    import specviz.engine.decoding as decoding
+    from specviz.models.tiny import save_tiny_pair
 
     # monkeypatch restores all three after the test (create_app exports the flags to the environment)
     monkeypatch.setenv("SPECVIZ_MAX_NEW_TOKENS", "100")  # the flag wins

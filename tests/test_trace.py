@@ -3,10 +3,10 @@ import threading
 
 import pytest
 
-from specviz.decoding import baseline, speculative
-from specviz.events import RoundEvent, RunSummary
-from specviz.proposers import DraftModelProposer
-from specviz.sampling import SamplingParams
+from specviz.engine.decoding import baseline, speculative
+from specviz.engine.events import RoundEvent, RunSummary
+from specviz.engine.proposers import DraftModelProposer
+from specviz.engine.sampling import SamplingParams
 from specviz.trace import event_time, load_trace, new_trace, replay
 
 

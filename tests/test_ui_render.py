@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from specviz.events import OUTCOME_COLOURS, Outcome, RoundEvent, RunSummary, TokenEvent
+from specviz.engine.events import OUTCOME_COLOURS, Outcome, RoundEvent, RunSummary, TokenEvent
 from specviz.ui import render
 from specviz.ui.state import RunView
 

@@ -55,7 +55,7 @@ def scripted_target(monkeypatch, app):
     rejected or accepted as usual)."""
     import torch
 
-    import specviz.decoding as decoding
+    import specviz.engine.decoding as decoding
     real = decoding.forward_logits
     tok = app.manager.pair.tokenizer
     ids = [tok.convert_tokens_to_ids(c) for c in OUTPUT]

@@ -104,7 +104,7 @@ _tiny_dir: str | None = None
 
 def tiny_spec() -> PairSpec:
     global _tiny_dir
-    from ..tiny import save_tiny_pair
+    from ..models.tiny import save_tiny_pair
     if _tiny_dir is None:
         d = tempfile.mkdtemp(prefix="specviz-tiny-")
         save_tiny_pair(d)
@@ -408,5 +408,5 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
                                        run_triggers=[run_btn.click, prompt.submit])
         stop_btn.click(stop_click, None, None, api_name="stop", queue=False, show_progress="hidden") \
             .then(None, None, None, cancels=[run_event, submit_event, *replay_events], api_visibility="private")
-    demo.specviz_records = records  # read by specviz.bench_ui
+    demo.specviz_records = records  # read by specviz.bench.ui_overhead
     return demo

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from ..events import OUTCOME_COLOURS, Outcome
+from ..engine.events import OUTCOME_COLOURS, Outcome
 from .state import RunView
 
 GREEN = OUTCOME_COLOURS[Outcome.ACCEPTED]

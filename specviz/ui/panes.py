@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Iterable, Iterator
 
-from ..events import RoundEvent, TokenEvent
+from ..engine.events import RoundEvent, TokenEvent
 from . import render
 from .charts import all_charts
 from .state import RunView

@@ -14,7 +14,7 @@ from __future__ import annotations
 import html
 import math
 
-from ..events import OUTCOME_COLOURS, OUTCOME_LABELS, Outcome, RoundEvent, TokenEvent
+from ..engine.events import OUTCOME_COLOURS, OUTCOME_LABELS, Outcome, RoundEvent, TokenEvent
 
 SPEC_OUTCOMES = (Outcome.ACCEPTED, Outcome.REJECTED, Outcome.RESAMPLED, Outcome.BONUS)
 LEGEND_ORDER = SPEC_OUTCOMES + (Outcome.TARGET,)

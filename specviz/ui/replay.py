@@ -25,7 +25,7 @@ from typing import Iterator
 
 import gradio as gr  # module level: handlers' `request: gr.Request` annotations must resolve
 
-from ..events import RoundEvent, RunSummary
+from ..engine.events import RoundEvent, RunSummary
 from ..trace import Trace, event_time, load_trace, replay
 from . import render, theory
 from .charts import all_charts

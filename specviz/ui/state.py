@@ -1,7 +1,7 @@
 """RunView: what the page knows about the current run, built only from events.
 
 The race yields (side, event); RunView.add() keeps them and snapshot() turns
-them into the numbers shown (through specviz.metrics, so the page, the CLI and
+them into the numbers shown (through specviz.engine.metrics, so the page, the CLI and
 the bench compute α, τ, c and the speedup the same way).
 """
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from ..events import RoundEvent, RunSummary, TokenEvent
-from ..metrics import predicted_speedup, run_stats
+from ..engine.events import RoundEvent, RunSummary, TokenEvent
+from ..engine.metrics import predicted_speedup, run_stats
 
 
 @dataclass

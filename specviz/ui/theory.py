@@ -6,7 +6,7 @@ predicted speedup   = E / (γc + 1)             (γ draft steps cost γc target 
 
 The figure functions are pure (numbers in, plotly figure out) and unit-tested;
 `build_tab()` lays out the gradio tab. Every theory number comes from
-specviz.metrics, every measured number from a run's events (RunView.stats).
+specviz.engine.metrics, every measured number from a run's events (RunView.stats).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from ..metrics import best_gamma, expected_tokens_per_round, predicted_speedup
+from ..engine.metrics import best_gamma, expected_tokens_per_round, predicted_speedup
 from ..request import MAX_GAMMA
 from .charts import BLUE, FONT, GREEN, GRID, ORANGE, VERMILLION, _layout
 from .render import _num, esc

@@ -23,7 +23,7 @@ def free_port() -> int:
 
 class AppServer:
     def __init__(self, *extra: str, startup_timeout: float = 180.0):
-        from specviz.tiny import save_tiny_pair
+        from specviz.models.tiny import save_tiny_pair
         self.dir = tempfile.mkdtemp(prefix="specviz-app-test-")
         target, draft = save_tiny_pair(self.dir)
         self.port = free_port()
@@ -101,7 +101,7 @@ class InProcessApp:
 
     def __init__(self, root, limits=None, **build_kw):
         from specviz.models import resolve_pair
-        from specviz.tiny import save_tiny_pair
+        from specviz.models.tiny import save_tiny_pair
         from specviz.ui.blocks import build_demo
         from specviz.ui.loader import ModelManager
         from specviz.ui.render import page_css

@@ -1,7 +1,7 @@
 """Engine speed with the page streaming vs headless, measured side by side.
 
-    python -m specviz.bench_ui                     # default pair, 3 repeats
-    python -m specviz.bench_ui --compare-settle    # also the page without its pause
+    python -m specviz.bench.ui_overhead                     # default pair, 3 repeats
+    python -m specviz.bench.ui_overhead --compare-settle    # also the page without its pause
 
 One process loads the pair once, serves the real page (specviz.ui.blocks) on a
 local port, and alternates, per repeat:
@@ -31,9 +31,9 @@ import statistics
 import sys
 import time
 
-from .cli import add_pair_args, load_from_args
-from .race import race
-from .request import encode_prompt, make_request
+from ..cli import add_pair_args, load_from_args
+from ..race import race
+from ..request import encode_prompt, make_request
 
 PROMPT = "def quicksort(arr):\n"
 
@@ -61,7 +61,7 @@ def through_ui(client, demo, req) -> tuple[dict, float, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specviz.bench_ui", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m specviz.bench.ui_overhead", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(ap)
     ap.add_argument("--prompt", default=PROMPT)
@@ -75,11 +75,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from gradio_client import Client
 
-    from .ui import blocks
-    from .ui.blocks import build_demo
-    from .ui.loader import ModelManager
+    from ..ui import blocks
+    from ..ui.blocks import build_demo
+    from ..ui.loader import ModelManager
 
-    from .race import on_engine_thread
+    from ..race import on_engine_thread
     pair = on_engine_thread(load_from_args, args)  # load where the race decodes
     manager = ModelManager(loader=lambda spec, **_: pair)
     manager.start(pair.spec)

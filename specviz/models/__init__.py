@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from . import speed
+from ..engine import speed
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

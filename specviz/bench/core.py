@@ -40,8 +40,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .cli import add_pair_args
-from .request import METHODS, RequestError
+from ..cli import add_pair_args
+from ..request import METHODS, RequestError
 
 # --------------------------------------------------------------------- presets
 
@@ -293,7 +293,7 @@ def load_prompts(tasks: list[str], counts: dict[str, int], prompts_json: str | N
                                    bool(it.get("chat_template", task in CHAT_TASKS)), prompts_json))
         by_task = {t: [p for p in out if p.task == t][: counts.get(t, 0) or None] for t in tasks}
         return [p for t in tasks for p in by_task[t]]
-    from .prompts import prompt_set
+    from ..prompts import prompt_set
     out = []
     for t in tasks:
         if counts.get(t, 0) <= 0:
@@ -314,8 +314,8 @@ def _sync(device) -> None:
 
 def run_specviz(pair, v: Variant, req, ids: list[int]) -> tuple[object, dict]:
     """One SpecViz run through run_events; returns (RunSummary, first-chunk info)."""
-    from .events import RoundEvent, TokenEvent
-    from .runner import run_events
+    from ..engine.events import RoundEvent, TokenEvent
+    from ..runner import run_events
     mode = "baseline" if v.family == "plain" else "speculative"
     first_t, first_n, summary = None, 0, None
     for ev in run_events(pair, req, mode, ids):
@@ -368,8 +368,8 @@ def stock_draft(pair):
     if pair.quantize != "draft-int8":
         return pair.draft  # fp32: the same object, run with speed.unpatched
     if id(pair) not in _STOCK:
-        from . import speed
-        from .models import load_stock, local_refs
+        from ..engine import speed
+        from ..models import load_stock, local_refs
         _STOCK[id(pair)] = load_stock(local_refs(pair.spec)["draft"], pair.target.device, pair.dtype)
         speed.warm_up(_STOCK[id(pair)])
     return _STOCK[id(pair)]
@@ -391,7 +391,7 @@ def run_hf(pair, v: Variant, ids: list[int], max_new_tokens: int) -> dict:
         if v.family == "hf-stock":
             # what `generate(assistant_model=...)` gives out of the box: fp32 draft,
             # stock nn.Linear kernels in both models (our speed patch removed)
-            from . import speed
+            from ..engine import speed
             draft = stock_draft(pair)
             ctx.enter_context(speed.unpatched(pair.target, draft))
         # constant γ, and no early stop on low draft confidence: γ drafts every round
@@ -421,7 +421,7 @@ def run_hf(pair, v: Variant, ids: list[int], max_new_tokens: int) -> dict:
 def measure(pair, v: Variant, p: BenchPrompt, ids: list[int], max_new_tokens: int,
             run: Run) -> tuple[Run, object]:
     """Run one variant on one prompt; fills and returns `run` and the RunSummary (SpecViz)."""
-    from .request import make_request
+    from ..request import make_request
     cuda = str(pair.target.device).startswith("cuda")
     _reset_peak(cuda)
     summary = None
@@ -459,7 +459,7 @@ def measure(pair, v: Variant, p: BenchPrompt, ids: list[int], max_new_tokens: in
 
 def add_stats(run: Run, spec, base) -> None:
     """Fill α, τ, c, prediction of a speculative run from run_stats(spec, paired baseline)."""
-    from .metrics import run_stats
+    from ..engine.metrics import run_stats
     st = run_stats(spec, base)
     run.alpha, run.alpha_hat, run.tau, run.c = st.alpha, st.alpha_hat, st.tau, st.c
     run.t_draft_step, run.t_target_step = st.t_draft_step, st.t_target_step
@@ -895,7 +895,7 @@ def resolve_settings(args) -> dict:
 
 
 def build_variants(pair, s: dict, notes: list[str]) -> list[Variant]:
-    from .runner import make_proposer
+    from ..runner import make_proposer
     vs = [Variant("plain", "plain", "specviz")]
     fam = s["families"]
     hf_ok = pair.draft is not None
@@ -958,8 +958,8 @@ def run_bench(argv: list[str]) -> int:
         raise RequestError("no prompts selected: check --tasks / --n-prompts / --prompts-json")
 
     import transformers
-    from .cli import load_from_args
-    from .request import encode_prompt, make_request
+    from ..cli import load_from_args
+    from ..request import encode_prompt, make_request
     transformers.logging.set_verbosity_error()
     _log(f"loading the pair (load average {loadavg()}) ...")
     pair = load_from_args(args, progress=lambda msg, frac: _log(f"  [{frac:4.0%}] {msg}"))
@@ -1089,7 +1089,7 @@ def run_bench(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .models import ModelError
+    from ..models import ModelError
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return run_bench(argv)

@@ -10,7 +10,6 @@ the last one, which is fed by the next forward pass.
 from __future__ import annotations
 
 import threading
-import time
 from typing import Iterator
 
 import torch
@@ -18,76 +17,11 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from .events import Outcome, RoundEvent, RunSummary, TokenEvent
-from .proposers import Proposer, crop_cache, forward_logits, pick
+from .clock import Clock
+from .forward import crop_cache, forward_logits, pick
+from .proposers.base import Proposer
 from .sampling import SamplingParams, verify, warp
-
-
-class Clock:
-    """Seconds since the run started; synchronises the device before reading."""
-
-    def __init__(self, device: torch.device, t0: float | None = None):
-        self.cuda = torch.device(device).type == "cuda"
-        self.t0 = self.now_raw() if t0 is None else t0
-
-    def now_raw(self) -> float:
-        if self.cuda:
-            # only this thread's stream: a parallel race runs the other side on
-            # another stream, and its work must not be counted here
-            torch.cuda.current_stream().synchronize()
-        return time.perf_counter()
-
-    def now(self) -> float:
-        return self.now_raw() - self.t0
-
-
-class VirtualClock(Clock):
-    """A clock that only runs while its owner is resumed.
-
-    The fair race steps two engines in turn; each engine reads this clock, so
-    its timestamps count only its own work, as if it ran alone."""
-
-    def __init__(self, device: torch.device):
-        super().__init__(device)
-        self.spent = 0.0
-        self.since: float | None = None
-
-    def resume(self) -> None:
-        self.since = self.now_raw()
-
-    def pause(self) -> None:
-        if self.since is not None:
-            self.spent += self.now_raw() - self.since
-            self.since = None
-
-    def now(self) -> float:
-        running = self.now_raw() - self.since if self.since is not None else 0.0
-        return self.spent + running
-
-
-class TextStream:
-    """Incremental detokenizer: the text each new token adds, without splitting
-    multi-byte characters that byte-level BPE spreads over several tokens."""
-
-    def __init__(self, tokenizer):
-        self.tok = tokenizer
-        self.ids: list[int] = []
-        self.text = ""
-
-    def push(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        # hold back a trailing replacement char: the character is not complete yet
-        full = self.tok.decode(self.ids, skip_special_tokens=False)
-        if full.endswith("\ufffd"):
-            return ""
-        new, self.text = full[len(self.text):], full
-        return new
-
-    def final(self) -> str:
-        self.text = self.tok.decode(self.ids, skip_special_tokens=False)
-        return self.text
-
-    def token_text(self, token_id: int) -> str:
-        return self.tok.decode([token_id], skip_special_tokens=False)
+from .text import TextStream
 
 
 def _check_stop(stop: threading.Event | None) -> bool:

@@ -1,0 +1,40 @@
+"""Where draft tokens come from. One small interface, several proposers.
+
+A proposer is told the committed sequence (prompt + output so far), returns up
+to γ tokens together with the distributions q they were drawn from, and is then
+told how much of the sequence survived verification so it can roll back.
+The speculative engine does not care which proposer it talks to.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..sampling import SamplingParams
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]
+    q: torch.Tensor  # (len(tokens), V) distributions the tokens were drawn from
+    forwards: int = 0  # draft-model forward passes spent
+
+
+class Proposer:
+    name = "base"
+
+    def reset(self, prompt_ids: list[int]) -> int:
+        """Start a new sequence. Returns forward passes spent (prefill)."""
+        return 0
+
+    def next_gamma(self, requested: int) -> int:
+        """How many tokens to draft next round (adaptive proposers change it)."""
+        return requested
+
+    def propose(self, committed: list[int], gamma: int, params: SamplingParams,
+                generator: torch.Generator | None, eos_ids: frozenset[int]) -> Proposal:
+        raise NotImplementedError
+
+    def rollback(self, committed: list[int], n_accepted: int, n_drafted: int) -> None:
+        """Verification kept `committed` (now including the appended token)."""

@@ -1,0 +1,86 @@
+"""Draft-model proposers: a small model of the same vocabulary drafts γ tokens
+autoregressively (KV-cached); the adaptive variant moves γ with acceptance."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from ..forward import crop_cache, forward_logits, pick
+from ..sampling import warp
+from .base import Proposal, Proposer
+
+
+@dataclass
+class DraftModelProposer(Proposer):
+    """A small model of the same vocabulary drafts autoregressively (KV-cached)."""
+
+    model: torch.nn.Module
+    vocab_size: int | None = None  # cut the draft's logits to the target's vocabulary
+    name: str = "draft"
+    confidence: float | None = None  # stop drafting below this top probability
+    cache: DynamicCache | None = field(default=None, repr=False)
+
+    def reset(self, prompt_ids: list[int]) -> int:
+        self.cache = DynamicCache()
+        # the last prompt token is fed with the first propose() call
+        if len(prompt_ids) > 1:
+            forward_logits(self.model, prompt_ids[:-1], self.cache, 1)
+            return 1
+        return 0
+
+    def _logits(self, ids, keep=1):
+        logits = forward_logits(self.model, ids, self.cache, keep)
+        return logits[..., : self.vocab_size] if self.vocab_size else logits
+
+    def propose(self, committed, gamma, params, generator, eos_ids):
+        # feed what the cache has not seen: 1 token, or 2 after a bonus round
+        feed = committed[self.cache.get_seq_length():]
+        tokens, qs = [], []
+        for _ in range(gamma):
+            logits = self._logits(feed)[-1]
+            q = warp(logits, params)
+            x = pick(q, params, generator)
+            tokens.append(x)
+            qs.append(q)
+            if x in eos_ids:  # nothing useful follows an end-of-sequence
+                break
+            # an unsure draft is likely rejected: stop spending draft forwards.
+            # The stop depends only on what was drafted, so verification stays exact.
+            if self.confidence is not None and float(logits.float().softmax(-1).max()) < self.confidence:
+                break
+            feed = [x]
+        return Proposal(tokens, torch.stack(qs), forwards=len(tokens))
+
+    def rollback(self, committed, n_accepted, n_drafted):
+        # the cache holds a prefix of what was fed; keep what is still committed,
+        # leaving the last committed token to be fed next round
+        crop_cache(self.cache, len(committed) - 1)
+
+
+@dataclass
+class AdaptiveDraftProposer(DraftModelProposer):
+    """Draft model with a γ that follows acceptance: +1 after a fully accepted
+    round, -1 after a rejection, plus the draft-confidence stop."""
+
+    name: str = "adaptive"
+    confidence: float | None = 0.3
+    max_gamma: int = 16
+    current: int | None = None
+
+    def reset(self, prompt_ids):
+        self.current = None
+        return super().reset(prompt_ids)
+
+    def next_gamma(self, requested):
+        if self.current is None:
+            self.current = requested  # the request's γ is the starting point
+        return self.current
+
+    def rollback(self, committed, n_accepted, n_drafted):
+        super().rollback(committed, n_accepted, n_drafted)
+        if n_drafted and n_accepted == n_drafted:
+            self.current = min(self.max_gamma, self.current + 1)
+        elif n_accepted < n_drafted:
+            self.current = max(1, self.current - 1)
