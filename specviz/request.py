@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+from .engine.proposers import method_names, method_spec
 from .engine.sampling import SamplingParams
+from .errors import RequestError
 
-METHODS = ("draft", "lookup", "adaptive")
+METHODS = method_names()  # every proposer registered in engine/proposers/
 MAX_GAMMA = 16
 PROMPT_CHARS_PER_TOKEN = 32  # a prompt longer than this many characters per allowed token is refused unread
 
@@ -24,10 +26,6 @@ def clean_text(text: str) -> str:
         return text
     except UnicodeEncodeError:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-
-
-class RequestError(ValueError):
-    """Bad input, with a message meant for the person who typed it."""
 
 
 def _env_num(name: str, default, kind=int):
@@ -64,6 +62,9 @@ class RunRequest:
     top_k: int = 0
     seed: int | None = 0
     chat_template: bool = False
+    # method-specific settings (e.g. tree shape, exit layer), already validated
+    # by the method's MethodSpec.check_options; empty for the chain methods
+    options: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -90,7 +91,7 @@ def _number(name, value, kind, lo, hi):
 
 def make_request(prompt, method="draft", gamma=4, max_new_tokens=64, temperature=0.0,
                  top_p=1.0, top_k=0, seed=0, chat_template=False,
-                 limits: Limits | None = None) -> RunRequest:
+                 limits: Limits | None = None, options: dict | None = None) -> RunRequest:
     limits = limits or Limits.from_env()
     if not isinstance(prompt, str) or not prompt.strip():
         raise RequestError("The prompt is empty: type something or pick a preset.")
@@ -116,6 +117,7 @@ def make_request(prompt, method="draft", gamma=4, max_new_tokens=64, temperature
         top_k=_number("Top-k", top_k, int, 0, 1000),
         seed=seed,
         chat_template=bool(chat_template),
+        options=method_spec(method).check_options(dict(options or {})),
     )
 
 

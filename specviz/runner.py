@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from .engine.decoding import baseline, speculative
 from .engine.proposers import make_proposer, target_vocab  # noqa: F401 (re-exported)
-from .request import RequestError, RunRequest
+from .errors import RequestError
+from .request import RunRequest
 
 
 def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], stop=None, clock=None):
@@ -15,7 +16,7 @@ def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], stop=Non
         return baseline(pair.target, pair.tokenizer, prompt_ids, req.max_new_tokens, req.sampling,
                         pair.eos_ids, req.seed, stop, clock)
     if mode == "speculative":
-        return speculative(pair.target, make_proposer(pair, req.method), pair.tokenizer, prompt_ids,
+        return speculative(pair.target, make_proposer(pair, req.method, req), pair.tokenizer, prompt_ids,
                            req.max_new_tokens, req.gamma, req.sampling, pair.eos_ids, req.seed, stop, clock)
     raise RequestError(f"Unknown mode {mode!r}.")
 

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from .machine import hardware  # noqa: F401 (traces record it)
 from .engine.events import Outcome, RoundEvent, RunSummary, TokenEvent, event_time
 
 VERSION = 1
@@ -46,25 +47,6 @@ def event_from_dict(d: dict):
     if cls is RoundEvent:
         kw["tokens"] = [_token(t) for t in kw.get("tokens", [])]
     return cls(**kw)
-
-
-def hardware() -> str:
-    try:
-        import torch
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_name(0)
-    except Exception:  # a trace is still worth saving without it
-        pass
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import os
-    return f"{cpu} ({os.cpu_count()} cores)"
 
 
 @dataclass

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..cli import add_pair_args
+from ..machine import cpu_model, loadavg
 from ..request import METHODS, RequestError
 
 # --------------------------------------------------------------------- presets
@@ -194,23 +195,6 @@ def check_outputs(runs: list[Run], strict_only: bool = True) -> list[str]:
 
 
 # ------------------------------------------------------------------- machine
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def loadavg() -> str:
-    try:
-        return "/".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
 
 
 def machine_info(pair, device) -> dict:

@@ -1,27 +1,37 @@
 """Where draft tokens come from: one interface (base.Proposer), one file per
-method, and the registry below that maps a method name to a proposer."""
+method. Each method file registers itself with `@register(...)`; every module
+in this folder is imported here, so a new method is one new file."""
 from __future__ import annotations
 
-from ...request import RequestError
-from .base import Proposal, Proposer
-from .draft import AdaptiveDraftProposer, DraftModelProposer
-from .lookup import PromptLookupProposer
+import importlib
+import pkgutil
 
-__all__ = ["Proposal", "Proposer", "AdaptiveDraftProposer", "DraftModelProposer",
-           "PromptLookupProposer", "make_proposer", "target_vocab"]
+from .base import REGISTRY, MethodSpec, Proposal, Proposer, register, target_vocab
+
+__all__ = ["Proposal", "Proposer", "MethodSpec", "register", "make_proposer", "method_names",
+           "method_spec", "target_vocab", "AdaptiveDraftProposer", "DraftModelProposer",
+           "PromptLookupProposer"]
+
+for _mod in pkgutil.iter_modules(__path__):
+    if _mod.name != "base":
+        importlib.import_module(f"{__name__}.{_mod.name}")
+
+from .draft import AdaptiveDraftProposer, DraftModelProposer  # noqa: E402
+from .lookup import PromptLookupProposer  # noqa: E402
 
 
-def target_vocab(model) -> int:
-    return model.get_output_embeddings().out_features
+def method_names() -> tuple[str, ...]:
+    """Registered methods, in registration order (chain methods first)."""
+    return tuple(sorted(REGISTRY, key=lambda m: REGISTRY[m].order))
 
 
-def make_proposer(pair, method: str) -> Proposer:
-    vocab = target_vocab(pair.target)
-    if method == "lookup":
-        return PromptLookupProposer(vocab)
-    if method in ("draft", "adaptive"):
-        if pair.draft is None:
-            raise RequestError("This pair has no draft model: pick prompt lookup instead.")
-        cls = DraftModelProposer if method == "draft" else AdaptiveDraftProposer
-        return cls(pair.draft, vocab_size=vocab)
-    raise RequestError(f"Unknown method {method!r}.")
+def method_spec(method: str) -> MethodSpec:
+    from ...errors import RequestError
+    if method not in REGISTRY:
+        raise RequestError(f"Unknown method {method!r}: choose one of {', '.join(method_names())}.")
+    return REGISTRY[method]
+
+
+def make_proposer(pair, method: str, req=None) -> Proposer:
+    """A fresh proposer for one run of `method` on `pair` (`req` carries its options)."""
+    return method_spec(method).build(pair, req)

@@ -7,7 +7,8 @@ The speculative engine does not care which proposer it talks to.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -38,3 +39,33 @@ class Proposer:
 
     def rollback(self, committed: list[int], n_accepted: int, n_drafted: int) -> None:
         """Verification kept `committed` (now including the appended token)."""
+
+
+def target_vocab(model) -> int:
+    return model.get_output_embeddings().out_features
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A speculation method as the CLI, page, bench and traces see it."""
+
+    name: str  # the --method value
+    label: str  # shown in the page and tables
+    build: Callable  # (pair, req | None) -> Proposer
+    needs_draft: bool = False  # uses pair.draft (--draft is ignored by methods that do not)
+    description: str = ""
+    order: int = 100  # position in menus
+    check_options: Callable[[dict], dict] = field(default=lambda options: options)
+
+
+REGISTRY: dict[str, MethodSpec] = {}
+
+
+def register(name: str, label: str, *, needs_draft: bool = False, description: str = "",
+             order: int = 100, check_options: Callable[[dict], dict] | None = None):
+    """Decorator for a builder `(pair, req) -> Proposer`: makes `name` a method everywhere."""
+    def deco(build):
+        REGISTRY[name] = MethodSpec(name, label, build, needs_draft, description, order,
+                                    check_options or (lambda options: options))
+        return build
+    return deco

@@ -9,7 +9,8 @@ from transformers import DynamicCache
 
 from ..forward import crop_cache, forward_logits, pick
 from ..sampling import warp
-from .base import Proposal, Proposer
+from ...errors import RequestError
+from .base import Proposal, Proposer, register, target_vocab
 
 
 @dataclass
@@ -84,3 +85,21 @@ class AdaptiveDraftProposer(DraftModelProposer):
             self.current = min(self.max_gamma, self.current + 1)
         elif n_accepted < n_drafted:
             self.current = max(1, self.current - 1)
+
+
+def _need_draft(pair):
+    if pair.draft is None:
+        raise RequestError("This pair has no draft model: pick prompt lookup instead.")
+    return pair.draft
+
+
+@register("draft", "draft model", needs_draft=True, order=0,
+          description="a smaller model of the same vocabulary drafts γ tokens")
+def _build_draft(pair, req=None):
+    return DraftModelProposer(_need_draft(pair), vocab_size=target_vocab(pair.target))
+
+
+@register("adaptive", "draft model, adaptive γ", needs_draft=True, order=2,
+          description="draft model; γ +1 after a fully accepted round, −1 after a rejection")
+def _build_adaptive(pair, req=None):
+    return AdaptiveDraftProposer(_need_draft(pair), vocab_size=target_vocab(pair.target))

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Proposal, Proposer
+from .base import Proposal, Proposer, register, target_vocab
 
 
 @dataclass
@@ -41,3 +41,9 @@ class PromptLookupProposer(Proposer):
                     if follow:
                         return follow
         return []
+
+
+@register("lookup", "prompt lookup", order=1,
+          description="copy what followed the current n-gram earlier in the prompt or output")
+def _build_lookup(pair, req=None):
+    return PromptLookupProposer(target_vocab(pair.target))

@@ -1,0 +1,66 @@
+"""What machine this is: CPU model and flags, cores, GPU name, load. One home
+for /proc/cpuinfo reading; calibration caches are keyed by machine_key()."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+from pathlib import Path
+
+
+@functools.lru_cache(maxsize=1)
+def _cpuinfo() -> dict[str, str]:
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip().lower()
+            if key and key not in info:  # first processor block is enough
+                info[key] = value.strip()
+    except OSError:
+        pass
+    return info
+
+
+def cpu_model() -> str:
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+
+
+def cpu_flags() -> frozenset[str]:
+    return frozenset(_cpuinfo().get("flags", "").split())
+
+
+def native_bf16() -> bool:
+    """bf16 matmuls run in hardware (AVX512-BF16 or AMX); without them torch
+    emulates bf16 on CPU and it is slower than fp32."""
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
+def gpu_name() -> str | None:
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except Exception:  # a description is still useful without it
+        pass
+    return None
+
+
+def hardware() -> str:
+    """A short human label: the GPU, else the CPU model and its core count."""
+    return gpu_name() or f"{cpu_model()} ({os.cpu_count()} cores)"
+
+
+def machine_key() -> str:
+    """Stable id of this hardware + software for caching measurements."""
+    import torch
+    parts = [hardware(), ",".join(sorted(cpu_flags())), torch.__version__, str(torch.get_num_threads())]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def loadavg() -> str:
+    try:
+        return "/".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
