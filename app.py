@@ -84,6 +84,9 @@ def limits_from_args(args) -> Limits:
 def initial_spec(args):
     """The pair to load at start (operator paths are always allowed)."""
     pair = args.pair if (args.pair or args.target or args.draft) else "default"
+    if pair == "default" and not (args.target or args.draft):
+        from specviz.hosting.spaces import default_pair
+        return default_pair()  # on a Space without the embedded packages: the same models from the Hub
     return resolve_pair(pair, args.target, args.draft, allow_local_paths=True)
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
+from ..hosting.spaces import gpu_decorator
 from ..models import ModelError, PairSpec, available_pairs, resolve_pair
 from ..prompts import load_presets
 from ..race import MODES, RaceInfo, race
@@ -32,15 +33,6 @@ UI_INTERVAL = 0.25  # seconds between page updates while a run streams (≤ 4/s)
 SETTLE = float(os.environ.get("SPECVIZ_UI_SETTLE", 0.1))  # see PaneStream.settle
 CHART_INTERVAL = 1.0  # charts are heavier: at most one redraw per second
 STOP_GRACE = 5.0  # Stop waits this long for the run to end cleanly before cancelling it
-
-try:  # ZeroGPU on Hugging Face Spaces: borrow a GPU for each run
-    import spaces  # type: ignore
-
-    gpu = spaces.GPU
-except Exception:  # noqa: BLE001 - not on a Space: a no-op decorator
-    def gpu(fn=None, **_kw):
-        return fn if fn is not None else (lambda f: f)
-
 
 def _as_sent(payload):
     return payload
@@ -219,7 +211,8 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
         """Show a visitor-readable error in the page and as a toast, keep serving."""
         return [gr.skip(), gr.skip(), gr.skip(), render.message_html(message), *[gr.skip()] * 4]
 
-    @gpu
+    # ZeroGPU on a Space: borrow a GPU per run, for as long as its limits need
+    @gpu_decorator(limits, max_tokens_arg=2)
     def run(prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed, chat_template, mode,
             method="draft", request: gr.Request = None):
         try:

@@ -1,0 +1,74 @@
+"""Hugging Face Spaces: the pair a Space starts on, and the ZeroGPU time budget.
+
+A Gradio Space installs requirements.txt only, so the embedded GGUF packages
+(requirements-models.txt) are missing there. The same two models then come
+from the Hub; the README front matter lists them under `preload_from_hub`, so
+the Space downloads them at build time and a cold start only loads them.
+"""
+from __future__ import annotations
+
+import os
+
+from .. import models
+from ..models import PAIRS, PairSpec
+
+HUB_TARGET = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+HUB_DRAFT = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+HUB_DEFAULT = PairSpec("default", HUB_TARGET, HUB_DRAFT,
+                       "Qwen2.5-Coder-Instruct 1.5B + 0.5B draft (Hub, preloaded by the Space)", False)
+
+# ZeroGPU budget: the run is cut at max_seconds anyway; a short run asks for less
+# GPU time so the visitor's quota lasts (ZeroGPU's default is 60 s per call).
+ZEROGPU_OVERHEAD_S = 15.0  # moving the pair to the borrowed GPU + warm-up
+ZEROGPU_S_PER_TOKEN = 0.1  # both sides together, generous for a 1.5B on a shared GPU (eager, batch 1)
+ZEROGPU_MAX_S = 300.0  # ZeroGPU refuses more than this for most accounts
+
+
+def on_space() -> bool:
+    return bool(os.environ.get("SPACE_ID"))
+
+
+def embedded_available() -> bool:
+    """The embedded default pair can load here: its packages or an intact converted cache."""
+    spec = PAIRS["default"]
+    for ref in (spec.target, spec.draft):
+        name = models._embedded_name(ref)
+        cached = models.verify_cache(models._cache_dir(name), models.EMBEDDED[name].sha256) is None
+        if not (models._packages_installed(name) or cached):
+            return False
+    return True
+
+
+def default_pair() -> PairSpec:
+    """The pair `--pair default` means here: the embedded one, or on a Space
+    without its packages the same models from the Hub."""
+    if on_space() and not embedded_available():
+        return HUB_DEFAULT
+    return PAIRS["default"]
+
+
+def zerogpu_seconds(max_new_tokens, max_seconds: float) -> int:
+    """GPU seconds to ask ZeroGPU for one run of both sides."""
+    try:
+        n = max(1, int(float(max_new_tokens)))
+    except (TypeError, ValueError):
+        n = 64
+    want = ZEROGPU_OVERHEAD_S + min(float(max_seconds), 2 * n * ZEROGPU_S_PER_TOKEN)
+    return int(min(ZEROGPU_MAX_S, max(ZEROGPU_OVERHEAD_S, want)))
+
+
+def gpu_decorator(limits, max_tokens_arg: int = 2):
+    """spaces.GPU(duration=callable) on a ZeroGPU Space, else a no-op.
+
+    ZeroGPU calls `duration` with the decorated function's own arguments;
+    `max_tokens_arg` is the position of max-new-tokens among them."""
+    try:
+        import spaces  # type: ignore
+    except Exception:  # noqa: BLE001 - not on a Space
+        return lambda fn: fn
+
+    def duration(*args, **kwargs):
+        n = kwargs.get("max_new_tokens", args[max_tokens_arg] if len(args) > max_tokens_arg else None)
+        return zerogpu_seconds(n if n is not None else limits.max_new_tokens, limits.max_seconds)
+
+    return spaces.GPU(duration=duration)
