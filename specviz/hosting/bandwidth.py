@@ -1,0 +1,63 @@
+"""The memory-bandwidth limit of one decoding step: at batch 1 every step reads
+all weights once, so step time >= weight bytes / memory bandwidth."""
+from __future__ import annotations
+
+# TB/s, from the vendors' data sheets; matched on the CUDA device name, most specific first
+BANDWIDTH_TBS = (
+    ("GH200", 4.0),  # before H200: the name contains it
+    ("H200", 4.8),
+    ("H100 NVL", 3.9),
+    ("H100 PCIe", 2.0),
+    ("H100", 3.35),  # SXM
+    ("B200", 8.0),
+    ("A100-SXM4-80GB", 2.039),
+    ("A100 80GB PCIe", 1.935),
+    ("A100-PCIE-40GB", 1.555),
+    ("A100", 1.555),
+    ("L40S", 0.864),
+    ("L40", 0.864),
+    ("A10G", 0.6),
+    ("A10", 0.6),
+    ("L4", 0.3),
+    ("T4", 0.32),
+    ("V100", 0.9),
+    ("RTX 4090", 1.008),
+    ("RTX 3090", 0.936),
+)
+
+
+def bandwidth_tbs(device_name: str | None) -> float | None:
+    """TB/s of a GPU by its name, None for unknown."""
+    name = (device_name or "").upper()
+    for key, tbs in BANDWIDTH_TBS:
+        if key.upper() in name:
+            return tbs
+    return None
+
+
+def weight_bytes(model) -> int:
+    """Bytes read per step: every parameter and buffer once (a tied matrix counts once)."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total
+
+
+def bound_s(nbytes: int, device_name: str | None) -> float | None:
+    tbs = bandwidth_tbs(device_name)
+    return nbytes / (tbs * 1e12) if tbs else None
+
+
+def bound_line(label: str, nbytes: int, step_s: float | None, device_name: str | None) -> str:
+    """'target: 3.1 GB, step 9.8 ms, bandwidth limit 0.9 ms (H100 3.35 TB/s): 11% of peak'."""
+    lim = bound_s(nbytes, device_name)
+    step = f"{step_s * 1e3:.2f} ms" if step_s else "n/a"
+    if lim is None:
+        return f"{label}: {nbytes / 1e9:.2f} GB of weights, step {step}, bandwidth limit unknown " \
+               f"({device_name or 'no GPU name'} is not in the table)"
+    frac = f": {lim / step_s:.0%} of the bandwidth limit" if step_s else ""
+    return (f"{label}: {nbytes / 1e9:.2f} GB of weights, step {step}, limit {lim * 1e3:.2f} ms "
+            f"({device_name}, {bandwidth_tbs(device_name):g} TB/s){frac}")

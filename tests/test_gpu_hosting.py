@@ -1,0 +1,69 @@
+"""GPU placement and pair-by-memory logic on fake device lists (no GPU needed)."""
+import pytest
+
+from specviz.hosting.bandwidth import bandwidth_tbs, bound_line, bound_s, weight_bytes
+from specviz.hosting.gpu import GB, GpuInfo, pick_pair, placement
+
+
+def gpu(i, free_gb, name="NVIDIA H100 80GB HBM3", total_gb=80):
+    return GpuInfo(i, name, int(total_gb * GB), int(free_gb * GB))
+
+
+def test_no_gpu_is_cpu_fair():
+    p = placement([])
+    assert (p.baseline, p.speculative, p.default_mode) == ("cpu", "cpu", "fair")
+
+
+def test_one_gpu_shares_the_device_and_stays_fair():
+    p = placement([gpu(0, 70)])
+    assert p.baseline == p.speculative == "cuda:0" and not p.separate
+    assert p.default_mode == "fair"
+    assert "share" in p.note and "stream" in p.note
+
+
+def test_two_gpus_each_side_its_own():
+    p = placement([gpu(0, 30), gpu(1, 70), gpu(2, 50)])
+    assert p.separate and p.default_mode == "parallel"
+    assert p.speculative == "cuda:1"  # most free memory: it holds target + draft
+    assert p.baseline == "cuda:2"
+    assert "true parallelism" in p.note
+
+
+@pytest.mark.parametrize("devices, target", [
+    ([], None),
+    ([gpu(0, 15, "Tesla T4", 16)], None),  # too small for 7B: keep the default pair
+    ([gpu(0, 22, "NVIDIA L4", 24)], "Qwen/Qwen2.5-Coder-7B-Instruct"),
+    ([gpu(0, 39, "NVIDIA A100-PCIE-40GB", 40)], "Qwen/Qwen2.5-Coder-14B-Instruct"),
+    ([gpu(0, 79)], "Qwen/Qwen2.5-Coder-32B-Instruct"),
+    ([gpu(0, 50)], "Qwen/Qwen2.5-Coder-14B-Instruct"),  # an 80 GB card that is half busy
+    ([gpu(0, 139, "NVIDIA H200", 141)], "Qwen/Qwen2.5-Coder-32B-Instruct"),
+    # two GPUs: the pair must fit on both (baseline GPU holds the target, the other target + draft)
+    ([gpu(0, 79), gpu(1, 39, "NVIDIA A100-PCIE-40GB", 40)], "Qwen/Qwen2.5-Coder-14B-Instruct"),
+])
+def test_pair_by_free_memory(devices, target):
+    spec, why = pick_pair(devices)
+    assert (spec.target if spec else None) == target
+    assert why  # the page's pair note says why
+    if spec:
+        assert spec.draft == "Qwen/Qwen2.5-Coder-0.5B-Instruct" and "bf16" in why
+    elif devices:
+        assert "default" in why and "c ≈ 0.85" in why
+
+
+@pytest.mark.parametrize("name, tbs", [
+    ("NVIDIA H100 80GB HBM3", 3.35), ("NVIDIA H100 PCIe", 2.0), ("NVIDIA H200", 4.8), ("NVIDIA GH200 480GB", 4.0),
+    ("NVIDIA A100-SXM4-80GB", 2.039), ("NVIDIA A100-PCIE-40GB", 1.555), ("NVIDIA L4", 0.3),
+    ("NVIDIA L40S", 0.864), ("NVIDIA A10G", 0.6), ("Tesla T4", 0.32), ("Some New Accelerator", None), (None, None),
+])
+def test_bandwidth_table(name, tbs):
+    assert bandwidth_tbs(name) == tbs
+
+
+def test_bound_line(target):
+    n = weight_bytes(target)
+    assert n == sum(p.numel() * 4 for p in target.parameters()) + sum(b.numel() * b.element_size()
+                                                                    for b in target.buffers())
+    assert bound_s(3_350_000_000, "NVIDIA H100 80GB HBM3") == pytest.approx(1e-3)
+    line = bound_line("target", 3_350_000_000, 4e-3, "NVIDIA H100 80GB HBM3")
+    assert "limit 1.00 ms" in line and "25% of the bandwidth limit" in line
+    assert "unknown" in bound_line("target", n, 1e-3, "Mystery GPU")
