@@ -27,12 +27,24 @@ def add_pair_args(p: argparse.ArgumentParser) -> None:
                    help="CPU only. draft-int8: dynamic int8 weights for the draft only (output unchanged); "
                         "int8: both models (a different, faster target, for both sides); auto (default): "
                         "draft-int8 on a CPU when the draft has 100M+ parameters, else none")
+    p.add_argument("--engine", choices=["specviz", "vllm"], default="specviz",
+                   help="vllm: run both sides on vLLM servers (`bash scripts/setup.sh vllm` once), started "
+                        "from .venv-vllm, or the ones given with --vllm-url")
+    p.add_argument("--vllm-url", action="append", default=[], metavar="URL",
+                   help="with --engine vllm: a running vLLM server (repeat it: a plain one for the baseline "
+                        "and one with speculative_config; each is recognised by its /metrics)")
 
 
 def load_from_args(args, progress=None, allow_local_paths=True):
     from .models import load_pair, resolve_pair
     pair = args.pair if (args.pair or args.target or args.draft) else "default"
     spec = resolve_pair(pair, args.target, args.draft, allow_local_paths=allow_local_paths)
+    if pair == "default" and not (args.target or args.draft):
+        from .hosting.spaces import default_pair
+        spec = default_pair()  # on a Space without the embedded packages: the same models from the Hub
+    if getattr(args, "engine", "specviz") == "vllm":
+        from .engines.vllm import load_vllm
+        return load_vllm(spec, urls=args.vllm_url, device=args.device or "cpu", progress=progress)
     return load_pair(spec, device=args.device, progress=progress, quantize=args.quantize)
 
 
@@ -93,6 +105,14 @@ def generate(args) -> int:
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()
     pair = load_from_args(args, progress=progress)
+    try:
+        return _generate(args, req, pair)
+    finally:
+        if hasattr(pair, "close"):  # vLLM servers this run started
+            pair.close()
+
+
+def _generate(args, req, pair) -> int:
     ids = encode_prompt(pair.tokenizer, req, getattr(pair.target.config, "max_position_embeddings", None))
     modes = ["baseline", "speculative"] if args.mode == "both" else [args.mode]
     for i in range(args.num_samples):
@@ -124,6 +144,11 @@ def _print_human(mode, events, s: RunSummary, stats):
         print(s.text)
     print(f"{s.n_tokens} tokens in {s.elapsed:.2f} s = {s.tokens_per_s:.2f} tokens/s "
           f"(prefill {s.prefill:.2f} s, {s.target_forwards} target forwards, stop: {s.stop_reason})")
+    if s.extra.get("accepted_per_position"):
+        print("vLLM acceptance per draft position: "
+              + "  ".join(f"{i + 1}: {a:.2f}" for i, a in enumerate(s.extra["accepted_per_position"])))
+    if stats and s.extra.get("not_exposed"):
+        print(f"note: {s.extra['not_exposed']}")
     if stats:
         fmt = lambda v, f="{:.3f}": "n/a" if v is None else f.format(v)  # noqa: E731
         print(f"rounds {s.rounds}  drafted {s.drafted}  accepted {s.accepted}  "

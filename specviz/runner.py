@@ -12,6 +12,8 @@ from .request import RunRequest
 
 
 def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], stop=None, clock=None):
+    if hasattr(pair, "run_events"):  # another engine (engines/vllm.py) producing the same events
+        return pair.run_events(req, mode, prompt_ids, stop=stop, clock=clock)
     if mode == "baseline":
         return baseline(pair.target, pair.tokenizer, prompt_ids, req.max_new_tokens, req.sampling,
                         pair.eos_ids, req.seed, stop, clock)

@@ -122,6 +122,9 @@ class RunSummary:
     gamma: int = 0
     device: str = "cpu"
     prompt_rounds: int = 0  # rounds whose target forward also read the prompt (timed as prefill)
+    engine: str = "specviz"  # or "vllm" (engines/vllm.py)
+    unmeasured: tuple = ()  # Stats fields this engine cannot measure (shown as n/a, never as 0)
+    extra: dict = field(default_factory=dict)  # engine-specific facts (vLLM: per-position acceptance)
 
     @property
     def timed_rounds(self) -> int:

@@ -74,4 +74,7 @@ def run_stats(spec: RunSummary, base: RunSummary | None = None) -> Stats:
         pred = predicted_speedup(alpha_hat, gamma, c)
         best = best_gamma(alpha_hat, c)
     v = verify / step if (verify is not None and step) else None
-    return Stats(alpha, alpha_hat, tau, c, t_d, t_t, speedup, pred, best, v)
+    st = Stats(alpha, alpha_hat, tau, c, t_d, t_t, speedup, pred, best, v)
+    for name in getattr(spec, "unmeasured", ()):  # e.g. vLLM exposes no p/q: α̂ is unknown, not 0
+        setattr(st, name, None)
+    return st

@@ -1,0 +1,164 @@
+"""--engine vllm against a fake vLLM server on 127.0.0.1 (no vLLM, no network):
+the same JSON lines as our engine, tokens coloured by engine step, acceptance
+from /metrics, and one clear message for each kind of bad input."""
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from fake_vllm import ACCEPTS, TOKENS, Fake, serve
+from specviz import cli
+from specviz.engines.vllm_stream import parse_metrics
+from specviz.models.tiny import save_tiny_pair
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return save_tiny_pair(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture()
+def servers():
+    plain, spec = Fake(0), Fake(3)
+    (s1, u1), (s2, u2) = serve(plain), serve(spec)
+    yield (plain, u1), (spec, u2)
+    s1.shutdown(), s2.shutdown()
+
+
+def run_cli(capsys, *argv):
+    code = cli.main(["generate", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def pair_args(tiny):
+    return ["--target", tiny[0], "--draft", tiny[1]]
+
+
+def test_parse_metrics():
+    text = Fake(3).metrics()
+    c = parse_metrics(text)
+    assert c.present and c.gamma == 3 and c.drafts == 0
+    f = Fake(3)
+    f.chunks(20)
+    c = parse_metrics(f.metrics())
+    assert (c.drafts, c.draft_tokens, c.accepted) == (f.drafts, f.draft_tokens, f.accepted)
+    assert [c.per_pos[i] for i in range(3)] == f.per_pos
+    assert not parse_metrics(Fake(0).metrics()).present
+
+
+def test_same_json_lines_as_our_engine(tiny, servers, capsys):
+    (plain, u1), (spec, u2) = servers
+    common = [*pair_args(tiny), "--prompt", "def f(x):", "--mode", "both", "--gamma", "3",
+              "--max-new-tokens", "20", "--json"]
+    code, ours, _ = run_cli(capsys, *common)
+    assert code == 0
+    code, theirs, err = run_cli(capsys, *common, "--engine", "vllm", "--vllm-url", u2, "--vllm-url", u1)
+    assert code == 0, err
+    ours, theirs = [[json.loads(ln) for ln in out.splitlines()] for out in (ours, theirs)]
+    assert [o["mode"] for o in theirs] == ["baseline", "speculative"]
+    for a, b in zip(ours, theirs):
+        assert a.keys() == b.keys() and a["stats"].keys() == b["stats"].keys()
+    base, sp = theirs
+    assert base["token_ids"] == TOKENS[:20] == sp["token_ids"]
+    assert plain.requests[0]["prompt"] == spec.requests[0]["prompt"]  # token ids, sent as such
+    st = sp["stats"]
+    assert st["engine"] == "vllm" and st["alpha_hat"] is None and st["c"] is None  # not exposed: None, not 0
+    assert st["extra"]["acceptance_source"] == "vLLM /metrics counters"
+    assert st["drafted"] == spec.draft_tokens and st["accepted"] == spec.accepted
+    assert st["alpha"] == pytest.approx(spec.accepted / spec.draft_tokens)
+    assert st["extra"]["accepted_per_position"] == [round(v / spec.drafts, 4) for v in spec.per_pos]
+    assert "does not expose" in st["extra"]["not_exposed"]
+    assert st["speedup"] is not None
+
+
+def test_tokens_coloured_by_engine_step(tiny, servers, capsys):
+    _, (spec, u2) = servers
+    code, out, err = run_cli(capsys, *pair_args(tiny), "--prompt", "x", "--gamma", "3", "--max-new-tokens", "30",
+                             "--json", "--engine", "vllm", "--vllm-url", u2)
+    assert code == 0, err
+    rounds = json.loads(out)["rounds"]
+    assert rounds[0]["gamma"] == 0 and [t["outcome"] for t in rounds[0]["tokens"]] == ["target"]
+    assert rounds[0]["prompt_tokens"] > 0
+    for r, acc in zip(rounds[1:-1], ACCEPTS):
+        outcomes = [t["outcome"] for t in r["tokens"]]
+        assert r["n_accepted"] == acc
+        assert outcomes == ["accepted"] * acc + ["bonus" if acc == 3 else "resampled"]
+
+
+def test_human_output_says_what_vllm_does_not_expose(tiny, servers, capsys):
+    (_, u1), (_, u2) = servers
+    code, out, _ = run_cli(capsys, *pair_args(tiny), "--prompt", "x", "--gamma", "3", "--max-new-tokens", "12",
+                           "--mode", "both", "--engine", "vllm", "--vllm-url", u1, "--vllm-url", u2)
+    assert code == 0
+    assert "does not expose" in out and "per draft position" in out and "n/a" in out
+
+
+def fake_python(tmp_path, body: str) -> str:
+    exe = tmp_path / "python"
+    exe.write_text(f"#!/bin/sh\n{body}\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return str(exe)
+
+
+def test_starts_its_own_servers_from_the_vllm_env(tiny, tmp_path, capsys, monkeypatch):
+    # stands in for .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server ...
+    monkeypatch.setenv("SPECVIZ_VLLM_PYTHON", fake_python(
+        tmp_path, f'shift 2; exec {sys.executable} {ROOT / "tests" / "fake_vllm.py"} "$@"'))
+    code, out, err = run_cli(capsys, *pair_args(tiny), "--prompt", "x", "--gamma", "3", "--max-new-tokens", "10",
+                             "--mode", "both", "--json", "--engine", "vllm")
+    assert code == 0, err
+    lines = [json.loads(ln) for ln in out.splitlines()]
+    assert [ln["stats"]["method"] for ln in lines] == ["vllm plain", "vllm draft_model"]
+    assert lines[1]["stats"]["gamma"] == 3
+
+
+@pytest.mark.parametrize("case, message", [
+    ("not set up", "vLLM is not set up"),
+    ("fails to start", "did not start: ValueError: Model architectures ['FooForCausalLM'] are not supported"),
+    ("url not answering", "does not answer"),
+    ("model it cannot serve", "vLLM refused the request: The model `x` does not exist."),
+    ("no plain server", "no plain (no speculative_config) vLLM server"),
+])
+def test_bad_input_one_clear_line(tiny, tmp_path, capsys, monkeypatch, case, message):
+    argv = [*pair_args(tiny), "--prompt", "x", "--max-new-tokens", "5", "--mode", "both", "--engine", "vllm"]
+    srv = None
+    if case == "not set up":
+        monkeypatch.delenv("SPECVIZ_VLLM_PYTHON", raising=False)
+        monkeypatch.setenv("SPECVIZ_VLLM_VENV", str(tmp_path / "nowhere"))
+    elif case == "fails to start":
+        monkeypatch.setenv("SPECVIZ_VLLM_PYTHON", fake_python(
+            tmp_path, "echo 'INFO starting'; echo \"ValueError: Model architectures ['FooForCausalLM'] are "
+                      "not supported for now.\"; exit 1"))
+    elif case == "url not answering":
+        from specviz.engines.vllm_server import free_port
+        argv += ["--vllm-url", f"http://127.0.0.1:{free_port()}"]
+    elif case == "model it cannot serve":
+        srv, url = serve(Fake(0, fail_with="The model `x` does not exist."))
+        argv += ["--vllm-url", url]
+    else:
+        srv, url = serve(Fake(3))
+        argv += ["--vllm-url", url]
+    code, out, err = run_cli(capsys, *argv)
+    if srv:
+        srv.shutdown()
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+
+
+def test_page_loader_failure_keeps_the_app_up(tmp_path, monkeypatch, tiny):
+    from specviz.engines.vllm import vllm_loader
+    from specviz.models import resolve_pair
+    from specviz.ui.loader import ModelManager
+    monkeypatch.setenv("SPECVIZ_VLLM_VENV", str(tmp_path / "nowhere"))
+    monkeypatch.delenv("SPECVIZ_VLLM_PYTHON", raising=False)
+    m = ModelManager(loader=vllm_loader(()))
+    m.start(resolve_pair("custom", *tiny))
+    assert not m.wait(30)
+    assert "vLLM is not set up" in m.status()["error"]
