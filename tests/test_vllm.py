@@ -2,14 +2,13 @@
 the same JSON lines as our engine, tokens coloured by engine step, acceptance
 from /metrics, and one clear message for each kind of bad input."""
 import json
-import os
 import stat
 import sys
 from pathlib import Path
 
 import pytest
-
 from fake_vllm import ACCEPTS, TOKENS, Fake, serve
+
 from specviz import cli
 from specviz.engines.vllm_stream import parse_metrics
 from specviz.models.tiny import save_tiny_pair
@@ -162,3 +161,29 @@ def test_page_loader_failure_keeps_the_app_up(tmp_path, monkeypatch, tiny):
     m.start(resolve_pair("custom", *tiny))
     assert not m.wait(30)
     assert "vLLM is not set up" in m.status()["error"]
+
+
+def test_bench_has_vllm_rows(tiny, servers, tmp_path, capsys):
+    from specviz.bench import core as bench
+    (plain, u1), (spec, u2) = servers
+    pj = tmp_path / "prompts.json"
+    pj.write_text(json.dumps([{"id": "code/a", "task": "code", "text": "def add(a, b):\n"}]))
+    code = bench.main(["--target", tiny[0], "--draft", tiny[1], "--quick", "--max-new-tokens", "12",
+                       "--repeats", "2", "--prompts-json", str(pj), "--out", str(tmp_path / "out"),
+                       "--methods", "plain,draft,vllm,vllm-spec", "--gammas", "3", "--gamma-other", "3", "--no-hf",
+                       "--vllm-url", u1, "--vllm-url", u2])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = json.loads((tmp_path / "out" / "bench.json").read_text())["summary"]
+    by = {r["variant"]: r for r in rows if r["task"] == "code"}
+    assert by["vllm"]["label"] == "vLLM plain" and by["vllm"]["tokens_per_s"] > 0
+    vs = by["vllm-spec:3"]
+    assert vs["label"] == "vLLM speculative γ=3" and vs["alpha"] == pytest.approx(
+        ACCEPTS_ALPHA(12), abs=1e-9) and vs["alpha_hat"] is None
+    assert "vLLM plain" in out and "vLLM speculative γ=3" in out and "× vLLM plain" in out
+
+
+def ACCEPTS_ALPHA(n):  # α the fake server's counters give for one n-token request
+    f = Fake(3)
+    f.chunks(n)
+    return f.accepted / f.draft_tokens

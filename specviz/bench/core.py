@@ -41,8 +41,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..cli import add_pair_args
+from ..models import ModelError
 from ..machine import cpu_model, loadavg
 from ..request import METHODS, RequestError
+from . import vllm_rows
 
 # --------------------------------------------------------------------- presets
 
@@ -52,7 +54,7 @@ FULL = dict(tasks="code,chat,grounded", n_prompts="1", max_new_tokens=32,
             gammas="1,2,3,4,5,6,7,8", repeats=3, hf_gammas="4",
             methods="plain,hf-greedy,hf-assisted,hf-heuristic,hf-stock," + ",".join(METHODS))
 HF_FAMILIES = ("hf-greedy", "hf-assisted", "hf-heuristic", "hf-stock")
-FAMILIES = ("plain",) + HF_FAMILIES + tuple(METHODS)
+FAMILIES = ("plain",) + HF_FAMILIES + tuple(METHODS) + vllm_rows.FAMILIES
 CHAT_TASKS = ("chat", "grounded")  # user messages: wrapped in the chat template
 WARMUP_TOKENS = 8
 
@@ -101,6 +103,8 @@ class Variant:
             return "HF assisted heuristic"
         if self.family == "hf-stock":
             return f"HF assisted γ={self.gamma} stock"
+        if self.engine == "vllm":
+            return vllm_rows.label(self)
         return f"SpecViz {self.family} γ={self.gamma}"
 
 
@@ -946,7 +950,11 @@ def run_bench(argv: list[str]) -> int:
     from ..request import encode_prompt, make_request
     transformers.logging.set_verbosity_error()
     _log(f"loading the pair (load average {loadavg()}) ...")
+    if args.engine == "vllm":  # --engine vllm: add the vLLM rows; our rows still run on our engine
+        s["families"] += [f for f in vllm_rows.FAMILIES if f not in s["families"]]
+        args.engine = "specviz"
     pair = load_from_args(args, progress=lambda msg, frac: _log(f"  [{frac:4.0%}] {msg}"))
+    spec_used = pair.spec
     device = pair.target.device
     meta = {"machine": machine_info(pair, device), "command": command, "pair": pair.spec.label,
             "pair_target": pair.spec.target, "pair_draft": pair.spec.draft,
@@ -1030,6 +1038,19 @@ def run_bench(argv: list[str]) -> int:
             _log(f"[{done}/{blocks}] {p.id} repeat {rep + 1}: plain {block['plain'][0].tokens_per_s:.2f} tok/s; "
                  f"{spent / 60:.1f} min so far, about {spent / done * (blocks - done) / 60:.1f} min left")
 
+    vvariants = vllm_rows.variants(s, Variant)
+    if vvariants:
+        from ..engines.vllm import load_vllm
+        pair = None  # free our pair: the vLLM servers need the memory
+        import gc
+        gc.collect()
+        try:
+            vpair = load_vllm(spec_used, urls=args.vllm_url, device=str(device).split(":")[0])
+        except ModelError as e:
+            notes.append(f"vLLM rows skipped: {e}")
+        else:
+            runs += vllm_rows.run_rows(vpair, vvariants, encoded, s, Run, add_stats, _log, notes)
+            variants += vvariants
     try:
         hf_warnings = check_outputs(runs, strict_only=False)
         check_outputs(runs)
@@ -1037,7 +1058,7 @@ def run_bench(argv: list[str]) -> int:
     except OutputMismatch as e:
         mismatch = str(e)
     for w in hf_warnings:
-        notes.append("HF output differs from plain (numerical near-tie?): " + w)
+        notes.append("HF or vLLM output differs from plain (numerical near-tie, other precision?): " + w)
     all_variants = build_variants_used(runs, variants)
     rows = summarize(runs, all_variants, s["tasks"])
     per_prompt = summarize(runs, all_variants, s["tasks"], by_prompt=True)
@@ -1051,7 +1072,8 @@ def run_bench(argv: list[str]) -> int:
     meta["notes"] = notes
 
     table = format_table(rows)
-    text = "\n".join(header_lines(meta) + ["", table, "", *best_lines(rows), "", LEGEND]
+    text = "\n".join(header_lines(meta) + ["", table, "", *best_lines(rows), *vllm_rows.vs_plain_lines(rows),
+                                           "", LEGEND]
                      + ([""] + [f"note: {n}" for n in notes] if notes else []))
     notes += write_plots(out, rows, f" — {meta['machine']['precision']}")
     payload = {"meta": meta, "prompts": [{**asdict(p), "n_prompt_tokens": len(ids)} for p, ids in encoded],
@@ -1073,7 +1095,6 @@ def run_bench(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..models import ModelError
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return run_bench(argv)
