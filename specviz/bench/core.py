@@ -41,8 +41,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..cli import add_pair_args
-from ..models import ModelError
 from ..machine import cpu_model, loadavg
+from ..models import ModelError
 from ..request import METHODS, RequestError
 from . import vllm_rows
 
