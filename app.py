@@ -81,13 +81,28 @@ def limits_from_args(args) -> Limits:
     return Limits.from_env()
 
 
-def initial_spec(args):
-    """The pair to load at start (operator paths are always allowed)."""
-    pair = args.pair if (args.pair or args.target or args.draft) else "default"
-    if pair == "default" and not (args.target or args.draft):
+def initial_spec(args, notes: dict | None = None):
+    """The pair to load at start (operator paths are always allowed). With no
+    pair named: on a GPU host the biggest pair that shows the method (its why
+    goes to `notes`, shown in the page), on a Space without the embedded
+    packages the same models from the Hub, else the embedded default."""
+    if not (args.pair or args.target or args.draft):
+        from specviz.hosting.gpu import host_default
         from specviz.hosting.spaces import default_pair
-        return default_pair()  # on a Space without the embedded packages: the same models from the Hub
-    return resolve_pair(pair, args.target, args.draft, allow_local_paths=True)
+        spec, why = host_default(args.device) if getattr(args, "engine", "specviz") == "specviz" else (None, "")
+        spec = spec or default_pair()
+        if notes is not None and why:
+            notes[spec.name] = why
+        return spec
+    return resolve_pair(args.pair, args.target, args.draft, allow_local_paths=True)
+
+
+def _default_mode(args) -> str:
+    """Fair, except with two or more GPUs: each side then has its own (true parallelism)."""
+    if getattr(args, "engine", "specviz") == "specviz" and args.device in (None, "", "auto", "cuda"):
+        from specviz.hosting.gpu import gpus, placement
+        return placement(gpus()).default_mode
+    return default_mode(args.device or "cpu")
 
 
 def create_app(args):
@@ -95,15 +110,22 @@ def create_app(args):
     from specviz.ui.blocks import build_demo
     from specviz.ui.loader import ModelManager
 
-    manager = ModelManager(device=args.device, quantize=getattr(args, "quantize", None))
+    from specviz.hosting.gpu import host_loader
+    notes: dict[str, str] = {}
+    if getattr(args, "engine", "specviz") == "vllm":
+        from specviz.engines.vllm import vllm_loader
+        loader = vllm_loader(args.vllm_url)
+    else:
+        loader = host_loader(notes)
+    manager = ModelManager(device=args.device, quantize=getattr(args, "quantize", None), loader=loader)
     spec = None
     try:
-        spec = initial_spec(args)
+        spec = initial_spec(args, notes)
     except ModelError as e:
         manager.error = str(e)  # shown in the page; a pair can still be picked there
     if spec is not None:
         manager.start(spec)
-    demo = build_demo(manager, initial=spec, default_mode=args.mode or default_mode(args.device or "cpu"),
+    demo = build_demo(manager, initial=spec, default_mode=args.mode or _default_mode(args),
                       allow_local_paths=args.allow_local_paths, limits=limits_from_args(args),
                       fixed_pair=getattr(args, "fixed_pair", False))
     demo.queue(default_concurrency_limit=4, max_size=64)

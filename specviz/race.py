@@ -38,7 +38,7 @@ import torch
 
 from .engine.clock import Clock, VirtualClock
 from .engine.events import RoundEvent, RunSummary, TokenEvent, event_time
-from .runner import run_events
+from .runner import run_events, side_pair
 
 SIDES = ("baseline", "speculative")
 MODES = ("fair", "parallel")
@@ -135,7 +135,7 @@ def _step(gen, clock: VirtualClock):
 
 
 def _fair(pair, req, prompt_ids, stop, sides) -> Iterator[tuple[str, Event]]:
-    clocks = {s: VirtualClock(pair.device) for s in sides}
+    clocks = {s: VirtualClock(side_pair(pair, s).device) for s in sides}
     gens = {s: run_events(pair, req, s, prompt_ids, stop=stop, clock=clocks[s]) for s in sides}
     pending: dict[str, list[Event]] = {s: [] for s in sides}
     running = set(sides)
@@ -166,15 +166,16 @@ def _fair(pair, req, prompt_ids, stop, sides) -> Iterator[tuple[str, Event]]:
 def _parallel(pair, req, prompt_ids, stop, halt, sides) -> Iterator[tuple[str, Event]]:
     q: queue.Queue = queue.Queue()
     t0 = time.perf_counter()
-    cuda = torch.device(pair.device).type == "cuda"
     start = threading.Barrier(len(sides))
 
     def work(side: str) -> None:
         try:
-            stream = torch.cuda.Stream(device=pair.device) if cuda else None
+            device = torch.device(side_pair(pair, side).device)  # two GPUs: each side its own
+            cuda = device.type == "cuda"
+            stream = torch.cuda.Stream(device=device) if cuda else None
             ctx = torch.cuda.stream(stream) if cuda else contextlib.nullcontext()
-            with ctx:
-                clock = Clock(pair.device, t0)
+            with torch.cuda.device(device) if cuda else contextlib.nullcontext(), ctx:
+                clock = Clock(device, t0)
                 gen = run_events(pair, req, side, prompt_ids, stop=stop, clock=clock)
                 try:
                     start.wait(timeout=30)

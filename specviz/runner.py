@@ -14,6 +14,7 @@ from .request import RunRequest
 def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], stop=None, clock=None):
     if hasattr(pair, "run_events"):  # another engine (engines/vllm.py) producing the same events
         return pair.run_events(req, mode, prompt_ids, stop=stop, clock=clock)
+    pair = side_pair(pair, mode)
     if mode == "baseline":
         return baseline(pair.target, pair.tokenizer, prompt_ids, req.max_new_tokens, req.sampling,
                         pair.eos_ids, req.seed, stop, clock)
@@ -21,6 +22,12 @@ def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], stop=Non
         return speculative(pair.target, make_proposer(pair, req.method, req), pair.tokenizer, prompt_ids,
                            req.max_new_tokens, req.gamma, req.sampling, pair.eos_ids, req.seed, stop, clock)
     raise RequestError(f"Unknown mode {mode!r}.")
+
+
+def side_pair(pair, side: str):
+    """The pair that runs `side`: with two GPUs the baseline has its own copy of
+    the target on its own device (hosting/gpu.py), else both share `pair`."""
+    return (getattr(pair, "baseline_pair", None) or pair) if side == "baseline" else pair
 
 
 def with_deadline(events, stop, seconds: float | None):

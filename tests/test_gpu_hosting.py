@@ -67,3 +67,58 @@ def test_bound_line(target):
     line = bound_line("target", 3_350_000_000, 4e-3, "NVIDIA H100 80GB HBM3")
     assert "limit 1.00 ms" in line and "25% of the bandwidth limit" in line
     assert "unknown" in bound_line("target", n, 1e-3, "Mystery GPU")
+
+
+class _Loaded:
+    def __init__(self, spec, device, draft):
+        self.spec, self.device, self.has_draft = spec, device, draft
+
+
+def _fake_load(spec, device=None, progress=None, load_draft=True, **kw):
+    return _Loaded(spec, device, load_draft)
+
+
+def test_host_loader_places_each_side():
+    from specviz.hosting.gpu import host_loader
+    from specviz.models import PAIRS
+    spec = PAIRS["default"]
+    two = host_loader({"default": "why this pair"}, devices=[gpu(0, 70), gpu(1, 60)], load=_fake_load)(spec)
+    assert (two.device, two.has_draft) == ("cuda:0", True)
+    assert (two.baseline_pair.device, two.baseline_pair.has_draft) == ("cuda:1", False)
+    assert two.note.startswith("why this pair") and "true parallelism" in two.note
+    assert two.default_mode == "parallel"
+    one = host_loader(devices=[gpu(0, 70)], load=_fake_load)(spec)
+    assert not hasattr(one, "baseline_pair") and "sharing" not in one.note and "share" in one.note
+    cpu = host_loader(devices=[gpu(0, 70)], load=_fake_load)(spec, device="cpu")
+    assert cpu.device == "cpu" and cpu.note == "" and cpu.default_mode == "fair"
+
+
+def test_host_default_pair():
+    from specviz.hosting.gpu import host_default
+    assert host_default("cpu", devices=[gpu(0, 79)]) == (None, "")
+    assert host_default(None, devices=[]) == (None, "")
+    spec, why = host_default(None, devices=[gpu(0, 79)])
+    assert spec.target.endswith("32B-Instruct") and "bf16" in why
+
+
+@pytest.mark.parametrize("mode", ["fair", "parallel"])
+def test_race_runs_the_baseline_on_its_own_pair(mode, tok, target, draft):
+    """Two pairs stand in for two GPUs: the baseline side must run on baseline_pair."""
+    import copy
+
+    from specviz.engine.events import RunSummary
+    from specviz.models import ModelPair, PairSpec
+    from specviz.race import race
+    from specviz.request import make_request
+    spec = PairSpec("t", "t", "d", "t", True)
+    pair = ModelPair(target, draft, tok, spec, target.device, target.dtype, [0])
+    other = copy.deepcopy(target)
+    calls = []
+    hook = other.register_forward_hook(lambda *a: calls.append(1))
+    pair.baseline_pair = ModelPair(other, None, tok, spec, other.device, other.dtype, [0])
+    req = make_request("def f(x):", "draft", 3, 10, 0.0, 1.0, 0, 0, False)
+    ids = tok.encode(req.prompt)
+    sums = {s: ev for s, ev in race(pair, req, ids, mode) if isinstance(ev, RunSummary)}
+    hook.remove()
+    assert len(calls) == sums["baseline"].target_forwards > 0  # every baseline forward ran on its own copy
+    assert sums["baseline"].token_ids == sums["speculative"].token_ids

@@ -11,14 +11,15 @@ class Clock:
     """Seconds since the run started; synchronises the device before reading."""
 
     def __init__(self, device: torch.device, t0: float | None = None):
-        self.cuda = torch.device(device).type == "cuda"
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
         self.t0 = self.now_raw() if t0 is None else t0
 
     def now_raw(self) -> float:
         if self.cuda:
             # only this thread's stream: a parallel race runs the other side on
             # another stream, and its work must not be counted here
-            torch.cuda.current_stream().synchronize()
+            torch.cuda.current_stream(self.device).synchronize()  # this side's GPU (two GPUs: its own)
         return time.perf_counter()
 
     def now(self) -> float:

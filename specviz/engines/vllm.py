@@ -41,6 +41,7 @@ class VllmPair:
     """Duck-types ModelPair for runner/race/CLI: run_events() streams from vLLM."""
 
     engine = ENGINE
+    unmeasured = UNMEASURED
 
     def __init__(self, spec: PairSpec, tokenizer, *, refs: dict | None = None, servers=(), device="cpu",
                  max_model_len: int = 4096, one_at_a_time: bool = True, progress=None):
@@ -231,8 +232,14 @@ def load_vllm(spec: PairSpec, *, urls=(), device: str = "cpu", progress=None) ->
         tok = AutoTokenizer.from_pretrained(refs["target"], trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - one line for the visitor
         raise VllmError(f"could not load the tokenizer of {spec.target}: {str(e).splitlines()[0]}") from e
-    return VllmPair(spec, tok, refs=None if servers else refs, servers=servers, device=device,
+    pair = VllmPair(spec, tok, refs=None if servers else refs, servers=servers, device=device,
                     progress=progress)
+    gammas = sorted({s.gamma for s in servers if s.gamma})
+    fixed = f"; γ is fixed by the deployment at {', '.join(map(str, gammas))}" if gammas else ""
+    where = "the vLLM servers at " + ", ".join(s.url for s in servers) if servers else \
+        "vLLM servers started from the vLLM venv (one per side, restarted when γ or the method changes)"
+    pair.note = f"Engine: {where}{fixed}. {NOT_EXPOSED}."
+    return pair
 
 
 def vllm_loader(urls=()):

@@ -129,3 +129,36 @@ def pick_pair(devices: list[GpuInfo]) -> tuple[PairSpec | None, str]:
 
 def _free_text(devices: list[GpuInfo]) -> str:
     return ", ".join(f"{g.name} has {g.free_bytes / GB:.0f} GB free" for g in devices)
+
+
+# ------------------------------------------------------------------ loading
+
+
+def host_loader(notes: dict[str, str] | None = None, devices=None, load=None):
+    """A ModelManager loader (load_pair's signature) that places the sides by
+    `placement()` and attaches the page's pair note. With two GPUs the target is
+    loaded twice: pair (speculative: target + draft) and pair.baseline_pair."""
+    notes = dict(notes or {})
+
+    def loader(spec, device=None, progress=None, **kw):
+        from ..models import load_pair
+        load_fn = load or load_pair
+        devs = (gpus() if devices is None else devices) if device in (None, "", "auto", "cuda") else []
+        place = placement(devs)
+        if place.separate:
+            pair = load_fn(spec, device=place.speculative, progress=progress, **kw)
+            pair.baseline_pair = load_fn(spec, device=place.baseline, progress=progress, load_draft=False, **kw)
+        else:
+            pair = load_fn(spec, device=device, progress=progress, **kw)
+        pair.note = " ".join(n for n in (notes.get(spec.name, ""), place.note if devs else "") if n)
+        pair.default_mode = place.default_mode
+        return pair
+    return loader
+
+
+def host_default(device: str | None, devices=None) -> tuple[PairSpec | None, str]:
+    """(pair, why) for a host that named no pair: on a GPU host, the biggest that fits."""
+    if device not in (None, "", "auto", "cuda"):
+        return None, ""
+    devs = gpus() if devices is None else devices
+    return pick_pair(devs) if devs else (None, "")

@@ -114,4 +114,5 @@ class ModelManager:
                 precision=getattr(pair, "precision", "") or (str(pair.dtype).removeprefix("torch.")
                                                              if pair is not None else ""),
                 generation=self.generation,
+                note=getattr(pair, "note", "") if pair is not None else "",  # why this pair / placement / engine
             )

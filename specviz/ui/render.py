@@ -265,6 +265,8 @@ def status_html(status: dict) -> str:
         return box("error", "alert", "bad", f"<b>Models could not be loaded.</b> {esc(err)}")
     ready = (f"Model pair: <b>{esc(status.get('label') or '')}</b> on {esc(status.get('device') or '')}"
              + (f" ({esc(status['precision'])})" if status.get("precision") else ""))
+    if status.get("note"):
+        ready += f"<br><small class='sv-pair-note'>{esc(status['note'])}</small>"
     if err:
         return box("error", "alert", "bad", f"{esc(err)}<br>Still using: {ready}")
     return box("ready", "status", "ok", ready)

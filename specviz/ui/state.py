@@ -99,6 +99,7 @@ class RunView:
         self.note = ""
         self.method = "draft"  # where the guesses came from (RunRequest.method)
         self.error = ""  # a failed run's message for the visitor
+        self.unmeasured: tuple = ()  # Stats fields the engine cannot measure (vLLM: α̂, c, prediction)
         # per spec round: (t_end, measured speedup, predicted speedup) for the chart
         self.speedup_series: list[tuple[float, float | None, float | None]] = []
         self._base_times: list[float] = []
@@ -157,6 +158,8 @@ class RunView:
         measured = (r.total_tokens / t) / base_rate if (base_rate and t > 0) else None
         s = self.spec
         predicted = None
+        if "predicted" in self.unmeasured:
+            return measured, None
         if r.total_drafted and s.draft_forwards and base_step:
             alpha_hat = s.overlap_sum / r.total_drafted
             c = (s.draft_time / s.draft_forwards) / base_step
@@ -171,6 +174,7 @@ class RunView:
         if not self.spec.rounds:
             return {"rounds": 0}
         spec.gamma = self.gamma
+        spec.unmeasured = self.unmeasured or spec.unmeasured
         st = run_stats(spec, base).to_dict()
         st["rounds"] = len(self.spec.rounds)
         return st
