@@ -107,10 +107,9 @@ def _default_mode(args) -> str:
 
 def create_app(args):
     """(demo, manager): the Blocks page and the model manager, loading started."""
+    from specviz.hosting.gpu import host_loader
     from specviz.ui.blocks import build_demo
     from specviz.ui.loader import ModelManager
-
-    from specviz.hosting.gpu import host_loader
     notes: dict[str, str] = {}
     if getattr(args, "engine", "specviz") == "vllm":
         from specviz.engines.vllm import vllm_loader

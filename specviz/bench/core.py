@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..cli import add_pair_args
+from ..hosting.bandwidth import bench_lines, weight_bytes
 from ..machine import cpu_model, loadavg
 from ..models import ModelError
 from ..request import METHODS, RequestError
@@ -955,6 +956,7 @@ def run_bench(argv: list[str]) -> int:
         args.engine = "specviz"
     pair = load_from_args(args, progress=lambda msg, frac: _log(f"  [{frac:4.0%}] {msg}"))
     spec_used = pair.spec
+    nbytes = {k: weight_bytes(m) for k, m in (("target", pair.target), ("draft", pair.draft)) if m is not None}
     device = pair.target.device
     meta = {"machine": machine_info(pair, device), "command": command, "pair": pair.spec.label,
             "pair_target": pair.spec.target, "pair_draft": pair.spec.draft,
@@ -1071,6 +1073,7 @@ def run_bench(argv: list[str]) -> int:
     meta["wall_s"] = round(time.perf_counter() - t_start, 1)
     meta["notes"] = notes
 
+    notes += bench_lines(device, nbytes, runs)  # --device cuda: step time against the bandwidth limit
     table = format_table(rows)
     text = "\n".join(header_lines(meta) + ["", table, "", *best_lines(rows), *vllm_rows.vs_plain_lines(rows),
                                            "", LEGEND]

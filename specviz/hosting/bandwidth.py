@@ -61,3 +61,20 @@ def bound_line(label: str, nbytes: int, step_s: float | None, device_name: str |
     frac = f": {lim / step_s:.0%} of the bandwidth limit" if step_s else ""
     return (f"{label}: {nbytes / 1e9:.2f} GB of weights, step {step}, limit {lim * 1e3:.2f} ms "
             f"({device_name}, {bandwidth_tbs(device_name):g} TB/s){frac}")
+
+
+def bench_lines(device, nbytes: dict[str, int], runs) -> list[str]:
+    """`python -m specviz.bench --device cuda`: measured step times of the target
+    (plain runs) and draft (draft-model runs) against their bandwidth limits."""
+    import statistics
+    if not str(device).startswith("cuda"):
+        return []
+    import torch
+    name = torch.cuda.get_device_name(torch.device(device))
+    plain = [(r.elapsed - r.prefill) / (r.n_tokens - 1) for r in runs
+             if r.family == "plain" and r.error is None and r.prefill is not None and r.n_tokens > 1]
+    drafts = [r.t_draft_step for r in runs if r.family == "draft" and r.t_draft_step]
+    steps = {"target": statistics.median(plain) if plain else None,
+             "draft": statistics.median(drafts) if drafts else None}
+    return ["bandwidth limit (batch 1 reads every weight once per step): "
+            + bound_line(k, nbytes[k], steps[k], name) for k in nbytes]
