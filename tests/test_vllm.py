@@ -187,3 +187,32 @@ def ACCEPTS_ALPHA(n):  # α the fake server's counters give for one n-token requ
     f = Fake(3)
     f.chunks(n)
     return f.accepted / f.draft_tokens
+
+
+def test_page_on_vllm_servers(tiny, servers):
+    """The app with --engine vllm: loads through the page's manager, the race
+    streams both sides, the numbers vLLM cannot give are n/a, the note says why."""
+    import app
+    from specviz.race import race
+    from specviz.request import encode_prompt, make_request
+    from specviz.ui import render
+    from specviz.ui.state import RunView
+    (plain, u1), (spec, u2) = servers
+    args = app.build_parser().parse_args(["--target", tiny[0], "--draft", tiny[1], "--engine", "vllm",
+                                          "--vllm-url", u1, "--vllm-url", u2])
+    demo, manager = app.create_app(args)
+    assert manager.wait(60), manager.status()
+    st = manager.status()
+    assert "does not expose" in st["note"] and "γ is fixed by the deployment at 3" in st["note"]
+    assert "sv-pair-note" in render.status_html(st)
+    req = make_request("def f(x):", "draft", 3, 16, 0.0, 1.0, 0, 0, False)
+    ids = encode_prompt(manager.pair.tokenizer, req)
+    for mode in ("fair", "parallel"):
+        view = RunView(3, 0.0, mode)
+        view.unmeasured = manager.pair.unmeasured
+        for side, ev in race(manager.pair, req, ids, mode):
+            view.add(side, ev)
+            stats = view.stats()
+            assert stats.get("alpha_hat") is None and stats.get("predicted") is None
+        assert view.finished and view.base.summary.token_ids == TOKENS[:16]
+        assert view.stats()["alpha"] == pytest.approx(view.spec.summary.accepted / view.spec.summary.drafted)
