@@ -89,7 +89,8 @@ def initial_spec(args, notes: dict | None = None):
     if not (args.pair or args.target or args.draft):
         from specviz.hosting.gpu import host_default
         from specviz.hosting.spaces import default_pair
-        spec, why = host_default(args.device) if getattr(args, "engine", "specviz") == "specviz" else (None, "")
+        ours = getattr(args, "engine", "specviz") == "specviz"
+        spec, why = host_default(args.device) if ours else (None, "")
         spec = spec or default_pair()
         if notes is not None and why:
             notes[spec.name] = why

@@ -51,9 +51,11 @@ def test_pair_by_free_memory(devices, target):
 
 
 @pytest.mark.parametrize("name, tbs", [
-    ("NVIDIA H100 80GB HBM3", 3.35), ("NVIDIA H100 PCIe", 2.0), ("NVIDIA H200", 4.8), ("NVIDIA GH200 480GB", 4.0),
+    ("NVIDIA H100 80GB HBM3", 3.35), ("NVIDIA H100 PCIe", 2.0), ("NVIDIA H200", 4.8),
+    ("NVIDIA GH200 480GB", 4.0),
     ("NVIDIA A100-SXM4-80GB", 2.039), ("NVIDIA A100-PCIE-40GB", 1.555), ("NVIDIA L4", 0.3),
-    ("NVIDIA L40S", 0.864), ("NVIDIA A10G", 0.6), ("Tesla T4", 0.32), ("Some New Accelerator", None), (None, None),
+    ("NVIDIA L40S", 0.864), ("NVIDIA A10G", 0.6), ("Tesla T4", 0.32), ("Some New Accelerator", None),
+    (None, None),
 ])
 def test_bandwidth_table(name, tbs):
     assert bandwidth_tbs(name) == tbs

@@ -36,7 +36,7 @@ def test_front_matter_parses_and_preloads_what_the_app_loads():
 def hub_cache(root: Path) -> Path:
     """Tiny models saved under the Hub cache's snapshot layout."""
     tiny = root / "tiny"
-    dirs = dict(zip((spaces.HUB_TARGET, spaces.HUB_DRAFT), save_tiny_pair(tiny)))
+    dirs = dict(zip((spaces.HUB_TARGET, spaces.HUB_DRAFT), save_tiny_pair(tiny), strict=True))
     cache = root / "hub"
     for repo, src in dirs.items():
         top = cache / ("models--" + repo.replace("/", "--"))

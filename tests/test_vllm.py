@@ -61,7 +61,7 @@ def test_same_json_lines_as_our_engine(tiny, servers, capsys):
     assert code == 0, err
     ours, theirs = [[json.loads(ln) for ln in out.splitlines()] for out in (ours, theirs)]
     assert [o["mode"] for o in theirs] == ["baseline", "speculative"]
-    for a, b in zip(ours, theirs):
+    for a, b in zip(ours, theirs, strict=True):
         assert a.keys() == b.keys() and a["stats"].keys() == b["stats"].keys()
     base, sp = theirs
     assert base["token_ids"] == TOKENS[:20] == sp["token_ids"]
@@ -78,13 +78,14 @@ def test_same_json_lines_as_our_engine(tiny, servers, capsys):
 
 def test_tokens_coloured_by_engine_step(tiny, servers, capsys):
     _, (spec, u2) = servers
-    code, out, err = run_cli(capsys, *pair_args(tiny), "--prompt", "x", "--gamma", "3", "--max-new-tokens", "30",
+    code, out, err = run_cli(capsys, *pair_args(tiny), "--prompt", "x", "--gamma", "3",
+                             "--max-new-tokens", "30",
                              "--json", "--engine", "vllm", "--vllm-url", u2)
     assert code == 0, err
     rounds = json.loads(out)["rounds"]
     assert rounds[0]["gamma"] == 0 and [t["outcome"] for t in rounds[0]["tokens"]] == ["target"]
     assert rounds[0]["prompt_tokens"] > 0
-    for r, acc in zip(rounds[1:-1], ACCEPTS):
+    for r, acc in zip(rounds[1:-1], ACCEPTS, strict=False):
         outcomes = [t["outcome"] for t in r["tokens"]]
         assert r["n_accepted"] == acc
         assert outcomes == ["accepted"] * acc + ["bonus" if acc == 3 else "resampled"]
@@ -92,7 +93,8 @@ def test_tokens_coloured_by_engine_step(tiny, servers, capsys):
 
 def test_human_output_says_what_vllm_does_not_expose(tiny, servers, capsys):
     (_, u1), (_, u2) = servers
-    code, out, _ = run_cli(capsys, *pair_args(tiny), "--prompt", "x", "--gamma", "3", "--max-new-tokens", "12",
+    code, out, _ = run_cli(capsys, *pair_args(tiny), "--prompt", "x", "--gamma", "3",
+                             "--max-new-tokens", "12",
                            "--mode", "both", "--engine", "vllm", "--vllm-url", u1, "--vllm-url", u2)
     assert code == 0
     assert "does not expose" in out and "per draft position" in out and "n/a" in out
@@ -109,7 +111,8 @@ def test_starts_its_own_servers_from_the_vllm_env(tiny, tmp_path, capsys, monkey
     # stands in for .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server ...
     monkeypatch.setenv("SPECVIZ_VLLM_PYTHON", fake_python(
         tmp_path, f'shift 2; exec {sys.executable} {ROOT / "tests" / "fake_vllm.py"} "$@"'))
-    code, out, err = run_cli(capsys, *pair_args(tiny), "--prompt", "x", "--gamma", "3", "--max-new-tokens", "10",
+    code, out, err = run_cli(capsys, *pair_args(tiny), "--prompt", "x", "--gamma", "3",
+                             "--max-new-tokens", "10",
                              "--mode", "both", "--json", "--engine", "vllm")
     assert code == 0, err
     lines = [json.loads(ln) for ln in out.splitlines()]
@@ -164,16 +167,17 @@ def test_page_loader_failure_keeps_the_app_up(tmp_path, monkeypatch, tiny):
 
 
 def test_bench_has_vllm_rows(tiny, servers, tmp_path, capsys):
-    from specviz.bench import core as bench
+    from specviz.bench import cli as bench
     (plain, u1), (spec, u2) = servers
     pj = tmp_path / "prompts.json"
     pj.write_text(json.dumps([{"id": "code/a", "task": "code", "text": "def add(a, b):\n"}]))
     code = bench.main(["--target", tiny[0], "--draft", tiny[1], "--quick", "--max-new-tokens", "12",
                        "--repeats", "2", "--prompts-json", str(pj), "--out", str(tmp_path / "out"),
-                       "--methods", "plain,draft,vllm,vllm-spec", "--gammas", "3", "--gamma-other", "3", "--no-hf",
+                       "--methods", "plain,draft,vllm,vllm-spec", "--gammas", "3", "--gamma-other", "3",
+                       "--no-hf",
                        "--vllm-url", u1, "--vllm-url", u2])
-    out = capsys.readouterr().out
-    assert code == 0, out
+    out, err = capsys.readouterr()
+    assert code == 0, err
     rows = json.loads((tmp_path / "out" / "bench.json").read_text())["summary"]
     by = {r["variant"]: r for r in rows if r["task"] == "code"}
     assert by["vllm"]["label"] == "vLLM plain" and by["vllm"]["tokens_per_s"] > 0

@@ -48,7 +48,9 @@ class VllmPair:
         self.spec, self.tokenizer = spec, tokenizer
         self.device = torch.device("cpu")  # our clocks read wall time; the GPU work happens inside vLLM
         self.vllm_device = device
-        self.target = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=max_model_len))
+        self.target = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=max_model_len),
+                                      device=self.device)
+        self.max_positions = max_model_len
         self.draft = None
         self.dtype = torch.bfloat16
         self.precision = "vLLM (bf16)" if device == "cpu" else "vLLM"
@@ -136,7 +138,8 @@ class _Run:
     """Turns chunks into our events and keeps the totals."""
 
     def __init__(self, tokenizer, mode: str, gamma: int, prompt_tokens: int):
-        self.text, self.mode, self.gamma, self.prompt_tokens = TextStream(tokenizer), mode, gamma, prompt_tokens
+        self.text, self.mode = TextStream(tokenizer), mode
+        self.gamma, self.prompt_tokens = gamma, prompt_tokens
         self.out: list[int] = []
         self.steps = self.rounds = self.drafted = self.accepted = self.merged = 0
         self.prefill, self.last_t, self.reason = 0.0, 0.0, "max_new_tokens"

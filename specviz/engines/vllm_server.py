@@ -34,7 +34,8 @@ def vllm_python() -> str:
     explicit = os.environ.get("SPECVIZ_VLLM_PYTHON")
     if explicit:
         if not shutil.which(explicit) and not Path(explicit).is_file():
-            raise VllmError(f"vLLM is not set up: SPECVIZ_VLLM_PYTHON={explicit} does not exist; {SETUP_HINT}")
+            raise VllmError(f"vLLM is not set up: SPECVIZ_VLLM_PYTHON={explicit} does not exist; "
+                            f"{SETUP_HINT}")
         return explicit
     venv = Path(os.environ.get("SPECVIZ_VLLM_VENV") or ROOT / ".venv-vllm")
     py = venv / "bin" / "python"
@@ -145,7 +146,8 @@ def start_server(model: str, *, name: str, spec_config: dict | None = None, devi
             pass
         if time.monotonic() > deadline:
             server.stop()
-            raise VllmError(f"the vLLM server for {model} did not answer within {timeout or START_TIMEOUT_S:g} s "
+            limit = timeout or START_TIMEOUT_S
+            raise VllmError(f"the vLLM server for {model} did not answer within {limit:g} s "
                             f"(log: {log})")
         if progress is not None:
             progress(f"starting vLLM{' (speculative)' if spec_config else ''}: {time.monotonic() - t0:.0f} s",

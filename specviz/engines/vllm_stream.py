@@ -101,7 +101,8 @@ def stream_completion(base_url: str, model: str, prompt_ids: list[int], *, max_t
     except urllib.error.HTTPError as e:
         raise VllmError(f"vLLM refused the request: {_http_message(e)}") from None
     except OSError as e:
-        raise VllmError(f"the vLLM server at {base_url} does not answer ({getattr(e, 'reason', e)})") from None
+        why = getattr(e, "reason", e)
+        raise VllmError(f"the vLLM server at {base_url} does not answer ({why})") from None
     with resp:
         for raw in resp:
             line = raw.decode("utf-8", "replace").strip()

@@ -71,9 +71,9 @@ def bench_lines(device, nbytes: dict[str, int], runs) -> list[str]:
         return []
     import torch
     name = torch.cuda.get_device_name(torch.device(device))
-    plain = [(r.elapsed - r.prefill) / (r.n_tokens - 1) for r in runs
-             if r.family == "plain" and r.error is None and r.prefill is not None and r.n_tokens > 1]
-    drafts = [r.t_draft_step for r in runs if r.family == "draft" and r.t_draft_step]
+    plain = [(r.elapsed - r.value("prefill")) / (r.n_tokens - 1) for r in runs
+             if r.family == "plain" and r.error is None and r.value("prefill") is not None and r.n_tokens > 1]
+    drafts = [r.value("t_draft_step") for r in runs if r.family == "draft" and r.value("t_draft_step")]
     steps = {"target": statistics.median(plain) if plain else None,
              "draft": statistics.median(drafts) if drafts else None}
     return ["bandwidth limit (batch 1 reads every weight once per step): "

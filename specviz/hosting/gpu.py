@@ -119,10 +119,12 @@ def pick_pair(devices: list[GpuInfo]) -> tuple[PairSpec | None, str]:
             fits = free[place.speculative] >= c.need_bytes()
         if fits:
             spec = gpu_pairs()[_name(c.target)]
-            return spec, (f"{spec.target.split('/')[1]} + 0.5B in bf16 needs ~{c.need_bytes() / GB:.0f} GB and "
+            need = c.need_bytes() / GB
+            return spec, (f"{spec.target.split('/')[1]} + 0.5B in bf16 needs ~{need:.0f} GB and "
                           f"{_free_text(devices)}: a target this much deeper than the draft makes drafting "
                           "cheap (small c), so the speedup shows")
-    return None, (f"{_free_text(devices)}, less than the ~{CANDIDATES[-1].need_bytes() / GB:.0f} GB a 7B + 0.5B "
+    least = CANDIDATES[-1].need_bytes() / GB
+    return None, (f"{_free_text(devices)}, less than the ~{least:.0f} GB a 7B + 0.5B "
                   "pair needs in bf16: the default 1.5B + 0.5B pair. On a GPU at batch 1 it is launch-bound "
                   "(28 vs 24 layers, c ≈ 0.85), so expect little speedup")
 
@@ -147,7 +149,8 @@ def host_loader(notes: dict[str, str] | None = None, devices=None, load=None):
         place = placement(devs)
         if place.separate:
             pair = load_fn(spec, device=place.speculative, progress=progress, **kw)
-            pair.baseline_pair = load_fn(spec, device=place.baseline, progress=progress, load_draft=False, **kw)
+            pair.baseline_pair = load_fn(spec, device=place.baseline, progress=progress, load_draft=False,
+                                         **kw)
         else:
             pair = load_fn(spec, device=device, progress=progress, **kw)
         pair.note = " ".join(n for n in (notes.get(spec.name, ""), place.note if devs else "") if n)

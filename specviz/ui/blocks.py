@@ -21,9 +21,8 @@ from ..race import MODES, RaceInfo, race
 from ..request import MAX_GAMMA, Limits, RequestError, encode_prompt, make_request
 from ..runner import free_memory, is_oom
 from ..trace import record, trace_for
-from . import render
+from . import render, theory
 from . import replay as replay_ui
-from . import theory
 from .charts import all_charts
 from .loader import ModelManager
 from .panes import PaneStream

@@ -114,5 +114,6 @@ class ModelManager:
                 precision=getattr(pair, "precision", "") or (str(pair.dtype).removeprefix("torch.")
                                                              if pair is not None else ""),
                 generation=self.generation,
-                note=getattr(pair, "note", "") if pair is not None else "",  # why this pair / placement / engine
+                # why this pair / where each side runs / what the engine cannot show
+                note=getattr(pair, "note", "") if pair is not None else "",
             )
