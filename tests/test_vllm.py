@@ -220,3 +220,12 @@ def test_page_on_vllm_servers(tiny, servers):
             assert stats.get("alpha_hat") is None and stats.get("predicted") is None
         assert view.finished and view.base.summary.token_ids == TOKENS[:16]
         assert view.stats()["alpha"] == pytest.approx(view.spec.summary.accepted / view.spec.summary.drafted)
+
+
+def test_tooltip_says_vllm_does_not_expose_p_q():
+    from specviz.engine.events import Outcome, TokenEvent
+    from specviz.ui.render import tooltip
+    text = tooltip(TokenEvent(5, "x", Outcome.ACCEPTED, 0.1, round=2, position=1))
+    assert "not exposed" in text and "p/q" not in text
+    ours = tooltip(TokenEvent(5, "x", Outcome.ACCEPTED, 0.1, round=2, position=1, p=0.5, q=0.4, u=0.3))
+    assert "min(1, p/q)" in ours

@@ -84,7 +84,9 @@ def tooltip(tok: TokenEvent) -> str:
             where += f", draft position {tok.position}"
         lines.append(where)
     lines.append(f"token id {tok.token_id}: {tok.text!r}")
-    if tok.outcome in (Outcome.ACCEPTED, Outcome.REJECTED):
+    if tok.round >= 0 and tok.p is None and tok.q is None and tok.u is None:  # vLLM: engine step only
+        lines.append("p(x), q(x) and the accept test are not exposed by this engine (vLLM)")
+    elif tok.outcome in (Outcome.ACCEPTED, Outcome.REJECTED):
         p, q = tok.p, tok.q
         accept = min(1.0, p / q) if (p is not None and q) else None
         lines.append(f"p(x) = {_num(p, '{:.4f}')}   q(x) = {_num(q, '{:.4f}')}")
