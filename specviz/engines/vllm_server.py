@@ -112,7 +112,7 @@ def server_command(python: str, model: str, port: int, *, name: str, spec_config
                    device: str = "cpu", max_model_len: int = 4096) -> list[str]:
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", name,
            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
-           "--dtype", "bfloat16" if device == "cpu" else "auto", "--disable-log-stats"]
+           "--dtype", "bfloat16" if device == "cpu" else "auto"]  # no --disable-log-stats: it turns /metrics off
     if spec_config:
         cmd += ["--speculative-config", json.dumps(spec_config)]
     return cmd
@@ -120,9 +120,7 @@ def server_command(python: str, model: str, port: int, *, name: str, spec_config
 
 def start_server(model: str, *, name: str, spec_config: dict | None = None, device: str = "cpu",
                  progress=None, timeout: float | None = None) -> Server:
-    """Start a vLLM server on a free local port and wait until it answers.
-
-    (--disable-log-stats only quiets the log: /metrics keeps its counters.)"""
+    """Start a vLLM server on a free local port and wait until it answers."""
     python = vllm_python()
     port = free_port()
     log = Path(tempfile.mkstemp(prefix="specviz-vllm-", suffix=".log")[1])
