@@ -112,7 +112,8 @@ def server_command(python: str, model: str, port: int, *, name: str, spec_config
                    device: str = "cpu", max_model_len: int = 4096) -> list[str]:
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", name,
            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
-           "--dtype", "bfloat16" if device == "cpu" else "auto"]  # no --disable-log-stats: it turns /metrics off
+           "--dtype", "bfloat16" if device == "cpu" else "auto"]
+    # (never --disable-log-stats: it also turns the /metrics counters off)
     if spec_config:
         cmd += ["--speculative-config", json.dumps(spec_config)]
     return cmd
