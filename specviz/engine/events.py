@@ -123,7 +123,7 @@ class RunSummary:
     device: str = "cpu"
     prompt_rounds: int = 0  # rounds whose target forward also read the prompt (timed as prefill)
     engine: str = "specviz"  # or "vllm" (engines/vllm.py)
-    unmeasured: tuple = ()  # Stats fields this engine cannot measure (shown as n/a, never as 0)
+    unmeasured: list = field(default_factory=list)  # Stats fields this engine cannot measure (n/a, not 0)
     extra: dict = field(default_factory=dict)  # engine-specific facts (vLLM: per-position acceptance)
 
     @property

@@ -215,7 +215,7 @@ class _Run:
             verify_time=max(0.0, elapsed - self.prefill) if self.mode == "speculative" else 0.0,
             gamma=self.gamma, device=f"vllm@{server.url}",
             prompt_rounds=1 if self.mode == "speculative" and self.rounds else 0,
-            engine=ENGINE, unmeasured=UNMEASURED if self.mode == "speculative" else (), extra=extra)
+            engine=ENGINE, unmeasured=list(UNMEASURED) if self.mode == "speculative" else [], extra=extra)
 
 
 # ------------------------------------------------------------------ loading
