@@ -80,7 +80,8 @@ class PairChoices:
 def pair_choices(initial: PairSpec | None, network: bool | None = None) -> PairChoices:
     ch = PairChoices()
     if initial is not None and initial.name not in {p.name for p in available_pairs(network)}:
-        ch.add(CLI, initial, f"Command line: {initial.label}")
+        # the default pair from the Hub (a Space without the embedded packages) keeps its own label
+        ch.add(CLI, initial, initial.label if initial.name == "default" else f"Command line: {initial.label}")
     for p in available_pairs(network):
         ch.add(p.name, p, p.label)
     ch.add(TINY, None, "Tiny random pair (loads instantly, writes gibberish; for testing)")
