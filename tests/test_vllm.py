@@ -83,6 +83,7 @@ def test_tokens_coloured_by_engine_step(tiny, servers, capsys):
                              "--json", "--engine", "vllm", "--vllm-url", u2)
     assert code == 0, err
     rounds = json.loads(out)["rounds"]
+    assert "gamma_note" not in json.loads(out)["stats"]["extra"]
     assert rounds[0]["gamma"] == 0 and [t["outcome"] for t in rounds[0]["tokens"]] == ["target"]
     assert rounds[0]["prompt_tokens"] > 0
     for r, acc in zip(rounds[1:-1], ACCEPTS, strict=False):
@@ -229,3 +230,12 @@ def test_tooltip_says_vllm_does_not_expose_p_q():
     assert "not exposed" in text and "p/q" not in text
     ours = tooltip(TokenEvent(5, "x", Outcome.ACCEPTED, 0.1, round=2, position=1, p=0.5, q=0.4, u=0.3))
     assert "min(1, p/q)" in ours
+
+
+def test_a_deployments_gamma_is_its_own(tiny, servers, capsys):
+    _, (spec, u2) = servers
+    code, out, err = run_cli(capsys, *pair_args(tiny), "--prompt", "x", "--gamma", "5",
+                             "--max-new-tokens", "9", "--json", "--engine", "vllm", "--vllm-url", u2)
+    assert code == 0, err
+    st = json.loads(out)["stats"]
+    assert st["gamma"] == 3 and st["extra"]["gamma_note"] == "γ 5 was asked for; the vLLM server drafts 3"

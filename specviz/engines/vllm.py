@@ -131,7 +131,10 @@ def _events(pair: VllmPair, req, mode: str, prompt_ids, stop, clock):
     finally:
         chunks.close()  # closes the connection: vLLM aborts the request
     after = read_counters(server.url) if mode == "speculative" else None
-    yield build.summary(now() - t0, server, before, after)
+    summary = build.summary(now() - t0, server, before, after)
+    if mode == "speculative" and server.gamma != req.gamma:  # a deployment's γ is its own
+        summary.extra["gamma_note"] = f"γ {req.gamma} was asked for; the vLLM server drafts {server.gamma}"
+    yield summary
 
 
 class _Run:
