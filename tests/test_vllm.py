@@ -185,6 +185,7 @@ def test_bench_has_vllm_rows(tiny, servers, tmp_path, capsys):
     vs = by["vllm-spec:3"]
     assert vs["label"] == "vLLM speculative γ=3" and vs["alpha"] == pytest.approx(
         ACCEPTS_ALPHA(12), abs=1e-9) and vs["alpha_hat"] is None
+    assert vs["cpu_speedup"] is None and vs["peak_rss_mb"] is None  # the server's, not ours
     assert "vLLM plain" in out and "vLLM speculative γ=3" in out and "× vLLM plain" in out
 
 

@@ -57,6 +57,8 @@ def run_rows(bench, args, log) -> None:
                 for rep in range(bench.settings.repeats):
                     run = measure(vpair, v, prompt, ids, bench.settings.max_new_tokens,
                                   Run.of(v, prompt, rep, 0))
+                    # the work happens in the server: our process's CPU time and memory say nothing
+                    run.cpu_s = run.peak_rss_mb = None
                     if v.family == "vllm":
                         base[(prompt.id, rep)] = run.summary
                     else:
