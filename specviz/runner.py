@@ -16,7 +16,11 @@ def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], stop=Non
         return baseline(pair.target, pair.tokenizer, prompt_ids, req.max_new_tokens, req.sampling,
                         pair.eos_ids, req.seed, stop, clock)
     if mode == "speculative":
-        return speculative(pair.target, make_proposer(pair, req.method, req), pair.tokenizer, prompt_ids,
+        prop = make_proposer(pair, req.method, req)
+        if hasattr(prop, "decode"):  # a method with its own loop (lookahead): same signature, same events
+            return prop.decode(pair.target, pair.tokenizer, prompt_ids, req.max_new_tokens, req.gamma,
+                               req.sampling, pair.eos_ids, req.seed, stop, clock)
+        return speculative(pair.target, prop, pair.tokenizer, prompt_ids,
                            req.max_new_tokens, req.gamma, req.sampling, pair.eos_ids, req.seed, stop, clock)
     raise RequestError(f"Unknown mode {mode!r}.")
 

@@ -180,7 +180,7 @@ def speculative(
             resampled=v.resampled, t_start=t_start, t_draft=t_drafted - t_start,
             t_verify=t_end - t_drafted, t_end=t_end, draft_forwards=prop.forwards, tokens=tokens,
             total_tokens=len(out), total_drafted=s.drafted, total_accepted=s.accepted,
-            target_forwards=s.target_forwards, prompt_tokens=prompt_tokens,
+            target_forwards=s.target_forwards, prompt_tokens=prompt_tokens, info=prop.info,
         )
         r += 1
         if s.stop_reason == "eos":
