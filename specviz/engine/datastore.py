@@ -163,12 +163,14 @@ def _progress(done: int, total: int, t0: float, what: str) -> None:
     sys.stderr.flush()
 
 
-def tokenize_corpus(tokenizer, docs, max_chars: int = DEFAULT_CHARS, max_seconds: float = DEFAULT_SECONDS,
+def tokenize_corpus(tokenizer, docs, max_chars: int | None = None, max_seconds: float | None = None,
                     progress: bool = True) -> tuple[np.ndarray, int]:
     """Token ids of the documents joined by SEP, until max_chars or max_seconds."""
+    max_chars = max_chars or DEFAULT_CHARS
+    max_seconds = max_seconds or DEFAULT_SECONDS
     t0, parts, chars, used = time.perf_counter(), [], 0, 0
     batch = 16
-    total = min(len(docs), max(1, len(docs)))
+    total = len(docs)
     for i in range(0, len(docs), batch):
         texts = [t for _, t in docs[i: i + batch]]
         for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
@@ -185,7 +187,7 @@ def tokenize_corpus(tokenizer, docs, max_chars: int = DEFAULT_CHARS, max_seconds
     return (np.concatenate(parts) if parts else np.zeros(0, np.int32)), used
 
 
-def build(tokenizer, docs=None, *, max_chars: int = DEFAULT_CHARS, max_seconds: float = DEFAULT_SECONDS,
+def build(tokenizer, docs=None, *, max_chars: int | None = None, max_seconds: float | None = None,
           progress: bool = True) -> Datastore:
     docs = corpus_documents() if docs is None else docs
     t0 = time.perf_counter()
@@ -250,7 +252,9 @@ def for_tokenizer(tokenizer, path=None) -> Datastore:
     """The datastore at `path`, or the default one for this tokenizer (built and
     cached on first use). Loaded files stay in memory for the process."""
     if path:
-        key = str(Path(path).expanduser().resolve())
+        p = Path(path).expanduser().resolve()
+        st = p.stat() if p.is_file() else None
+        key = f"{p}:{st.st_mtime_ns}:{st.st_size}" if st else str(p)  # a rewritten file is read again
         if key not in _LOADED:
             _LOADED[key] = load(path)
         return _LOADED[key]
