@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_decoding import check_stream
 from transformers import DynamicCache
 
 from specviz.engine.decoding import baseline
@@ -14,7 +15,6 @@ from specviz.engine.sampling import SamplingParams
 from specviz.errors import RequestError
 from specviz.request import make_request
 from specviz.runner import run_events
-from test_decoding import check_stream
 
 GREEDY = SamplingParams(temperature=0)
 PROMPTS = ["def quicksort(arr): arr arr arr", "x = [1, 2, 3]\ny = [1, 2, 3]\nz = ["]
@@ -67,7 +67,7 @@ def test_masked_forward_matches_plain_forward(target):
     keep_positions(cache, list(range(6)) + [10, 11, 12])
     plain = DynamicCache()
     target(ids[:, :9], past_key_values=plain, use_cache=True)
-    for la, lb in zip(cache.layers, plain.layers):
+    for la, lb in zip(cache.layers, plain.layers, strict=True):
         torch.testing.assert_close(la.keys, lb.keys, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(la.values, lb.values, rtol=1e-5, atol=1e-5)
 

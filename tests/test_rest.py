@@ -5,6 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from test_decoding import NullTok, check_stream, exact_sequence_probs, run
 
 from specviz.engine import datastore as store
 from specviz.engine.decoding import baseline, speculative
@@ -14,7 +15,6 @@ from specviz.errors import RequestError
 from specviz.models.tiny import tiny_model
 from specviz.request import make_request
 from specviz.runner import run_events
-from test_decoding import NullTok, check_stream, exact_sequence_probs, run
 
 GREEDY = SamplingParams(temperature=0)
 

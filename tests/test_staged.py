@@ -5,16 +5,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_decoding import NullTok, check_stream, exact_sequence_probs, run
+from test_rest import assert_chi_square
 
 from specviz.engine.decoding import baseline, speculative
 from specviz.engine.proposers import DraftModelProposer, PromptLookupProposer
 from specviz.engine.proposers.staged import StagedProposer, check_guesses
-from specviz.engine.sampling import SamplingParams, warp
+from specviz.engine.sampling import SamplingParams
 from specviz.models.tiny import tiny_model
 from specviz.request import make_request
 from specviz.runner import run_events
-from test_decoding import NullTok, check_stream, exact_sequence_probs, run
-from test_rest import assert_chi_square
 
 GREEDY = SamplingParams(temperature=0)
 PROMPT = "def quicksort(arr): arr arr arr"

@@ -16,13 +16,13 @@ from typing import Iterator
 import torch
 from transformers import DynamicCache
 
+from ..errors import RequestError
 from .clock import Clock
 from .events import Outcome, RoundEvent, RunSummary, TokenEvent
 from .forward import crop_cache
 from .proposers.lookahead import GREEDY_ONLY, Layout, LookaheadProposer, build_mask, positions
 from .sampling import SamplingParams
 from .text import TextStream
-from ..errors import RequestError
 
 
 def forward_masked(model, ids: list[int], cache, pos: list[int], allowed: torch.Tensor) -> torch.Tensor:

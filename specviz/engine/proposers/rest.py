@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import datastore as store
 from ...errors import RequestError
+from .. import datastore as store
 from .base import Proposal, Proposer, register, target_vocab
 
 
