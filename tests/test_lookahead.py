@@ -143,3 +143,20 @@ def test_runner_dispatches_and_draft_is_ignored(tok, target, draft):
     pair.draft = draft  # a draft model present changes nothing
     _, again = run(run_events(pair, req, "speculative", ids))
     assert again.token_ids == spec.token_ids
+
+
+def test_winning_ngram_reaches_trace_page_and_cli_summary(tok, target):
+    import json
+
+    from specviz.engine.method_info import summarize
+    from specviz.trace import event_from_dict, event_to_dict
+    from specviz.ui.render import round_html
+    ids = tok.encode(PROMPTS[0])
+    rounds, _ = run(lookahead(target, LookaheadProposer(ngram=4, window=6, max_guesses=5), tok, ids, 60, 3,
+                              GREEDY))
+    won = next(r for r in rounds if r.info["won"] >= 0)
+    back = event_from_dict(json.loads(json.dumps(event_to_dict(won))))
+    assert back.info == won.info and back.draft_ids == won.draft_ids
+    assert f"n-gram guess {won.info['won'] + 1} of" in round_html(back)
+    s = summarize(rounds)
+    assert s["ngram_rounds_won"] == sum(1 for r in rounds if r.info["won"] >= 0) > 0
