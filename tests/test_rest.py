@@ -159,3 +159,18 @@ def assert_chi_square(counts, exact, N):
         exp.append(rest_e)
     exp = [e * sum(obs) / sum(exp) for e in exp]
     assert chisquare(obs, exp).pvalue > 1e-3
+
+
+def test_datastore_command_builds_and_describes(tmp_path, capsys):
+    import json
+
+    from specviz.models.tiny import save_tiny_pair
+    target_dir, _ = save_tiny_pair(tmp_path / "pair")
+    out = tmp_path / "ds.npz"
+    assert store.main(["build", "--tokenizer", target_dir, "--out", str(out), "--max-chars", "5000"]) == 0
+    built = json.loads(capsys.readouterr().out)
+    assert built["tokens"] > 1000 and out.is_file() and built["build_s"] < 60
+    assert store.main(["info", "--out", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == built["tokens"]
+    assert store.main(["info", "--out", str(tmp_path / "nope.npz")]) == 2
+    assert "does not exist" in capsys.readouterr().err
