@@ -135,7 +135,8 @@ def test_bad_options(opts):
 
 def test_runner_dispatches_and_draft_is_ignored(tok, target, draft):
     pair = SimpleNamespace(target=target, draft=None, tokenizer=tok, eos_ids=[])
-    req = make_request(PROMPTS[1], "lookahead", gamma=3, max_new_tokens=20, options={"window": 3, "guesses": 2})
+    req = make_request(PROMPTS[1], "lookahead", gamma=3, max_new_tokens=20,
+                       options={"window": 3, "guesses": 2})
     ids = tok.encode(req.prompt)
     _, spec = run(run_events(pair, req, "speculative", ids))
     _, base = run(run_events(pair, req, "baseline", ids))

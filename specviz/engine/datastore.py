@@ -223,8 +223,8 @@ def load(path) -> Datastore:
     """Read a datastore file; any problem is one RequestError naming the file."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise RequestError(f"REST datastore {str(path)!r} does not exist: give a file made by "
-                           f"`python -m specviz.engine.datastore build --out FILE`, or leave --datastore out.")
+        raise RequestError(f"REST datastore {str(path)!r} does not exist: give a file made by `python -m "
+                           f"specviz.engine.datastore build --out FILE`, or leave --datastore out.")
     try:
         with np.load(path, allow_pickle=False) as z:
             tokens, sa, meta = z["tokens"], z["sa"], json.loads(str(z["meta"]))
