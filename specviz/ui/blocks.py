@@ -17,7 +17,8 @@ import gradio as gr
 from ..models import ModelError, PairSpec, available_pairs, resolve_pair
 from ..prompts import load_presets
 from ..race import MODES, RaceInfo, race
-from ..request import MAX_GAMMA, Limits, RequestError, encode_prompt, make_request
+from ..engine.proposers import method_spec
+from ..request import MAX_GAMMA, METHODS, Limits, RequestError, encode_prompt, make_request
 from ..runner import free_memory, is_oom
 from ..trace import record, trace_for
 from . import render
@@ -58,11 +59,8 @@ def raw_values(*components):
     return components
 
 
-METHOD_CHOICES = [
-    ("draft model: the small model guesses γ tokens", "draft"),
-    ("adaptive γ: draft model, γ follows the acceptance rate", "adaptive"),
-    ("prompt lookup: copy what followed the last n-gram earlier (no draft model)", "lookup"),
-]
+# fed from the method registry: a new proposer file appears here by itself
+METHOD_CHOICES = [(f"{method_spec(m).label}: {method_spec(m).description}", m) for m in METHODS]
 MODE_CHOICES = [
     ("fair: each side timed alone (honest speedup)", "fair"),
     ("parallel: both at once (shares the hardware)", "parallel"),
