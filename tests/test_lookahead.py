@@ -161,3 +161,21 @@ def test_winning_ngram_reaches_trace_page_and_cli_summary(tok, target):
     assert f"n-gram guess {won.info['won'] + 1} of" in round_html(back)
     s = summarize(rounds)
     assert s["ngram_rounds_won"] == sum(1 for r in rounds if r.info["won"] >= 0) > 0
+
+
+def test_cli_lookahead_flags_and_refusals(tmp_path, capsys):
+    import json
+
+    from specviz.cli import main
+    from specviz.models.tiny import save_tiny_pair
+    t, d = save_tiny_pair(tmp_path / "pair")
+    base = ["generate", "--target", t, "--draft", d, "--method", "lookahead", "--prompt", "x = [1, 2, 3]\ny = ["]
+    assert main(base + ["--temperature", "1"]) == 2
+    assert "greedy only" in capsys.readouterr().err
+    assert main(base + ["--window", "0"]) == 2
+    assert "window" in capsys.readouterr().err
+    assert main(base + ["--window", "3", "--guesses", "2", "--gamma", "3", "--json", "--mode", "both",
+                        "--max-new-tokens", "12"]) == 0
+    b, s = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert b["token_ids"] == s["token_ids"] and s["stats"]["method_info"]["input_tokens_per_forward"] > 1
+    assert all(r["info"]["window"] == 3 for r in s["rounds"])

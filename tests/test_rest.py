@@ -174,3 +174,17 @@ def test_datastore_command_builds_and_describes(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["tokens"] == built["tokens"]
     assert store.main(["info", "--out", str(tmp_path / "nope.npz")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_cli_bad_datastore_is_one_line(tmp_path, capsys):
+    from specviz.cli import main
+    from specviz.models.tiny import save_tiny_pair
+    t, d = save_tiny_pair(tmp_path / "pair")
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"\x00" * 100)
+    for path, needle in [(bad, "cannot be read"), (tmp_path / "none.npz", "does not exist")]:
+        code = main(["generate", "--target", t, "--draft", d, "--method", "rest", "--datastore", str(path),
+                     "--prompt", "hi", "--max-new-tokens", "3"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and err.startswith("error: REST datastore") and needle in err
+        assert len(err.splitlines()) == 1
