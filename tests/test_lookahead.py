@@ -169,7 +169,8 @@ def test_cli_lookahead_flags_and_refusals(tmp_path, capsys):
     from specviz.cli import main
     from specviz.models.tiny import save_tiny_pair
     t, d = save_tiny_pair(tmp_path / "pair")
-    base = ["generate", "--target", t, "--draft", d, "--method", "lookahead", "--prompt", "x = [1, 2, 3]\ny = ["]
+    base = ["generate", "--target", t, "--draft", d, "--method", "lookahead",
+            "--prompt", "x = [1, 2, 3]\ny = ["]
     assert main(base + ["--temperature", "1"]) == 2
     assert "greedy only" in capsys.readouterr().err
     assert main(base + ["--window", "0"]) == 2
