@@ -122,7 +122,7 @@ def test_eos_and_budget_inside_a_guess(tok, target, ngram, window):
 
 def test_sampling_is_refused(tok, target):
     with pytest.raises(RequestError, match="greedy only"):
-        make_request("hi", "lookahead", temperature=0.7)
+        make_request("hi", method="lookahead", temperature=0.7)
     with pytest.raises(RequestError, match="greedy only"):
         list(lookahead(target, LookaheadProposer(), tok, tok.encode("ab"), 5, 3, SamplingParams(1.0)))
 
@@ -130,12 +130,12 @@ def test_sampling_is_refused(tok, target):
 @pytest.mark.parametrize("opts", [{"window": 0}, {"window": "x"}, {"guesses": 99}, {"guesses": 1.5}])
 def test_bad_options(opts):
     with pytest.raises(RequestError, match="Lookahead"):
-        make_request("hi", "lookahead", options=opts)
+        make_request("hi", method="lookahead", options=opts)
 
 
 def test_runner_dispatches_and_draft_is_ignored(tok, target, draft):
     pair = SimpleNamespace(target=target, draft=None, tokenizer=tok, eos_ids=[])
-    req = make_request(PROMPTS[1], "lookahead", gamma=3, max_new_tokens=20,
+    req = make_request(PROMPTS[1], method="lookahead", gamma=3, max_new_tokens=20,
                        options={"window": 3, "guesses": 2})
     ids = tok.encode(req.prompt)
     _, spec = run(run_events(pair, req, "speculative", ids))

@@ -24,7 +24,7 @@ def pair(tok, target, draft, monkeypatch):
                                          ("staged", {})])
 @pytest.mark.parametrize("mode", ["fair", "parallel"])
 def test_race_and_trace_roundtrip(pair, tok, tmp_path, method, opts, mode):
-    req = make_request("x = [1, 2, 3]\ny = [", method, gamma=3, max_new_tokens=16, options=opts)
+    req = make_request("x = [1, 2, 3]\ny = [", method=method, gamma=3, max_new_tokens=16, options=opts)
     ids = tok.encode(req.prompt)
     tr = new_trace({"method": method, "options": req.options}, "t", "d", "cpu", mode=mode)
     events = list(record(race(pair, req, ids, mode=mode), tr))

@@ -80,16 +80,16 @@ def test_bad_datastore_files_give_one_message(tmp_path):
     for path, needle in [(tmp_path / "missing.npz", "does not exist"), (bad, "cannot be read"),
                          (mismatched, "corrupt"), (tmp_path, "does not exist")]:
         with pytest.raises(RequestError, match=needle):
-            make_request("hi", "rest", options={"datastore": str(path)})
+            make_request("hi", method="rest", options={"datastore": str(path)})
     with pytest.raises(RequestError, match="file path"):
-        make_request("hi", "rest", options={"datastore": 3})
+        make_request("hi", method="rest", options={"datastore": 3})
 
 
 def test_datastore_of_another_tokenizer_is_refused(tok, target, tmp_path):
     ds = store.from_tokens([1, 2, 3])
     ds.meta["tokenizer"] = "someoneelse"
     path = store.save(ds, tmp_path / "other.npz")
-    req = make_request("ab", "rest", options={"datastore": str(path)})
+    req = make_request("ab", method="rest", options={"datastore": str(path)})
     pair = SimpleNamespace(target=target, draft=None, tokenizer=tok, eos_ids=[])
     with pytest.raises(RequestError, match="another tokenizer"):
         run_events(pair, req, "speculative", [1, 2])

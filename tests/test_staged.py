@@ -116,4 +116,4 @@ def test_staged_needs_a_draft(tok, target):
     from specviz.errors import RequestError
     pair = SimpleNamespace(target=target, draft=None, tokenizer=tok, eos_ids=[])
     with pytest.raises(RequestError, match="no draft model"):
-        run_events(pair, make_request("ab", "staged"), "speculative", [1, 2])
+        run_events(pair, make_request("ab", method="staged"), "speculative", [1, 2])
