@@ -17,8 +17,19 @@ def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], stop=Non
                         pair.eos_ids, req.seed, stop, clock)
     if mode == "speculative":
         return speculative(pair.target, make_proposer(pair, req.method, req), pair.tokenizer, prompt_ids,
-                           req.max_new_tokens, req.gamma, req.sampling, pair.eos_ids, req.seed, stop, clock)
+                           req.max_new_tokens, req.gamma, req.sampling, pair.eos_ids, req.seed, stop, clock,
+                           policy=gamma_policy(pair, req))
     raise RequestError(f"Unknown mode {mode!r}.")
+
+
+def gamma_policy(pair, req: RunRequest):
+    """The auto-γ policy for `req` on `pair` (None: the proposer's own γ)."""
+    if not req.gamma_auto:
+        return None
+    from .engine.gamma import make_policy
+    from .engine.proposers import method_spec
+    return make_policy(getattr(pair, "costs", None), needs_draft=method_spec(req.method).needs_draft,
+                       max_gamma=req.gamma)
 
 
 def with_deadline(events, stop, seconds: float | None):

@@ -208,7 +208,7 @@ def speculative(
     committed = list(prompt_ids)
     s = RunSummary(mode="speculative", method=proposer.name, token_ids=[], text="", n_tokens=0,
                    elapsed=0.0, prefill=0.0, target_forwards=0, stop_reason="max_new_tokens",
-                   gamma=gamma, device=str(target.device))
+                   gamma=gamma, device=str(target.device), gamma_policy=getattr(policy, "name", ""))
     # the target reads the prompt in round 1, together with the first drafts:
     # one forward fewer than a separate prefill (HF assisted generation does the
     # same). Round 1 therefore counts as prefill, not in the draft/verify split.

@@ -24,8 +24,8 @@ NEAR_TIE = {"bfloat16": 0.5, "float16": 0.0625, "float32": 1e-3}
 
 
 def near_tie_threshold(precision: str) -> float:
-    """The gap below which a flip counts as numerical, for the target's precision
-    label ("bfloat16", "float32", "int8 (dynamic)", ...; int8 runs fp32 activations)."""
+    """The gap below which a flip counts as numerical, for the target's dtype
+    ("torch.bfloat16", "float32", ...; an int8 target runs fp32 activations)."""
     for name, thr in NEAR_TIE.items():
         if name in (precision or ""):
             return thr

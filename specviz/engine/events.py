@@ -125,6 +125,7 @@ class RunSummary:
     gamma: int = 0
     device: str = "cpu"
     prompt_rounds: int = 0  # rounds whose target forward also read the prompt (timed as prefill)
+    gamma_policy: str = ""  # "auto" when a γ policy chose each round (gamma is then its cap)
 
     @property
     def timed_rounds(self) -> int:
