@@ -97,8 +97,9 @@ def test_bf16_chosen_on_fast_timings_converts(monkeypatch, tok):
     assert "target bfloat16 (100 ms/step vs 300 ms fp32 on this CPU)" == choice.note
     reloaded = []
     fake.update({torch.float32: 0.1, torch.bfloat16: 0.3})
+    again = cal.Loaded(lambda: reloaded.append(1) or tiny_model(len(tok), seed=0))
     t, _, choice = cal.calibrate(tiny_model(len(tok), seed=0), None, native_bf16=True, min_params=0,
-                                 reload=cal.Loaded(lambda: reloaded.append(1) or tiny_model(len(tok), seed=0)))
+                                 reload=again)
     assert choice.target == "fp32" and reloaded == [1] and next(t.parameters()).dtype == torch.float32
 
 
@@ -159,7 +160,7 @@ def test_auto_gamma_in_the_engine_keeps_greedy_output(tok, target, draft):
 
 
 def toks(ids, gaps):
-    return [TokenEvent(i, "", Outcome.TARGET, 0.0, gap=g) for i, g in zip(ids, gaps)]
+    return [TokenEvent(i, "", Outcome.TARGET, 0.0, gap=g) for i, g in zip(ids, gaps, strict=True)]
 
 
 def test_greedy_equality_verdicts():

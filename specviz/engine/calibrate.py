@@ -58,7 +58,8 @@ class Choice:
     def from_dict(cls, d: dict) -> "Choice":
         costs = CostModel.from_dict(d["costs"]) if d.get("costs") else None
         timings = dict(d["timings"])  # JSON made the token counts strings
-        timings["target"] = {p: {int(n): s for n, s in t.items()} for p, t in timings.get("target", {}).items()}
+        timings["target"] = {p: {int(n): s for n, s in t.items()}
+                             for p, t in timings.get("target", {}).items()}
         return cls(d["target"], d["draft"], d["note"], costs, timings, cached=True)
 
 
@@ -121,7 +122,8 @@ def note(target: str, draft: str | None, timings: dict, where: str) -> str:
     parts = [f"target {NAMES[target]}"]
     if target in tt and 1 in tt[target]:
         others = ", ".join(f"{_ms(tt[p][1])} {p}" for p in tt if p != target and 1 in tt[p])
-        parts[0] += f" ({_ms(tt[target][1])}/step" + (f" vs {others}" if others else "") + f" on this {where})"
+        vs = f" vs {others}" if others else ""
+        parts[0] += f" ({_ms(tt[target][1])}/step{vs} on this {where})"
     if draft is not None:
         d = f"draft {NAMES[draft]}"
         if draft in dt:
@@ -300,7 +302,8 @@ def calibrate(target, draft, *, precision: str = "auto", quantize: str | None = 
     if nt < min_params:  # tiny pairs: nothing worth timing, no cost model
         target = convert(target, tc[0], reload.target)
         draft = convert(draft, dc[0], reload.draft) if draft is not None else None
-        return target, draft, Choice(tc[0], dc[0] if dc else None, note(tc[0], dc[0] if dc else None, {}, where))
+        dp = dc[0] if dc else None
+        return target, draft, Choice(tc[0], dp, note(tc[0], dp, {}, where))
     t0 = time.perf_counter()
     target, tp, tt = _time_target(target, tc, reload.target, progress)
     dp, dt = None, {}

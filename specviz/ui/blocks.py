@@ -221,10 +221,10 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
 
     @gpu
     def run(prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed, chat_template, mode,
-            method="draft", request: gr.Request = None):
+            method="draft", gamma_auto=False, request: gr.Request = None):
         try:
-            req = make_request(prompt, method or "draft", gamma, max_new_tokens, temperature, top_p, top_k, seed,
-                               chat_template, limits)
+            req = make_request(prompt, method or "draft", "auto" if gamma_auto is True else gamma,
+                               max_new_tokens, temperature, top_p, top_k, seed, chat_template, limits)
             if mode not in MODES:
                 raise RequestError(f"Unknown execution mode {mode!r}: choose fair or parallel.")
             pair = manager.pair
@@ -248,7 +248,7 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
         stream = panes = None
         try:
             view = RunView(req.gamma, req.temperature, mode, req.prompt, req.chat_template)
-            view.method = req.method
+            view.method, view.gamma_auto, view.precision = req.method, req.gamma_auto, str(pair.dtype)
             head = render.prompt_span(req.prompt, req.chat_template and pair.has_chat_template)
             info = RaceInfo(mode)
             stream = race(pair, req, ids, mode, stop=stop, time_limit=limits.max_seconds, info=info)
@@ -318,6 +318,9 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
                 with gr.Row():
                     gamma = gr.Slider(1, MAX_GAMMA, value=first["gamma"], step=1, label="γ (draft length)",
                                       info="Draft guesses per round", elem_id="sv-gamma")
+                    gamma_auto = gr.Checkbox(False, label="auto γ", elem_id="sv-gamma-auto",
+                                             info="Each round, the γ with the most expected tokens/s "
+                                                  "from this machine's measured costs and the running α̂")
                     max_new = gr.Slider(1, limits.max_new_tokens, value=min(first["max_new_tokens"],
                                                                             limits.max_new_tokens),
                                         step=1, label="Max new tokens", info="Budget for each side",
@@ -396,7 +399,7 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
         load_btn.click(load_pair_click, [pair_pick, custom_target, custom_draft], poll_out,
                        api_name="load_pair", show_progress="hidden")
         raw_values(gamma, max_new, temperature, top_p, top_k, seed)  # checked (and named) by make_request
-        inputs = [prompt, gamma, max_new, temperature, top_p, top_k, seed, chat, mode, method]
+        inputs = [prompt, gamma, max_new, temperature, top_p, top_k, seed, chat, mode, method, gamma_auto]
         run_event = run_btn.click(run, inputs, outputs, api_name="run", concurrency_limit=1,
                                   concurrency_id="generate", trigger_mode="once",
                                   show_progress="full", show_progress_on=[run_info])
