@@ -174,3 +174,32 @@ def test_greedy_equality_verdicts():
     # the same 0.125 gap is a bug in fp32, where both paths agree to ~1e-4
     assert compare_greedy(toks([1, 2], [2, 0.125]), toks([1, 5], [2, 0.125]), "float32").verdict == "mismatch"
     assert compare_greedy(toks([1, 2], [1, 1]), toks([1], [1]), "bfloat16").verdict == "mismatch"
+
+
+def test_request_gamma_auto():
+    from specviz.errors import RequestError
+    from specviz.request import MAX_GAMMA, make_request
+    req = make_request("x", gamma="auto")
+    assert req.gamma_auto and req.gamma == MAX_GAMMA and req.gamma_label == "auto"
+    assert not make_request("x", gamma="3").gamma_auto
+    with pytest.raises(RequestError):
+        make_request("x", gamma="often")
+
+
+def test_bench_output_check_tells_near_tie_from_bug():
+    from specviz.bench.runs import OutputMismatch, Run, check_outputs
+    from specviz.bench.settings import _gammas
+
+    def run(variant, family, engine, ids, gaps):
+        return Run(variant, family, engine, 0, "code", "p1", 0, 0, token_ids=ids, gaps=gaps)
+    plain = run("plain", "plain", "specviz", [1, 2, 3], [1.0, 0.0, 2.0])
+    tie = run("draft:4", "draft", "specviz", [1, 7, 3], [1.0, 0.125, 2.0])
+    warnings = check_outputs([plain, tie], precision="torch.bfloat16")
+    assert tie.first_diff == 1 and warnings and warnings[0].startswith("numerical near-tie")
+    with pytest.raises(OutputMismatch):
+        check_outputs([plain, tie], precision="torch.float32")
+    bug = run("draft:4", "draft", "specviz", [9, 2, 3], [1.0, 0.0, 2.0])
+    with pytest.raises(OutputMismatch):
+        check_outputs([plain, bug], precision="torch.bfloat16")
+    assert _gammas("2,4,auto") == ([2, 4], True) and _gammas("auto") == ([], True)
+    assert _gammas("3") == ([3], False)
