@@ -203,3 +203,14 @@ def test_bench_output_check_tells_near_tie_from_bug():
         check_outputs([plain, bug], precision="torch.bfloat16")
     assert _gammas("2,4,auto") == ([2, 4], True) and _gammas("auto") == ([], True)
     assert _gammas("3") == ([3], False)
+
+
+def test_cli_gamma_auto_and_greedy_check(tmp_path, capsys):
+    from specviz.cli import main
+    from specviz.models.tiny import save_tiny_pair
+    t, d = save_tiny_pair(tmp_path)
+    rc = main(["generate", "--target", t, "--draft", d, "--prompt", "def f(x):", "--mode", "both",
+               "--gamma", "auto", "--max-new-tokens", "12", "--precision", "auto"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "greedy check: identical to plain decoding" in out
+    assert "γ fixed γ=4 (no measured costs)" in out  # a tiny pair is not calibrated: the stated default
