@@ -62,7 +62,8 @@ def test_quick_bench_writes_json_csv_and_plots(tiny_pair, tmp_path, capsys):
     # SpecViz greedy runs equal the baseline token for token (the bench checked it)
     assert all(r["match"] == "True" for r in runs if r["engine"] == "specviz")
     assert "draft:auto" in variants  # γ auto runs beside the sweep (a tiny pair: its fixed default)
-    spec = [r for r in summary if r["family"] == "draft" and r["task"] == "code" and r["variant"] != "draft:auto"]
+    spec = [r for r in summary
+            if r["family"] == "draft" and r["task"] == "code" and r["variant"] != "draft:auto"]
     assert len(spec) == 3 and sum(r["best"] == "True" for r in spec) == 1
     assert all(float(r["alpha"]) >= 0 and float(r["c"]) > 0 and float(r["tokens_per_s"]) > 0 for r in spec)
     plain = next(r for r in summary if r["variant"] == "plain" and r["task"] == "code")
