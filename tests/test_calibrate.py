@@ -10,6 +10,12 @@ from specviz.engine.events import Outcome, TokenEvent
 from specviz.engine.gamma import AutoGamma, FixedGamma, best_gamma, expected_rate, make_policy
 
 BIG, DRAFT = 1_500_000_000, 500_000_000
+BUSY = cal.busy  # the real one (the fixture below replaces it)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_machine(monkeypatch):
+    monkeypatch.setattr(cal, "busy", lambda *a: False)  # the test machine's load must not matter
 
 
 def cands(**kw):
@@ -64,6 +70,10 @@ def test_cost_model_and_cache_roundtrip(tmp_path):
     assert cal.cost_model({"target": {"fp32": {1: 0.1, 5: 0.2}}}, "fp32", None, "") is None
     path.write_text("{broken")
     assert cal.load_cached(path) is None
+
+
+def test_busy_machine_is_not_cached():
+    assert BUSY(13.0, 2) and not BUSY(1.5, 2) and not BUSY(3.9, 2)
 
 
 def test_tiny_pair_is_not_timed(target, draft):

@@ -34,6 +34,7 @@ CONTEXT = 100  # tokens in the cache while timing: a typical prompt
 CHOICE_N = (1, 5)  # forwards the target choice compares: a plain step and a γ=4 verify
 REPEATS = 3  # median of 3: ~15 s for a first calibration of the default pair on 2 cores
 CACHE_VERSION = 1
+BUSY_LOAD_PER_CORE = 2.0  # above this 1-minute load per core a calibration is not cached
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8 (dynamic)"}
@@ -313,6 +314,22 @@ def calibrate(target, draft, *, precision: str = "auto", quantize: str | None = 
     choice = Choice(tp, dp, note(tp, dp, timings, where), cost_model(timings, tp, dp, machine.hardware()),
                     timings)
     choice.timings["seconds"] = round(time.perf_counter() - t0, 1)  # what the calibration itself cost
-    if cache_file:
+    choice.timings["load"] = machine.loadavg()
+    if busy():
+        choice.note += f" (measured under load {machine.loadavg()}: noisy, not cached)"
+    elif cache_file:
         save(cache_file, choice)
     return target, draft, choice
+
+
+def busy(load1: float | None = None, cores: int | None = None) -> bool:
+    """Too busy to trust a timing: 1-minute load above twice the cores. Under a
+    load of 13 on 2 cores a bf16 step measured 7.7 s instead of 0.13 s and
+    the draft choice came out backwards; such a choice must not be cached."""
+    import os
+    if load1 is None:
+        try:
+            load1 = os.getloadavg()[0]
+        except OSError:
+            return False
+    return load1 > BUSY_LOAD_PER_CORE * (cores or os.cpu_count() or 1)
