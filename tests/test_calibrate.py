@@ -224,3 +224,13 @@ def test_cli_gamma_auto_and_greedy_check(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0 and "greedy check: identical to plain decoding" in out
     assert "γ fixed γ=4 (no measured costs)" in out  # a tiny pair is not calibrated: the stated default
+
+
+def test_page_badge_near_tie_and_bug():
+    from specviz.ui import render
+    tie = {"identical": False, "first_diff": 3, "verdict": "near-tie", "gap": 0.125, "threshold": 0.5}
+    html = render.run_info_html({"identical": tie, "finished": True, "greedy": True})
+    assert "numerical near-tie" in html and "token 4" in html and "0.125" in html
+    bug = {**tie, "verdict": "mismatch", "gap": 3.0}
+    html = render.run_info_html({"identical": bug, "finished": True, "greedy": True})
+    assert "≠ outputs differ from token 4" in html and "not a rounding effect" in html

@@ -184,10 +184,17 @@ class RunView:
         a, b = self.base.summary, self.spec.summary
         if {a.stop_reason, b.stop_reason} & {"stopped", "error"}:
             return None
+        if a.token_ids == b.token_ids:
+            return {"identical": True, "first_diff": None}
+        # they differ: a numerical near-tie or a bug? the top-2 logit gaps of both runs say
         from ..engine.equality import compare_greedy, output_tokens
         eq = compare_greedy(output_tokens(self.base.tokens), output_tokens(self.spec.rounds), self.precision)
-        return {"identical": eq.verdict == "identical", "first_diff": eq.position, "verdict": eq.verdict,
-                "gap": eq.gap, "threshold": eq.threshold}
+        verdict = "mismatch" if eq.verdict == "identical" else eq.verdict
+        first = eq.position if eq.position is not None else next(
+            (i for i, (u, v) in enumerate(zip(a.token_ids, b.token_ids, strict=False)) if u != v),
+            min(len(a.token_ids), len(b.token_ids)))
+        return {"identical": False, "first_diff": first, "verdict": verdict, "gap": eq.gap,
+                "threshold": eq.threshold}
 
     def snapshot(self) -> dict:
         def side(v: SideView) -> dict:
