@@ -32,17 +32,23 @@ def add_pair_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="target model: local directory or Hub id")
     p.add_argument("--draft", default=None, help="draft model: local directory or Hub id")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                   help="float type of both models. auto (default): timed at load, cached per pair and "
+                        "machine: bf16 where this CPU runs it natively and it measures faster, fp32 on "
+                        "CPUs without native bf16 and for models under 100M parameters, the GPU's half type")
     p.add_argument("--quantize", choices=["auto", "none", "int8", "draft-int8"], default="auto",
-                   help="CPU only. draft-int8: dynamic int8 weights for the draft only (output unchanged); "
-                        "int8: both models (a different, faster target, for both sides); auto (default): "
-                        "draft-int8 on a CPU when the draft has 100M+ parameters, else none")
+                   help="CPU only, on top of --precision. draft-int8: dynamic int8 weights for the draft "
+                        "only (output unchanged); int8: both models (a different, faster target, for both "
+                        "sides; needs --precision auto or fp32); auto (default): int8 joins the draft's "
+                        "candidates and the fastest measured wins; none: no int8")
 
 
 def load_from_args(args, progress=None, allow_local_paths=True):
     from .models import load_pair, resolve_pair
     pair = args.pair if (args.pair or args.target or args.draft) else "default"
     spec = resolve_pair(pair, args.target, args.draft, allow_local_paths=allow_local_paths)
-    return load_pair(spec, device=args.device, progress=progress, quantize=args.quantize)
+    return load_pair(spec, device=args.device, progress=progress, quantize=args.quantize,
+                     precision=getattr(args, "precision", "auto"))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,7 +64,8 @@ def _generate_args(sub) -> None:
     g.add_argument("--prompt", required=True)
     g.add_argument("--mode", choices=["speculative", "baseline", "both"], default="speculative")
     g.add_argument("--method", choices=METHODS, default="draft", help="where drafts come from")
-    g.add_argument("--gamma", default=4, help="draft tokens per round (1-16)")
+    g.add_argument("--gamma", default=4, help="draft tokens per round (1-16), or auto: chosen each round "
+                                              "from the measured verify cost v(γ), c and the running α̂")
     g.add_argument("--max-new-tokens", default=64)
     g.add_argument("--temperature", default=0.0, help="0 = greedy")
     g.add_argument("--top-p", default=1.0)
@@ -94,7 +101,7 @@ def _trace_args(sub) -> None:
     rec.add_argument("--prompt", default=None)
     rec.add_argument("--method", default="draft", choices=METHODS)
     add_method_args(rec)
-    rec.add_argument("--gamma", type=int, default=None)
+    rec.add_argument("--gamma", default=None, help="1-16 or auto")
     rec.add_argument("--max-new-tokens", type=int, default=40)
     rec.add_argument("--temperature", type=float, default=0.0)
     rec.add_argument("--top-p", type=float, default=1.0)
@@ -115,7 +122,7 @@ def _race_args(sub) -> None:
                                     "the speedup (one line per run, then the medians)")
     add_pair_args(r)
     r.add_argument("--prompt", default="def quicksort(arr):\n")
-    r.add_argument("--gamma", type=int, default=4)
+    r.add_argument("--gamma", default=4, help="1-16 or auto")
     r.add_argument("--max-new-tokens", type=int, default=24)
     r.add_argument("--repeats", type=int, default=3)
     r.add_argument("--warmup", type=int, default=1)
@@ -163,28 +170,48 @@ def generate(args) -> int:
     pair = load_from_args(args, progress=progress)
     ids = encode_prompt(pair.tokenizer, req, pair.max_positions)
     modes = ["baseline", "speculative"] if args.mode == "both" else [args.mode]
+    if not args.json and pair.precision_note:
+        print(f"precision: {pair.precision_note}", file=sys.stderr)
+    failed = False
     for i in range(args.num_samples):
         sreq = req if req.seed is None else req.__class__(**{**req.__dict__, "seed": req.seed + i})
         results = {m: run_once(pair, sreq, m, ids) for m in modes}
         base = results.get("baseline", (None, None))[1]
+        eq = _greedy_check(pair, sreq, results)
+        failed |= eq is not None and not eq.ok
         for mode, (events, summary) in results.items():
             stats = run_stats(summary, base).to_dict() if mode == "speculative" else None
             if stats is not None and method_info.summarize(events):
                 stats["method_info"] = method_info.summarize(events)
             if args.json:
                 obj = {"sample": i, "mode": mode, "seed": sreq.seed, "token_ids": summary.token_ids,
-                       "text": summary.text, "stats": {**summary.to_dict(), **(stats or {})}}
+                       "text": summary.text, "stats": {**summary.to_dict(), **(stats or {})},
+                       "precision": pair.precision, "precision_note": pair.precision_note,
+                       "gamma": sreq.gamma_label}
                 obj["stats"].pop("token_ids"), obj["stats"].pop("text")
                 if mode == "speculative":
                     obj["rounds"] = [_round_dict(r) for r in events]
+                    obj["greedy_equality"] = asdict(eq) if eq is not None else None
                 print(json.dumps(obj), flush=True)
             else:
                 _print_human(mode, events, summary, stats)
-    return 0
+        if eq is not None and not args.json:
+            print(f"greedy check: {eq.message()}")
+    return 1 if failed else 0
+
+
+def _greedy_check(pair, req, results):
+    """Greedy speculative vs plain output: identical, a numerical near-tie, or a bug (engine/equality.py)."""
+    if not req.sampling.greedy or set(results) != {"baseline", "speculative"}:
+        return None
+    from .engine.equality import compare_greedy, output_tokens
+    return compare_greedy(*(output_tokens(results[m][0]) for m in ("baseline", "speculative")),
+                          str(pair.dtype))
 
 
 def _print_human(mode, events, summary: RunSummary, stats):
-    print(f"\n== {mode} ({summary.method}) ==")
+    policy = f", γ {summary.gamma_policy}" if summary.gamma_policy else ""
+    print(f"\n== {mode} ({summary.method}{policy}) ==")
     if mode == "speculative":
         print("".join(_ansi(t) for r in events for t in r.tokens))
         legend = "  ".join(f"{OUTCOME_ANSI[o]}{o.value}{RESET}" for o in

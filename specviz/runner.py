@@ -20,5 +20,16 @@ def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], *, stop=
         prop = make_proposer(pair, req.method, req)
         if hasattr(prop, "decode"):  # a method with its own loop (lookahead): same arguments, same events
             return prop.decode(pair.target, pair.tokenizer, prompt_ids, gamma=req.gamma, **common)
-        return speculative(pair.target, prop, pair.tokenizer, prompt_ids, gamma=req.gamma, **common)
+        return speculative(pair.target, prop, pair.tokenizer, prompt_ids,
+                           gamma=req.gamma, policy=gamma_policy(pair, req), **common)
     raise RequestError(f"Unknown mode {mode!r}.")
+
+
+def gamma_policy(pair, req: RunRequest):
+    """The auto-γ policy for `req` on `pair` (None: the proposer's own γ)."""
+    if not req.gamma_auto:
+        return None
+    from .engine.gamma import make_policy
+    from .engine.proposers import method_spec
+    return make_policy(getattr(pair, "costs", None), needs_draft=method_spec(req.method).needs_draft,
+                       max_gamma=req.gamma)

@@ -224,11 +224,21 @@ def run_info_html(snap: dict) -> str:
         if badge["identical"]:
             parts.append("<span class='sv-badge sv-badge-ok'>✓ identical outputs: greedy speculative "
                          "decoding reproduced the target's own text token for token</span>")
-        else:
+        elif badge.get("verdict") == "near-tie":
             parts.append(
-                f"<span class='sv-badge sv-badge-diff'>≠ outputs differ from token {badge['first_diff'] + 1}"
-                " (floating-point differences between a one-token and a (γ+1)-token forward pass can "
-                "flip near-ties)</span>")
+                f"<span class='sv-badge sv-badge-info'>≈ outputs differ from token {badge['first_diff'] + 1} "
+                f"at a numerical near-tie: the target's top two logits there are {badge['gap']:.3g} apart "
+                f"(≤ {badge['threshold']:g}, a few rounding steps of its precision), and a (γ+1)-token "
+                "forward pass rounds differently from a one-token one</span>")
+        else:
+            first = badge.get("first_diff")
+            gap = badge.get("gap")
+            why = (f"the target's top-2 logit gap there is {gap:.3g}, above the near-tie threshold "
+                   f"{badge['threshold']:g}: not a rounding effect" if gap is not None else
+                   "no logit gap recorded to tell a near-tie from a bug")
+            parts.append(
+                "<span class='sv-badge sv-badge-diff'>≠ outputs differ"
+                + (f" from token {first + 1}" if first is not None else "") + f" ({esc(why)})</span>")
     elif snap.get("finished") and not snap.get("greedy"):
         parts.append("<span class='sv-badge sv-badge-info'>sampled run (temperature &gt; 0): the two "
                      "texts differ by chance, but both follow the target's distribution</span>")
@@ -263,7 +273,9 @@ def status_html(status: dict) -> str:
     if err and not status.get("ready"):
         return box("error", "alert", "bad", f"<b>Models could not be loaded.</b> {esc(err)}")
     ready = (f"Model pair: <b>{esc(status.get('label') or '')}</b> on {esc(status.get('device') or '')}"
-             + (f" ({esc(status['precision'])})" if status.get("precision") else ""))
+             + (f" ({esc(status['precision'])})" if status.get("precision") else "")
+             + (f"<br><small>{esc(status['precision_note'])}</small>"
+                if status.get("precision_note") else ""))
     if err:
         return box("error", "alert", "bad", f"{esc(err)}<br>Still using: {ready}")
     return box("ready", "status", "ok", ready)

@@ -176,6 +176,7 @@ def _build_lookahead(pair, req=None):
     if req is not None and req.temperature > 0:
         raise RequestError(GREEDY_ONLY)
     opts = req.options if req is not None else {}
-    gamma = req.gamma if req is not None else 4
+    # γ = N-1; γ "auto" (a draft-model setting) falls back to N = 5
+    gamma = req.gamma if req is not None and not getattr(req, "gamma_auto", False) else 4
     return LookaheadProposer(ngram=gamma + 1, window=opts.get("window") or DEFAULT_WINDOW,
                              max_guesses=opts.get("guesses") or DEFAULT_GUESSES)
