@@ -180,3 +180,12 @@ def test_cli_lookahead_flags_and_refusals(tmp_path, capsys):
     b, s = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert b["token_ids"] == s["token_ids"] and s["stats"]["method_info"]["input_tokens_per_forward"] > 1
     assert all(r["info"]["window"] == 3 for r in s["rounds"])
+
+
+def test_auto_gamma_falls_back_to_five_grams(target):
+    from specviz.engine.proposers import make_proposer
+    pair = SimpleNamespace(target=target, draft=None)
+    prop = make_proposer(pair, "lookahead", make_request("hi", method="lookahead", gamma="auto"))
+    assert prop.ngram == 5
+    prop = make_proposer(pair, "lookahead", make_request("hi", method="lookahead", gamma=2))
+    assert prop.ngram == 3
