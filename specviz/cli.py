@@ -100,7 +100,8 @@ def generate(args) -> int:
         results = {m: run_once(pair, sreq, m, ids) for m in modes}
         base = results.get("baseline", (None, None))[1]
         for mode, (events, summary) in results.items():
-            stats = run_stats(summary, base).to_dict() if mode == "speculative" else None
+            stats = run_stats(summary, base, getattr(pair, "costs", None)).to_dict() \
+                if mode == "speculative" else None
             if args.json:
                 obj = {"sample": i, "mode": mode, "seed": sreq.seed, "token_ids": summary.token_ids,
                        "text": summary.text, "stats": {**summary.to_dict(), **(stats or {})}}
@@ -125,13 +126,22 @@ def _print_human(mode, events, s: RunSummary, stats):
     print(f"{s.n_tokens} tokens in {s.elapsed:.2f} s = {s.tokens_per_s:.2f} tokens/s "
           f"(prefill {s.prefill:.2f} s, {s.target_forwards} target forwards, stop: {s.stop_reason})")
     if stats:
-        fmt = lambda v, f="{:.3f}": "n/a" if v is None else f.format(v)  # noqa: E731
-        print(f"rounds {s.rounds}  drafted {s.drafted}  accepted {s.accepted}  "
-              f"α {fmt(stats['alpha'])}  α̂ {fmt(stats['alpha_hat'])}  τ {fmt(stats['tau'], '{:.2f}')}  "
-              f"c {fmt(stats['c'])}")
-        print(f"time: draft {s.draft_time:.2f} s, verify {s.verify_time:.2f} s  "
-              f"speedup {fmt(stats['speedup'], '{:.2f}×')}  "
-              f"predicted {fmt(stats['predicted'], '{:.2f}×')}  best γ {stats['best_gamma']}")
+        _print_stats(s, stats)
+
+
+def _print_stats(s: RunSummary, stats: dict) -> None:
+    fmt = lambda v, f="{:.3f}": "–" if v is None else f.format(v)  # noqa: E731 - "–": not measured yet
+    basis = f" (÷ {stats['c_basis']})" if stats.get("c_basis") else " (no draft forward timed yet)"
+    print(f"rounds {s.rounds}  drafted {s.drafted}  accepted {s.accepted}  "
+          f"mean γ drafted {fmt(stats['gamma_mean'], '{:.2f}')}  τ {fmt(stats['tau'], '{:.2f}')}")
+    print(f"expected acceptance α̂ (mean Σ min(p,q), Leviathan's α) {fmt(stats['alpha_hat'])}  "
+          f"accepted ÷ drafted {fmt(stats['alpha'])}  c {fmt(stats['c'])}{basis}")
+    print(f"time: draft {s.draft_time:.2f} s, verify {s.verify_time:.2f} s  "
+          f"verify cost v {fmt(stats['verify_cost'], '{:.2f}')} plain steps  "
+          f"speedup {fmt(stats['speedup'], '{:.2f}×')}")
+    print(f"predicted {fmt(stats['predicted_v'], '{:.2f}×')} with v(γ) from {stats['v_basis'] or '–'}, "
+          f"{fmt(stats['predicted'], '{:.2f}×')} by Leviathan (v = 1)  "
+          f"best γ {fmt(stats['best_gamma'], '{}')} (v = 1: {fmt(stats['best_gamma_leviathan'], '{}')})")
 
 
 def main(argv=None) -> int:

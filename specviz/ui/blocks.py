@@ -249,6 +249,7 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
         try:
             view = RunView(req.gamma, req.temperature, mode, req.prompt, req.chat_template)
             view.method = req.method
+            view.costs = getattr(pair, "costs", None)  # calibration at load: plain step and v(k)
             head = render.prompt_span(req.prompt, req.chat_template and pair.has_chat_template)
             info = RaceInfo(mode)
             stream = race(pair, req, ids, mode, stop=stop, time_limit=limits.max_seconds, info=info)

@@ -26,7 +26,7 @@ from typing import Iterator
 import gradio as gr  # module level: handlers' `request: gr.Request` annotations must resolve
 
 from ..engine.events import RoundEvent, RunSummary
-from ..trace import Trace, event_time, load_trace, replay
+from ..trace import Trace, event_time, load_trace, replay, trace_costs
 from . import render, theory
 from .charts import all_charts
 from .panes import PaneStream
@@ -156,6 +156,7 @@ def view_for(tr: Trace) -> tuple[RunView, str]:
     view = RunView(int(gamma), float(s.get("temperature") or 0.0), str(m.get("execution_mode") or "fair"),
                    prompt, chat)
     view.method = str(s.get("method") or (spec.method if spec is not None else "draft"))
+    view.costs = trace_costs(tr)
     head = render.prompt_span(prompt, bool(m.get("chat_applied", chat)))
     return view, head
 
@@ -186,7 +187,8 @@ def rounds_csv(tr: Trace) -> str:
     w.writerow(["round", "gamma", "accepted", "appended", "new_tokens", "t_start", "t_draft", "t_verify",
                 "t_end", "draft_forwards", "total_tokens", "total_drafted", "total_accepted", "alpha_round",
                 "alpha_so_far", "alpha_hat_so_far", "target_forwards", "spec_tokens_per_s",
-                "baseline_tokens_by_t_end", "speedup_so_far", "predicted_so_far", "draft_ids"])
+                "baseline_tokens_by_t_end", "speedup_so_far", "predicted_so_far", "predicted_v_so_far",
+                "draft_ids"])
 
     def f(x, d=6):
         return "" if x is None else round(x, d)
@@ -195,7 +197,7 @@ def rounds_csv(tr: Trace) -> str:
         view.add(side, ev)
         if side != "speculative" or not isinstance(ev, RoundEvent):
             continue
-        _, measured, predicted = view.speedup_series[-1]
+        _, measured, predicted, predicted_v = view.speedup_series[-1]
         appended = "none" if ev.appended_id == -1 else ("resampled" if ev.resampled else "bonus")
         base_n = sum(1 for t in view.base.tokens if t.t <= ev.t_end)
         w.writerow([ev.index + 1, ev.gamma, ev.n_accepted, appended, ev.n_new, f(ev.t_start), f(ev.t_draft),
@@ -204,7 +206,7 @@ def rounds_csv(tr: Trace) -> str:
                     f(ev.total_accepted / ev.total_drafted if ev.total_drafted else None, 4),
                     f(view.spec.overlap_sum / ev.total_drafted if ev.total_drafted else None, 4),
                     ev.target_forwards, f(ev.total_tokens / ev.t_end if ev.t_end > 0 else None, 4), base_n,
-                    f(measured, 4), f(predicted, 4), " ".join(map(str, ev.draft_ids))])
+                    f(measured, 4), f(predicted, 4), f(predicted_v, 4), " ".join(map(str, ev.draft_ids))])
     return buf.getvalue()
 
 

@@ -10,7 +10,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from ..engine.events import RoundEvent, RunSummary, TokenEvent
-from ..engine.metrics import predicted_speedup, run_stats
+from ..engine.metrics import run_stats
 
 
 @dataclass
@@ -99,8 +99,9 @@ class RunView:
         self.note = ""
         self.method = "draft"  # where the guesses came from (RunRequest.method)
         self.error = ""  # a failed run's message for the visitor
-        # per spec round: (t_end, measured speedup, predicted speedup) for the chart
-        self.speedup_series: list[tuple[float, float | None, float | None]] = []
+        self.costs = None  # the pair's CostModel (engine/costs.py) when it was calibrated at load
+        # per spec round: (t_end, measured, Leviathan's predicted, verify-cost-aware predicted) speedup
+        self.speedup_series: list[tuple[float, float | None, float | None, float | None]] = []
         self._base_times: list[float] = []
 
     def side(self, name: str) -> SideView:
@@ -131,47 +132,45 @@ class RunView:
         if isinstance(ev, RoundEvent):
             self.speedup_series.append((ev.t_end, *self._speedup_at(ev)))
         elif isinstance(ev, RunSummary) and side == "speculative":
-            st = run_stats(ev, self.base.partial_summary() if self.base.tokens else None)
-            self.speedup_series.append((ev.elapsed, st.speedup, st.predicted))
+            st = run_stats(ev, self.base.partial_summary() if self.base.tokens else None, self.costs)
+            self.speedup_series.append((ev.elapsed, st.speedup, st.predicted, st.predicted_v))
 
     # ------------------------------------------------------------ numbers
 
-    def _base_rate_at(self, t: float) -> tuple[float | None, float | None]:
-        """Baseline tokens/s and seconds per plain step, using baseline events up to time t."""
+    def _base_at(self, t: float) -> tuple[float | None, RunSummary | None]:
+        """Baseline tokens/s at time t, and the baseline as it stood then (for its plain step)."""
         b = self.base
         if b.summary is not None and b.summary.elapsed <= t:
-            s = b.summary
-            step = (s.elapsed - s.prefill) / (s.n_tokens - 1) if s.n_tokens > 1 else None
-            return (s.tokens_per_s or None), step
+            return (b.summary.tokens_per_s or None), b.summary
         n = bisect.bisect_right(self._base_times, t)
         if n == 0:
             return None, None
-        # baseline still running at t: tokens done by t over t
-        rate = n / t if t > 0 else None
-        step = (self._base_times[n - 1] - self._base_times[0]) / (n - 1) if n > 1 else None
-        return rate, step
+        # still running at t: tokens done by t over t; the step from the gaps between them
+        part = RunSummary(mode="baseline", method="plain", token_ids=[], text="", n_tokens=n,
+                          elapsed=self._base_times[n - 1], prefill=self._base_times[0], target_forwards=n,
+                          stop_reason="running")
+        return (n / t if t > 0 else None), part
 
-    def _speedup_at(self, r: RoundEvent) -> tuple[float | None, float | None]:
+    def _speedup_at(self, r: RoundEvent) -> tuple[float | None, float | None, float | None]:
+        """(measured, Leviathan's prediction, verify-cost-aware prediction) after round r."""
         t = r.t_end
-        base_rate, base_step = self._base_rate_at(t)
-        measured = (r.total_tokens / t) / base_rate if (base_rate and t > 0) else None
-        s = self.spec
-        predicted = None
-        if r.total_drafted and s.draft_forwards and base_step:
-            alpha_hat = s.overlap_sum / r.total_drafted
-            c = (s.draft_time / s.draft_forwards) / base_step
-            predicted = predicted_speedup(alpha_hat, self.gamma, c)
-        elif r.total_drafted and s.draft_forwards == 0 and base_step:  # draft-free proposer: c = 0
-            predicted = predicted_speedup(s.overlap_sum / r.total_drafted, self.gamma, 0.0)
-        return measured, predicted
+        rate, base = self._base_at(t)
+        measured = (r.total_tokens / t) / rate if (rate and t > 0) else None
+        st = run_stats(self._spec_summary(), base, self.costs)
+        return measured, st.predicted, st.predicted_v
+
+    def _spec_summary(self) -> RunSummary:
+        spec = self.spec.partial_summary()
+        spec.method = self.method
+        return spec
 
     def stats(self) -> dict:
-        spec = self.spec.partial_summary()
+        spec = self._spec_summary()
         base = self.base.partial_summary() if (self.base.tokens or self.base.summary) else None
         if not self.spec.rounds:
             return {"rounds": 0}
         spec.gamma = self.gamma
-        st = run_stats(spec, base).to_dict()
+        st = run_stats(spec, base, self.costs).to_dict()
         st["rounds"] = len(self.spec.rounds)
         return st
 
