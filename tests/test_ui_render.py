@@ -161,3 +161,12 @@ def test_charts_build_from_events():
     assert [len(f.data) for f in figs] == [2, 2, 2, 2]
     pos = figs[3].data[1].y  # kept ÷ tested per position: 1/1 then 0/1
     assert list(pos) == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("text", ["\n", "\n\n", "x\ny", "\r\n"])
+def test_rejected_newline_is_a_symbol_not_a_line_break(text):
+    html = render.token_span(tok(text, Outcome.REJECTED))
+    assert "\n" not in html and "\r" not in html and render.NL_SYMBOL in html
+    assert "sv-nl" not in html  # no second ↵ from the CSS
+    # kept tokens keep their real line breaks (they are part of the output)
+    assert "\n" in render.token_span(tok(text, Outcome.ACCEPTED))

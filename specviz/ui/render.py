@@ -101,11 +101,18 @@ def tooltip(tok: TokenEvent) -> str:
     return "\n".join(lines)
 
 
+NL_SYMBOL = "↵"
+
+
 def token_span(tok: TokenEvent) -> str:
     text = tok.text
     classes = ["sv-tok", css_class(tok.outcome)]
     if text == "":
         classes.append("sv-empty")  # part of a multi-byte character still being built
+    elif tok.outcome is Outcome.REJECTED:
+        # not part of the output: a real line break here would shift the pane's
+        # layout away from the baseline's, so show the newline as a symbol
+        text = text.replace("\r\n", "\n").replace("\n", NL_SYMBOL)
     elif text.strip("\n") == "":
         classes.append("sv-nl")  # newline-only token: CSS shows a faint ↵ (not copied)
     return f'<span class="{" ".join(classes)}" title="{esc(tooltip(tok))}">{esc(text)}</span>'
