@@ -19,6 +19,7 @@ from transformers import DynamicCache
 from .events import Outcome, RoundEvent, RunSummary, TokenEvent
 from .clock import Clock
 from .forward import crop_cache, forward_logits, pick
+from .inspect import round_dists
 from .proposers.base import Proposer
 from .sampling import SamplingParams, verify, warp
 from .text import TextStream
@@ -134,6 +135,9 @@ def speculative(
         v = verify(torch.tensor(prop.tokens, device=p.device, dtype=torch.long), q, p, gen)
         t_end = clock.now()
         s.target_forwards += 1
+        # the inspector's top-k (a few ms on a 150k vocabulary): page bookkeeping, off the clock
+        dists, res = round_dists(p, q, v.n_accepted, v.resampled, text_of=stream.token_text)
+        clock.exclude(clock.now() - t_end)
 
         new = prop.tokens[: v.n_accepted] + [v.token]
         # EOS or the budget can end the output inside the round, as in plain decoding
@@ -180,7 +184,7 @@ def speculative(
             resampled=v.resampled, t_start=t_start, t_draft=t_drafted - t_start,
             t_verify=t_end - t_drafted, t_end=t_end, draft_forwards=prop.forwards, tokens=tokens,
             total_tokens=len(out), total_drafted=s.drafted, total_accepted=s.accepted,
-            target_forwards=s.target_forwards, prompt_tokens=prompt_tokens,
+            target_forwards=s.target_forwards, prompt_tokens=prompt_tokens, dists=dists, residual=res,
         )
         r += 1
         if s.stop_reason == "eos":

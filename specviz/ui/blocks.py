@@ -20,7 +20,7 @@ from ..race import MODES, RaceInfo, race
 from ..request import MAX_GAMMA, Limits, RequestError, encode_prompt, make_request
 from ..runner import free_memory, is_oom
 from ..trace import record, trace_for
-from . import render
+from . import inspector, render
 from . import replay as replay_ui
 from . import theory
 from .charts import all_charts
@@ -250,6 +250,7 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
             view = RunView(req.gamma, req.temperature, mode, req.prompt, req.chat_template)
             view.method = req.method
             view.costs = getattr(pair, "costs", None)  # calibration at load: plain step and v(k)
+            inspector.LATEST.put(key, view.spec.rounds)  # the p/q inspector reads the rounds as they come
             head = render.prompt_span(req.prompt, req.chat_template and pair.has_chat_template)
             info = RaceInfo(mode)
             stream = race(pair, req, ids, mode, stop=stop, time_limit=limits.max_seconds, info=info)
@@ -372,6 +373,7 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
                 gr.HTML("<div class='sv-pane-title'>Speculative: draft guesses, target verifies</div>")
                 spec_pane = gr.HTML("<span class='sv-placeholder'>Press Run: speculative rounds stream here.</span>",
                                     elem_classes=["sv-pane"], elem_id="sv-speculative", autoscroll=True)
+        insp = inspector.build()  # click a token of the speculative pane: p, q, u, residual
         stats = gr.HTML(render.stats_html(RunView(first["gamma"], 0.0, default_mode).snapshot()),
                         elem_id="sv-stats")
         empty = all_charts(RunView(first["gamma"], 0.0, default_mode))
@@ -404,6 +406,7 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
         submit_event = prompt.submit(run, inputs, outputs, api_visibility="private", concurrency_limit=1,
                                      concurrency_id="generate", trigger_mode="once", show_progress="full",
                                      show_progress_on=[run_info])
+        inspector.wire(demo, insp, _session_key)
         replay_events = replay_ui.wire(replay_box, theory_tab, records, sessions, _session_key, outputs,
                                        [run_event, submit_event], STOP_GRACE, limits.max_seconds,
                                        run_triggers=[run_btn.click, prompt.submit])

@@ -104,7 +104,7 @@ def tooltip(tok: TokenEvent) -> str:
 NL_SYMBOL = "↵"
 
 
-def token_span(tok: TokenEvent) -> str:
+def token_span(tok: TokenEvent, where: tuple[int, int] | None = None) -> str:
     text = tok.text
     classes = ["sv-tok", css_class(tok.outcome)]
     if text == "":
@@ -115,7 +115,9 @@ def token_span(tok: TokenEvent) -> str:
         text = text.replace("\r\n", "\n").replace("\n", NL_SYMBOL)
     elif text.strip("\n") == "":
         classes.append("sv-nl")  # newline-only token: CSS shows a faint ↵ (not copied)
-    return f'<span class="{" ".join(classes)}" title="{esc(tooltip(tok))}">{esc(text)}</span>'
+    # where = (round index, row): the inspector's click target (ui/inspector.py)
+    data = f' data-r="{int(where[0])}" data-i="{int(where[1])}"' if where is not None else ""
+    return f'<span class="{" ".join(classes)}"{data} title="{esc(tooltip(tok))}">{esc(text)}</span>'
 
 
 def prompt_span(prompt: str, chat: bool = False, limit: int = 400) -> str:
@@ -132,7 +134,9 @@ def baseline_html(tokens: list[TokenEvent]) -> str:
 
 
 def round_html(r: RoundEvent) -> str:
-    inner = "".join(token_span(t) for t in r.tokens)
+    # a drafted token's row is its position; an appended one sits after the accepted drafts
+    inner = "".join(token_span(t, (r.index, t.position - 1 if t.position > 0 else r.n_accepted))
+                    for t in r.tokens)
     return f'<span class="sv-round" data-round="{r.index + 1}">{inner}</span>'
 
 
@@ -152,7 +156,8 @@ def legend_html() -> str:
     return ('<div class="sv-legend" role="list" aria-label="legend">' + "".join(items)
             + '<span class="sv-legend-item"><span class="sv-round-demo"></span> '
               '<span class="sv-legend-text">thin bar: a new verification round</span></span>'
-            + '<span class="sv-legend-item sv-hint">hover a token for p(x), q(x), u and min(1, p/q)</span>'
+            + '<span class="sv-legend-item sv-hint">hover a token for p(x), q(x), u and min(1, p/q); '
+              'click it for the p/q inspector</span>'
             + "</div>")
 
 
@@ -413,6 +418,17 @@ CSS = """
 .sv-theory-numbers { flex-wrap: nowrap; align-items: center; }
 .sv-theory-text { font-size: 14px; line-height: 1.55; max-width: 60em; }
 .sv-theory-measured { font-size: 14px; }
+/* the p/q inspector (ui/inspector.py) */
+#sv-speculative .sv-tok[data-r] { cursor: pointer; }
+.sv-picked { outline: 2px solid #CC79A7; outline-offset: 1px; }
+.sv-insp { font-size: 13.5px; line-height: 1.6; }
+.sv-insp-gauge { position: relative; height: 12px; max-width: 28em; margin: 4px 0 0;
+  border-radius: 3px; background: rgba(213,94,0,.25); }
+.sv-insp-accept { position: absolute; left: 0; top: 0; bottom: 0; background: rgba(0,158,115,.55);
+  border-radius: 3px 0 0 3px; }
+.sv-insp-u { position: absolute; top: -3px; bottom: -3px; width: 3px; margin-left: -1px; background: currentColor; }
+.sv-insp-scale { display: flex; justify-content: space-between; max-width: 28em; font-size: 11px; opacity: .7; }
+.sv-vcurve svg { vertical-align: middle; }
 """
 
 

@@ -27,7 +27,7 @@ import gradio as gr  # module level: handlers' `request: gr.Request` annotations
 
 from ..engine.events import RoundEvent, RunSummary
 from ..trace import Trace, event_time, load_trace, replay, trace_costs
-from . import render, theory
+from . import inspector, render, theory
 from .charts import all_charts
 from .panes import PaneStream
 from .state import RunView
@@ -353,6 +353,7 @@ def wire(ui: dict, th: dict, records: Records, sessions, session_key, outputs: l
         sessions.stop(key, wait=stop_grace)  # this visitor's live run or replay, if any
         stop, done = sessions.begin(key)
         records.put(key, tr, f"replay: {tr.meta.get('label') or source}")  # its files and theory point
+        inspector.put_trace(key, tr)  # clicks on its tokens open the p/q inspector
         timer = None
         if max_seconds:
             def time_up():
