@@ -36,6 +36,7 @@ from typing import Iterator
 
 import torch
 
+from . import isolation
 from .engine.clock import Clock, VirtualClock
 from .engine.events import RoundEvent, RunSummary, TokenEvent, event_time
 from .runner import run_events
@@ -96,10 +97,11 @@ def race(pair, req, prompt_ids: list[int], mode: str = "fair", stop: threading.E
         timer = None
     either = _Either(stop, halt)
     try:
-        if mode == "fair":
-            yield from _fair(pair, req, prompt_ids, either, sides)
-        else:
-            yield from _parallel(pair, req, prompt_ids, either, halt, sides)
+        with isolation.racing():  # the page refuses pair loads meanwhile
+            if mode == "fair":
+                yield from _fair(pair, req, prompt_ids, either, sides)
+            else:
+                yield from _parallel(pair, req, prompt_ids, either, halt, sides)
     finally:
         halt.set()
         if timer is not None:
@@ -127,11 +129,13 @@ def on_engine_thread(fn, *args, **kwargs):
 
 
 def _step(gen, clock: VirtualClock):
-    clock.resume()
-    try:
-        return next(gen)
-    finally:
-        clock.pause()
+    # the lock first: waiting for a replay's render or a load is not this side's time
+    with isolation.timed_step():
+        clock.resume()
+        try:
+            return next(gen)
+        finally:
+            clock.pause()
 
 
 def _fair(pair, req, prompt_ids, stop, sides) -> Iterator[tuple[str, Event]]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
+from .. import isolation
 from ..models import ModelError, PairSpec, available_pairs, resolve_pair
 from ..prompts import load_presets
 from ..race import MODES, RaceInfo, race
@@ -210,6 +211,11 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
             gr.Warning(render.toast_text(e))
             st = manager.status(_session_key(request))
             return render.message_html(str(e)) + render.status_html(st), button_state(st), gr.Timer(active=False)
+        if isolation.race_running():  # it would share the CPU with timed steps (specviz/isolation.py)
+            gr.Warning(isolation.REFUSE_LOAD)
+            st = manager.status(_session_key(request))
+            return (render.message_html(isolation.REFUSE_LOAD, "warning") + render.status_html(st),
+                    button_state(st), gr.Timer(active=False))
         if not manager.start(spec, owner=_session_key(request)):
             gr.Warning("A model pair is already loading: wait until it is ready.")
         st = manager.status(_session_key(request))

@@ -10,6 +10,7 @@ import gc
 import threading
 import time
 
+from .. import isolation
 from ..models import ModelError, PairSpec, load_pair
 
 
@@ -63,7 +64,8 @@ class ModelManager:
     def _run(self, spec: PairSpec) -> None:
         try:
             extra = {"quantize": self.quantize} if self.quantize else {}
-            pair = self._loader(spec, device=self.device, progress=self._progress, **extra)
+            with isolation.untimed_work():  # never during a timed step of a fair race
+                pair = self._loader(spec, device=self.device, progress=self._progress, **extra)
         except BaseException as err:  # noqa: BLE001 - shown in the page, the app keeps serving
             with self._lock:
                 self.error = _friendly(err)

@@ -25,6 +25,7 @@ from typing import Iterator
 
 import gradio as gr  # module level: handlers' `request: gr.Request` annotations must resolve
 
+from .. import isolation
 from ..engine.events import RoundEvent, RunSummary
 from ..trace import Trace, event_time, load_trace, replay, trace_costs
 from . import inspector, render, theory
@@ -228,7 +229,8 @@ def play(tr: Trace, speed: float = 1.0, stop: threading.Event | None = None, cha
          ui_interval: float = 0.25, sleep=None) -> Iterator[list]:
     """The page's outputs while `tr` replays: the same PaneStream as a live run."""
     view, head = view_for(tr)
-    panes = PaneStream(view, head, chart_every, ui_interval, banner=banner_html(tr.meta, speed))
+    panes = PaneStream(view, head, chart_every, ui_interval, banner=banner_html(tr.meta, speed),
+                       guard=isolation.untimed_work)  # never render during a live fair race's timed step
     yield panes.outputs(charts=True)
     kw = {"sleep": sleep} if sleep is not None else {}
     yield from panes.follow(replay(tr.events, speed, stop=stop, **kw))
