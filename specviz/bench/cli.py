@@ -272,7 +272,9 @@ def run_bench(argv: list[str]) -> int:
     out = Path(args.out or Path("bench-results") / _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     bench = Bench(resolve_settings(args), out)
     out.mkdir(parents=True, exist_ok=True)
-    prompts = load_prompts(bench.settings.tasks, bench.settings.counts, args.prompts_json)
+    # --prompts-json: every prompt in the file unless --n-prompts limits it
+    counts = bench.settings.counts if (args.n_prompts is not None or not args.prompts_json) else None
+    prompts = load_prompts(bench.settings.tasks, counts, args.prompts_json)
     if not prompts:
         raise RequestError("no prompts selected: check --tasks / --n-prompts / --prompts-json")
     _load(bench, args, argv, t_start)
