@@ -17,7 +17,8 @@ IGNORE = {"transformers_version", "_from_model_config", "max_new_tokens", "max_l
 
 HOSTILE = dict(do_sample=True, temperature=0.7, top_k=20, top_p=0.8, min_p=0.05, typical_p=0.9,
                repetition_penalty=1.1, no_repeat_ngram_size=2, min_new_tokens=3, renormalize_logits=True,
-               forced_eos_token_id=3, suppress_tokens=[5], begin_suppress_tokens=[6], sequence_bias={(7,): 2.0},
+               forced_eos_token_id=3, suppress_tokens=[5], begin_suppress_tokens=[6],
+               sequence_bias={(7,): 2.0},
                output_scores=True, return_dict_in_generate=True, cache_implementation="static",
                epsilon_cutoff=0.001, eta_cutoff=0.001, bad_words_ids=[[8]])
 
@@ -38,7 +39,8 @@ def hostile_target(target):
 def test_no_sampling_field_is_inherited(hostile_target, target):
     got = _effective(hostile_target, greedy_config(16, [1]))
     plain_model = SimpleNamespace(generation_config=GenerationConfig(), config=target.config)
-    plain_model._prepare_generation_config = lambda cfg: type(target)._prepare_generation_config(plain_model, cfg)
+    plain_model._prepare_generation_config = \
+        lambda cfg: type(target)._prepare_generation_config(plain_model, cfg)
     want = plain_model._prepare_generation_config(greedy_config(16, [1]))[0].to_dict()
     diff = {k: (got.get(k), want.get(k)) for k in set(got) | set(want)
             if k not in IGNORE and got.get(k) != want.get(k)}

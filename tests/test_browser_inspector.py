@@ -1,12 +1,11 @@
 """The p/q inspector in a real headless Chromium: click a rejected token, the
 panel shows p, q and the residual. Screenshot: test-artifacts/inspector.png."""
 import pytest
-
 from test_browser import ARTIFACTS, TIMEOUT, browser, open_page, run_and_wait, server, set_number  # noqa: F401
 
 
 def _legend(page):
-    return page.locator("#sv-insp-plot .legendtext").all_inner_texts()
+    return page.locator("#sv-insp-plot .legendtext").evaluate_all("els => els.map(e => e.textContent)")
 
 
 def test_click_rejected_token_shows_three_distributions(browser, server):  # noqa: F811

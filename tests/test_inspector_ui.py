@@ -12,7 +12,8 @@ def _round(resampled=True):
             TokenEvent(20, "<b>", Outcome.RESAMPLED, 1.0, 0, 0, p=0.3)]
     row = {"ids": [11, 12, 20], "t": ["a", "\n", "<b>"], "p": [0.5, 0.1, 0.3], "q": [0.4, 0.6, 0.0]}
     return RoundEvent(index=0, gamma=3, draft_ids=[11, 12, 13], q=[0.4, 0.6, 0.5], p=[0.5, 0.1, 0.2],
-                      u=[0.3, 0.8], overlap=[0.9, 0.5, 0.6], n_accepted=1, appended_id=20, resampled=resampled,
+                      u=[0.3, 0.8], overlap=[0.9, 0.5, 0.6], n_accepted=1, appended_id=20,
+                      resampled=resampled,
                       t_start=0.0, t_draft=0.1, t_verify=0.2, t_end=1.0, draft_forwards=3, tokens=toks,
                       dists=[row, row, row, {"ids": [20], "t": ["<b>"], "p": [1.0]}],
                       residual={"pos": 1, "ids": [20, 11], "t": ["<b>", "a"], "r": [0.75, 0.25]})
@@ -20,11 +21,12 @@ def _round(resampled=True):
 
 def test_spans_carry_round_and_row():
     html = render.round_html(_round())
-    assert re.findall(r'data-r="(\d+)" data-i="(\d+)"', html) == [("0", "0"), ("0", "1"), ("0", "1")]
+    assert re.findall(r'data-r="(\d+)" data-i="(\d+)" data-o="(\w+)"', html) == [
+        ("0", "0", "accepted"), ("0", "1", "rejected"), ("0", "1", "resampled")]
 
 
 def test_rejected_click_shows_three_distributions():
-    html, fig = inspector.select("0:1:123", [_round()])
+    html, fig = inspector.select("0:1:rejected", [_round()])
     names = [t.name for t in fig.data]
     assert names == ["p (target)", "q (draft)", "residual norm(max(0, p − q))"]
     assert list(fig.data[0].x)[-1] == inspector.REST
@@ -48,3 +50,13 @@ def test_old_trace_without_distributions():
     r.dists, r.residual = [], None
     html, fig = inspector.select("0:1", [r])
     assert "recorded before" in html and len(fig.data) == 0
+
+
+def test_click_names_the_clicked_token_and_replay_registry():
+    html, _ = inspector.select("0:1:resampled", [_round()])
+    assert "(resampled)" in html
+    html, _ = inspector.select("0:1:rejected", [_round()])
+    assert "(rejected)" in html
+    tr = type("T", (), {"events": [("baseline", object()), ("speculative", _round())]})()
+    inspector.put_trace("session-x", tr)
+    assert inspector.select("0:1:rejected", inspector.LATEST.get("session-x"))[1] is not None

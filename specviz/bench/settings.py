@@ -110,7 +110,8 @@ def resolve_settings(args) -> Settings:
                     gamma_other=args.gamma_other)
 
 
-def load_prompts(tasks: list[str], counts: dict[str, int] | None, prompts_json: str | None) -> list[BenchPrompt]:
+def load_prompts(tasks: list[str], counts: dict[str, int] | None,
+                 prompts_json: str | None) -> list[BenchPrompt]:
     """The packaged prompt sets, or a JSON list of {id, task, text[, chat_template]}
     (counts None: every prompt of the file)."""
     if prompts_json:

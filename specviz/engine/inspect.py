@@ -22,7 +22,7 @@ DIGITS = 6  # probabilities are stored rounded: enough for bars, small traces
 def _top(x: torch.Tensor, k: int) -> list[int]:
     k = min(k, x.shape[-1])
     vals, idx = torch.topk(x, k)
-    return [int(i) for i, v in zip(idx.tolist(), vals.tolist()) if v > 0]
+    return [int(i) for i, v in zip(idx.tolist(), vals.tolist(), strict=True) if v > 0]
 
 
 def _r(xs) -> list[float]:

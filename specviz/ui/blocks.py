@@ -378,7 +378,8 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
             with gr.Column():
                 gr.HTML("<div class='sv-pane-title'>Speculative: draft guesses, target verifies</div>")
                 spec_pane = gr.HTML("<span class='sv-placeholder'>Press Run: speculative rounds stream here.</span>",
-                                    elem_classes=["sv-pane"], elem_id="sv-speculative", autoscroll=True)
+                                    elem_classes=["sv-pane"], elem_id="sv-speculative", autoscroll=True,
+                                    js_on_load=inspector.PANE_JS)  # token clicks → the p/q inspector
         insp = inspector.build()  # click a token of the speculative pane: p, q, u, residual
         stats = gr.HTML(render.stats_html(RunView(first["gamma"], 0.0, default_mode).snapshot()),
                         elem_id="sv-stats")
@@ -412,7 +413,7 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
         submit_event = prompt.submit(run, inputs, outputs, api_visibility="private", concurrency_limit=1,
                                      concurrency_id="generate", trigger_mode="once", show_progress="full",
                                      show_progress_on=[run_info])
-        inspector.wire(demo, insp, _session_key)
+        inspector.wire(spec_pane, insp, _session_key)
         replay_events = replay_ui.wire(replay_box, theory_tab, records, sessions, _session_key, outputs,
                                        [run_event, submit_event], STOP_GRACE, limits.max_seconds,
                                        run_triggers=[run_btn.click, prompt.submit])

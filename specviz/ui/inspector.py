@@ -8,18 +8,19 @@ Built only from RoundEvent.dists / .residual (engine/inspect.py), so it works
 the same live and in replay.
 
 Click path: token spans carry data-r (round index) and data-i (row: the drafted
-position, or the position after the accepted drafts for an appended token);
-JS writes "r:i:nonce" into a hidden textbox, whose input event asks the server
-for the panel of this session's latest run (LATEST).
+position, or the position after the accepted drafts for an appended token); the
+pane's js_on_load (PANE_JS) sends them with its click event, and the server
+answers from this session's latest run (LATEST).
 """
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
 
+import gradio as gr  # module level: the handler's gr.EventData / gr.Request annotations must resolve
 import plotly.graph_objects as go
 
-from ..engine.events import Outcome, RoundEvent
+from ..engine.events import RoundEvent
 from .charts import BLUE, FONT, ORANGE, PURPLE, _layout
 from .render import _num, esc
 
@@ -54,24 +55,25 @@ def put_trace(key: str, tr) -> None:
     LATEST.put(key, [e for s, e in tr.events if s == "speculative" and isinstance(e, RoundEvent)])
 
 
-def parse(sel: str) -> tuple[int, int] | None:
-    """"r:i[:nonce]" from the page; None when malformed (never trust it)."""
+def parse(sel: str) -> tuple[int, int, str] | None:
+    """"r:i[:outcome]" from the page; None when malformed (never trust it)."""
     parts = str(sel or "").split(":")
     try:
         r, i = int(parts[0]), int(parts[1])
     except (ValueError, IndexError):
         return None
-    return (r, i) if r >= 0 and i >= 0 else None
+    return (r, i, parts[2] if len(parts) > 2 else "") if r >= 0 and i >= 0 else None
 
 
-def find(rounds: list[RoundEvent], r: int, i: int):
-    """The round, the clicked row and the token shown there (None if absent)."""
+def find(rounds: list[RoundEvent], r: int, i: int, outcome: str = ""):
+    """The round, the clicked row and the token clicked there (None if absent)."""
     rnd = next((x for x in rounds if x.index == r), None) if rounds else None
     if rnd is None or i > len(rnd.draft_ids):  # rows 0..γ
         return None
     toks = [t for t in rnd.tokens if (t.position - 1 if t.position > 0 else rnd.n_accepted) == i]
-    # the appended token shares its row with the rejected draft: prefer what was clicked later in the list
-    return rnd, i, (toks[-1] if toks else None)
+    # the appended token shares its row with the rejected draft: the outcome tells them apart
+    picked = [t for t in toks if t.outcome.value == outcome] or toks[-1:]
+    return rnd, i, (picked[0] if picked else None)
 
 
 def _rows(rnd: RoundEvent, i: int):
@@ -96,13 +98,19 @@ def figure(rnd: RoundEvent, i: int) -> go.Figure:
                            showarrow=False, font=dict(color=FONT))
         return fig
     ids = list(row["ids"]) + [x for x in (res or {}).get("ids", []) if x not in row["ids"]]
-    texts = dict(zip(row["ids"], row.get("t") or map(str, row["ids"])))
+    texts = dict(zip(row["ids"], row.get("t") or map(str, row["ids"]), strict=False))
     if res:
-        texts.update(zip(res["ids"], res.get("t") or map(str, res["ids"])))
-    labels = [_label(texts[x], x) for x in ids] + [REST]
+        texts.update(zip(res["ids"], res.get("t") or map(str, res["ids"]), strict=False))
+    marks = {}
+    if i < len(rnd.draft_ids):
+        marks[rnd.draft_ids[i]] = "drafted"
+    if i == rnd.n_accepted and rnd.appended_id >= 0:
+        what = "resampled" if rnd.resampled else "bonus"
+        marks[rnd.appended_id] = f"{marks[rnd.appended_id]} {what}" if rnd.appended_id in marks else what
+    labels = [_label(texts[x], x) + (f" ▲{marks[x]}" if x in marks else "") for x in ids] + [REST]
 
     def series(src_ids, vals):
-        m = dict(zip(src_ids, vals))
+        m = dict(zip(src_ids, vals, strict=True))
         ys = [m.get(x) for x in ids]
         return ys + [max(0.0, 1.0 - sum(vals))]
 
@@ -114,14 +122,6 @@ def figure(rnd: RoundEvent, i: int) -> go.Figure:
     if res:
         fig.add_bar(x=labels, y=series(res["ids"], res["r"]), name="residual norm(max(0, p − q))",
                     marker_color=PURPLE, hovertemplate="residual = %{y:.4f}<extra>%{x}</extra>")
-    marks = []
-    if i < len(rnd.draft_ids) and rnd.draft_ids[i] in ids:
-        marks.append((rnd.draft_ids[i], "drafted"))
-    if i == rnd.n_accepted and rnd.appended_id >= 0 and rnd.appended_id in ids:
-        marks.append((rnd.appended_id, "resampled" if rnd.resampled else "bonus"))
-    for tid, what in marks:
-        fig.add_annotation(x=labels[ids.index(tid)], y=0, yref="paper", yanchor="top", text=f"▲ {what}",
-                           showarrow=False, font=dict(size=11, color=FONT))
     fig.update_layout(barmode="group", height=340, legend=dict(orientation="h", y=1.02, yanchor="bottom"),
                       margin=dict(l=52, r=20, t=70, b=100))
     fig.update_xaxes(tickangle=-40)
@@ -135,7 +135,8 @@ def _gauge(u: float | None, ratio: float | None) -> str:
     mark = "" if u is None else f"<span class='sv-insp-u' style='left:{100 * u:.1f}%' title='u'></span>"
     return (f"<div class='sv-insp-gauge' role='img' aria-label='u against min(1, p/q)'>"
             f"<span class='sv-insp-accept' style='width:{100 * ratio:.1f}%'></span>{mark}</div>"
-            "<div class='sv-insp-scale'><span>0</span><span>accept if u &lt; min(1, p/q)</span><span>1</span></div>")
+            "<div class='sv-insp-scale'><span>0</span><span>accept if u &lt; min(1, p/q)</span>"
+            "<span>1</span></div>")
 
 
 def panel_html(rnd: RoundEvent, i: int, tok) -> str:
@@ -154,11 +155,13 @@ def panel_html(rnd: RoundEvent, i: int, tok) -> str:
         verdict = ("not tested: an earlier draft was rejected" if not tested else
                    "accepted (u < min(1, p/q))" if i < rnd.n_accepted else "rejected (u ≥ min(1, p/q))")
         lines.append(f"drafted token #{x}: p(x) = {_num(p, '{:.4f}')}, q(x) = {_num(q, '{:.4f}')}, "
-                     f"min(1, p/q) = <b>{_num(ratio, '{:.4f}')}</b>, u = <b>{_num(u, '{:.4f}')}</b>: {verdict}")
+                     f"min(1, p/q) = <b>{_num(ratio, '{:.4f}')}</b>, u = <b>{_num(u, '{:.4f}')}</b>: "
+                     f"{verdict}")
         lines.append(_gauge(u if tested else None, ratio))
     if i == rnd.n_accepted and rnd.appended_id >= 0:
-        how = ("drawn from the residual norm(max(0, p − q)): only where the target wants more than the draft "
-               "offered" if rnd.resampled else "drawn from p: every draft was accepted, the target adds one more")
+        how = ("drawn from the residual norm(max(0, p − q)): only where the target wants more than the "
+               "draft offered" if rnd.resampled else
+               "drawn from p: every draft was accepted, the target adds one more")
         lines.append(f"appended token #{rnd.appended_id}: {how}")
     if row is None:
         lines.append("<i>This run was recorded before the inspector kept the distributions.</i>")
@@ -168,8 +171,8 @@ def panel_html(rnd: RoundEvent, i: int, tok) -> str:
 
 
 def empty_html() -> str:
-    return ("<div class='sv-insp sv-placeholder'>Click any token in the speculative pane (accepted, rejected, "
-            "resampled or bonus) to see p, q and the accept test at its position.</div>")
+    return ("<div class='sv-insp sv-placeholder'>Click any token in the speculative pane (accepted, "
+            "rejected, resampled or bonus) to see p, q and the accept test at its position.</div>")
 
 
 def select(sel: str, rounds: list[RoundEvent] | None):
@@ -182,43 +185,37 @@ def select(sel: str, rounds: list[RoundEvent] | None):
     return panel_html(rnd, i, tok), figure(rnd, i)
 
 
-# the click → hidden textbox bridge (delegated: the pane's HTML is replaced as the run streams)
-JS = """
-() => {
-  if (window.__svInspector) return;
-  window.__svInspector = true;
-  document.addEventListener('click', (e) => {
-    const t = e.target.closest('#sv-speculative .sv-tok[data-r]');
-    if (!t) return;
-    const box = document.querySelector('#sv-insp-sel textarea, #sv-insp-sel input');
-    if (!box) return;
-    document.querySelectorAll('#sv-speculative .sv-picked').forEach(x => x.classList.remove('sv-picked'));
-    t.classList.add('sv-picked');
-    box.value = `${t.dataset.r}:${t.dataset.i}:${Date.now()}`;
-    box.dispatchEvent(new Event('input', {bubbles: true}));
-  });
-}
+# js_on_load of the speculative pane (a gr.HTML): one delegated listener on the pane,
+# which survives the pane's content being replaced as the run streams
+PANE_JS = """
+element.addEventListener('click', (e) => {
+  const t = e.target.closest('.sv-tok[data-r]');
+  if (!t) return;
+  element.querySelectorAll('.sv-picked').forEach(x => x.classList.remove('sv-picked'));
+  t.classList.add('sv-picked');
+  trigger('click', {r: Number(t.dataset.r), i: Number(t.dataset.i), o: String(t.dataset.o || '')});
+});
 """
+
 
 def build() -> dict:
     """The inspector's components (call inside the live tab)."""
-    import gradio as gr
-
     ui = {}
     with gr.Accordion("p/q inspector: click a token", open=True, elem_id="sv-inspector"):
-        ui["sel"] = gr.Textbox(visible="hidden", elem_id="sv-insp-sel", show_label=False)
         ui["html"] = gr.HTML(empty_html(), elem_id="sv-insp-html")
         ui["plot"] = gr.Plot(None, show_label=False, elem_id="sv-insp-plot", visible=False)
     return ui
 
 
-def wire(demo, ui: dict, session_key) -> None:
-    import gradio as gr
+def wire(pane, ui: dict, session_key) -> None:
+    """Clicks on `pane` (the speculative gr.HTML, built with js_on_load=PANE_JS) open the panel."""
 
-    def on_select(sel, request: gr.Request = None):
+    def on_click(evt: gr.EventData, request: gr.Request = None):
+        data = getattr(evt, "_data", None) or {}
+        sel = f"{data.get('r')}:{data.get('i')}:{data.get('o')}" if isinstance(data, dict) else ""
         html, fig = select(sel, LATEST.get(session_key(request)))
         return html, (gr.Plot(fig, visible=True) if fig is not None else gr.Plot(visible=False))
 
-    ui["sel"].input(on_select, ui["sel"], [ui["html"], ui["plot"]], api_visibility="private",
-                    show_progress="hidden", queue=False)
-    demo.load(None, None, None, js=JS)
+    # queued: a non-queued call may come without the session hash that finds this visitor's run
+    pane.click(on_click, None, [ui["html"], ui["plot"]], api_visibility="private", show_progress="hidden",
+               concurrency_limit=4, concurrency_id="inspector")

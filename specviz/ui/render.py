@@ -116,7 +116,8 @@ def token_span(tok: TokenEvent, where: tuple[int, int] | None = None) -> str:
     elif text.strip("\n") == "":
         classes.append("sv-nl")  # newline-only token: CSS shows a faint ↵ (not copied)
     # where = (round index, row): the inspector's click target (ui/inspector.py)
-    data = f' data-r="{int(where[0])}" data-i="{int(where[1])}"' if where is not None else ""
+    data = (f' data-r="{int(where[0])}" data-i="{int(where[1])}" data-o="{tok.outcome.value}"'
+            if where is not None else "")
     return f'<span class="{" ".join(classes)}"{data} title="{esc(tooltip(tok))}">{esc(text)}</span>'
 
 
@@ -170,9 +171,10 @@ EXPLAINER = (
     "<span class='sv-tok sv-resampled'>resampled</span> from the target, and when all γ guesses pass the "
     "target adds a <span class='sv-tok sv-bonus'>bonus</span> token for free. "
     "Accepted guesses are <span class='sv-tok sv-accepted'>tinted green</span>. "
-    "<b>α̂</b> is the expected acceptance (the chance a guess passes, from p and q), <b>accepted ÷ drafted</b> "
-    "the share kept (guesses after a rejection are never tested), <b>τ</b> the tokens gained per target pass, "
-    "<b>c</b> the cost of one draft step relative to one target step and <b>v</b> the cost of one verify pass; "
+    "<b>α̂</b> is the expected acceptance (the chance a guess passes, from p and q), "
+    "<b>accepted ÷ drafted</b> the share kept (guesses after a rejection are never tested), "
+    "<b>τ</b> the tokens gained per target pass, <b>c</b> the cost of one draft step relative to one "
+    "target step and <b>v</b> the cost of one verify pass; "
     "the speedup follows from α̂, γ, c and v (Leviathan et al., 2023 assume v = 1). "
     "The left pane is plain decoding of the same target, for comparison."
 )
@@ -231,7 +233,8 @@ def _unknown(x, fmt: str) -> str:
 C_BASIS = {
     "baseline": "time of one draft step ÷ one plain target step of the baseline",
     "calibration": "time of one draft step ÷ one plain target step measured when the models loaded",
-    "verify pass": "time of one draft step ÷ one verify pass (γ+1 tokens): no plain target step measured yet",
+    "verify pass": "time of one draft step ÷ one verify pass (γ+1 tokens): no plain target step "
+                   "measured yet",
     "no draft model": "this method drafts without a model: no draft forward passes, c = 0",
 }
 
@@ -248,10 +251,11 @@ def _metric_chips(st: dict) -> list:
          "share of drafted tokens kept; drafts after the first rejection in a round were never tested and "
          "count as not kept, so this is at most α̂ on average"),
         ("τ", st.get("tau"), "{:.2f}", "output tokens per target forward pass (per round)"),
-        ("c" + (" (÷ verify pass)" if st.get("c_basis") == "verify pass" else ""), st.get("c"), "{:.3f}", c_tip),
+        ("c" + (" (÷ verify pass)" if st.get("c_basis") == "verify pass" else ""), st.get("c"), "{:.3f}",
+         c_tip),
         ("γ drafted", st.get("gamma_mean"), "{:.2f}",
-         "mean tokens drafted per round: the γ the predictions use (adaptive γ, lookup and the last round differ "
-         "from the requested γ)"),
+         "mean tokens drafted per round: the γ the predictions use (adaptive γ, lookup and the last round "
+         "differ from the requested γ)"),
         ("rounds", st.get("rounds"), "{}", "verification rounds so far"),
         ("verify cost v", st.get("verify_cost"), "{:.2f} steps",
          "time of one verification pass (γ+1 tokens at once) in plain target steps, measured in this run; "
@@ -275,8 +279,9 @@ def v_curve_svg(curve, basis: str = "", w: int = 150, h: int = 46) -> str:
            f"from {basis}. v(1) = {curve[1]:.2f}, v({len(curve) - 1}) = {curve[-1]:.2f}. Dotted: v = 1.")
     return (f"<span class='sv-chip sv-vcurve' title='{esc(tip)}'><b>v(k)</b> "
             f"<svg width='{w}' height='{h}' viewBox='0 0 {w} {h}' role='img' aria-label='{esc(tip)}'>"
-            f"<line x1='4' x2='{w - 4}' y1='{one:.1f}' y2='{one:.1f}' stroke='currentColor' stroke-opacity='.4' "
-            f"stroke-dasharray='2 2'/><polyline fill='none' stroke='#CC79A7' stroke-width='2' points='{pts}'/>"
+            f"<line x1='4' x2='{w - 4}' y1='{one:.1f}' y2='{one:.1f}' stroke='currentColor' "
+            f"stroke-opacity='.4' stroke-dasharray='2 2'/>"
+            f"<polyline fill='none' stroke='#CC79A7' stroke-width='2' points='{pts}'/>"
             f"</svg> {curve[-1]:.1f} at k={len(curve) - 1}</span>")
 
 
@@ -426,8 +431,10 @@ CSS = """
   border-radius: 3px; background: rgba(213,94,0,.25); }
 .sv-insp-accept { position: absolute; left: 0; top: 0; bottom: 0; background: rgba(0,158,115,.55);
   border-radius: 3px 0 0 3px; }
-.sv-insp-u { position: absolute; top: -3px; bottom: -3px; width: 3px; margin-left: -1px; background: currentColor; }
-.sv-insp-scale { display: flex; justify-content: space-between; max-width: 28em; font-size: 11px; opacity: .7; }
+.sv-insp-u { position: absolute; top: -3px; bottom: -3px; width: 3px; margin-left: -1px;
+  background: currentColor; }
+.sv-insp-scale { display: flex; justify-content: space-between; max-width: 28em; font-size: 11px;
+  opacity: .7; }
 .sv-vcurve svg { vertical-align: middle; }
 """
 
