@@ -371,7 +371,7 @@ def wire(ui: dict, th: dict, records: Records, sessions, session_key, outputs: l
                 timer.cancel()
             sessions.end(key, done)
 
-    def after(alpha, gamma, c, request: gr.Request = None):
+    def after(alpha, gamma, c, vmode=None, request: gr.Request = None):
         """A run or replay ended: offer its files, place it on the theory charts."""
         got = records.get(session_key(request))
         if got is None:
@@ -379,7 +379,7 @@ def wire(ui: dict, th: dict, records: Records, sessions, session_key, outputs: l
         tr, source = got
         js, cs = export(tr, records.folder(session_key(request)))
         m = measured_from(tr, source)
-        updates = theory.measured_updates(m, alpha, gamma, c)
+        updates = theory.measured_updates(m, alpha, gamma, c, vmode or theory.V_MODES[0])
         spec = tr.summaries().get("speculative")
         if m is None and spec is not None and spec.rounds and not spec.drafted:
             updates[3] = theory.nothing_drafted_html(source)  # say why no point appears
@@ -389,7 +389,7 @@ def wire(ui: dict, th: dict, records: Records, sessions, session_key, outputs: l
     def stop_click(request: gr.Request = None):
         sessions.stop(session_key(request), wait=stop_grace)
 
-    after_in = [th["alpha"], th["gamma"], th["c"]]
+    after_in = [th["alpha"], th["gamma"], th["c"], th["vmode"]]
     after_out = [ui["dl_json"], ui["dl_csv"], *theory.measured_outputs(th)]
     for ev in live_events:
         ev.then(after, after_in, after_out, api_visibility="private", show_progress="hidden")
