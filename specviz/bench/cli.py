@@ -197,7 +197,7 @@ def _run_block(bench: Bench, prompt: BenchPrompt, ids: list[int], repeat: int, r
     base = next(r for r in block if r.family == "plain")
     for run in block:
         if run.engine == "specviz" and run.family != "plain" and run.summary is not None:
-            runs_mod.add_stats(run, base.summary)
+            runs_mod.add_stats(run, base.summary, getattr(bench.pair, "costs", None))
     with open(bench.out / "runs.partial.jsonl", "a") as f:  # what a killed bench leaves behind
         for run in block:
             f.write(json.dumps({**run.row(), "token_ids": run.token_ids}) + "\n")
