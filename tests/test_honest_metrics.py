@@ -34,7 +34,7 @@ def test_one_round_run_reports_c_unknown(target, tok):
     assert st.c is None and st.predicted is None and st.predicted_v is None and st.best_gamma is None
     assert st.alpha_hat == pytest.approx(1.0)  # α̂ is known: it needs no timing
     html = render.stats_html(_view(rounds, spec, base).snapshot())
-    assert "<b>c</b> –" in html and "<b>c</b> 0.000" not in html
+    assert "<b>c</b> –" in html and "<b>c</b> 0.000" not in html and "c unknown" in html
 
 
 def test_one_round_with_calibration_still_has_no_c(target, tok):

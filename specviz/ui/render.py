@@ -208,7 +208,9 @@ def stats_html(snap: dict) -> str:
     pv, pl = st.get("predicted_v"), st.get("predicted")
     sub = (f"predicted {_num(pv, '{:.2f}×')} with the measured verify cost · "
            f"{_num(pl, '{:.2f}×')} by Leviathan (v = 1)" if pv is not None else
-           f"predicted {_num(pl, '{:.2f}×')} by Leviathan (v = 1)")
+           f"predicted {_num(pl, '{:.2f}×')} by Leviathan (v = 1)" if pl is not None else
+           "predicted –: no draft step timed yet (c unknown)" if st.get("alpha_hat") is not None else
+           "predicted –")
     big = (f"<div class='sv-speedup{spd_cls}' title='speculative tokens/s ÷ baseline tokens/s'>"
            f"<span class='sv-speedup-num'>{_num(spd, '{:.2f}×')}</span>"
            f"<span class='sv-speedup-label'>measured speedup</span>"
@@ -267,7 +269,7 @@ def _metric_chips(st: dict) -> list:
     ]
 
 
-def v_curve_svg(curve, basis: str = "", w: int = 150, h: int = 46) -> str:
+def v_curve_svg(curve, basis: str = "", w: int = 110, h: int = 30) -> str:
     """A small inline chart of v(k), k = 0..16: verify cost in plain target steps."""
     if not curve:
         return ""
@@ -282,7 +284,7 @@ def v_curve_svg(curve, basis: str = "", w: int = 150, h: int = 46) -> str:
             f"<line x1='4' x2='{w - 4}' y1='{one:.1f}' y2='{one:.1f}' stroke='currentColor' "
             f"stroke-opacity='.4' stroke-dasharray='2 2'/>"
             f"<polyline fill='none' stroke='#CC79A7' stroke-width='2' points='{pts}'/>"
-            f"</svg> {curve[-1]:.1f} at k={len(curve) - 1}</span>")
+            f"</svg><span>v(1) {curve[1]:.2f} · v({len(curve) - 1}) {curve[-1]:.1f}</span></span>")
 
 
 def run_info_html(snap: dict) -> str:
@@ -435,7 +437,8 @@ CSS = """
   background: currentColor; }
 .sv-insp-scale { display: flex; justify-content: space-between; max-width: 28em; font-size: 11px;
   opacity: .7; }
-.sv-vcurve svg { vertical-align: middle; }
+.sv-vcurve { display: inline-flex; align-items: center; gap: 6px; border-radius: 8px; }
+.sv-vcurve svg { display: block; }
 """
 
 
