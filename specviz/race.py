@@ -230,7 +230,7 @@ def measure(pair, req, prompt_ids, mode: str, repeats: int = 1) -> list[dict]:
         summaries = {s: ev for s, ev in race(pair, req, prompt_ids, mode, info=info)
                      if isinstance(ev, RunSummary)}
         base, spec = summaries["baseline"], summaries["speculative"]
-        st = run_stats(spec, base)
+        st = run_stats(spec, base, getattr(pair, "costs", None))
         rows.append(dict(mode=mode, base_tps=base.tokens_per_s, spec_tps=spec.tokens_per_s,
                          speedup=st.speedup, alpha=st.alpha, c=st.c, predicted=st.predicted,
                          wall=info.wall, tokens=(base.n_tokens, spec.n_tokens)))
@@ -269,7 +269,8 @@ def main(argv=None) -> int:
                 r = measure(pair, req, ids, mode)[0]
                 results.setdefault(mode, []).append(r)
                 print(f"{mode:8s} base {r['base_tps']:8.2f} tok/s  spec {r['spec_tps']:8.2f} tok/s  "
-                      f"speedup {r['speedup']:.3f}  alpha {r['alpha']:.3f}  c {r['c']:.3f}  "
+                      f"speedup {r['speedup']:.3f}  alpha {r['alpha']:.3f}  "
+                      f"c {'–' if r['c'] is None else format(r['c'], '.3f')}  "
                       f"wall {r['wall']:.2f} s  tokens {r['tokens']}", flush=True)
 
     t = threading.Thread(target=work)
