@@ -22,7 +22,8 @@ import plotly.graph_objects as go
 
 from ..engine.events import RoundEvent
 from .charts import BLUE, FONT, ORANGE, PURPLE, _layout
-from .render import _num, esc
+from ..format import number
+from .render import esc
 
 REST = "rest of the vocabulary"
 
@@ -154,8 +155,8 @@ def panel_html(rnd: RoundEvent, i: int, tok) -> str:
         tested = i <= rnd.n_accepted
         verdict = ("not tested: an earlier draft was rejected" if not tested else
                    "accepted (u < min(1, p/q))" if i < rnd.n_accepted else "rejected (u ≥ min(1, p/q))")
-        lines.append(f"drafted token #{x}: p(x) = {_num(p, '{:.4f}')}, q(x) = {_num(q, '{:.4f}')}, "
-                     f"min(1, p/q) = <b>{_num(ratio, '{:.4f}')}</b>, u = <b>{_num(u, '{:.4f}')}</b>: "
+        lines.append(f"drafted token #{x}: p(x) = {number(p, '{:.4f}')}, q(x) = {number(q, '{:.4f}')}, "
+                     f"min(1, p/q) = <b>{number(ratio, '{:.4f}')}</b>, u = <b>{number(u, '{:.4f}')}</b>: "
                      f"{verdict}")
         lines.append(_gauge(u if tested else None, ratio))
     if i == rnd.n_accepted and rnd.appended_id >= 0:

@@ -98,6 +98,8 @@ class RunView:
         self.clock = 0.0  # shared display clock (virtual in fair mode)
         self.note = ""
         self.method = "draft"  # where the guesses came from (RunRequest.method)
+        self.gamma_auto = False  # γ chosen each round (engine/gamma.py): predict at the mean drafted γ
+        self.precision = "float32"  # the target's dtype: sets the greedy near-tie threshold
         self.error = ""  # a failed run's message for the visitor
         self.costs = None  # the pair's CostModel (engine/costs.py) when it was calibrated at load
         # per spec round: (t_end, measured, Leviathan's predicted, verify-cost-aware predicted) speedup
@@ -112,23 +114,23 @@ class RunView:
         return self.base.summary is not None and self.spec.summary is not None
 
     def add(self, side: str, ev) -> None:
-        v = self.side(side)
+        view = self.side(side)
         if isinstance(ev, TokenEvent):
-            v.tokens.append(ev)
+            view.tokens.append(ev)
             self._base_times.append(ev.t)
-            v.t = max(v.t, ev.t)
+            view.t = max(view.t, ev.t)
         elif isinstance(ev, RoundEvent):
-            v.rounds.append(ev)
+            view.rounds.append(ev)
             if not ev.prompt_tokens:  # round 1 also read the prompt: that is prefill
-                v.draft_time += ev.t_draft
-                v.verify_time += ev.t_verify
-                v.draft_forwards += ev.draft_forwards
-            v.overlap_sum += sum(ev.overlap)
-            v.t = max(v.t, ev.t_end)
+                view.draft_time += ev.t_draft
+                view.verify_time += ev.t_verify
+                view.draft_forwards += ev.draft_forwards
+            view.overlap_sum += sum(ev.overlap)
+            view.t = max(view.t, ev.t_end)
         elif isinstance(ev, RunSummary):
-            v.summary = ev
-            v.t = max(v.t, ev.elapsed)
-        self.clock = max(self.clock, v.t)
+            view.summary = ev
+            view.t = max(view.t, ev.elapsed)
+        self.clock = max(self.clock, view.t)
         if isinstance(ev, RoundEvent):
             self.speedup_series.append((ev.t_end, *self._speedup_at(ev)))
         elif isinstance(ev, RunSummary) and side == "speculative":
@@ -170,6 +172,7 @@ class RunView:
         if not self.spec.rounds:
             return {"rounds": 0}
         spec.gamma = self.gamma
+        spec.gamma_policy = "auto" if self.gamma_auto else spec.gamma_policy
         st = run_stats(spec, base, self.costs).to_dict()
         st["rounds"] = len(self.spec.rounds)
         return st
@@ -179,13 +182,19 @@ class RunView:
         if not (self.greedy and self.finished):
             return None
         a, b = self.base.summary, self.spec.summary
-        if "stopped" in (a.stop_reason, b.stop_reason) or a.stop_reason == "error" or b.stop_reason == "error":
+        if {a.stop_reason, b.stop_reason} & {"stopped", "error"}:
             return None
-        x, y = a.token_ids, b.token_ids
-        first = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), None)
-        if first is None and len(x) != len(y):
-            first = min(len(x), len(y))
-        return {"identical": first is None, "first_diff": first}
+        if a.token_ids == b.token_ids:
+            return {"identical": True, "first_diff": None}
+        # they differ: a numerical near-tie or a bug? the top-2 logit gaps of both runs say
+        from ..engine.equality import compare_greedy, output_tokens
+        eq = compare_greedy(output_tokens(self.base.tokens), output_tokens(self.spec.rounds), self.precision)
+        verdict = "mismatch" if eq.verdict == "identical" else eq.verdict
+        first = eq.position if eq.position is not None else next(
+            (i for i, (u, v) in enumerate(zip(a.token_ids, b.token_ids, strict=False)) if u != v),
+            min(len(a.token_ids), len(b.token_ids)))
+        return {"identical": False, "first_diff": first, "verdict": verdict, "gap": eq.gap,
+                "threshold": eq.threshold}
 
     def snapshot(self) -> dict:
         def side(v: SideView) -> dict:

@@ -15,14 +15,17 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from ..engine.metrics import best_gamma, expected_tokens_per_round, predicted_speedup, v_at
+from ..format import number
 from ..request import MAX_GAMMA
 from .charts import BLUE, FONT, GREEN, GRID, ORANGE, VERMILLION, _layout
-from .render import _num, esc
+from .render import esc
 
 ALPHA_MAX = 0.99
 ALPHAS = [round(i / 100, 2) for i in range(0, 100)]  # 0.00 … 0.99
 GAMMAS = list(range(1, MAX_GAMMA + 1))
 DEFAULTS = dict(alpha=0.7, gamma=4, c=0.2)
+HOLLOW = dict(size=12, color="rgba(0,0,0,0)", line=dict(color=BLUE, width=2.5))  # the measured point
+STAR = dict(symbol="star", size=16, color=ORANGE, line=dict(color=FONT, width=1))  # the best γ
 
 
 @dataclass
@@ -116,10 +119,10 @@ def gamma_figure(alpha: float, gamma: int, c: float, measured: Measured | None =
                     line=dict(color=BLUE, width=2.5), marker=dict(size=5),
                     hovertemplate="%{y:.2f}×<extra>predicted speedup</extra>")
     fig.add_scatter(x=[gamma], y=[speed(alpha, gamma, c, curve)], name=f"chosen γ = {gamma}",
-                    mode="markers", marker=dict(size=12, color="rgba(0,0,0,0)", line=dict(color=BLUE, width=2.5)),
+                    mode="markers", marker=HOLLOW,
                     hovertemplate="%{y:.2f}×<extra>chosen γ</extra>")
     fig.add_scatter(x=[best], y=[speed(alpha, best, c, curve)], name=f"optimal γ = {best}",
-                    mode="markers", marker=dict(symbol="star", size=16, color=ORANGE, line=dict(color=FONT, width=1)),
+                    mode="markers", marker=STAR,
                     hovertemplate="%{y:.2f}×<extra>optimal γ</extra>")
     fig.add_vline(x=best, line=dict(color=ORANGE, width=1, dash="dot"))
     if measured is not None:
@@ -152,7 +155,7 @@ def alpha_figure(alpha: float, gamma: int, c: float, measured: Measured | None =
                     mode="lines", line=dict(color=BLUE, width=2.5),
                     hovertemplate="%{y:.2f}×<extra>predicted speedup</extra>")
     fig.add_scatter(x=[alpha], y=[speed(alpha, gamma, c, curve)], name=f"chosen α = {alpha:.2f}",
-                    mode="markers", marker=dict(size=12, color="rgba(0,0,0,0)", line=dict(color=BLUE, width=2.5)),
+                    mode="markers", marker=HOLLOW,
                     hovertemplate="%{y:.2f}×<extra>chosen α</extra>")
     even = break_even_alpha(gamma, c, curve)
     if even is not None and even > 0:
@@ -225,7 +228,8 @@ def nothing_drafted_html(source: str) -> str:
 def measured_html(m: dict | Measured | None) -> str:
     m = Measured.from_dict(m) if isinstance(m, dict) or m is None else m
     if m is None:
-        return ("<div class='sv-runinfo sv-theory-measured'><span class='sv-mode'>Run the live demo (or a replay) "
+        return ("<div class='sv-runinfo sv-theory-measured'><span class='sv-mode'>"
+                "Run the live demo (or a replay) "
                 "and its measured point appears on both charts as a ◆.</span></div>")
     gap = ""
     if m.verify_cost is not None and m.verify_cost > 1.15:
@@ -233,8 +237,9 @@ def measured_html(m: dict | Measured | None) -> str:
                "theory assumes 1: that is most of the gap between measured and predicted.")
     return (
         f"<div class='sv-runinfo sv-theory-measured'><span><b>◆ {esc(m.source)}</b>: α̂ {m.alpha_hat:.3f}, "
-        f"c {m.c:.3f}, γ {m.gamma}, τ {_num(m.tau, '{:.2f}')} tokens per round: measured "
-        f"<b>{_num(m.speedup, '{:.2f}×')}</b>, predicted {_num(m.predicted, '{:.2f}×')}.{gap}</span></div>")
+        f"c {m.c:.3f}, γ {m.gamma}, τ {number(m.tau, '{:.2f}')} tokens per round: measured "
+        f"<b>{number(m.speedup, '{:.2f}×')}</b>, predicted {number(m.predicted, '{:.2f}×')}.{gap}"
+        "</span></div>")
 
 
 FORMULA = (
@@ -247,35 +252,54 @@ FORMULA = (
     "which holds on a GPU with spare compute but rarely on a CPU.</div>")
 
 
-def build_tab():
-    """The theory explorer's layout (call inside a gr.Blocks). Returns its components."""
+@dataclass
+class TheoryTab:
+    """The theory explorer's components."""
+
+    alpha: object  # gr.Slider
+    gamma: object  # gr.Slider
+    c: object  # gr.Slider
+    numbers: object  # gr.HTML
+    measured_html: object  # gr.HTML
+    use_run: object  # gr.Button
+    fig_gamma: object  # gr.Plot
+    fig_alpha: object  # gr.Plot
+    measured: object  # gr.State: the last run's Measured as a dict
+    vmode: object = None  # gr.Radio: v = 1 or the measured v curve
+
+    def measured_outputs(self) -> list:
+        """Components a finished run or replay updates (see measured_updates)."""
+        return [self.measured, self.fig_gamma, self.fig_alpha, self.measured_html, self.use_run]
+
+
+def build_tab() -> TheoryTab:
+    """The theory explorer's layout (call inside a gr.Blocks)."""
     import gradio as gr
 
     g0, a0 = figures(DEFAULTS["alpha"], DEFAULTS["gamma"], DEFAULTS["c"])
-    ui = {}
     with gr.Tab("Theory explorer", id="theory", elem_id="sv-tab-theory"):
         gr.HTML(FORMULA)
         with gr.Row():
-            ui["alpha"] = gr.Slider(0.0, ALPHA_MAX, value=DEFAULTS["alpha"], step=0.01, label="α (acceptance rate)",
-                                    info="Chance that the target keeps a drafted token", elem_id="sv-th-alpha")
-            ui["gamma"] = gr.Slider(1, MAX_GAMMA, value=DEFAULTS["gamma"], step=1, label="γ (draft length)",
-                                    info="Guesses per round", elem_id="sv-th-gamma")
-            ui["c"] = gr.Slider(0.0, 1.0, value=DEFAULTS["c"], step=0.01, label="c (draft cost)",
-                                info="One draft step ÷ one target step", elem_id="sv-th-c")
-        ui["vmode"] = gr.Radio(V_MODES, value=V_MODES[0], label="Verify cost v(γ)", interactive=True,
-                               info="v = 1: Leviathan et al.'s assumption. Measured: the v(k) curve of your "
-                                    "last run or replay (calibrated at load when the pair has it)",
-                               elem_id="sv-th-vmode")
-        ui["numbers"] = gr.HTML(numbers_html(**DEFAULTS), elem_id="sv-th-numbers")
+            alpha = gr.Slider(0.0, ALPHA_MAX, value=DEFAULTS["alpha"], step=0.01, label="α (acceptance rate)",
+                              info="Chance that the target keeps a drafted token", elem_id="sv-th-alpha")
+            gamma = gr.Slider(1, MAX_GAMMA, value=DEFAULTS["gamma"], step=1, label="γ (draft length)",
+                              info="Guesses per round", elem_id="sv-th-gamma")
+            c = gr.Slider(0.0, 1.0, value=DEFAULTS["c"], step=0.01, label="c (draft cost)",
+                          info="One draft step ÷ one target step", elem_id="sv-th-c")
+        vmode = gr.Radio(V_MODES, value=V_MODES[0], label="Verify cost v(γ)", interactive=True,
+                         info="v = 1: Leviathan et al.'s assumption. Measured: the v(k) curve of your "
+                              "last run or replay (calibrated at load when the pair has it)",
+                         elem_id="sv-th-vmode")
+        numbers = gr.HTML(numbers_html(**DEFAULTS), elem_id="sv-th-numbers")
         with gr.Row():
-            ui["measured_html"] = gr.HTML(measured_html(None), elem_id="sv-th-measured")
-            ui["use_run"] = gr.Button("Set the sliders to the run's α̂, γ, c", size="sm", interactive=False,
-                                      scale=0, min_width=280, elem_id="sv-th-use-run")
+            measured_box = gr.HTML(measured_html(None), elem_id="sv-th-measured")
+            use_run = gr.Button("Set the sliders to the run's α̂, γ, c", size="sm", interactive=False,
+                                scale=0, min_width=280, elem_id="sv-th-use-run")
         with gr.Row():
-            ui["fig_gamma"] = gr.Plot(g0, show_label=False, elem_id="sv-th-gamma-chart")
-            ui["fig_alpha"] = gr.Plot(a0, show_label=False, elem_id="sv-th-alpha-chart")
-        ui["measured"] = gr.State(None)
-    return ui
+            fig_gamma = gr.Plot(g0, show_label=False, elem_id="sv-th-gamma-chart")
+            fig_alpha = gr.Plot(a0, show_label=False, elem_id="sv-th-alpha-chart")
+        measured = gr.State(None)
+    return TheoryTab(alpha, gamma, c, numbers, measured_box, use_run, fig_gamma, fig_alpha, measured, vmode)
 
 
 def update(alpha, gamma, c, measured, vmode=V_MODES[0]):
@@ -284,29 +308,25 @@ def update(alpha, gamma, c, measured, vmode=V_MODES[0]):
     return fg, fa, numbers_html(alpha, gamma, c, run_curve(measured, vmode))
 
 
-def wire(ui: dict) -> None:
-    """Hook the tab's own events (sliders, the use-my-run button)."""
+def use_run(measured):
+    """The use-my-run button: the sliders to the run's α̂, γ, c."""
     import gradio as gr
 
-    sliders = [ui["alpha"], ui["gamma"], ui["c"]]
-    outs = [ui["fig_gamma"], ui["fig_alpha"], ui["numbers"]]
-    for s in [*sliders, ui["vmode"]]:
-        s.change(update, [*sliders, ui["measured"], ui["vmode"]], outs, api_visibility="private",
-                 show_progress="hidden", queue=False, trigger_mode="always_last")
-
-    def use_run(measured):
-        m = Measured.from_dict(measured)
-        if m is None:
-            return gr.skip(), gr.skip(), gr.skip()
-        return min(round(m.alpha_hat, 2), ALPHA_MAX), m.gamma, min(round(m.c, 2), 1.0)
-
-    ui["use_run"].click(use_run, ui["measured"], sliders, api_visibility="private", show_progress="hidden",
-                        queue=False)
+    m = Measured.from_dict(measured)
+    if m is None:
+        return gr.skip(), gr.skip(), gr.skip()
+    return min(round(m.alpha_hat, 2), ALPHA_MAX), m.gamma, min(round(m.c, 2), 1.0)
 
 
-def measured_outputs(ui: dict) -> list:
-    """Components a finished run or replay updates (see measured_updates)."""
-    return [ui["measured"], ui["fig_gamma"], ui["fig_alpha"], ui["measured_html"], ui["use_run"]]
+def wire(tab: TheoryTab) -> None:
+    """Hook the tab's own events (sliders, the use-my-run button)."""
+    sliders = [tab.alpha, tab.gamma, tab.c]
+    outs = [tab.fig_gamma, tab.fig_alpha, tab.numbers]
+    for slider in [*sliders, tab.vmode]:
+        slider.change(update, [*sliders, tab.measured, tab.vmode], outs, api_visibility="private",
+                      show_progress="hidden", queue=False, trigger_mode="always_last")
+    tab.use_run.click(use_run, tab.measured, sliders, api_visibility="private", show_progress="hidden",
+                      queue=False)
 
 
 def measured_updates(m: Measured | None, alpha, gamma, c, vmode=V_MODES[0]) -> list:
