@@ -110,7 +110,8 @@ class _Round:
 def _inspect(rd: _Round, stream: TextStream, clock: Clock) -> None:
     """The p/q inspector's top-k (a few ms on a 150k vocabulary): page bookkeeping, off the clock."""
     t = clock.now()
-    rd.dists, rd.residual = round_dists(rd.p, rd.q, rd.v.n_accepted, rd.v.resampled, text_of=stream.token_text)
+    rd.dists, rd.residual = round_dists(rd.p, rd.q, rd.v.n_accepted, rd.v.resampled,
+                                        text_of=stream.token_text)
     clock.exclude(clock.now() - t)
 
 

@@ -21,8 +21,8 @@ import gradio as gr  # module level: the handler's gr.EventData / gr.Request ann
 import plotly.graph_objects as go
 
 from ..engine.events import RoundEvent
-from .charts import BLUE, FONT, ORANGE, PURPLE, _layout
 from ..format import number
+from .charts import BLUE, FONT, ORANGE, PURPLE, _layout
 from .render import esc
 
 REST = "rest of the vocabulary"
