@@ -180,7 +180,8 @@ def generate(args) -> int:
         eq = _greedy_check(pair, sreq, results)
         failed |= eq is not None and not eq.ok
         for mode, (events, summary) in results.items():
-            stats = run_stats(summary, base).to_dict() if mode == "speculative" else None
+            stats = run_stats(summary, base, getattr(pair, "costs", None)).to_dict() \
+                if mode == "speculative" else None
             if stats is not None and method_info.summarize(events):
                 stats["method_info"] = method_info.summarize(events)
             if args.json:
@@ -223,15 +224,25 @@ def _print_human(mode, events, summary: RunSummary, stats):
           f"(prefill {summary.prefill:.2f} s, {summary.target_forwards} target forwards, "
           f"stop: {summary.stop_reason})")
     if stats:
-        print(f"rounds {summary.rounds}  drafted {summary.drafted}  accepted {summary.accepted}  "
-              f"α {number(stats['alpha'])}  α̂ {number(stats['alpha_hat'])}  "
-              f"τ {number(stats['tau'], '{:.2f}')}  "
-              f"c {number(stats['c'])}")
-        print(f"time: draft {summary.draft_time:.2f} s, verify {summary.verify_time:.2f} s  "
-              f"speedup {number(stats['speedup'], '{:.2f}×')}  "
-              f"predicted {number(stats['predicted'], '{:.2f}×')}  best γ {stats['best_gamma']}")
+        _print_stats(summary, stats)
         if stats.get("method_info"):
             print(f"method: {method_info.describe(stats['method_info'])}")
+
+
+def _print_stats(s: RunSummary, stats: dict) -> None:
+    def fmt(v, f="{:.3f}"):
+        return number(v, f, missing="–")  # "–": not measured yet
+    basis = f" (÷ {stats['c_basis']})" if stats.get("c_basis") else " (no draft forward timed yet)"
+    print(f"rounds {s.rounds}  drafted {s.drafted}  accepted {s.accepted}  "
+          f"mean γ drafted {fmt(stats['gamma_mean'], '{:.2f}')}  τ {fmt(stats['tau'], '{:.2f}')}")
+    print(f"expected acceptance α̂ (mean Σ min(p,q), Leviathan's α) {fmt(stats['alpha_hat'])}  "
+          f"accepted ÷ drafted {fmt(stats['alpha'])}  c {fmt(stats['c'])}{basis}")
+    print(f"time: draft {s.draft_time:.2f} s, verify {s.verify_time:.2f} s  "
+          f"verify cost v {fmt(stats['verify_cost'], '{:.2f}')} plain steps  "
+          f"speedup {fmt(stats['speedup'], '{:.2f}×')}")
+    print(f"predicted {fmt(stats['predicted_v'], '{:.2f}×')} with v(γ) from {stats['v_basis'] or '–'}, "
+          f"{fmt(stats['predicted'], '{:.2f}×')} by Leviathan (v = 1)  "
+          f"best γ {fmt(stats['best_gamma'], '{}')} (v = 1: {fmt(stats['best_gamma_leviathan'], '{}')})")
 
 
 # ------------------------------------------------------------------- trace
@@ -318,7 +329,7 @@ def race_distortion(args) -> int:
                 r = measure(pair, req, ids, mode)[0]
                 results.setdefault(mode, []).append(r)
                 print(f"{mode:8s} base {r['base_tps']:8.2f} tok/s  spec {r['spec_tps']:8.2f} tok/s  "
-                      f"speedup {r['speedup']:.3f}  alpha {r['alpha']:.3f}  c {r['c']:.3f}  "
+                      f"speedup {r['speedup']:.3f}  alpha {r['alpha']:.3f}  c {number(r['c'], missing='–')}  "
                       f"wall {r['wall']:.2f} s  tokens {r['tokens']}", flush=True)
 
     worker = threading.Thread(target=work)

@@ -36,6 +36,7 @@ from typing import Iterator
 
 import torch
 
+from . import isolation
 from .engine.clock import Clock, VirtualClock
 from .engine.events import RoundEvent, RunSummary, TokenEvent, event_time
 from .runner import run_events
@@ -93,10 +94,11 @@ def race(pair, req, prompt_ids: list[int], mode: str = "fair", *, stop: threadin
         timer = None
     either = _Either(stop, halt)
     try:
-        if mode == "fair":
-            yield from _fair(pair, req, prompt_ids, either, sides)
-        else:
-            yield from _parallel(pair, req, prompt_ids, either, halt, sides)
+        with isolation.racing():  # the page refuses pair loads meanwhile
+            if mode == "fair":
+                yield from _fair(pair, req, prompt_ids, either, sides)
+            else:
+                yield from _parallel(pair, req, prompt_ids, either, halt, sides)
     finally:
         halt.set()
         if timer is not None:
@@ -124,11 +126,13 @@ def on_engine_thread(fn, *args, **kwargs):
 
 
 def _step(gen, clock: VirtualClock):
-    clock.resume()
-    try:
-        return next(gen)
-    finally:
-        clock.pause()
+    # the lock first: waiting for a replay's render or a load is not this side's time
+    with isolation.timed_step():
+        clock.resume()
+        try:
+            return next(gen)
+        finally:
+            clock.pause()
 
 
 def _fair(pair, req, prompt_ids, stop, sides) -> Iterator[tuple[str, Event]]:
@@ -223,7 +227,7 @@ def measure(pair, req, prompt_ids, mode: str, repeats: int = 1) -> list[dict]:
         summaries = {s: ev for s, ev in race(pair, req, prompt_ids, mode, info=info)
                      if isinstance(ev, RunSummary)}
         base, spec = summaries["baseline"], summaries["speculative"]
-        st = run_stats(spec, base)
+        st = run_stats(spec, base, getattr(pair, "costs", None))
         rows.append(dict(mode=mode, base_tps=base.tokens_per_s, spec_tps=spec.tokens_per_s,
                          speedup=st.speedup, alpha=st.alpha, c=st.c, predicted=st.predicted,
                          wall=info.wall, tokens=(base.n_tokens, spec.n_tokens)))

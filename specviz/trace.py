@@ -149,7 +149,20 @@ def trace_for(req, pair, mode: str, label: str = "") -> Trace:
     tr.meta.update(request_meta(req, pair))
     import torch
     tr.meta["torch_threads"] = torch.get_num_threads()  # CPU timings depend on it
+    costs = getattr(pair, "costs", None)
+    if costs is not None:  # the calibration (plain step, v(k)) the page's predictions use
+        tr.meta["costs"] = costs.to_dict()
     return tr
+
+
+def trace_costs(tr: Trace):
+    """The CostModel recorded with a trace, or None (older traces, uncalibrated pairs)."""
+    from .engine.costs import CostModel
+    d = tr.meta.get("costs")
+    try:
+        return CostModel.from_dict(d) if d else None
+    except (TypeError, KeyError):
+        return None
 
 
 def describe(tr: Trace) -> str:

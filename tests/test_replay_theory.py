@@ -239,3 +239,18 @@ def test_records_delete_a_forgotten_sessions_files(recorded):
         rp.export(recorded, records.folder(key))
     assert not records.folder("a").exists()  # evicted with its session
     assert all(any(records.folder(k).glob("specviz-*.json")) for k in "bc")
+
+
+def test_measured_v_curve_option():
+    curve = [1.0 + 0.1 * k for k in range(17)]
+    m = theory.Measured(alpha_hat=0.8, c=0.1, gamma=4, speedup=1.3, predicted=2.0, v_curve=curve)
+    g1, _ = theory.figures(0.8, 4, 0.1, m, theory.V_MODES[0])
+    g2, _ = theory.figures(0.8, 4, 0.1, m, theory.V_MODES[1])
+    s1, s2 = _trace(g1, "predicted speedup"), _trace(g2, "predicted speedup")
+    assert list(s1.y) == pytest.approx([predicted_speedup(0.8, g, 0.1) for g in range(1, 17)])
+    assert list(s2.y) == pytest.approx([predicted_speedup(0.8, g, 0.1, curve[g]) for g in range(1, 17)])
+    assert _trace(g2, "optimal").x[0] < _trace(g1, "optimal").x[0]  # verify cost shortens the best γ
+    html = theory.numbers_html(0.8, 4, 0.1, curve)
+    assert "v(γ) = <b>1.40</b>" in html
+    # no run yet, or v = 1 picked: Leviathan's curve
+    assert theory.run_curve(None, theory.V_MODES[1]) is None and theory.run_curve(m, theory.V_MODES[0]) is None

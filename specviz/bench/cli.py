@@ -202,7 +202,7 @@ def _run_block(bench: Bench, prompt: BenchPrompt, ids: list[int], repeat: int, r
     base = next(r for r in block if r.family == "plain")
     for run in block:
         if run.engine == "specviz" and run.family != "plain" and run.summary is not None:
-            runs_mod.add_stats(run, base.summary)
+            runs_mod.add_stats(run, base.summary, getattr(bench.pair, "costs", None))
     with open(bench.out / "runs.partial.jsonl", "a") as f:  # what a killed bench leaves behind
         for run in block:
             f.write(json.dumps({**run.row(), "token_ids": run.token_ids}) + "\n")
@@ -278,7 +278,9 @@ def run_bench(argv: list[str]) -> int:
     out = Path(args.out or Path("bench-results") / _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     bench = Bench(resolve_settings(args), out)
     out.mkdir(parents=True, exist_ok=True)
-    prompts = load_prompts(bench.settings.tasks, bench.settings.counts, args.prompts_json)
+    # --prompts-json: every prompt in the file unless --n-prompts limits it
+    counts = bench.settings.counts if (args.n_prompts is not None or not args.prompts_json) else None
+    prompts = load_prompts(bench.settings.tasks, counts, args.prompts_json)
     if not prompts:
         raise RequestError("no prompts selected: check --tasks / --n-prompts / --prompts-json")
     _load(bench, args, argv, t_start)

@@ -23,13 +23,13 @@ RUN_COLUMNS = [
     "peak_rss_mb", "cuda_peak_mb", "match", "first_diff", "rounds", "drafted", "accepted",
     "draft_time", "verify_time", "draft_forwards", "target_forwards", "prefill",
     "alpha", "alpha_hat", "tau", "c", "v", "t_draft_step", "t_target_step", "speedup_run",
-    "predicted", "load1", "error",
+    "predicted", "gamma_mean", "predicted_v", "load1", "error",
 ]
 FROM_SUMMARY = ("target_forwards", "prefill")  # every SpecViz run
 FROM_ROUNDS = ("rounds", "drafted", "accepted", "draft_time", "verify_time", "draft_forwards")  # speculative
 FROM_STATS = {"alpha": "alpha", "alpha_hat": "alpha_hat", "tau": "tau", "c": "c", "v": "verify_cost",
               "t_draft_step": "t_draft_step", "t_target_step": "t_target_step", "speedup_run": "speedup",
-              "predicted": "predicted"}
+              "predicted": "predicted", "gamma_mean": "gamma_mean", "predicted_v": "predicted_v"}
 
 
 class OutputMismatch(RuntimeError):
@@ -284,6 +284,7 @@ def measure(pair, variant: Variant, prompt: BenchPrompt, ids: list[int], max_new
     return run
 
 
-def add_stats(run: Run, base: RunSummary) -> None:
-    """α, τ, c, prediction of a speculative run: run_stats against the paired baseline."""
-    run.stats = run_stats(run.summary, base)
+def add_stats(run: Run, base: RunSummary, costs=None) -> None:
+    """α, τ, c, predictions of a speculative run: run_stats against the paired baseline
+    (`costs`: the pair's CostModel, for the verify-cost-aware prediction)."""
+    run.stats = run_stats(run.summary, base, costs)

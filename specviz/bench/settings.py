@@ -120,8 +120,10 @@ def resolve_settings(args) -> Settings:
                     gamma_other=args.gamma_other, gamma_auto=gamma_auto)
 
 
-def load_prompts(tasks: list[str], counts: dict[str, int], prompts_json: str | None) -> list[BenchPrompt]:
-    """The packaged prompt sets, or a JSON list of {id, task, text[, chat_template]}."""
+def load_prompts(tasks: list[str], counts: dict[str, int] | None,
+                 prompts_json: str | None) -> list[BenchPrompt]:
+    """The packaged prompt sets, or a JSON list of {id, task, text[, chat_template]}
+    (counts None: every prompt of the file)."""
     if prompts_json:
         items = json.loads(Path(prompts_json).read_text())
         out = []
@@ -131,7 +133,7 @@ def load_prompts(tasks: list[str], counts: dict[str, int], prompts_json: str | N
                 continue
             out.append(BenchPrompt(item.get("id", f"{task}/{i}"), task, item["text"],
                                    bool(item.get("chat_template", task in CHAT_TASKS)), prompts_json))
-        by_task = {t: [p for p in out if p.task == t][: counts.get(t, 0) or None] for t in tasks}
+        by_task = {t: [p for p in out if p.task == t][: (counts or {}).get(t, 0) or None] for t in tasks}
         return [p for t in tasks for p in by_task[t]]
     from ..prompts import prompt_set
     out = []

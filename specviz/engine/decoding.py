@@ -20,6 +20,7 @@ from transformers import DynamicCache
 from .clock import Clock
 from .events import Outcome, RoundEvent, RunSummary, TokenEvent
 from .forward import crop_cache, forward_logits, pick
+from .inspect import round_dists
 from .proposers.base import Proposer
 from .sampling import SamplingParams, Verdict, top2_gap, verify, warp
 from .text import TextStream
@@ -102,6 +103,17 @@ class _Round:
     t_drafted: float
     t_end: float
     info: dict = field(default_factory=dict)  # the proposal's method-specific info, for RoundEvent.info
+    q: torch.Tensor | None = None  # (k, V) draft distributions (the inspector's top-k reads them)
+    dists: list = field(default_factory=list)  # engine/inspect.py, filled by _inspect
+    residual: dict | None = None
+
+
+def _inspect(rd: _Round, stream: TextStream, clock: Clock) -> None:
+    """The p/q inspector's top-k (a few ms on a 150k vocabulary): page bookkeeping, off the clock."""
+    t = clock.now()
+    rd.dists, rd.residual = round_dists(rd.p, rd.q, rd.v.n_accepted, rd.v.resampled,
+                                        text_of=stream.token_text)
+    clock.exclude(clock.now() - t)
 
 
 def _draft_and_verify(target, proposer, committed, cache, g, params, gen, eos, clock) -> _Round:
@@ -117,7 +129,8 @@ def _draft_and_verify(target, proposer, committed, cache, g, params, gen, eos, c
     q = _pad_to(prop.q.to(p.device), p.shape[-1]) if k else p[:0]
     v = verify(torch.tensor(prop.tokens, device=p.device, dtype=torch.long), q, p, gen)
     gaps = top2_gap(logits) if params.greedy else None
-    return _Round(prop.tokens, prop.forwards, fed, p, gaps, v, t_start, t_drafted, clock.now(), prop.info)
+    return _Round(prop.tokens, prop.forwards, fed, p, gaps, v, t_start, t_drafted, clock.now(),
+                  info=prop.info, q=q)
 
 
 def _kept(rd: _Round, eos, remaining: int) -> tuple[list[int], bool]:
@@ -176,6 +189,7 @@ def _round_event(rd: _Round, s: RunSummary, r: int, appended: bool, tokens, prom
         t_verify=rd.t_end - rd.t_drafted, t_end=rd.t_end, draft_forwards=rd.forwards, tokens=tokens,
         total_tokens=len(s.token_ids), total_drafted=s.drafted, total_accepted=s.accepted,
         target_forwards=s.target_forwards, prompt_tokens=prompt_tokens, info=rd.info,
+        dists=rd.dists, residual=rd.residual,
     )
 
 
@@ -224,6 +238,7 @@ def speculative(
         # never draft past the budget: the last slot is the target's own token
         g = min(g, max(1, remaining - 1))
         rd = _draft_and_verify(target, proposer, committed, cache, g, params, gen, eos, clock)
+        _inspect(rd, stream, clock)
         new, hit_eos = _kept(rd, eos, remaining)
         committed += new
         s.token_ids += new

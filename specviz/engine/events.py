@@ -97,6 +97,9 @@ class RoundEvent:
     target_forwards: int = 0
     prompt_tokens: int = 0  # >0: this forward also read the prompt (round 1): its time is prefill
     info: dict = field(default_factory=dict)  # method-specific, JSON-able (n-gram won, lookup hits, ...)
+    # the p/q inspector (engine/inspect.py): top-k of p and q per position, never the full vocabulary
+    dists: list[dict] = field(default_factory=list)  # rows 0..γ-1: drafted positions; row γ: appended
+    residual: dict | None = None  # top-k of norm(max(0, p - q)) at the rejected position, if any
 
     @property
     def n_new(self) -> int:

@@ -103,7 +103,8 @@ def accept_ratio(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
 
 def overlap(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Σ_x min(p(x), q(x)) per row: the exact acceptance probability of a draft
-    token given the prefix (1 - total variation). Its mean is the unbiased α."""
+    token given the prefix (1 - total variation). Its mean over drafted positions is
+    α̂, the expected acceptance (Leviathan et al.'s α)."""
     return torch.minimum(p, q).sum(dim=-1)
 
 

@@ -11,6 +11,7 @@ import gradio as gr
 from ..models import PairSpec
 from ..prompts import load_presets
 from ..request import Limits
+from . import inspector
 from . import replay as replay_ui
 from .handlers import STOP_GRACE, Handlers, pair_choices, session_key
 from .layout import Page, build_page
@@ -62,6 +63,7 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
                                       **once)
     replay = replay_ui.ReplayHandlers(page.replay.traces, handlers.records, handlers.sessions, session_key,
                                       STOP_GRACE, handlers.limits.max_seconds)
+    inspector.wire(page.spec_pane, page.inspector, session_key)
     replay_events = replay_ui.wire(page.replay, page.theory, replay, page.run_outputs,
                                    [run_event, submit_event],
                                    run_triggers=[page.run_btn.click, page.prompt.submit])

@@ -74,6 +74,11 @@ def speedup_chart(view: RunView) -> go.Figure:
     fig.add_scatter(x=t, y=[p[2] for p in pts], name="Leviathan prediction (measured α̂, c)",
                     mode="lines", line=dict(color=ORANGE, width=2.5, dash="dash"), connectgaps=False,
                     hovertemplate="%{y:.2f}×<extra>predicted</extra>")
+    if any(len(p) > 3 and p[3] is not None for p in pts):
+        fig.add_scatter(x=t, y=[p[3] if len(p) > 3 else None for p in pts],
+                        name="with the measured verify cost v(γ)", mode="lines", connectgaps=False,
+                        line=dict(color=VERMILLION, width=2, dash="dot"),
+                        hovertemplate="%{y:.2f}×<extra>predicted with v(γ)</extra>")
     return fig
 
 

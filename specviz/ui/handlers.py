@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
+from .. import isolation
 from ..errors import ModelError, free_memory, run_error_text
 from ..models import PairSpec, available_pairs, resolve_pair
 from ..race import MODES, RaceInfo, race
 from ..request import Limits, RequestError, encode_prompt, make_request
 from ..trace import record, trace_for
-from . import render
+from . import inspector, render
 from . import replay as replay_ui
 from .loader import ModelManager
 from .panes import PaneStream, message_outputs
@@ -166,6 +167,11 @@ class Handlers:
             status = self.manager.status(session_key(request))
             return (render.message_html(str(e)) + render.status_html(status), button_state(status),
                     gr.Timer(active=False))
+        if isolation.race_running():  # it would share the CPU with timed steps (specviz/isolation.py)
+            gr.Warning(isolation.REFUSE_LOAD)
+            status = self.manager.status(session_key(request))
+            return (render.message_html(isolation.REFUSE_LOAD, "warning") + render.status_html(status),
+                    button_state(status), gr.Timer(active=False))
         if not self.manager.start(spec, owner=session_key(request)):
             gr.Warning("A model pair is already loading: wait until it is ready.")
         status = self.manager.status(session_key(request))
@@ -209,6 +215,8 @@ class Handlers:
         try:
             view = RunView(req.gamma, req.temperature, mode, req.prompt, req.chat_template)
             view.method, view.gamma_auto, view.precision = req.method, req.gamma_auto, str(pair.dtype)
+            view.costs = getattr(pair, "costs", None)  # calibration at load: plain step and v(k)
+            inspector.LATEST.put(key, view.spec.rounds)  # the p/q inspector reads the rounds as they come
             head = render.prompt_span(req.prompt, req.chat_template and pair.has_chat_template)
             info = RaceInfo(mode)
             stream = race(pair, req, ids, mode, stop=stop, time_limit=self.limits.max_seconds, info=info)

@@ -9,7 +9,7 @@ import gradio as gr
 
 from ..engine.proposers import method_names, method_spec
 from ..request import MAX_GAMMA, Limits
-from . import render, theory
+from . import inspector, render, theory
 from . import replay as replay_ui
 from .charts import all_charts
 from .handlers import PairChoices
@@ -59,6 +59,7 @@ class Page:
     stats: gr.HTML
     plots: list[gr.Plot]  # α, speedup, time, position
     theory: object  # theory.build_tab()'s components
+    inspector: dict | None = None  # ui/inspector.py build()'s components
 
     @property
     def run_inputs(self) -> list:
@@ -155,7 +156,9 @@ def _panes_and_charts(first: dict, default_mode: str) -> dict:
             gr.HTML("<div class='sv-pane-title'>Speculative: draft guesses, target verifies</div>")
             spec_pane = gr.HTML("<span class='sv-placeholder'>Press Run: speculative rounds stream here."
                                 "</span>",
-                                elem_classes=["sv-pane"], elem_id="sv-speculative", autoscroll=True)
+                                elem_classes=["sv-pane"], elem_id="sv-speculative", autoscroll=True,
+                                js_on_load=inspector.PANE_JS)  # token clicks → the p/q inspector
+    insp = inspector.build()  # click a token of the speculative pane: p, q, u, residual
     stats = gr.HTML(render.stats_html(RunView(first["gamma"], 0.0, default_mode).snapshot()),
                     elem_id="sv-stats")
     empty = all_charts(RunView(first["gamma"], 0.0, default_mode))
@@ -164,7 +167,8 @@ def _panes_and_charts(first: dict, default_mode: str) -> dict:
     for row in range(2):
         with gr.Row():
             plots += [gr.Plot(empty[i], show_label=False, elem_id=ids[i]) for i in (2 * row, 2 * row + 1)]
-    return dict(run_info=run_info, base_pane=base_pane, spec_pane=spec_pane, stats=stats, plots=plots)
+    return dict(run_info=run_info, base_pane=base_pane, spec_pane=spec_pane, stats=stats, plots=plots,
+                inspector=insp)
 
 
 def build_page(*, presets: list[dict], choices: PairChoices, limits: Limits, default_mode: str,

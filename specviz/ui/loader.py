@@ -10,6 +10,7 @@ import gc
 import threading
 import time
 
+from .. import isolation
 from ..errors import load_error_text
 from ..models import PairSpec, load_pair
 
@@ -58,7 +59,8 @@ class ModelManager:
             extra = {"quantize": self.quantize} if self.quantize else {}
             if self.precision:
                 extra["precision"] = self.precision
-            pair = self._loader(spec, device=self.device, progress=self._progress, **extra)
+            with isolation.untimed_work():  # never during a timed step of a fair race
+                pair = self._loader(spec, device=self.device, progress=self._progress, **extra)
         except BaseException as err:  # noqa: BLE001 - shown in the page, the app keeps serving
             with self._lock:
                 self.error = load_error_text(err)

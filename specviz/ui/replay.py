@@ -26,11 +26,12 @@ from typing import Callable, Iterator
 
 import gradio as gr  # module level: handlers' `request: gr.Request` annotations must resolve
 
+from .. import isolation
 from ..engine.events import RoundEvent, RunSummary
 from ..engine.proposers import REGISTRY
 from ..race import SIDES
-from ..trace import Trace, event_time, load_trace, replay
-from . import render, theory
+from ..trace import Trace, event_time, load_trace, replay, trace_costs
+from . import inspector, render, theory
 from .charts import all_charts
 from .panes import PaneStream, message_outputs
 from .state import RunView
@@ -165,6 +166,7 @@ def view_for(tr: Trace) -> tuple[RunView, str]:
                    str(m.get("execution_mode") or "fair"),
                    prompt, chat)
     view.method = str(settings.get("method") or (spec.method if spec is not None else "draft"))
+    view.costs = trace_costs(tr)
     head = render.prompt_span(prompt, bool(m.get("chat_applied", chat)))
     return view, head
 
@@ -195,7 +197,8 @@ def rounds_csv(tr: Trace) -> str:
     w.writerow(["round", "gamma", "accepted", "appended", "new_tokens", "t_start", "t_draft", "t_verify",
                 "t_end", "draft_forwards", "total_tokens", "total_drafted", "total_accepted", "alpha_round",
                 "alpha_so_far", "alpha_hat_so_far", "target_forwards", "spec_tokens_per_s",
-                "baseline_tokens_by_t_end", "speedup_so_far", "predicted_so_far", "draft_ids"])
+                "baseline_tokens_by_t_end", "speedup_so_far", "predicted_so_far", "predicted_v_so_far",
+                "draft_ids"])
 
     def f(x, d=6):
         return "" if x is None else round(x, d)
@@ -204,7 +207,7 @@ def rounds_csv(tr: Trace) -> str:
         view.add(side, ev)
         if side != "speculative" or not isinstance(ev, RoundEvent):
             continue
-        _, measured, predicted = view.speedup_series[-1]
+        _, measured, predicted, predicted_v = view.speedup_series[-1]
         appended = "none" if ev.appended_id == -1 else ("resampled" if ev.resampled else "bonus")
         base_n = sum(1 for t in view.base.tokens if t.t <= ev.t_end)
         w.writerow([ev.index + 1, ev.gamma, ev.n_accepted, appended, ev.n_new, f(ev.t_start), f(ev.t_draft),
@@ -213,7 +216,7 @@ def rounds_csv(tr: Trace) -> str:
                     f(ev.total_accepted / ev.total_drafted if ev.total_drafted else None, 4),
                     f(view.spec.overlap_sum / ev.total_drafted if ev.total_drafted else None, 4),
                     ev.target_forwards, f(ev.total_tokens / ev.t_end if ev.t_end > 0 else None, 4), base_n,
-                    f(measured, 4), f(predicted, 4), " ".join(map(str, ev.draft_ids))])
+                    f(measured, 4), f(predicted, 4), f(predicted_v, 4), " ".join(map(str, ev.draft_ids))])
     return buf.getvalue()
 
 
@@ -235,7 +238,8 @@ def play(tr: Trace, speed: float = 1.0, *, stop: threading.Event | None = None, 
          ui_interval: float = 0.25, sleep=None) -> Iterator[list]:
     """The page's outputs while `tr` replays: the same PaneStream as a live run."""
     view, head = view_for(tr)
-    panes = PaneStream(view, head, chart_every, ui_interval, banner=banner_html(tr.meta, speed))
+    panes = PaneStream(view, head, chart_every, ui_interval, banner=banner_html(tr.meta, speed),
+                       guard=isolation.untimed_work)  # never render during a live fair race's timed step
     yield panes.outputs(charts=True)
     kw = {"sleep": sleep} if sleep is not None else {}
     yield from panes.follow(replay(tr.events, speed, stop=stop, **kw))
@@ -390,6 +394,7 @@ class ReplayHandlers:
         self.sessions.stop(key, wait=self.stop_grace)  # this visitor's live run or replay, if any
         stop, done = self.sessions.begin(key)
         self.records.put(key, tr, f"replay: {tr.meta.get('label') or source}")  # its files and theory point
+        inspector.put_trace(key, tr)  # clicks on its tokens open the p/q inspector
         timer = self._deadline(stop)
         try:
             yield from play(tr, pace, stop=stop, chart_every=self.chart_every, ui_interval=self.ui_interval)
@@ -398,7 +403,7 @@ class ReplayHandlers:
                 timer.cancel()
             self.sessions.end(key, done)
 
-    def after(self, alpha, gamma, c, request: gr.Request = None):
+    def after(self, alpha, gamma, c, vmode=None, request: gr.Request = None):
         """A run or replay ended: offer its files, place it on the theory charts."""
         got = self.records.get(self.session_key(request))
         if got is None:
@@ -406,7 +411,7 @@ class ReplayHandlers:
         tr, source = got
         js, cs = export(tr, self.records.folder(self.session_key(request)))
         m = measured_from(tr, source)
-        updates = theory.measured_updates(m, alpha, gamma, c)
+        updates = theory.measured_updates(m, alpha, gamma, c, vmode or theory.V_MODES[0])
         spec = tr.summaries().get("speculative")
         if m is None and spec is not None and spec.rounds and not spec.drafted:
             updates[3] = theory.nothing_drafted_html(source)  # say why no point appears
@@ -425,7 +430,7 @@ def wire(box: ReplayBox, th: theory.TheoryTab, handlers: ReplayHandlers, outputs
     replay playing in the same session. Returns the replay's events (for the
     page's Stop to cancel)."""
     quiet = dict(api_visibility="private", show_progress="hidden")
-    after_in = [th.alpha, th.gamma, th.c]
+    after_in = [th.alpha, th.gamma, th.c, th.vmode]
     after_out = [box.dl_json, box.dl_csv, *th.measured_outputs()]
     for ev in live_events:
         ev.then(handlers.after, after_in, after_out, **quiet)

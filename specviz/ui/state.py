@@ -10,7 +10,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from ..engine.events import RoundEvent, RunSummary, TokenEvent
-from ..engine.metrics import predicted_speedup, run_stats, target_step_time
+from ..engine.metrics import run_stats
 
 
 @dataclass
@@ -101,8 +101,9 @@ class RunView:
         self.gamma_auto = False  # γ chosen each round (engine/gamma.py): predict at the mean drafted γ
         self.precision = "float32"  # the target's dtype: sets the greedy near-tie threshold
         self.error = ""  # a failed run's message for the visitor
-        # per spec round: (t_end, measured speedup, predicted speedup) for the chart
-        self.speedup_series: list[tuple[float, float | None, float | None]] = []
+        self.costs = None  # the pair's CostModel (engine/costs.py) when it was calibrated at load
+        # per spec round: (t_end, measured, Leviathan's predicted, verify-cost-aware predicted) speedup
+        self.speedup_series: list[tuple[float, float | None, float | None, float | None]] = []
         self._base_times: list[float] = []
 
     def side(self, name: str) -> SideView:
@@ -133,47 +134,46 @@ class RunView:
         if isinstance(ev, RoundEvent):
             self.speedup_series.append((ev.t_end, *self._speedup_at(ev)))
         elif isinstance(ev, RunSummary) and side == "speculative":
-            st = run_stats(ev, self.base.partial_summary() if self.base.tokens else None)
-            self.speedup_series.append((ev.elapsed, st.speedup, st.predicted))
+            st = run_stats(ev, self.base.partial_summary() if self.base.tokens else None, self.costs)
+            self.speedup_series.append((ev.elapsed, st.speedup, st.predicted, st.predicted_v))
 
     # ------------------------------------------------------------ numbers
 
-    def _base_rate_at(self, t: float) -> tuple[float | None, float | None]:
-        """Baseline tokens/s and seconds per plain step, using baseline events up to time t."""
-        base = self.base
-        if base.summary is not None and base.summary.elapsed <= t:
-            return (base.summary.tokens_per_s or None), target_step_time(base.summary)
+    def _base_at(self, t: float) -> tuple[float | None, RunSummary | None]:
+        """Baseline tokens/s at time t, and the baseline as it stood then (for its plain step)."""
+        b = self.base
+        if b.summary is not None and b.summary.elapsed <= t:
+            return (b.summary.tokens_per_s or None), b.summary
         n = bisect.bisect_right(self._base_times, t)
         if n == 0:
             return None, None
-        # baseline still running at t: tokens done by t over t
-        rate = n / t if t > 0 else None
-        step = (self._base_times[n - 1] - self._base_times[0]) / (n - 1) if n > 1 else None
-        return rate, step
+        # still running at t: tokens done by t over t; the step from the gaps between them
+        part = RunSummary(mode="baseline", method="plain", token_ids=[], text="", n_tokens=n,
+                          elapsed=self._base_times[n - 1], prefill=self._base_times[0], target_forwards=n,
+                          stop_reason="running")
+        return (n / t if t > 0 else None), part
 
-    def _speedup_at(self, r: RoundEvent) -> tuple[float | None, float | None]:
+    def _speedup_at(self, r: RoundEvent) -> tuple[float | None, float | None, float | None]:
+        """(measured, Leviathan's prediction, verify-cost-aware prediction) after round r."""
         t = r.t_end
-        base_rate, base_step = self._base_rate_at(t)
-        measured = (r.total_tokens / t) / base_rate if (base_rate and t > 0) else None
-        spec = self.spec
-        predicted = None
-        gamma = max(1, round(r.total_drafted / (r.index + 1))) if self.gamma_auto else self.gamma
-        if r.total_drafted and spec.draft_forwards and base_step:
-            alpha_hat = spec.overlap_sum / r.total_drafted
-            c = (spec.draft_time / spec.draft_forwards) / base_step
-            predicted = predicted_speedup(alpha_hat, gamma, c)
-        elif r.total_drafted and spec.draft_forwards == 0 and base_step:  # draft-free proposer: c = 0
-            predicted = predicted_speedup(spec.overlap_sum / r.total_drafted, gamma, 0.0)
-        return measured, predicted
+        rate, base = self._base_at(t)
+        measured = (r.total_tokens / t) / rate if (rate and t > 0) else None
+        st = run_stats(self._spec_summary(), base, self.costs)
+        return measured, st.predicted, st.predicted_v
+
+    def _spec_summary(self) -> RunSummary:
+        spec = self.spec.partial_summary()
+        spec.method = self.method
+        return spec
 
     def stats(self) -> dict:
-        spec = self.spec.partial_summary()
+        spec = self._spec_summary()
         base = self.base.partial_summary() if (self.base.tokens or self.base.summary) else None
         if not self.spec.rounds:
             return {"rounds": 0}
         spec.gamma = self.gamma
         spec.gamma_policy = "auto" if self.gamma_auto else spec.gamma_policy
-        st = run_stats(spec, base).to_dict()
+        st = run_stats(spec, base, self.costs).to_dict()
         st["rounds"] = len(self.spec.rounds)
         return st
 
