@@ -21,7 +21,7 @@ import sys
 
 from specviz.cli import add_pair_args
 from specviz.models import ModelError, resolve_pair
-from specviz.race import MODES, default_mode
+from specviz.race import DEFAULT_MODE, MODES
 from specviz.request import Limits
 
 
@@ -103,7 +103,7 @@ def _default_mode(args) -> str:
     if getattr(args, "engine", "specviz") == "specviz" and args.device in (None, "", "auto", "cuda"):
         from specviz.hosting.gpu import gpus, placement
         return placement(gpus()).default_mode
-    return default_mode(args.device or "cpu")
+    return DEFAULT_MODE
 
 
 def create_app(args):
@@ -117,7 +117,8 @@ def create_app(args):
         loader = vllm_loader(args.vllm_url)
     else:
         loader = host_loader(notes)
-    manager = ModelManager(device=args.device, quantize=getattr(args, "quantize", None), loader=loader)
+    manager = ModelManager(device=args.device, quantize=getattr(args, "quantize", None),
+                           precision=getattr(args, "precision", None), loader=loader)
     spec = None
     try:
         spec = initial_spec(args, notes)

@@ -118,7 +118,7 @@ def test_race_runs_the_baseline_on_its_own_pair(mode, tok, target, draft):
     calls = []
     hook = other.register_forward_hook(lambda *a: calls.append(1))
     pair.baseline_pair = ModelPair(other, None, tok, spec, other.device, other.dtype, [0])
-    req = make_request("def f(x):", "draft", 3, 10, 0.0, 1.0, 0, 0, False)
+    req = make_request("def f(x):", method="draft", gamma=3, max_new_tokens=10, temperature=0.0)
     ids = tok.encode(req.prompt)
     sums = {s: ev for s, ev in race(pair, req, ids, mode) if isinstance(ev, RunSummary)}
     hook.remove()

@@ -51,8 +51,8 @@ def hub_cache(root: Path) -> Path:
 
 SCRIPT = textwrap.dedent("""
     import json, sys
-    import specviz.models as m
-    m._packages_installed = lambda name: False   # the Space never installed requirements-models.txt
+    import specviz.models.embedded as e
+    e.packages_installed = lambda name: False   # the Space never installed requirements-models.txt
     import app
     from specviz.race import race
     from specviz.request import encode_prompt, make_request
@@ -61,7 +61,7 @@ SCRIPT = textwrap.dedent("""
     demo, manager = app.create_app(args)
     assert manager.wait(120), manager.status()
     pair = manager.pair
-    req = make_request("def f(x):", "draft", 3, 12, 0.0, 1.0, 0, 0, False)
+    req = make_request("def f(x):", method="draft", gamma=3, max_new_tokens=12, temperature=0.0)
     ids = encode_prompt(pair.tokenizer, req)
     sums = {s: ev for s, ev in race(pair, req, ids, "fair") if isinstance(ev, RunSummary)}
     print(json.dumps({"target": pair.spec.target, "draft": pair.spec.draft, "label": pair.spec.label,

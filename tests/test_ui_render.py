@@ -158,6 +158,18 @@ def test_charts_build_from_events():
     view.add("speculative", _round(0, [tok("a"), tok("b", Outcome.REJECTED, position=2),
                                        tok("c", Outcome.RESAMPLED, position=0)], 1, t=0.5))
     figs = all_charts(view)
-    assert [len(f.data) for f in figs] == [2, 2, 2, 2]
+    # speedup chart: measured, Leviathan's and the verify-cost-aware prediction
+    assert [len(f.data) for f in figs] == [2, 3, 2, 2]
     pos = figs[3].data[1].y  # kept ÷ tested per position: 1/1 then 0/1
     assert list(pos) == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("text", ["\n", "\n\n", "x\ny", "\r\n"])
+def test_rejected_newline_is_a_symbol_not_a_line_break(text):
+    html = render.token_span(tok(text, Outcome.REJECTED))
+    shown = html[html.index(">") + 1:]  # the text inside the span (the tooltip may hold line breaks)
+    assert "\n" not in shown and "\r" not in shown and render.NL_SYMBOL in shown
+    assert "sv-nl" not in html  # no second ↵ from the CSS
+    # kept tokens keep their real line breaks (they are part of the output)
+    kept = render.token_span(tok(text, Outcome.ACCEPTED))
+    assert "\n" in kept[kept.index(">") + 1:]

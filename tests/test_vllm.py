@@ -211,7 +211,7 @@ def test_page_on_vllm_servers(tiny, servers):
     st = manager.status()
     assert "does not expose" in st["note"] and "γ is fixed by the deployment at 3" in st["note"]
     assert "sv-pair-note" in render.status_html(st)
-    req = make_request("def f(x):", "draft", 3, 16, 0.0, 1.0, 0, 0, False)
+    req = make_request("def f(x):", method="draft", gamma=3, max_new_tokens=16, temperature=0.0)
     ids = encode_prompt(manager.pair.tokenizer, req)
     for mode in ("fair", "parallel"):
         view = RunView(3, 0.0, mode)

@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompts-json", help="JSON list of {id, task, text[, chat_template]} to use instead "
                                            "of the packaged prompt sets")
     ap.add_argument("--max-new-tokens", type=int, help="tokens per run (default 32)")
-    ap.add_argument("--gammas", help="γ sweep of the draft-model method (default 1,2,...,8)")
+    ap.add_argument("--gammas", help="γ sweep of the draft-model method (default 1,2,...,8,auto; "
+                                     "auto: γ chosen each round from the measured costs)")
     ap.add_argument("--hf-gammas", help="constant γ values for HF assisted generation (default 4)")
     ap.add_argument("--gamma-other", type=int, default=4,
                     help="γ for the other SpecViz methods (lookup: tokens per round; adaptive: start) "
@@ -131,7 +132,11 @@ def _load(bench: Bench, args, argv: list[str], t_start: float) -> None:
                   "pair_target": pair.spec.target, "pair_draft": pair.spec.draft,
                   "max_new_tokens": bench.settings.max_new_tokens, "repeats": bench.settings.repeats,
                   "warmup": args.warmup, "settings": asdict(bench.settings),
-                  "load_s": round(time.perf_counter() - t_start, 1)}
+                  "load_s": round(time.perf_counter() - t_start, 1),
+                  "precision_note": pair.precision_note,
+                  "costs": pair.costs.to_dict() if pair.costs else None}
+    if pair.precision_note:
+        _log(f"precision: {pair.precision_note}")
     bench.variants = build_variants(pair, bench.settings, bench.notes)
     if "hf-assisted" in bench.settings.families and pair.draft is None:
         bench.notes.append("HF assisted skipped: this pair has no draft model")
@@ -199,7 +204,7 @@ def _run_block(bench: Bench, prompt: BenchPrompt, ids: list[int], repeat: int, r
     base = next(r for r in block if r.family == "plain")
     for run in block:
         if run.engine == "specviz" and run.family != "plain" and run.summary is not None:
-            runs_mod.add_stats(run, base.summary)
+            runs_mod.add_stats(run, base.summary, getattr(bench.pair, "costs", None))
     with open(bench.out / "runs.partial.jsonl", "a") as f:  # what a killed bench leaves behind
         for run in block:
             f.write(json.dumps({**run.row(), "token_ids": run.token_ids}) + "\n")
@@ -220,13 +225,14 @@ def _run_all(bench: Bench) -> None:
                  f"{spent / 60:.1f} min so far, about {spent / done * (blocks - done) / 60:.1f} min left")
 
 
-def _check(bench: Bench) -> str | None:
-    """Greedy outputs against plain: HF differences become notes, a SpecViz one the failure text."""
-    hf_warnings = check_outputs(bench.runs, strict_only=False)
-    for warning in hf_warnings:
-        bench.notes.append("HF or vLLM output differs from plain (numerical near-tie, bf16?): " + warning)
+def _check(bench: Bench, precision: str) -> str | None:
+    """Greedy outputs against plain: HF differences become notes, a SpecViz one the failure text.
+    `precision`: the target's dtype (the near-tie threshold), read before vLLM rows free our pair."""
+    for warning in check_outputs(bench.runs, strict_only=False, precision=precision):
+        bench.notes.append(warning if warning.startswith("numerical near-tie")
+                           else "HF or vLLM output differs from plain (numerical near-tie?): " + warning)
     try:
-        check_outputs(bench.runs)
+        check_outputs(bench.runs, precision=precision)
     except OutputMismatch as e:
         return str(e)
     return None
@@ -274,7 +280,9 @@ def run_bench(argv: list[str]) -> int:
     out = Path(args.out or Path("bench-results") / _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     bench = Bench(resolve_settings(args), out)
     out.mkdir(parents=True, exist_ok=True)
-    prompts = load_prompts(bench.settings.tasks, bench.settings.counts, args.prompts_json)
+    # --prompts-json: every prompt in the file unless --n-prompts limits it
+    counts = bench.settings.counts if (args.n_prompts is not None or not args.prompts_json) else None
+    prompts = load_prompts(bench.settings.tasks, counts, args.prompts_json)
     if not prompts:
         raise RequestError("no prompts selected: check --tasks / --n-prompts / --prompts-json")
     if args.engine == "vllm":  # add the vLLM rows; our own rows still run on our engine
@@ -283,7 +291,7 @@ def run_bench(argv: list[str]) -> int:
     _load(bench, args, argv, t_start)
     nbytes = {k: weight_bytes(m) for k, m in (("target", bench.pair.target), ("draft", bench.pair.draft))
               if m is not None}
-    device = bench.pair.target.device
+    device, precision = bench.pair.target.device, str(bench.pair.dtype)
     _encode(bench, prompts)
     for note in bench.notes:
         _log("note: " + note)
@@ -296,7 +304,7 @@ def run_bench(argv: list[str]) -> int:
     _run_all(bench)
     bench.notes += bench_lines(device, nbytes, bench.runs)  # --device cuda: steps against the bandwidth limit
     vllm_rows.run_rows(bench, args, _log)
-    mismatch = _check(bench)
+    mismatch = _check(bench, precision)
     print(_write(bench, mismatch, t_start))
     print(f"\nwrote {out}/ (bench.json, runs.csv, summary.csv, per_prompt.csv, table.txt, plots)")
     if mismatch:

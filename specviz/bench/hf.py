@@ -32,15 +32,11 @@ class _FirstChunk:
 
 @contextlib.contextmanager
 def _assistant_config(draft, **settings):
-    config = draft.generation_config
-    old = {k: getattr(config, k, None) for k in settings}
-    for k, value in settings.items():
-        setattr(config, k, value)
-    try:
+    # the draft's own generate() fills unset fields from its defaults too: a clean config
+    with clean_defaults(draft):
+        for k, value in settings.items():
+            setattr(draft.generation_config, k, value)
         yield
-    finally:
-        for k, value in old.items():
-            setattr(config, k, value)
 
 
 _STOCK: dict[int, object] = {}
@@ -82,17 +78,49 @@ def _assistant(pair, family: str, gamma: int, ctx: contextlib.ExitStack):
     return None
 
 
+# transformers fills every field left unset (None) from the model's own generation_config
+# (this pair's ships repetition_penalty 1.1, which changes greedy output). So every field
+# that changes the output or the cost is set here, and the model's defaults are swapped
+# for a clean GenerationConfig during the call (fields whose "off" is None: forced_*,
+# dola_layers, penalty_alpha, sequence_bias, cache_implementation, stop_strings, …).
+GREEDY = dict(
+    do_sample=False, num_beams=1, num_beam_groups=1, diversity_penalty=0.0, num_return_sequences=1,
+    temperature=1.0, top_k=50, top_p=1.0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
+    repetition_penalty=1.0, encoder_repetition_penalty=1.0, length_penalty=1.0, no_repeat_ngram_size=0,
+    encoder_no_repeat_ngram_size=0, min_length=0, min_new_tokens=0, renormalize_logits=False,
+    remove_invalid_values=False, early_stopping=False, use_cache=True, output_scores=False,
+    output_logits=False, output_attentions=False, output_hidden_states=False, return_dict_in_generate=False,
+)
+
+
+@contextlib.contextmanager
+def clean_defaults(model):
+    """model.generation_config = a clean GenerationConfig (token ids kept) for the call."""
+    from transformers import GenerationConfig
+    old = model.generation_config
+    model.generation_config = GenerationConfig(bos_token_id=old.bos_token_id, eos_token_id=old.eos_token_id,
+                                               pad_token_id=old.pad_token_id)
+    try:
+        yield
+    finally:
+        model.generation_config = old
+
+
+def greedy_config(max_new_tokens: int, eos: list[int]):
+    from transformers import GenerationConfig
+    return GenerationConfig(**GREEDY, max_new_tokens=max_new_tokens, eos_token_id=eos,
+                            pad_token_id=eos[0] if eos else None)
+
+
 def run_hf(pair, family: str, gamma: int, ids: list[int], max_new_tokens: int) -> dict:
     """One `target.generate` call (greedy, plain or assisted); timed end to end."""
     import torch
-    from transformers import GenerationConfig
     device = pair.target.device
     x = torch.tensor([ids], device=device)
     eos = list(pair.eos_ids)
-    gen_cfg = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos,
-                               pad_token_id=eos[0] if eos else None)
-    kw = dict(attention_mask=torch.ones_like(x), generation_config=gen_cfg)
+    kw = dict(attention_mask=torch.ones_like(x), generation_config=greedy_config(max_new_tokens, eos))
     ctx = contextlib.ExitStack()
+    ctx.enter_context(clean_defaults(pair.target))
     assistant = _assistant(pair, family, gamma, ctx)
     if assistant is not None:
         kw["assistant_model"] = assistant

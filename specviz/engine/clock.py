@@ -25,6 +25,10 @@ class Clock:
     def now(self) -> float:
         return self.now_raw() - self.t0
 
+    def exclude(self, seconds: float) -> None:
+        """Take `seconds` of bookkeeping for the page (not decoding) off this clock."""
+        self.t0 += seconds
+
 
 class VirtualClock(Clock):
     """A clock that only runs while its owner is resumed.
@@ -48,3 +52,6 @@ class VirtualClock(Clock):
     def now(self) -> float:
         running = self.now_raw() - self.since if self.since is not None else 0.0
         return self.spent + running
+
+    def exclude(self, seconds: float) -> None:
+        self.spent -= seconds

@@ -61,6 +61,9 @@ class TokenEvent:
     p: float | None = None  # target probability of this token
     q: float | None = None  # draft probability of this token
     u: float | None = None  # uniform drawn for the accept test
+    # greedy runs: the target's top-2 logit gap at this position, from the run's
+    # own logits (tells a numerical near-tie from a bug, see engine/equality.py)
+    gap: float | None = None
 
     @property
     def in_output(self) -> bool:
@@ -93,6 +96,10 @@ class RoundEvent:
     total_accepted: int = 0
     target_forwards: int = 0
     prompt_tokens: int = 0  # >0: this forward also read the prompt (round 1): its time is prefill
+    info: dict = field(default_factory=dict)  # method-specific, JSON-able (n-gram won, lookup hits, ...)
+    # the p/q inspector (engine/inspect.py): top-k of p and q per position, never the full vocabulary
+    dists: list[dict] = field(default_factory=list)  # rows 0..γ-1: drafted positions; row γ: appended
+    residual: dict | None = None  # top-k of norm(max(0, p - q)) at the rejected position, if any
 
     @property
     def n_new(self) -> int:
@@ -125,6 +132,7 @@ class RunSummary:
     engine: str = "specviz"  # or "vllm" (engines/vllm.py)
     unmeasured: list = field(default_factory=list)  # Stats fields this engine cannot measure (n/a, not 0)
     extra: dict = field(default_factory=dict)  # engine-specific facts (vLLM: per-position acceptance)
+    gamma_policy: str = ""  # "auto" when a γ policy chose each round (gamma is then its cap)
 
     @property
     def timed_rounds(self) -> int:

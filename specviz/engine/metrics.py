@@ -1,47 +1,99 @@
-"""Measured statistics of a run and the Leviathan et al. (2023) theory.
+"""Measured statistics of a run and the theory that predicts them.
 
 Everything measured is computed from events (RunSummary / RoundEvent); the
-theory functions take α, γ, c and return what the analysis predicts.
+theory functions take α, γ, c (and v, the verify cost) and return what the
+analysis predicts.
+
+Names (the page, the CLI and the docs use the same two):
+  α̂  expected acceptance = mean over drafted positions of Σ_x min(p(x), q(x)):
+      the probability that the accept test passes at a position given its
+      prefix. This is Leviathan et al.'s α, measured from the distributions.
+  accepted ÷ drafted: the share of drafted tokens kept. It also counts the
+      drafts after the first rejection, which were never tested, so it sits
+      below α̂ whenever rounds end early.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .events import RunSummary
 
+MAX_GAMMA = 16
 
-def expected_tokens_per_round(alpha: float, gamma: int) -> float:
+
+def expected_tokens_per_round(alpha: float, gamma: float) -> float:
     """E[tokens per verify] = (1 - α^{γ+1}) / (1 - α)."""
     if alpha >= 1.0:
         return gamma + 1.0
     return (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
-def predicted_speedup(alpha: float, gamma: int, c: float) -> float:
-    """Leviathan et al.: (1 - α^{γ+1}) / ((1 - α)(γc + 1))."""
-    return expected_tokens_per_round(alpha, gamma) / (gamma * c + 1)
+def predicted_speedup(alpha: float, gamma: float, c: float, v: float = 1.0) -> float:
+    """(1 - α^{γ+1}) / ((1 - α)(γc + v)); v = 1 is Leviathan et al.'s assumption
+    that verifying γ+1 tokens costs one plain target step."""
+    return expected_tokens_per_round(alpha, gamma) / (gamma * c + v)
 
 
-def best_gamma(alpha: float, c: float, max_gamma: int = 16) -> int:
-    return max(range(1, max_gamma + 1), key=lambda g: predicted_speedup(alpha, g, c))
+def verify_curve(costs=None, v_measured: float | None = None, gamma: float | None = None):
+    """v(k) for k = 0..MAX_GAMMA drafts, in plain target steps, or None.
+
+    From the CostModel measured at load when there is one; else a line through
+    v(0) = 1 (a plain step) and the run's own measured verify cost at its mean γ
+    (a one-point fit: label it as such). A measured v ≤ 1 (timing noise, a GPU
+    with spare compute) gives the flat curve v(k) = v."""
+    if costs is not None:
+        return [1.0] + [costs.verify_cost(k) for k in range(1, MAX_GAMMA + 1)]
+    if v_measured is None or not gamma or v_measured <= 0:
+        return None
+    if v_measured <= 1.0:
+        return [v_measured] * (MAX_GAMMA + 1)
+    slope = (v_measured - 1.0) / gamma
+    return [1.0 + slope * k for k in range(MAX_GAMMA + 1)]
+
+
+def v_at(curve, gamma: float) -> float:
+    """v(γ) on a curve indexed by k = 0..16, linear between integer γ."""
+    g = min(max(gamma, 0.0), len(curve) - 1)
+    lo = int(g)
+    hi = min(lo + 1, len(curve) - 1)
+    return curve[lo] + (curve[hi] - curve[lo]) * (g - lo)
+
+
+def best_gamma(alpha: float, c: float, max_gamma: int = MAX_GAMMA, curve=None) -> int:
+    """γ that maximises the predicted speedup (with v(γ) from `curve` when given)."""
+    def s(g):
+        return predicted_speedup(alpha, g, c, v_at(curve, g) if curve else 1.0)
+    return max(range(1, max_gamma + 1), key=s)
+
+
+def uses_draft_model(method: str) -> bool | None:
+    """From the method registry; None for a method it does not know."""
+    from .proposers import REGISTRY
+    spec = REGISTRY.get(method)
+    return spec.needs_draft if spec is not None else None
 
 
 @dataclass
 class Stats:
-    """The numbers shown for a speculative run (None where not measurable)."""
+    """The numbers shown for a speculative run (None where not measured yet)."""
 
-    alpha: float | None  # accepted / drafted
-    alpha_hat: float | None  # mean Σ_x min(p, q): unbiased estimate of α
+    alpha: float | None  # accepted ÷ drafted (untested drafts after a rejection count as not kept)
+    alpha_hat: float | None  # expected acceptance: mean Σ min(p, q) (Leviathan's α)
     tau: float | None  # tokens per verification round (one target forward each)
-    c: float | None  # draft forward time / target forward time
+    c: float | None  # draft forward time ÷ plain target step (None until a draft forward was timed)
     t_draft_step: float | None  # seconds per draft forward
-    t_target_step: float | None  # seconds per plain target forward
+    t_target_step: float | None  # seconds per plain target step (c's denominator)
     speedup: float | None  # measured tokens/s ratio vs the baseline
-    predicted: float | None  # Leviathan prediction at the measured α̂, γ, c
-    best_gamma: int | None
-    # a verification forward (γ+1 tokens) in plain target steps; the theory
-    # assumes 1 (None without a baseline to compare with)
+    predicted: float | None  # Leviathan (v = 1) at the measured α̂, mean drafted γ, c
+    best_gamma: int | None  # from the verify-cost-aware model when v is known, else Leviathan's
+    # a verification forward (mean γ + 1 tokens) in plain target steps, measured in this run
     verify_cost: float | None = None
+    gamma_mean: float | None = None  # tokens drafted per round, the γ the prediction uses
+    predicted_v: float | None = None  # (1-α̂^{γ+1}) / ((1-α̂)(γc + v(γ))) with the measured v
+    best_gamma_leviathan: int | None = None  # best γ under v = 1
+    c_basis: str = ""  # what c was divided by: "baseline" | "calibration" | "verify pass" | "no draft model"
+    v_basis: str = ""  # where v(γ) comes from: "calibration" | "this run (linear through v(0)=1)"
+    v_curve: list | None = field(default=None)  # v(k), k = 0..16, in plain steps
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -54,27 +106,68 @@ def target_step_time(base: RunSummary) -> float | None:
     return (base.elapsed - base.prefill) / (base.n_tokens - 1)
 
 
-def run_stats(spec: RunSummary, base: RunSummary | None = None) -> Stats:
+def _plain_step(base: RunSummary | None, costs) -> tuple[float | None, str]:
+    step = target_step_time(base) if base is not None else None
+    if step:
+        return step, "baseline"
+    if costs is not None and costs.plain_step_s:
+        return costs.plain_step_s, "calibration"
+    return None, ""
+
+
+def _draft_cost(spec: RunSummary, step, basis, verify) -> tuple[float | None, str]:
+    """c, and what it was divided by. Unknown (None) until a draft forward was timed;
+    0 only for a method without a draft model."""
+    if spec.draft_forwards:
+        t_d = spec.draft_time / spec.draft_forwards
+        if step:
+            return t_d / step, basis
+        # no plain step measured: the verify pass (γ+1 tokens) is the closest thing
+        return (t_d / verify, "verify pass") if verify else (None, "")
+    needs = uses_draft_model(spec.method)
+    if needs is False or (needs is None and spec.timed_rounds > 0):
+        return 0.0, "no draft model"
+    return None, ""
+
+
+def run_stats(spec: RunSummary, base: RunSummary | None = None, costs=None) -> Stats:
+    """`costs`: the pair's CostModel (engine/costs.py), if it was calibrated at load."""
     alpha = spec.accepted / spec.drafted if spec.drafted else None
     alpha_hat = spec.overlap_sum / spec.drafted if spec.drafted else None
     tau = spec.n_tokens / spec.rounds if spec.rounds else None
     t_d = spec.draft_time / spec.draft_forwards if spec.draft_forwards else None
-    # c needs the cost of a plain target step; without a baseline the verify
-    # forward (γ+1 tokens) is the closest measurement we have
-    step = target_step_time(base) if base is not None else None
+    step, basis = _plain_step(base, costs)
     verify = spec.verify_time / spec.timed_rounds if spec.timed_rounds else None
-    t_t = step if step is not None else verify
-    c = t_d / t_t if (t_d is not None and t_t) else (0.0 if spec.draft_forwards == 0 and t_t else None)
+    c, c_basis = _draft_cost(spec, step, basis, verify)
     speedup = None
     if base is not None and base.tokens_per_s > 0 and spec.elapsed > 0:
         speedup = spec.tokens_per_s / base.tokens_per_s
-    gamma = spec.gamma
-    pred = best = None
-    if alpha_hat is not None and c is not None:
-        pred = predicted_speedup(alpha_hat, gamma, c)
-        best = best_gamma(alpha_hat, c)
+    # the γ actually drafted (adaptive γ, prompt lookup and the budget's last round differ from the request)
+    g = spec.drafted / spec.rounds if spec.rounds else None
     v = verify / step if (verify is not None and step) else None
-    st = Stats(alpha, alpha_hat, tau, c, t_d, t_t, speedup, pred, best, v)
-    for name in getattr(spec, "unmeasured", ()):  # e.g. vLLM exposes no p/q: α̂ is unknown, not 0
-        setattr(st, name, None)
+    curve = verify_curve(costs, v, g)
+    v_basis = "calibration" if costs is not None else ("this run (linear through v(0)=1)" if curve else "")
+    pred = pred_v = best = best_lev = None
+    if alpha_hat is not None and c is not None and g:
+        pred = predicted_speedup(alpha_hat, g, c)
+        best_lev = best_gamma(alpha_hat, c)
+        best = best_lev
+        if curve:
+            pred_v = predicted_speedup(alpha_hat, g, c, v_at(curve, g))
+            best = best_gamma(alpha_hat, c, curve=curve)
+    st = Stats(alpha, alpha_hat, tau, c, t_d, step if step else verify, speedup, pred, best, v,
+               gamma_mean=g, predicted_v=pred_v, best_gamma_leviathan=best_lev, c_basis=c_basis,
+               v_basis=v_basis, v_curve=curve)
+    _blank(st, getattr(spec, "unmeasured", ()))
     return st
+
+
+def _blank(st: Stats, names) -> None:
+    """Fields an engine cannot measure (vLLM exposes no p/q): None (n/a), never 0; so is what they feed."""
+    names = set(names)
+    if names & {"alpha_hat", "c", "predicted"}:
+        names |= {"predicted", "predicted_v", "best_gamma", "best_gamma_leviathan"}
+    for name in names:
+        setattr(st, name, None)
+    if "c" in names:
+        st.c_basis = ""

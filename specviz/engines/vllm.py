@@ -42,6 +42,8 @@ class VllmPair:
 
     engine = ENGINE
     unmeasured = UNMEASURED
+    costs = None  # no calibration: vLLM's own kernels, timed only end to end
+    precision_note = ""
 
     def __init__(self, spec: PairSpec, tokenizer, *, refs: dict | None = None, servers=(), device="cpu",
                  max_model_len: int = 4096, one_at_a_time: bool = True, progress=None):

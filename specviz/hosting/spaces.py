@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 
-from .. import models
 from ..models import PAIRS, PairSpec
 
 HUB_TARGET = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
@@ -30,13 +29,9 @@ def on_space() -> bool:
 
 def embedded_available() -> bool:
     """The embedded default pair can load here: its packages or an intact converted cache."""
+    from ..models import embedded
     spec = PAIRS["default"]
-    for ref in (spec.target, spec.draft):
-        name = models._embedded_name(ref)
-        cached = models.verify_cache(models._cache_dir(name), models.EMBEDDED[name].sha256) is None
-        if not (models._packages_installed(name) or cached):
-            return False
-    return True
+    return all(embedded.usable(embedded.model_name(ref)) for ref in (spec.target, spec.draft))
 
 
 def default_pair() -> PairSpec:

@@ -8,6 +8,7 @@ slow stream (≥ 0.5 s between events) gets every redraw.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Iterable, Iterator
 
@@ -16,13 +17,22 @@ from . import render
 from .charts import all_charts
 from .state import RunView
 
-# output order: the page's `outputs` list in blocks.py
+# output order: Page.run_outputs in ui/layout.py (base pane, speculative pane, stats, run info, 4 charts)
 N_OUTPUTS = 8
+RUN_INFO = 3
+
+
+def message_outputs(message: str) -> list:
+    """A visitor-readable error in the run info line; every other output left as it is."""
+    import gradio as gr
+    out = [gr.skip()] * N_OUTPUTS
+    out[RUN_INFO] = render.message_html(message)
+    return out
 
 
 class PaneStream:
     def __init__(self, view: RunView, head: str = "", chart_every: float = 0.5, ui_interval: float = 0.25,
-                 banner: str = "", settle: float = 0.0):
+                 banner: str = "", settle: float = 0.0, guard=None):
         self.view = view
         self.base_html = head  # baseline pane (prompt, then one span per token)
         self.spec_html = head  # speculative pane (prompt, then one span per round)
@@ -33,6 +43,8 @@ class PaneStream:
         # gradio sends the update (and a local browser draws it) meanwhile, work
         # that would otherwise share the cores with the timed engine step
         self.settle = settle
+        # replays: render under isolation.untimed_work, never during a fair race's timed step
+        self.guard = guard or contextlib.nullcontext
 
     def add(self, side: str, ev) -> bool:
         """Take one event; True if it changed what the charts show."""
@@ -64,13 +76,16 @@ class PaneStream:
         last_ui = last_chart = prev_event = time.perf_counter()
         dirty = False  # charts lag the events
         for side, ev in stream:
-            dirty |= self.add(side, ev)
+            with self.guard():
+                dirty |= self.add(side, ev)
             now = time.perf_counter()
             slow = now - prev_event >= 0.5  # a slow stream has time for every redraw
             prev_event = now
             if now - last_ui >= self.ui_interval or slow:
                 charts = dirty and (slow or now - last_chart >= self.chart_every)
-                yield self.outputs(charts)
+                with self.guard():
+                    out = self.outputs(charts)
+                yield out
                 if self.settle:
                     time.sleep(self.settle)
                 # time spent rendering and sending is not the stream being slow: counting it

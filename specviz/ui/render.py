@@ -12,9 +12,10 @@ own colour, so panes read well in light and dark mode.
 from __future__ import annotations
 
 import html
-import math
 
 from ..engine.events import OUTCOME_COLOURS, OUTCOME_LABELS, Outcome, RoundEvent, TokenEvent
+from ..engine.method_info import round_note
+from ..format import number
 
 SPEC_OUTCOMES = (Outcome.ACCEPTED, Outcome.REJECTED, Outcome.RESAMPLED, Outcome.BONUS)
 LEGEND_ORDER = SPEC_OUTCOMES + (Outcome.TARGET,)
@@ -42,13 +43,13 @@ def esc(text) -> str:
     """HTML-escape text that may hold lone surrogates or other odd code points."""
     if text is None:
         return ""
-    s = str(text)
+    out = str(text)
     try:
-        s.encode("utf-8")
+        out.encode("utf-8")
     except UnicodeEncodeError:
         # pair up valid surrogate pairs, turn lone ones into U+FFFD
-        s = s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return html.escape(s, quote=True)
+        out = out.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return html.escape(out, quote=True)
 
 
 def toast_text(text) -> str:
@@ -69,12 +70,6 @@ def css_class(outcome: Outcome) -> str:
     return f"sv-{outcome.value}"
 
 
-def _num(x: float | None, fmt: str = "{:.3f}") -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "n/a"
-    return fmt.format(x)
-
-
 def tooltip(tok: TokenEvent) -> str:
     """Hover text: what happened, p(x), q(x), u and the acceptance probability."""
     lines = [OUTCOME_LABELS[tok.outcome]]
@@ -89,28 +84,40 @@ def tooltip(tok: TokenEvent) -> str:
     elif tok.outcome in (Outcome.ACCEPTED, Outcome.REJECTED):
         p, q = tok.p, tok.q
         accept = min(1.0, p / q) if (p is not None and q) else None
-        lines.append(f"p(x) = {_num(p, '{:.4f}')}   q(x) = {_num(q, '{:.4f}')}")
-        lines.append(f"u = {_num(tok.u, '{:.4f}')}   min(1, p/q) = {_num(accept, '{:.4f}')}")
+        lines.append(f"p(x) = {number(p, '{:.4f}')}   q(x) = {number(q, '{:.4f}')}")
+        lines.append(f"u = {number(tok.u, '{:.4f}')}   min(1, p/q) = {number(accept, '{:.4f}')}")
         verdict = "u ≤ min(1, p/q): kept" if tok.outcome is Outcome.ACCEPTED else "u > min(1, p/q): rejected"
         lines.append(verdict)
     elif tok.outcome is Outcome.RESAMPLED:
-        lines.append(f"p(x) = {_num(tok.p, '{:.4f}')}   drawn from norm(max(0, p − q))")
+        lines.append(f"p(x) = {number(tok.p, '{:.4f}')}   drawn from norm(max(0, p − q))")
     elif tok.outcome is Outcome.BONUS:
-        lines.append(f"p(x) = {_num(tok.p, '{:.4f}')}   drawn from p: all drafts were accepted")
+        lines.append(f"p(x) = {number(tok.p, '{:.4f}')}   drawn from p: all drafts were accepted")
     else:
-        lines.append(f"p(x) = {_num(tok.p, '{:.4f}')}")
+        lines.append(f"p(x) = {number(tok.p, '{:.4f}')}")
     lines.append(f"t = {tok.t:.3f} s")
     return "\n".join(lines)
 
 
-def token_span(tok: TokenEvent) -> str:
+NL_SYMBOL = "↵"
+
+
+def token_span(tok: TokenEvent, where: tuple[int, int] | None = None, note: str = "") -> str:
+    """`note`: the round's method-specific story (which n-gram won, ...), added to the tooltip."""
     text = tok.text
     classes = ["sv-tok", css_class(tok.outcome)]
     if text == "":
         classes.append("sv-empty")  # part of a multi-byte character still being built
+    elif tok.outcome is Outcome.REJECTED:
+        # not part of the output: a real line break here would shift the pane's
+        # layout away from the baseline's, so show the newline as a symbol
+        text = text.replace("\r\n", "\n").replace("\n", NL_SYMBOL)
     elif text.strip("\n") == "":
         classes.append("sv-nl")  # newline-only token: CSS shows a faint ↵ (not copied)
-    return f'<span class="{" ".join(classes)}" title="{esc(tooltip(tok))}">{esc(text)}</span>'
+    tip = tooltip(tok) + (f"\n{note}" if note else "")
+    # where = (round index, row): the inspector's click target (ui/inspector.py)
+    data = (f' data-r="{int(where[0])}" data-i="{int(where[1])}" data-o="{tok.outcome.value}"'
+            if where is not None else "")
+    return f'<span class="{" ".join(classes)}"{data} title="{esc(tip)}">{esc(text)}</span>'
 
 
 def prompt_span(prompt: str, chat: bool = False, limit: int = 400) -> str:
@@ -127,7 +134,10 @@ def baseline_html(tokens: list[TokenEvent]) -> str:
 
 
 def round_html(r: RoundEvent) -> str:
-    inner = "".join(token_span(t) for t in r.tokens)
+    note = round_note(getattr(r, "info", None) or {})
+    # a drafted token's row is its position; an appended one sits after the accepted drafts
+    inner = "".join(token_span(t, (r.index, t.position - 1 if t.position > 0 else r.n_accepted), note)
+                    for t in r.tokens)
     return f'<span class="sv-round" data-round="{r.index + 1}">{inner}</span>'
 
 
@@ -147,22 +157,26 @@ def legend_html() -> str:
     return ('<div class="sv-legend" role="list" aria-label="legend">' + "".join(items)
             + '<span class="sv-legend-item"><span class="sv-round-demo"></span> '
               '<span class="sv-legend-text">thin bar: a new verification round</span></span>'
-            + '<span class="sv-legend-item sv-hint">hover a token for p(x), q(x), u and min(1, p/q)</span>'
+            + '<span class="sv-legend-item sv-hint">hover a token for p(x), q(x), u and min(1, p/q); '
+              'click it for the p/q inspector</span>'
             + "</div>")
 
 
 EXPLAINER = (
     "<b>How to read this.</b> Speculative decoding makes a big <i>target</i> model faster without changing "
-    "what it writes: a small <i>draft</i> model guesses the next <b>γ</b> tokens, and the target checks all γ "
-    "guesses in <b>one</b> forward pass. Each guess is kept with probability min(1, p/q) (p: target, "
-    "q: draft); the first refused guess is "
+    "what it writes: a small <i>draft</i> model guesses the next <b>γ</b> tokens, "
+    "and the target checks all γ guesses in <b>one</b> forward pass. "
+    "Each guess is kept with probability min(1, p/q) (p: target, q: draft); the first refused guess is "
     "<span class='sv-tok sv-rejected'>struck through</span> and replaced by a token "
     "<span class='sv-tok sv-resampled'>resampled</span> from the target, and when all γ guesses pass the "
     "target adds a <span class='sv-tok sv-bonus'>bonus</span> token for free. "
     "Accepted guesses are <span class='sv-tok sv-accepted'>tinted green</span>. "
-    "<b>α</b> is the share of guesses accepted, <b>τ</b> the tokens gained per target pass, <b>c</b> the cost "
-    "of one draft step relative to one target step; the speedup follows from α, γ and c "
-    "(Leviathan et al., 2023). The left pane is plain decoding of the same target, for comparison."
+    "<b>α̂</b> is the expected acceptance (the chance a guess passes, from p and q), "
+    "<b>accepted ÷ drafted</b> the share kept (guesses after a rejection are never tested), "
+    "<b>τ</b> the tokens gained per target pass, <b>c</b> the cost of one draft step relative to one "
+    "target step and <b>v</b> the cost of one verify pass; "
+    "the speedup follows from α̂, γ, c and v (Leviathan et al., 2023 assume v = 1). "
+    "The left pane is plain decoding of the same target, for comparison."
 )
 
 
@@ -174,47 +188,103 @@ def stats_html(snap: dict) -> str:
     """The live numbers: one column per side, then the speculative statistics.
 
     `snap` is RunView.snapshot(): every value there is computed from events."""
-    b, s = snap["baseline"], snap["speculative"]
+    base, spec = snap["baseline"], snap["speculative"]
 
     def side_rows(d):
         return [
             ("tokens", f"{d['n_tokens']}"),
             ("elapsed", f"{d['elapsed']:.2f} s"),
-            ("tokens/s", _num(d["tokens_per_s"], "{:.2f}")),
+            ("tokens/s", number(d["tokens_per_s"], "{:.2f}")),
             ("target forward passes", f"{d['target_forwards']}"),
             ("state", esc(d["state"])),
         ]
 
     rows = "".join(
         f"<tr><th scope='row'>{name}</th>{_cell(bv)}{_cell(sv)}</tr>"
-        for (name, bv), (_, sv) in zip(side_rows(b), side_rows(s)))
+        for (name, bv), (_, sv) in zip(side_rows(base), side_rows(spec), strict=True))
     st = snap["stats"]
     spd = st.get("speedup")
     spd_cls = "" if spd is None else (" sv-good" if spd >= 1 else " sv-bad")
+    pv, pl = st.get("predicted_v"), st.get("predicted")
+    sub = (f"predicted {number(pv, '{:.2f}×')} with the measured verify cost · "
+           f"{number(pl, '{:.2f}×')} by Leviathan (v = 1)" if pv is not None else
+           f"predicted {number(pl, '{:.2f}×')} by Leviathan (v = 1)" if pl is not None else
+           "predicted –: no draft step timed yet (c unknown)" if st.get("alpha_hat") is not None else
+           "predicted –")
     big = (f"<div class='sv-speedup{spd_cls}' title='speculative tokens/s ÷ baseline tokens/s'>"
-           f"<span class='sv-speedup-num'>{_num(spd, '{:.2f}×')}</span>"
+           f"<span class='sv-speedup-num'>{number(spd, '{:.2f}×')}</span>"
            f"<span class='sv-speedup-label'>measured speedup</span>"
-           f"<span class='sv-speedup-sub'>predicted {_num(st.get('predicted'), '{:.2f}×')} from "
-           f"α̂ and c</span></div>")
-    metrics = [
-        ("α", st.get("alpha"), "{:.3f}", "accepted ÷ drafted guesses"),
-        ("α̂", st.get("alpha_hat"), "{:.3f}", "mean Σ min(p, q): an estimate of α from the distributions"),
-        ("τ", st.get("tau"), "{:.2f}", "output tokens per target forward pass (per round)"),
-        ("c", st.get("c"), "{:.3f}", "time of one draft step ÷ time of one plain target step"),
-        ("rounds", st.get("rounds"), "{}", "verification rounds so far"),
-        ("verify cost", st.get("verify_cost"), "{:.2f} steps",
-         "time of one verification pass (γ+1 tokens at once) in plain target steps; the prediction assumes 1"),
-        ("best γ", st.get("best_gamma"), "{}", "γ that maximises the predicted speedup at this α̂ and c"),
-    ]
+           f"<span class='sv-speedup-sub'>{sub}</span></div>")
     chips = "".join(
-        f"<span class='sv-chip' title='{esc(tip)}'><b>{esc(name)}</b> {_num(v, fmt)}</span>"
-        for name, v, fmt, tip in metrics)
+        f"<span class='sv-chip' title='{esc(tip)}'><b>{esc(name)}</b> {_unknown(v, fmt)}</span>"
+        for name, v, fmt, tip in _metric_chips(st))
+    curve = v_curve_svg(st.get("v_curve"), st.get("v_basis") or "")
     return (
         "<div class='sv-stats'>" + big
         + "<table class='sv-table'><thead><tr><th></th><th>baseline</th><th>speculative</th></tr></thead>"
         + f"<tbody>{rows}</tbody></table>"
-        + f"<div class='sv-chips'>{chips}</div></div>"
+        + f"<div class='sv-chips'>{chips}{curve}</div></div>"
     )
+
+
+def _unknown(x, fmt: str) -> str:
+    """A number, or "–" while it is not measured yet (never a made-up 0)."""
+    return "–" if x is None else number(x, fmt)
+
+
+C_BASIS = {
+    "baseline": "time of one draft step ÷ one plain target step of the baseline",
+    "calibration": "time of one draft step ÷ one plain target step measured when the models loaded",
+    "verify pass": "time of one draft step ÷ one verify pass (γ+1 tokens): no plain target step "
+                   "measured yet",
+    "no draft model": "this method drafts without a model: no draft forward passes, c = 0",
+}
+
+
+def _metric_chips(st: dict) -> list:
+    c_tip = C_BASIS.get(st.get("c_basis") or "", "not measured yet: no draft forward has been timed "
+                        "(round 1 reads the prompt and counts as prefill)")
+    v_src = st.get("v_basis") or "not measured"
+    return [
+        ("α̂ expected acceptance", st.get("alpha_hat"), "{:.3f}",
+         "mean over drafted positions of Σ min(p, q): the chance the accept test passes given the prefix "
+         "(Leviathan et al.'s α)"),
+        ("accepted ÷ drafted", st.get("alpha"), "{:.3f}",
+         "share of drafted tokens kept; drafts after the first rejection in a round were never tested and "
+         "count as not kept, so this is at most α̂ on average"),
+        ("τ", st.get("tau"), "{:.2f}", "output tokens per target forward pass (per round)"),
+        ("c" + (" (÷ verify pass)" if st.get("c_basis") == "verify pass" else ""), st.get("c"), "{:.3f}",
+         c_tip),
+        ("γ drafted", st.get("gamma_mean"), "{:.2f}",
+         "mean tokens drafted per round: the γ the predictions use (adaptive γ, lookup and the last round "
+         "differ from the requested γ)"),
+        ("rounds", st.get("rounds"), "{}", "verification rounds so far"),
+        ("verify cost v", st.get("verify_cost"), "{:.2f} steps",
+         "time of one verification pass (γ+1 tokens at once) in plain target steps, measured in this run; "
+         "Leviathan's formula assumes 1"),
+        ("best γ", st.get("best_gamma"), "{}",
+         f"γ that maximises (1−α̂^(γ+1)) / ((1−α̂)(γc + v(γ))), v(γ) from {v_src}"),
+        ("best γ (v = 1)", st.get("best_gamma_leviathan"), "{}",
+         "γ that maximises Leviathan's prediction, which assumes a verify pass costs one plain step"),
+    ]
+
+
+def v_curve_svg(curve, basis: str = "", w: int = 110, h: int = 30) -> str:
+    """A small inline chart of v(k), k = 0..16: verify cost in plain target steps."""
+    if not curve:
+        return ""
+    top = max(max(curve), 1.0) * 1.1
+    pts = " ".join(f"{4 + (w - 8) * k / (len(curve) - 1):.1f},{h - 4 - (h - 12) * v / top:.1f}"
+                   for k, v in enumerate(curve))
+    one = h - 4 - (h - 12) / top
+    tip = (f"v(k): a verify pass of k drafts (k+1 tokens) in plain target steps, k = 0..{len(curve) - 1}; "
+           f"from {basis}. v(1) = {curve[1]:.2f}, v({len(curve) - 1}) = {curve[-1]:.2f}. Dotted: v = 1.")
+    return (f"<span class='sv-chip sv-vcurve' title='{esc(tip)}'><b>v(k)</b> "
+            f"<svg width='{w}' height='{h}' viewBox='0 0 {w} {h}' role='img' aria-label='{esc(tip)}'>"
+            f"<line x1='4' x2='{w - 4}' y1='{one:.1f}' y2='{one:.1f}' stroke='currentColor' "
+            f"stroke-opacity='.4' stroke-dasharray='2 2'/>"
+            f"<polyline fill='none' stroke='#CC79A7' stroke-width='2' points='{pts}'/>"
+            f"</svg><span>v(1) {curve[1]:.2f} · v({len(curve) - 1}) {curve[-1]:.1f}</span></span>")
 
 
 def run_info_html(snap: dict) -> str:
@@ -227,11 +297,21 @@ def run_info_html(snap: dict) -> str:
         if badge["identical"]:
             parts.append("<span class='sv-badge sv-badge-ok'>✓ identical outputs: greedy speculative "
                          "decoding reproduced the target's own text token for token</span>")
-        else:
+        elif badge.get("verdict") == "near-tie":
             parts.append(
-                f"<span class='sv-badge sv-badge-diff'>≠ outputs differ from token {badge['first_diff'] + 1}"
-                " (floating-point differences between a one-token and a (γ+1)-token forward pass can "
-                "flip near-ties)</span>")
+                f"<span class='sv-badge sv-badge-info'>≈ outputs differ from token {badge['first_diff'] + 1} "
+                f"at a numerical near-tie: the target's top two logits there are {badge['gap']:.3g} apart "
+                f"(≤ {badge['threshold']:g}, a few rounding steps of its precision), and a (γ+1)-token "
+                "forward pass rounds differently from a one-token one</span>")
+        else:
+            first = badge.get("first_diff")
+            gap = badge.get("gap")
+            why = (f"the target's top-2 logit gap there is {gap:.3g}, above the near-tie threshold "
+                   f"{badge['threshold']:g}: not a rounding effect" if gap is not None else
+                   "no logit gap recorded to tell a near-tie from a bug")
+            parts.append(
+                "<span class='sv-badge sv-badge-diff'>≠ outputs differ"
+                + (f" from token {first + 1}" if first is not None else "") + f" ({esc(why)})</span>")
     elif snap.get("finished") and not snap.get("greedy"):
         parts.append("<span class='sv-badge sv-badge-info'>sampled run (temperature &gt; 0): the two "
                      "texts differ by chance, but both follow the target's distribution</span>")
@@ -266,7 +346,9 @@ def status_html(status: dict) -> str:
     if err and not status.get("ready"):
         return box("error", "alert", "bad", f"<b>Models could not be loaded.</b> {esc(err)}")
     ready = (f"Model pair: <b>{esc(status.get('label') or '')}</b> on {esc(status.get('device') or '')}"
-             + (f" ({esc(status['precision'])})" if status.get("precision") else ""))
+             + (f" ({esc(status['precision'])})" if status.get("precision") else "")
+             + (f"<br><small>{esc(status['precision_note'])}</small>"
+                if status.get("precision_note") else ""))
     if status.get("note"):
         ready += f"<br><small class='sv-pair-note'>{esc(status['note'])}</small>"
     if err:
@@ -330,13 +412,15 @@ CSS = """
 .sv-chips { display: flex; flex-wrap: wrap; gap: 6px; max-width: 26em; }
 .sv-chip { padding: 2px 8px; border-radius: 999px; border: 1px solid var(--border-color-primary);
   font-size: 13px; font-variant-numeric: tabular-nums; cursor: help; }
-.sv-runinfo { display: flex; flex-wrap: wrap; gap: 8px; align-items: center; font-size: 13px; min-height: 1.5em; }
+.sv-runinfo { display: flex; flex-wrap: wrap; gap: 8px; align-items: center; font-size: 13px;
+              min-height: 1.5em; }
 .sv-badge { padding: 3px 10px; border-radius: 999px; font-weight: 600; }
 .sv-badge-ok { background: rgba(0,158,115,.18); border: 1px solid #009E73; }
 .sv-badge-diff { background: rgba(213,94,0,.15); border: 1px solid #D55E00; }
 .sv-badge-info { background: rgba(0,114,178,.14); border: 1px solid #0072B2; font-weight: 500; }
 .sv-mode { opacity: .8; }
-.sv-status { padding: 6px 10px; border-radius: 8px; font-size: 13.5px; border: 1px solid var(--border-color-primary); }
+.sv-status { padding: 6px 10px; border-radius: 8px; font-size: 13.5px;
+             border: 1px solid var(--border-color-primary); }
 .sv-status-error { background: rgba(213,94,0,.13); border-color: #D55E00; }
 .sv-status-warning { background: rgba(230,159,0,.15); border-color: #E69F00; }
 .sv-status-loading { background: rgba(0,114,178,.10); }
@@ -348,7 +432,8 @@ CSS = """
 .sv-dot-info { background: #0072B2; }
 .sv-dot-busy { background: #0072B2; animation: sv-pulse 1s ease-in-out infinite alternate; }
 @keyframes sv-pulse { from { opacity: .3; } to { opacity: 1; } }
-.sv-bar { height: 6px; border-radius: 3px; background: rgba(128,128,128,.25); margin-top: 6px; overflow: hidden; }
+.sv-bar { height: 6px; border-radius: 3px; background: rgba(128,128,128,.25); margin-top: 6px;
+          overflow: hidden; }
 .sv-bar > div { height: 100%; background: #0072B2; transition: width .3s; }
 .sv-explainer { font-size: 14px; line-height: 1.55; }
 .sv-explainer .sv-tok { padding: 1px 3px; }
@@ -357,6 +442,20 @@ CSS = """
 .sv-theory-numbers { flex-wrap: nowrap; align-items: center; }
 .sv-theory-text { font-size: 14px; line-height: 1.55; max-width: 60em; }
 .sv-theory-measured { font-size: 14px; }
+/* the p/q inspector (ui/inspector.py) */
+#sv-speculative .sv-tok[data-r] { cursor: pointer; }
+.sv-picked { outline: 2px solid #CC79A7; outline-offset: 1px; }
+.sv-insp { font-size: 13.5px; line-height: 1.6; }
+.sv-insp-gauge { position: relative; height: 12px; max-width: 28em; margin: 4px 0 0;
+  border-radius: 3px; background: rgba(213,94,0,.25); }
+.sv-insp-accept { position: absolute; left: 0; top: 0; bottom: 0; background: rgba(0,158,115,.55);
+  border-radius: 3px 0 0 3px; }
+.sv-insp-u { position: absolute; top: -3px; bottom: -3px; width: 3px; margin-left: -1px;
+  background: currentColor; }
+.sv-insp-scale { display: flex; justify-content: space-between; max-width: 28em; font-size: 11px;
+  opacity: .7; }
+.sv-vcurve { display: inline-flex; align-items: center; gap: 6px; border-radius: 8px; }
+.sv-vcurve svg { display: block; }
 """
 
 

@@ -10,7 +10,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from ..engine.events import RoundEvent, RunSummary, TokenEvent
-from ..engine.metrics import predicted_speedup, run_stats
+from ..engine.metrics import run_stats
 
 
 @dataclass
@@ -98,10 +98,13 @@ class RunView:
         self.clock = 0.0  # shared display clock (virtual in fair mode)
         self.note = ""
         self.method = "draft"  # where the guesses came from (RunRequest.method)
+        self.gamma_auto = False  # γ chosen each round (engine/gamma.py): predict at the mean drafted γ
+        self.precision = "float32"  # the target's dtype: sets the greedy near-tie threshold
         self.error = ""  # a failed run's message for the visitor
         self.unmeasured: tuple = ()  # Stats fields the engine cannot measure (vLLM: α̂, c, prediction)
-        # per spec round: (t_end, measured speedup, predicted speedup) for the chart
-        self.speedup_series: list[tuple[float, float | None, float | None]] = []
+        self.costs = None  # the pair's CostModel (engine/costs.py) when it was calibrated at load
+        # per spec round: (t_end, measured, Leviathan's predicted, verify-cost-aware predicted) speedup
+        self.speedup_series: list[tuple[float, float | None, float | None, float | None]] = []
         self._base_times: list[float] = []
 
     def side(self, name: str) -> SideView:
@@ -112,70 +115,67 @@ class RunView:
         return self.base.summary is not None and self.spec.summary is not None
 
     def add(self, side: str, ev) -> None:
-        v = self.side(side)
+        view = self.side(side)
         if isinstance(ev, TokenEvent):
-            v.tokens.append(ev)
+            view.tokens.append(ev)
             self._base_times.append(ev.t)
-            v.t = max(v.t, ev.t)
+            view.t = max(view.t, ev.t)
         elif isinstance(ev, RoundEvent):
-            v.rounds.append(ev)
+            view.rounds.append(ev)
             if not ev.prompt_tokens:  # round 1 also read the prompt: that is prefill
-                v.draft_time += ev.t_draft
-                v.verify_time += ev.t_verify
-                v.draft_forwards += ev.draft_forwards
-            v.overlap_sum += sum(ev.overlap)
-            v.t = max(v.t, ev.t_end)
+                view.draft_time += ev.t_draft
+                view.verify_time += ev.t_verify
+                view.draft_forwards += ev.draft_forwards
+            view.overlap_sum += sum(ev.overlap)
+            view.t = max(view.t, ev.t_end)
         elif isinstance(ev, RunSummary):
-            v.summary = ev
-            v.t = max(v.t, ev.elapsed)
-        self.clock = max(self.clock, v.t)
+            view.summary = ev
+            view.t = max(view.t, ev.elapsed)
+        self.clock = max(self.clock, view.t)
         if isinstance(ev, RoundEvent):
             self.speedup_series.append((ev.t_end, *self._speedup_at(ev)))
         elif isinstance(ev, RunSummary) and side == "speculative":
-            st = run_stats(ev, self.base.partial_summary() if self.base.tokens else None)
-            self.speedup_series.append((ev.elapsed, st.speedup, st.predicted))
+            st = run_stats(ev, self.base.partial_summary() if self.base.tokens else None, self.costs)
+            self.speedup_series.append((ev.elapsed, st.speedup, st.predicted, st.predicted_v))
 
     # ------------------------------------------------------------ numbers
 
-    def _base_rate_at(self, t: float) -> tuple[float | None, float | None]:
-        """Baseline tokens/s and seconds per plain step, using baseline events up to time t."""
+    def _base_at(self, t: float) -> tuple[float | None, RunSummary | None]:
+        """Baseline tokens/s at time t, and the baseline as it stood then (for its plain step)."""
         b = self.base
         if b.summary is not None and b.summary.elapsed <= t:
-            s = b.summary
-            step = (s.elapsed - s.prefill) / (s.n_tokens - 1) if s.n_tokens > 1 else None
-            return (s.tokens_per_s or None), step
+            return (b.summary.tokens_per_s or None), b.summary
         n = bisect.bisect_right(self._base_times, t)
         if n == 0:
             return None, None
-        # baseline still running at t: tokens done by t over t
-        rate = n / t if t > 0 else None
-        step = (self._base_times[n - 1] - self._base_times[0]) / (n - 1) if n > 1 else None
-        return rate, step
+        # still running at t: tokens done by t over t; the step from the gaps between them
+        part = RunSummary(mode="baseline", method="plain", token_ids=[], text="", n_tokens=n,
+                          elapsed=self._base_times[n - 1], prefill=self._base_times[0], target_forwards=n,
+                          stop_reason="running")
+        return (n / t if t > 0 else None), part
 
-    def _speedup_at(self, r: RoundEvent) -> tuple[float | None, float | None]:
+    def _speedup_at(self, r: RoundEvent) -> tuple[float | None, float | None, float | None]:
+        """(measured, Leviathan's prediction, verify-cost-aware prediction) after round r."""
         t = r.t_end
-        base_rate, base_step = self._base_rate_at(t)
-        measured = (r.total_tokens / t) / base_rate if (base_rate and t > 0) else None
-        s = self.spec
-        predicted = None
-        if "predicted" in self.unmeasured:
-            return measured, None
-        if r.total_drafted and s.draft_forwards and base_step:
-            alpha_hat = s.overlap_sum / r.total_drafted
-            c = (s.draft_time / s.draft_forwards) / base_step
-            predicted = predicted_speedup(alpha_hat, self.gamma, c)
-        elif r.total_drafted and s.draft_forwards == 0 and base_step:  # draft-free proposer: c = 0
-            predicted = predicted_speedup(s.overlap_sum / r.total_drafted, self.gamma, 0.0)
-        return measured, predicted
+        rate, base = self._base_at(t)
+        measured = (r.total_tokens / t) / rate if (rate and t > 0) else None
+        st = run_stats(self._spec_summary(), base, self.costs)
+        return measured, st.predicted, st.predicted_v
+
+    def _spec_summary(self) -> RunSummary:
+        spec = self.spec.partial_summary()
+        spec.method = self.method
+        spec.unmeasured = list(self.unmeasured) or spec.unmeasured  # n/a, never 0 (run_stats blanks them)
+        return spec
 
     def stats(self) -> dict:
-        spec = self.spec.partial_summary()
+        spec = self._spec_summary()
         base = self.base.partial_summary() if (self.base.tokens or self.base.summary) else None
         if not self.spec.rounds:
             return {"rounds": 0}
         spec.gamma = self.gamma
-        spec.unmeasured = self.unmeasured or spec.unmeasured
-        st = run_stats(spec, base).to_dict()
+        spec.gamma_policy = "auto" if self.gamma_auto else spec.gamma_policy
+        st = run_stats(spec, base, self.costs).to_dict()
         st["rounds"] = len(self.spec.rounds)
         return st
 
@@ -184,13 +184,19 @@ class RunView:
         if not (self.greedy and self.finished):
             return None
         a, b = self.base.summary, self.spec.summary
-        if "stopped" in (a.stop_reason, b.stop_reason) or a.stop_reason == "error" or b.stop_reason == "error":
+        if {a.stop_reason, b.stop_reason} & {"stopped", "error"}:
             return None
-        x, y = a.token_ids, b.token_ids
-        first = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), None)
-        if first is None and len(x) != len(y):
-            first = min(len(x), len(y))
-        return {"identical": first is None, "first_diff": first}
+        if a.token_ids == b.token_ids:
+            return {"identical": True, "first_diff": None}
+        # they differ: a numerical near-tie or a bug? the top-2 logit gaps of both runs say
+        from ..engine.equality import compare_greedy, output_tokens
+        eq = compare_greedy(output_tokens(self.base.tokens), output_tokens(self.spec.rounds), self.precision)
+        verdict = "mismatch" if eq.verdict == "identical" else eq.verdict
+        first = eq.position if eq.position is not None else next(
+            (i for i, (u, v) in enumerate(zip(a.token_ids, b.token_ids, strict=False)) if u != v),
+            min(len(a.token_ids), len(b.token_ids)))
+        return {"identical": False, "first_diff": first, "verdict": verdict, "gap": eq.gap,
+                "threshold": eq.threshold}
 
     def snapshot(self) -> dict:
         def side(v: SideView) -> dict:

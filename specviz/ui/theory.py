@@ -14,15 +14,18 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from ..engine.metrics import best_gamma, expected_tokens_per_round, predicted_speedup
+from ..engine.metrics import best_gamma, expected_tokens_per_round, predicted_speedup, v_at
+from ..format import number
 from ..request import MAX_GAMMA
 from .charts import BLUE, FONT, GREEN, GRID, ORANGE, VERMILLION, _layout
-from .render import _num, esc
+from .render import esc
 
 ALPHA_MAX = 0.99
 ALPHAS = [round(i / 100, 2) for i in range(0, 100)]  # 0.00 … 0.99
 GAMMAS = list(range(1, MAX_GAMMA + 1))
 DEFAULTS = dict(alpha=0.7, gamma=4, c=0.2)
+HOLLOW = dict(size=12, color="rgba(0,0,0,0)", line=dict(color=BLUE, width=2.5))  # the measured point
+STAR = dict(symbol="star", size=16, color=ORANGE, line=dict(color=FONT, width=1))  # the best γ
 
 
 @dataclass
@@ -38,6 +41,8 @@ class Measured:
     verify_cost: float | None = None
     method: str = "draft"
     source: str = "your last run"  # or "replay: <label>"
+    v_curve: list | None = None  # v(k), k = 0..16, in plain steps (metrics.verify_curve)
+    v_basis: str = ""
 
     @classmethod
     def from_stats(cls, stats: dict, gamma: int, method: str = "draft", source: str = "your last run"):
@@ -46,7 +51,8 @@ class Measured:
         if a is None or c is None:
             return None
         return cls(float(a), float(c), int(gamma), stats.get("speedup"), stats.get("predicted"),
-                   stats.get("tau"), stats.get("verify_cost"), method, source)
+                   stats.get("tau"), stats.get("verify_cost"), method, source, stats.get("v_curve"),
+                   stats.get("v_basis") or "")
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -63,13 +69,21 @@ def _clamp(alpha: float, gamma: int, c: float) -> tuple[float, int, float]:
     return alpha, gamma, c
 
 
-def break_even_alpha(gamma: int, c: float) -> float | None:
+V_MODES = ["v = 1 (Leviathan)", "measured v curve"]
+
+
+def speed(alpha: float, gamma: int, c: float, curve=None) -> float:
+    """Predicted speedup with v(γ) from `curve` (measured), or v = 1 without one."""
+    return predicted_speedup(alpha, gamma, c, v_at(curve, gamma) if curve else 1.0)
+
+
+def break_even_alpha(gamma: int, c: float, curve=None) -> float | None:
     """Smallest α (on a 0.001 grid) where the predicted speedup reaches 1×."""
-    if c == 0:
+    if c == 0 and not curve:
         return 0.0
     for i in range(0, 1000):
         a = i / 1000
-        if predicted_speedup(a, gamma, c) >= 1.0:
+        if speed(a, gamma, c, curve) >= 1.0:
             return a
     return None
 
@@ -87,32 +101,33 @@ def _style(fig: go.Figure, left: str, right: str) -> go.Figure:
     return fig
 
 
-def gamma_figure(alpha: float, gamma: int, c: float, measured: Measured | None = None) -> go.Figure:
+def gamma_figure(alpha: float, gamma: int, c: float, measured: Measured | None = None,
+                 curve=None) -> go.Figure:
     """Predicted speedup and E[tokens per round] over γ = 1…16 at (α, c);
     the optimal γ, the chosen γ and the measured run marked."""
     alpha, gamma, c = _clamp(alpha, gamma, c)
     fig = go.Figure()
     _layout(fig, f"Over γ, at α = {alpha:.2f}, c = {c:.2f}", "γ (draft tokens per round)", "")
-    speed = [predicted_speedup(alpha, g, c) for g in GAMMAS]
+    speeds = [speed(alpha, g, c, curve) for g in GAMMAS]
     tokens = [expected_tokens_per_round(alpha, g) for g in GAMMAS]
-    best = best_gamma(alpha, c, MAX_GAMMA)
+    best = best_gamma(alpha, c, MAX_GAMMA, curve=curve)
     fig.add_hline(y=1.0, line=dict(color=FONT, width=1, dash="dot"))
     fig.add_scatter(x=GAMMAS, y=tokens, name="E[tokens per round]", yaxis="y2", mode="lines",
                     line=dict(color=GREEN, width=2, dash="dash"),
                     hovertemplate="%{y:.2f} tokens<extra>E[tokens/round]</extra>")
-    fig.add_scatter(x=GAMMAS, y=speed, name="predicted speedup", mode="lines+markers",
+    fig.add_scatter(x=GAMMAS, y=speeds, name="predicted speedup", mode="lines+markers",
                     line=dict(color=BLUE, width=2.5), marker=dict(size=5),
                     hovertemplate="%{y:.2f}×<extra>predicted speedup</extra>")
-    fig.add_scatter(x=[gamma], y=[predicted_speedup(alpha, gamma, c)], name=f"chosen γ = {gamma}",
-                    mode="markers", marker=dict(size=12, color="rgba(0,0,0,0)", line=dict(color=BLUE, width=2.5)),
+    fig.add_scatter(x=[gamma], y=[speed(alpha, gamma, c, curve)], name=f"chosen γ = {gamma}",
+                    mode="markers", marker=HOLLOW,
                     hovertemplate="%{y:.2f}×<extra>chosen γ</extra>")
-    fig.add_scatter(x=[best], y=[predicted_speedup(alpha, best, c)], name=f"optimal γ = {best}",
-                    mode="markers", marker=dict(symbol="star", size=16, color=ORANGE, line=dict(color=FONT, width=1)),
+    fig.add_scatter(x=[best], y=[speed(alpha, best, c, curve)], name=f"optimal γ = {best}",
+                    mode="markers", marker=STAR,
                     hovertemplate="%{y:.2f}×<extra>optimal γ</extra>")
     fig.add_vline(x=best, line=dict(color=ORANGE, width=1, dash="dot"))
     if measured is not None:
         mg = min(max(measured.gamma, 1), MAX_GAMMA)
-        fig.add_scatter(x=GAMMAS, y=[predicted_speedup(measured.alpha_hat, g, measured.c) for g in GAMMAS],
+        fig.add_scatter(x=GAMMAS, y=[speed(measured.alpha_hat, g, measured.c, curve) for g in GAMMAS],
                         name=f"theory at the run's α̂ {measured.alpha_hat:.2f}, c {measured.c:.2f}",
                         mode="lines", line=dict(color=VERMILLION, width=1.5, dash="dot"),
                         hovertemplate="%{y:.2f}×<extra>theory at the run's α̂, c</extra>")
@@ -125,7 +140,8 @@ def gamma_figure(alpha: float, gamma: int, c: float, measured: Measured | None =
     return _style(fig, "predicted speedup (×)", "E[tokens per round]")
 
 
-def alpha_figure(alpha: float, gamma: int, c: float, measured: Measured | None = None) -> go.Figure:
+def alpha_figure(alpha: float, gamma: int, c: float, measured: Measured | None = None,
+                 curve=None) -> go.Figure:
     """Predicted speedup and E[tokens per round] over α = 0…0.99 at (γ, c);
     the chosen α, the break-even α and the measured run marked."""
     alpha, gamma, c = _clamp(alpha, gamma, c)
@@ -135,20 +151,20 @@ def alpha_figure(alpha: float, gamma: int, c: float, measured: Measured | None =
     fig.add_scatter(x=ALPHAS, y=[expected_tokens_per_round(a, gamma) for a in ALPHAS], yaxis="y2",
                     name="E[tokens per round]", mode="lines", line=dict(color=GREEN, width=2, dash="dash"),
                     hovertemplate="%{y:.2f} tokens<extra>E[tokens/round]</extra>")
-    fig.add_scatter(x=ALPHAS, y=[predicted_speedup(a, gamma, c) for a in ALPHAS], name="predicted speedup",
+    fig.add_scatter(x=ALPHAS, y=[speed(a, gamma, c, curve) for a in ALPHAS], name="predicted speedup",
                     mode="lines", line=dict(color=BLUE, width=2.5),
                     hovertemplate="%{y:.2f}×<extra>predicted speedup</extra>")
-    fig.add_scatter(x=[alpha], y=[predicted_speedup(alpha, gamma, c)], name=f"chosen α = {alpha:.2f}",
-                    mode="markers", marker=dict(size=12, color="rgba(0,0,0,0)", line=dict(color=BLUE, width=2.5)),
+    fig.add_scatter(x=[alpha], y=[speed(alpha, gamma, c, curve)], name=f"chosen α = {alpha:.2f}",
+                    mode="markers", marker=HOLLOW,
                     hovertemplate="%{y:.2f}×<extra>chosen α</extra>")
-    even = break_even_alpha(gamma, c)
+    even = break_even_alpha(gamma, c, curve)
     if even is not None and even > 0:
         fig.add_vline(x=even, line=dict(color=FONT, width=1, dash="dot"),
                       annotation=dict(text=f"break-even α {even:.2f}", font=dict(color=FONT, size=11),
                                       yanchor="top"), annotation_position="top left")
     if measured is not None:
         mg = min(max(measured.gamma, 1), MAX_GAMMA)
-        fig.add_scatter(x=ALPHAS, y=[predicted_speedup(a, mg, measured.c) for a in ALPHAS],
+        fig.add_scatter(x=ALPHAS, y=[speed(a, mg, measured.c, curve) for a in ALPHAS],
                         name=f"theory at the run's γ {mg}, c {measured.c:.2f}", mode="lines",
                         line=dict(color=VERMILLION, width=1.5, dash="dot"),
                         hovertemplate="%{y:.2f}×<extra>theory at the run's γ, c</extra>")
@@ -162,33 +178,43 @@ def alpha_figure(alpha: float, gamma: int, c: float, measured: Measured | None =
     return _style(fig, "predicted speedup (×)", "E[tokens per round]")
 
 
-def figures(alpha, gamma, c, measured: dict | Measured | None = None) -> tuple[go.Figure, go.Figure]:
+def run_curve(measured, vmode) -> list | None:
+    """The measured v curve when the visitor picked it and a run has one."""
     m = Measured.from_dict(measured) if isinstance(measured, dict) or measured is None else measured
-    return gamma_figure(alpha, gamma, c, m), alpha_figure(alpha, gamma, c, m)
+    return m.v_curve if (m is not None and vmode == V_MODES[1]) else None
 
 
-def numbers_html(alpha: float, gamma: int, c: float) -> str:
-    """The theory at the sliders' values, in words and numbers."""
+def figures(alpha, gamma, c, measured: dict | Measured | None = None, vmode: str = V_MODES[0]):
+    m = Measured.from_dict(measured) if isinstance(measured, dict) or measured is None else measured
+    curve = run_curve(m, vmode)
+    return gamma_figure(alpha, gamma, c, m, curve), alpha_figure(alpha, gamma, c, m, curve)
+
+
+def numbers_html(alpha: float, gamma: int, c: float, curve=None) -> str:
+    """The theory at the sliders' values, in words and numbers (v(γ) from `curve` when given)."""
     alpha, gamma, c = _clamp(alpha, gamma, c)
     e = expected_tokens_per_round(alpha, gamma)
-    s = predicted_speedup(alpha, gamma, c)
-    best = best_gamma(alpha, c, MAX_GAMMA)
-    even = break_even_alpha(gamma, c)
+    v = v_at(curve, gamma) if curve else 1.0
+    s = speed(alpha, gamma, c, curve)
+    best = best_gamma(alpha, c, MAX_GAMMA, curve=curve)
+    even = break_even_alpha(gamma, c, curve)
     cls = " sv-good" if s >= 1 else " sv-bad"
     even_txt = ("speculation pays off at any α" if even == 0 else
                 "speculation never pays off (below α = 1)" if even is None else
                 f"speculation pays off from α ≈ {even:.2f}")
+    verify = ("one target pass" if not curve else
+              f"one verify pass of γ + 1 tokens, v(γ) = <b>{v:.2f}</b> plain target steps (measured)")
     return (
         "<div class='sv-stats sv-theory-numbers'>"
         f"<div class='sv-speedup{cls}'><span class='sv-speedup-num'>{s:.2f}×</span>"
         "<span class='sv-speedup-label'>predicted speedup</span>"
-        f"<span class='sv-speedup-sub'>at α {alpha:.2f}, γ {gamma}, c {c:.2f}</span></div>"
+        f"<span class='sv-speedup-sub'>at α {alpha:.2f}, γ {gamma}, c {c:.2f}, v {v:.2f}</span></div>"
         "<div class='sv-theory-text'>"
         f"Each round the draft proposes <b>γ = {gamma}</b> tokens and the target checks them in one pass: "
         f"on average <b>{e:.2f}</b> tokens come out of that pass (at most γ + 1 = {gamma + 1}). "
-        f"The round costs one target pass plus γ·c = <b>{gamma * c:.2f}</b> target passes of drafting, "
-        f"so the predicted speedup is {e:.2f} ÷ {1 + gamma * c:.2f} = <b>{s:.2f}×</b>. "
-        f"The best γ here is <b>{best}</b> ({predicted_speedup(alpha, best, c):.2f}×). "
+        f"The round costs {verify} plus γ·c = <b>{gamma * c:.2f}</b> target passes of drafting, "
+        f"so the predicted speedup is {e:.2f} ÷ {v + gamma * c:.2f} = <b>{s:.2f}×</b>. "
+        f"The best γ here is <b>{best}</b> ({speed(alpha, best, c, curve):.2f}×). "
         f"At γ {gamma} and c {c:.2f}, {even_txt}."
         "</div></div>")
 
@@ -202,7 +228,8 @@ def nothing_drafted_html(source: str) -> str:
 def measured_html(m: dict | Measured | None) -> str:
     m = Measured.from_dict(m) if isinstance(m, dict) or m is None else m
     if m is None:
-        return ("<div class='sv-runinfo sv-theory-measured'><span class='sv-mode'>Run the live demo (or a replay) "
+        return ("<div class='sv-runinfo sv-theory-measured'><span class='sv-mode'>"
+                "Run the live demo (or a replay) "
                 "and its measured point appears on both charts as a ◆.</span></div>")
     gap = ""
     if m.verify_cost is not None and m.verify_cost > 1.15:
@@ -210,8 +237,9 @@ def measured_html(m: dict | Measured | None) -> str:
                "theory assumes 1: that is most of the gap between measured and predicted.")
     return (
         f"<div class='sv-runinfo sv-theory-measured'><span><b>◆ {esc(m.source)}</b>: α̂ {m.alpha_hat:.3f}, "
-        f"c {m.c:.3f}, γ {m.gamma}, τ {_num(m.tau, '{:.2f}')} tokens per round: measured "
-        f"<b>{_num(m.speedup, '{:.2f}×')}</b>, predicted {_num(m.predicted, '{:.2f}×')}.{gap}</span></div>")
+        f"c {m.c:.3f}, γ {m.gamma}, τ {number(m.tau, '{:.2f}')} tokens per round: measured "
+        f"<b>{number(m.speedup, '{:.2f}×')}</b>, predicted {number(m.predicted, '{:.2f}×')}.{gap}"
+        "</span></div>")
 
 
 FORMULA = (
@@ -224,68 +252,87 @@ FORMULA = (
     "which holds on a GPU with spare compute but rarely on a CPU.</div>")
 
 
-def build_tab():
-    """The theory explorer's layout (call inside a gr.Blocks). Returns its components."""
+@dataclass
+class TheoryTab:
+    """The theory explorer's components."""
+
+    alpha: object  # gr.Slider
+    gamma: object  # gr.Slider
+    c: object  # gr.Slider
+    numbers: object  # gr.HTML
+    measured_html: object  # gr.HTML
+    use_run: object  # gr.Button
+    fig_gamma: object  # gr.Plot
+    fig_alpha: object  # gr.Plot
+    measured: object  # gr.State: the last run's Measured as a dict
+    vmode: object = None  # gr.Radio: v = 1 or the measured v curve
+
+    def measured_outputs(self) -> list:
+        """Components a finished run or replay updates (see measured_updates)."""
+        return [self.measured, self.fig_gamma, self.fig_alpha, self.measured_html, self.use_run]
+
+
+def build_tab() -> TheoryTab:
+    """The theory explorer's layout (call inside a gr.Blocks)."""
     import gradio as gr
 
     g0, a0 = figures(DEFAULTS["alpha"], DEFAULTS["gamma"], DEFAULTS["c"])
-    ui = {}
     with gr.Tab("Theory explorer", id="theory", elem_id="sv-tab-theory"):
         gr.HTML(FORMULA)
         with gr.Row():
-            ui["alpha"] = gr.Slider(0.0, ALPHA_MAX, value=DEFAULTS["alpha"], step=0.01, label="α (acceptance rate)",
-                                    info="Chance that the target keeps a drafted token", elem_id="sv-th-alpha")
-            ui["gamma"] = gr.Slider(1, MAX_GAMMA, value=DEFAULTS["gamma"], step=1, label="γ (draft length)",
-                                    info="Guesses per round", elem_id="sv-th-gamma")
-            ui["c"] = gr.Slider(0.0, 1.0, value=DEFAULTS["c"], step=0.01, label="c (draft cost)",
-                                info="One draft step ÷ one target step", elem_id="sv-th-c")
-        ui["numbers"] = gr.HTML(numbers_html(**DEFAULTS), elem_id="sv-th-numbers")
+            alpha = gr.Slider(0.0, ALPHA_MAX, value=DEFAULTS["alpha"], step=0.01, label="α (acceptance rate)",
+                              info="Chance that the target keeps a drafted token", elem_id="sv-th-alpha")
+            gamma = gr.Slider(1, MAX_GAMMA, value=DEFAULTS["gamma"], step=1, label="γ (draft length)",
+                              info="Guesses per round", elem_id="sv-th-gamma")
+            c = gr.Slider(0.0, 1.0, value=DEFAULTS["c"], step=0.01, label="c (draft cost)",
+                          info="One draft step ÷ one target step", elem_id="sv-th-c")
+        vmode = gr.Radio(V_MODES, value=V_MODES[0], label="Verify cost v(γ)", interactive=True,
+                         info="v = 1: Leviathan et al.'s assumption. Measured: the v(k) curve of your "
+                              "last run or replay (calibrated at load when the pair has it)",
+                         elem_id="sv-th-vmode")
+        numbers = gr.HTML(numbers_html(**DEFAULTS), elem_id="sv-th-numbers")
         with gr.Row():
-            ui["measured_html"] = gr.HTML(measured_html(None), elem_id="sv-th-measured")
-            ui["use_run"] = gr.Button("Set the sliders to the run's α̂, γ, c", size="sm", interactive=False,
-                                      scale=0, min_width=280, elem_id="sv-th-use-run")
+            measured_box = gr.HTML(measured_html(None), elem_id="sv-th-measured")
+            use_run = gr.Button("Set the sliders to the run's α̂, γ, c", size="sm", interactive=False,
+                                scale=0, min_width=280, elem_id="sv-th-use-run")
         with gr.Row():
-            ui["fig_gamma"] = gr.Plot(g0, show_label=False, elem_id="sv-th-gamma-chart")
-            ui["fig_alpha"] = gr.Plot(a0, show_label=False, elem_id="sv-th-alpha-chart")
-        ui["measured"] = gr.State(None)
-    return ui
+            fig_gamma = gr.Plot(g0, show_label=False, elem_id="sv-th-gamma-chart")
+            fig_alpha = gr.Plot(a0, show_label=False, elem_id="sv-th-alpha-chart")
+        measured = gr.State(None)
+    return TheoryTab(alpha, gamma, c, numbers, measured_box, use_run, fig_gamma, fig_alpha, measured, vmode)
 
 
-def update(alpha, gamma, c, measured):
-    """Slider or measured-point change: both figures and the numbers."""
-    fg, fa = figures(alpha, gamma, c, measured)
-    return fg, fa, numbers_html(alpha, gamma, c)
+def update(alpha, gamma, c, measured, vmode=V_MODES[0]):
+    """Slider, v mode or measured-point change: both figures and the numbers."""
+    fg, fa = figures(alpha, gamma, c, measured, vmode)
+    return fg, fa, numbers_html(alpha, gamma, c, run_curve(measured, vmode))
 
 
-def wire(ui: dict) -> None:
-    """Hook the tab's own events (sliders, the use-my-run button)."""
+def use_run(measured):
+    """The use-my-run button: the sliders to the run's α̂, γ, c."""
     import gradio as gr
 
-    sliders = [ui["alpha"], ui["gamma"], ui["c"]]
-    outs = [ui["fig_gamma"], ui["fig_alpha"], ui["numbers"]]
-    for s in sliders:
-        s.change(update, [*sliders, ui["measured"]], outs, api_visibility="private", show_progress="hidden",
-                 queue=False, trigger_mode="always_last")
-
-    def use_run(measured):
-        m = Measured.from_dict(measured)
-        if m is None:
-            return gr.skip(), gr.skip(), gr.skip()
-        return min(round(m.alpha_hat, 2), ALPHA_MAX), m.gamma, min(round(m.c, 2), 1.0)
-
-    ui["use_run"].click(use_run, ui["measured"], sliders, api_visibility="private", show_progress="hidden",
-                        queue=False)
+    m = Measured.from_dict(measured)
+    if m is None:
+        return gr.skip(), gr.skip(), gr.skip()
+    return min(round(m.alpha_hat, 2), ALPHA_MAX), m.gamma, min(round(m.c, 2), 1.0)
 
 
-def measured_outputs(ui: dict) -> list:
-    """Components a finished run or replay updates (see measured_updates)."""
-    return [ui["measured"], ui["fig_gamma"], ui["fig_alpha"], ui["measured_html"], ui["use_run"]]
+def wire(tab: TheoryTab) -> None:
+    """Hook the tab's own events (sliders, the use-my-run button)."""
+    sliders = [tab.alpha, tab.gamma, tab.c]
+    outs = [tab.fig_gamma, tab.fig_alpha, tab.numbers]
+    for slider in [*sliders, tab.vmode]:
+        slider.change(update, [*sliders, tab.measured, tab.vmode], outs, api_visibility="private",
+                      show_progress="hidden", queue=False, trigger_mode="always_last")
+    tab.use_run.click(use_run, tab.measured, sliders, api_visibility="private", show_progress="hidden",
+                      queue=False)
 
 
-def measured_updates(m: Measured | None, alpha, gamma, c) -> list:
+def measured_updates(m: Measured | None, alpha, gamma, c, vmode=V_MODES[0]) -> list:
     import gradio as gr
 
     if m is None:
         return [gr.skip()] * 5
-    fg, fa = figures(alpha, gamma, c, m)
+    fg, fa = figures(alpha, gamma, c, m, vmode)
     return [m.to_dict(), fg, fa, measured_html(m), gr.Button(interactive=True)]

@@ -1,0 +1,77 @@
+"""The p/q inspector in a real headless Chromium: click a rejected token, the
+panel shows p, q and the residual. Screenshot: test-artifacts/inspector.png."""
+import pytest
+from test_browser import ARTIFACTS, TIMEOUT, browser, open_page, run_and_wait, server, set_number  # noqa: F401
+
+
+def _legend(page):
+    return page.locator("#sv-insp-plot .legendtext").evaluate_all("els => els.map(e => e.textContent)")
+
+
+def test_click_rejected_token_shows_three_distributions(browser, server):  # noqa: F811
+    page, errors = open_page(browser, server, "light")
+    set_number(page, "sv-max-new", 48)
+    run_and_wait(page)
+    rejected = page.locator("#sv-speculative .sv-rejected[data-r]")
+    if rejected.count() == 0:
+        pytest.skip("this run had no rejection")
+    rejected.first.click()
+    page.wait_for_selector("#sv-insp-plot .js-plotly-plot .legendtext", timeout=TIMEOUT)
+    page.wait_for_timeout(600)
+    legend = _legend(page)
+    assert any(t.startswith("p (target)") for t in legend), legend
+    assert any(t.startswith("q (draft)") for t in legend), legend
+    assert any(t.startswith("residual") for t in legend), legend
+    text = page.inner_text("#sv-insp-html")
+    assert "rejected" in text and "u = " in text and "min(1, p/q)" in text
+    assert page.locator("#sv-insp-html .sv-insp-gauge").count() == 1
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.locator("#sv-inspector").screenshot(path=str(ARTIFACTS / "inspector.png"))
+    # a bonus or accepted token: p and q only (no residual at that row)
+    other = page.locator("#sv-speculative .sv-accepted[data-r]")
+    if other.count():
+        other.first.click()
+        page.wait_for_function("!document.querySelector('#sv-insp-html').innerText.includes('rejected (u')",
+                               timeout=TIMEOUT)
+    assert not errors, errors
+    page.close()
+
+
+def _sampled_trace(path):
+    from specviz.engine.decoding import baseline, speculative
+    from specviz.engine.proposers import DraftModelProposer
+    from specviz.engine.sampling import SamplingParams
+    from specviz.models.tiny import tiny_model, tiny_tokenizer
+    from specviz.trace import new_trace
+    tok = tiny_tokenizer()
+    target, draft = tiny_model(len(tok), seed=0, layers=3), tiny_model(len(tok), seed=1, layers=1)
+    ids, params = tok.encode("abc"), SamplingParams(temperature=1.0)
+    tr = new_trace({"prompt": "abc", "gamma": 3, "temperature": 1.0, "method": "draft", "max_new_tokens": 40},
+                   "tiny-target", "tiny-draft", "cpu", label="inspector test")
+    for ev in baseline(target, tok, ids, 40, params, seed=3):
+        tr.add("baseline", ev)
+    for ev in speculative(target, DraftModelProposer(draft), tok, ids, 40, 3, params, seed=3):
+        tr.add("speculative", ev)
+    return tr.save(path)
+
+
+def test_inspector_in_replay(browser, server, tmp_path):  # noqa: F811
+    path = _sampled_trace(tmp_path / "sampled.json")
+    page, errors = open_page(browser, server, "light")
+    page.set_input_files("#sv-replay-upload input[type=file]", str(path))
+    page.wait_for_timeout(1500)
+    page.locator("#sv-replay-speed label", has_text="20×").click()
+    page.click("#sv-replay-play")
+    page.wait_for_function("document.querySelector('#sv-stats').innerText.includes('done')", timeout=TIMEOUT)
+    rejected = page.locator("#sv-speculative .sv-rejected[data-r]")
+    assert rejected.count() > 0
+    rejected.first.click()
+    page.wait_for_selector("#sv-insp-plot .js-plotly-plot .legendtext", timeout=TIMEOUT)
+    page.wait_for_timeout(600)
+    legend = _legend(page)
+    assert [t.split(" ")[0] for t in legend] == ["p", "q", "residual"], legend
+    assert page.locator("#sv-insp-plot .xtick").count() > 3  # top-k bars, not one-hot
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.locator("#sv-inspector").screenshot(path=str(ARTIFACTS / "inspector-replay.png"))
+    assert not errors, errors
+    page.close()

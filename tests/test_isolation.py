@@ -1,0 +1,80 @@
+"""Fair-mode isolation: the VirtualClock counts only a side's own steps, and
+pair loads / replays never share the CPU with a timed step."""
+import threading
+import time
+from types import SimpleNamespace
+
+from specviz import isolation, race
+from specviz.engine.events import Outcome, RunSummary, TokenEvent
+
+WORK = {"baseline": 0.010, "speculative": 0.004}  # seconds of "engine work" per event
+N = 6
+
+
+def _fake_run_events(pair, req, side, prompt_ids, stop=None, clock=None):
+    for i in range(N):
+        time.sleep(WORK[side])
+        yield TokenEvent(i, "x", Outcome.TARGET, clock.now())
+    yield RunSummary(mode=side, method="plain", token_ids=[], text="", n_tokens=N, elapsed=clock.now(),
+                     prefill=0.0, target_forwards=N, stop_reason="max_new_tokens")
+
+
+def _elapsed(consumer_sleep: float) -> dict:
+    out = {}
+    for side, ev in race.race(SimpleNamespace(device="cpu"), None, [], mode="fair"):
+        if isinstance(ev, RunSummary):
+            out[side] = ev.elapsed
+        time.sleep(consumer_sleep)  # rendering, sending, a slow browser…
+    return out
+
+
+def test_consumer_sleep_does_not_change_measured_time(monkeypatch):
+    monkeypatch.setattr(race, "run_events", _fake_run_events)
+    quick, sleepy = _elapsed(0.0), _elapsed(0.05)
+    total_sleep = 0.05 * 2 * (N + 1)  # 0.7 s of consumer time between events
+    for side in ("baseline", "speculative"):
+        own = WORK[side] * N
+        assert own <= sleepy[side] < own + 0.1 * total_sleep, (side, sleepy)
+        assert abs(sleepy[side] - quick[side]) < 0.1 * total_sleep, (side, quick, sleepy)
+
+
+def test_a_step_waits_for_untimed_work_off_the_clock(monkeypatch):
+    monkeypatch.setattr(race, "run_events", _fake_run_events)
+    held = threading.Event()
+
+    def replay_render():  # e.g. a replay's render holding the lock for 0.3 s
+        with isolation.untimed_work():
+            held.set()
+            time.sleep(0.3)
+
+    th = threading.Thread(target=replay_render)
+    th.start()
+    held.wait()
+    got = _elapsed(0.0)
+    th.join()
+    for side in ("baseline", "speculative"):
+        assert got[side] < WORK[side] * N + 0.15, got  # the 0.3 s wait is not counted
+
+
+def test_race_running_flag():
+    assert not isolation.race_running()
+    with isolation.racing():
+        assert isolation.race_running()
+    assert not isolation.race_running()
+
+
+def test_pair_load_waits_for_a_timed_step():
+    from specviz.ui.loader import ModelManager
+    order = []
+
+    def loader(spec, device=None, progress=None, **kw):
+        order.append("load")
+        raise RuntimeError("no model here")
+
+    m = ModelManager(loader=loader)
+    with isolation.timed_step():
+        m.start(SimpleNamespace(label="x", name="x"))
+        time.sleep(0.2)
+        order.append("step done")
+    m._thread.join(5)
+    assert order == ["step done", "load"]
