@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .engine.decoding import baseline, speculative
 from .engine.proposers import make_proposer, target_vocab  # noqa: F401 (re-exported)
+from .engine.tree_decoding import tree_speculative
 from .errors import RequestError
 from .request import RunRequest
 
@@ -16,8 +17,10 @@ def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], stop=Non
         return baseline(pair.target, pair.tokenizer, prompt_ids, req.max_new_tokens, req.sampling,
                         pair.eos_ids, req.seed, stop, clock)
     if mode == "speculative":
-        return speculative(pair.target, make_proposer(pair, req.method, req), pair.tokenizer, prompt_ids,
-                           req.max_new_tokens, req.gamma, req.sampling, pair.eos_ids, req.seed, stop, clock)
+        prop = make_proposer(pair, req.method, req)
+        engine = tree_speculative if getattr(prop, "tree", False) else speculative
+        return engine(pair.target, prop, pair.tokenizer, prompt_ids, req.max_new_tokens, req.gamma, req.sampling,
+                      pair.eos_ids, req.seed, stop, clock)
     raise RequestError(f"Unknown mode {mode!r}.")
 
 

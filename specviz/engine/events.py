@@ -93,6 +93,9 @@ class RoundEvent:
     total_accepted: int = 0
     target_forwards: int = 0
     prompt_tokens: int = 0  # >0: this forward also read the prompt (round 1): its time is prefill
+    # tree methods only (JSON-ready, see tree_sampling.describe_tree): node tokens, parents,
+    # depth, q, p, accepted path, tested nodes, appended token; None for chain methods
+    tree: dict | None = None
 
     @property
     def n_new(self) -> int:
