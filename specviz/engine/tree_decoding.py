@@ -125,8 +125,9 @@ def tree_speculative(target, proposer, tokenizer, prompt_ids: list[int], max_new
 
         q_x, p_x, ov = _node_stats(prop, p, q)
         tokens = _round_tokens(stream, prop, v, new, n_path, appended, p, p_x, q_x, r, t_end)
+        texts = [stream.token_text(x) for x in prop.tokens + [v.token]]
         yield _round_event(s, r, prop, v, tokens, q_x, p_x, ov, appended, n_path, len(fed) - 1,
-                           t_start, t_drafted, t_end, len(out))
+                           t_start, t_drafted, t_end, len(out), texts)
         r += 1
         if s.stop_reason == "eos":
             break
@@ -137,7 +138,7 @@ def tree_speculative(target, proposer, tokenizer, prompt_ids: list[int], max_new
 
 
 def _round_event(s, r, prop, v, tokens, q_x, p_x, ov, appended, n_path, prompt_tokens,
-                 t_start, t_drafted, t_end, total) -> RoundEvent:
+                 t_start, t_drafted, t_end, total, texts) -> RoundEvent:
     """Update the run totals and build the round's event (with its tree record)."""
     k = len(prop.tokens)
     s.rounds += 1
@@ -151,7 +152,8 @@ def _round_event(s, r, prop, v, tokens, q_x, p_x, ov, appended, n_path, prompt_t
         s.draft_time += t_drafted - t_start
         s.verify_time += t_end - t_drafted
     s.overlap_sum += sum(ov)
-    tree = describe_tree(prop.tokens, prop.parents, q_x, p_x, v, v.token if appended else -1)
+    tree = describe_tree(prop.tokens, prop.parents, q_x, p_x, v, v.token if appended else -1,
+                         texts=texts[:-1], appended_text=texts[-1])
     tree["path"] = tree["path"][:n_path]
     return RoundEvent(
         index=r, gamma=k, draft_ids=list(prop.tokens), q=q_x, p=p_x, u=list(v.u), overlap=ov,

@@ -174,11 +174,13 @@ def accept_sampled(tokens: list[int], parents: list[int], p: torch.Tensor, q: to
 
 
 def describe_tree(tokens: list[int], parents: list[int], q_x: list[float], p_x: list[float],
-                  verdict: TreeVerdict, appended: int) -> dict:
+                  verdict: TreeVerdict, appended: int, texts: list[str] | None = None,
+                  appended_text: str = "") -> dict:
     """The small JSON-serialisable tree record a RoundEvent carries (for the
     page's tree view and traces). `appended` is -1 when the run ended first."""
     return {
         "tokens": list(tokens), "parents": list(parents), "depth": depths_of(parents),
         "q": [round(float(v), 6) for v in q_x], "p": [round(float(v), 6) for v in p_x],
         "path": list(verdict.path), "tested": list(verdict.tested), "appended": int(appended),
+        "texts": list(texts or []), "appended_text": appended_text,
     }
