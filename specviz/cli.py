@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     g.add_argument("--num-samples", type=int, default=1)
     g.add_argument("--json", action="store_true", help="one JSON object per sample and mode")
+    g.add_argument("--tree-shape", default=None, help="tree method: children per depth, e.g. 4-2-2-1")
+    g.add_argument("--tree-budget", default=None, help="tree method: most nodes per tree (default 8)")
     return ap
 
 
@@ -81,9 +83,15 @@ def run_once(pair, req, mode, ids, stop=None):
     return events[:-1], events[-1]
 
 
+def _options(args) -> dict:
+    """Method settings from their flags (unset flags are left out)."""
+    flags = {k: getattr(args, k, None) for k in ("tree_shape", "tree_budget")}
+    return {k: v for k, v in flags.items() if v is not None}
+
+
 def generate(args) -> int:
     req = make_request(args.prompt, args.method, args.gamma, args.max_new_tokens, args.temperature,
-                       args.top_p, args.top_k, args.seed, args.chat)
+                       args.top_p, args.top_k, args.seed, args.chat, options=_options(args))
     if args.num_samples < 1:
         raise RequestError("--num-samples must be at least 1.")
     # progress only for a person at a terminal; scripts get clean stderr

@@ -19,8 +19,8 @@ def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], stop=Non
     if mode == "speculative":
         prop = make_proposer(pair, req.method, req)
         engine = tree_speculative if getattr(prop, "tree", False) else speculative
-        return engine(pair.target, prop, pair.tokenizer, prompt_ids, req.max_new_tokens, req.gamma, req.sampling,
-                      pair.eos_ids, req.seed, stop, clock)
+        return engine(pair.target, prop, pair.tokenizer, prompt_ids, req.max_new_tokens, req.gamma,
+                      req.sampling, pair.eos_ids, req.seed, stop, clock)
     raise RequestError(f"Unknown mode {mode!r}.")
 
 

@@ -20,13 +20,13 @@ from ..race import MODES, RaceInfo, race
 from ..request import MAX_GAMMA, Limits, RequestError, encode_prompt, make_request
 from ..runner import free_memory, is_oom
 from ..trace import record, trace_for
-from . import render
+from . import render, theory
 from . import replay as replay_ui
-from . import theory
 from .charts import all_charts
 from .loader import ModelManager
 from .panes import PaneStream
 from .state import RunView
+from .tree_view import latest_tree_figure
 
 UI_INTERVAL = 0.25  # seconds between page updates while a run streams (≤ 4/s)
 SETTLE = float(os.environ.get("SPECVIZ_UI_SETTLE", 0.1))  # see PaneStream.settle
@@ -217,7 +217,7 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
 
     def fail(message: str):
         """Show a visitor-readable error in the page and as a toast, keep serving."""
-        return [gr.skip(), gr.skip(), gr.skip(), render.message_html(message), *[gr.skip()] * 4]
+        return [gr.skip(), gr.skip(), gr.skip(), render.message_html(message), *[gr.skip()] * 5]
 
     @gpu
     def run(prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed, chat_template, mode,
@@ -380,12 +380,14 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
         with gr.Row():
             plot_time = gr.Plot(empty[2], show_label=False, elem_id="sv-chart-time")
             plot_pos = gr.Plot(empty[3], show_label=False, elem_id="sv-chart-position")
+        plot_tree = gr.Plot(latest_tree_figure(RunView(first["gamma"], 0.0, default_mode)), show_label=False,
+                            elem_id="sv-chart-tree")  # the latest round's token tree (ui/tree_view.py)
         live_tab.close()
         theory_tab = theory.build_tab()
         timer = gr.Timer(0.5, active=st0["loading"])
 
         # ------------------------------------------------------------ events
-        outputs = [base_pane, spec_pane, stats, run_info, plot_alpha, plot_speed, plot_time, plot_pos]
+        outputs = [base_pane, spec_pane, stats, run_info, plot_alpha, plot_speed, plot_time, plot_pos, plot_tree]
         poll_out = [status, run_btn, timer]
         timer.tick(poll, None, poll_out, api_visibility="private", show_progress="hidden", queue=False)
         demo.load(poll, None, poll_out, api_name="status", show_progress="hidden", queue=False)

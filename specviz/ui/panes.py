@@ -15,6 +15,7 @@ from ..engine.events import RoundEvent, TokenEvent
 from . import render
 from .charts import all_charts
 from .state import RunView
+from .tree_view import latest_tree_figure
 
 # output order: the page's `outputs` list in blocks.py
 N_OUTPUTS = 8
@@ -48,14 +49,14 @@ class PaneStream:
         return self.banner + render.run_info_html(snap)
 
     def outputs(self, charts: bool = True) -> list:
-        """[baseline pane, speculative pane, numbers, run info, 4 charts]; charts
-        not redrawn are gr.skip()."""
+        """[baseline pane, speculative pane, numbers, run info, 4 charts, token tree];
+        charts not redrawn are gr.skip()."""
         snap = self.view.snapshot()
         if charts:
-            figs = all_charts(self.view)
+            figs = all_charts(self.view) + [latest_tree_figure(self.view)]
         else:
             import gradio as gr
-            figs = [gr.skip()] * 4
+            figs = [gr.skip()] * 5
         return [self.base_html, self.spec_html, render.stats_html(snap), self.run_info(snap), *figs]
 
     def follow(self, stream: Iterable[tuple[str, object]]) -> Iterator[list]:

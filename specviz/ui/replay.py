@@ -31,6 +31,7 @@ from . import render, theory
 from .charts import all_charts
 from .panes import PaneStream
 from .state import RunView
+from .tree_view import latest_tree_figure
 
 TRACES_DIR = Path(__file__).resolve().parents[2] / "assets" / "traces"
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
@@ -78,7 +79,7 @@ def load_for_replay(path) -> Trace:
         snap = view.snapshot()
         render.stats_html(snap), render.run_info_html(snap)
         render.baseline_html(view.base.tokens), render.speculative_html(view.spec.rounds)
-        all_charts(view)
+        all_charts(view), latest_tree_figure(view)
     except Exception as e:  # noqa: BLE001 - any malformed content: one readable message
         raise ValueError(f"not a SpecViz trace: a field has the wrong type or value ({type(e).__name__}: {e})") \
             from None
@@ -345,7 +346,7 @@ def wire(ui: dict, th: dict, records: Records, sessions, session_key, outputs: l
                 raise ValueError("the replay speed must be between 0.1 and 1000")
         except (ValueError, TypeError) as e:
             msg = f"Cannot replay: {e}" if not isinstance(e, TypeError) else "Cannot replay: bad speed"
-            yield [gr.skip()] * 3 + [render.message_html(msg)] + [gr.skip()] * 4
+            yield [gr.skip()] * 3 + [render.message_html(msg)] + [gr.skip()] * 5
             raise gr.Error(render.toast_text(msg), print_exception=False) from None
         key = session_key(request)
         sessions.stop(key, wait=stop_grace)  # this visitor's live run or replay, if any

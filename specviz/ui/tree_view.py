@@ -92,6 +92,18 @@ def tree_figure(rnd, title: str | None = None) -> go.Figure:
     return fig
 
 
+def latest_tree_figure(view) -> go.Figure:
+    """The tree of the run's latest round (the page shows it as rounds stream)."""
+    rounds = [r for r in view.spec.rounds if getattr(r, "tree", None)]
+    if rounds:
+        return tree_figure(rounds[-1])
+    fig = tree_figure(None)
+    fig.update_layout(height=150)
+    waiting = getattr(view, "method", "") == "tree" and not view.spec.rounds
+    return _empty(fig, "waiting for the first round…" if waiting else
+                  "token tree: shown for the token-tree method (More settings → draft method)")
+
+
 def _appended(fig, rnd, tree, ys):
     """The token the target added after the accepted path: a star one step deeper."""
     if tree.get("appended", -1) < 0:

@@ -186,7 +186,8 @@ def check_tree_options(options: dict) -> dict:
             parts = shape.replace(",", "-").split("-") if isinstance(shape, str) else list(shape)
             shape = [int(x) for x in parts if str(x).strip() != ""]
         except (TypeError, ValueError):
-            raise RequestError(f"Tree shape must look like 4-2-2-1 (children per depth), got {shape!r}.") from None
+            raise RequestError(f"Tree shape must look like 4-2-2-1 (children per depth), got {shape!r}.") \
+                from None
         if not shape or any(k < 1 or k > 16 for k in shape) or len(shape) > 16:
             raise RequestError("Tree shape: 1 to 16 depths, each with 1 to 16 children, e.g. 4-2-2-1.")
     budget = options.get("tree_budget")
