@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
+from ..engine.proposers import method_names, method_spec
 from ..models import ModelError, PairSpec, available_pairs, resolve_pair
 from ..prompts import load_presets
 from ..race import MODES, RaceInfo, race
@@ -63,6 +64,9 @@ METHOD_CHOICES = [
     ("adaptive γ: draft model, γ follows the acceptance rate", "adaptive"),
     ("prompt lookup: copy what followed the last n-gram earlier (no draft model)", "lookup"),
 ]
+# methods registered later (token tree, ...) describe themselves
+METHOD_CHOICES += [(f"{method_spec(m).label}: {method_spec(m).description}", m) for m in method_names()
+                   if m not in {v for _, v in METHOD_CHOICES}]
 MODE_CHOICES = [
     ("fair: each side timed alone (honest speedup)", "fair"),
     ("parallel: both at once (shares the hardware)", "parallel"),

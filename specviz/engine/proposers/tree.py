@@ -204,8 +204,7 @@ def check_tree_options(options: dict) -> dict:
 
 
 @register("tree", "token tree", needs_draft=True, order=10, check_options=check_tree_options,
-          description="the draft expands a token tree (static shape or EAGLE-2-style budget); "
-                      "the target verifies every branch in one forward with a tree attention mask")
+          description="the draft grows several branches (γ = depth), the target checks them all in one pass")
 def _build_tree(pair, req=None):
     if pair.draft is None:
         raise RequestError("This pair has no draft model: pick prompt lookup instead.")
