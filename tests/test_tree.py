@@ -244,3 +244,27 @@ def test_sampled_tree_sequences_follow_target(shape, budget, params, gamma):
 def test_the_chi_square_test_catches_a_broken_acceptance(monkeypatch):
     monkeypatch.setattr(tree_decoding, "accept_sampled", broken_accept)
     assert sequence_pvalue((3, 1), 64, SamplingParams(temperature=1.0), 2) < 1e-3
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_tree_forward_equals_one_forward_per_path(impl):
+    """A custom 4D mask + position ids through a DynamicCache (transformers
+    passes 4D masks through unchanged) gives each node its path's logits."""
+    from specviz.engine.tree_forward import keep_cache_slots, tree_forward_logits
+    from specviz.engine.tree_sampling import depths_of
+    m = tiny_model(50, seed=0, layers=3)
+    m.config._attn_implementation = impl
+    prompt, toks, parents = [3, 4, 5, 6, 7], [10, 11, 12, 13, 14, 15], [-1, -1, 0, 0, 2, 1]
+    c = plain_cache(m, prompt[:2])
+    with torch.no_grad():
+        lg = tree_forward_logits(m, c, fed=prompt[2:], tokens=toks, parents=parents,
+                                 depths=depths_of(parents), keep=7)
+        for i in range(-1, 6):
+            path, n = [], i
+            while n >= 0:
+                path.append(toks[n])
+                n = parents[n]
+            ref = m(input_ids=torch.tensor([prompt + path[::-1]])).logits[0, -1]
+            torch.testing.assert_close(lg[i + 1], ref, atol=1e-4, rtol=1e-4)
+    keep_cache_slots(c, prefix=5, slots=[5, 7, 9])  # the path 10 -> 12 -> 14
+    same_cache(c, plain_cache(m, prompt + [10, 12, 14]))
