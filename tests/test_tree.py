@@ -57,7 +57,7 @@ def check_tree_round(r):
     assert max(tr["depth"], default=0) <= 16 and set(kids) >= {-1}
 
 
-@pytest.mark.parametrize("gamma", [1, 2, 4])
+@pytest.mark.parametrize("gamma", [1, 4])
 @pytest.mark.parametrize("shape,budget", SHAPES)
 def test_greedy_tree_equals_baseline(tok, target, draft, peaked, shape, budget, gamma):
     for t, d in ((target, draft), (target, target), peaked):
