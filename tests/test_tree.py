@@ -268,3 +268,22 @@ def test_tree_forward_equals_one_forward_per_path(impl):
             torch.testing.assert_close(lg[i + 1], ref, atol=1e-4, rtol=1e-4)
     keep_cache_slots(c, prefix=5, slots=[5, 7, 9])  # the path 10 -> 12 -> 14
     same_cache(c, plain_cache(m, prompt + [10, 12, 14]))
+
+
+def test_tree_view_draws_every_round_from_replayed_events(tok, peaked):
+    from specviz.ui.tree_view import latest_tree_figure, rounds_figure
+    t, d = peaked
+    rounds, _ = run(tree_speculative(t, TreeDraftProposer(d, budget=6), tok, tok.encode(PROMPT), 20, 3,
+                                     SamplingParams(temperature=1.0), seed=2))
+    back = [event_from_dict(event_to_dict(r)) for r in rounds]  # as a trace replays them
+    fig = rounds_figure(back)
+    steps = fig.layout.sliders[0].steps
+    assert len(steps) == len(rounds) and steps[-1].label == str(rounds[-1].index + 1)
+    shown = [tr for tr in fig.data if tr.visible]
+    nodes = next(tr for tr in shown if tr.mode == "markers+text" and len(tr.x) == rounds[-1].gamma)
+    assert len(nodes.hovertext) == rounds[-1].gamma and "q = " in nodes.hovertext[0]
+    assert sum(tr.marker.symbol == "star" for tr in shown) == (rounds[-1].appended_id >= 0)
+
+    class View:  # a chain run: no tree, an explanatory empty figure
+        method, spec = "draft", type("S", (), {"rounds": []})()
+    assert not latest_tree_figure(View()).data
