@@ -17,8 +17,18 @@ from .charts import all_charts
 from .state import RunView
 from .tree_view import latest_tree_figure
 
-# output order: the page's `outputs` list in blocks.py
-N_OUTPUTS = 8
+# output order: Page.run_outputs in ui/layout.py (base pane, speculative pane, stats, run info, 4 charts,
+# token tree)
+N_OUTPUTS = 9
+RUN_INFO = 3
+
+
+def message_outputs(message: str) -> list:
+    """A visitor-readable error in the run info line; every other output left as it is."""
+    import gradio as gr
+    out = [gr.skip()] * N_OUTPUTS
+    out[RUN_INFO] = render.message_html(message)
+    return out
 
 
 class PaneStream:
