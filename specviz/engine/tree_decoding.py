@@ -66,9 +66,9 @@ def _round_tokens(stream, prop, v, new, n_path, appended, p, p_x, q_x, r, t):
         tokens.append(TokenEvent(new[i], stream.push(new[i]), Outcome.ACCEPTED, t, r, i + 1,
                                  p=p_x[node], q=q_x[node]))
     if appended:
-        if v.resampled:
-            last = v.path[-1] if v.path else -1
-            rej = next(c for c in v.tested if prop.parents[c] == last)
+        last = v.path[-1] if v.path else -1
+        rej = next((c for c in v.tested if prop.parents[c] == last), None) if v.resampled else None
+        if rej is not None:
             tokens.append(TokenEvent(prop.tokens[rej], stream.token_text(prop.tokens[rej]),
                                      Outcome.REJECTED, t, r, len(v.path) + 1, p=p_x[rej], q=q_x[rej]))
         row = (v.path[-1] + 1) if v.path else 0
