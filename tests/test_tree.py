@@ -10,7 +10,7 @@ from transformers import DynamicCache
 from specviz.engine import tree_decoding
 from specviz.engine.decoding import baseline
 from specviz.engine.proposers.tree import TreeDraftProposer, check_tree_options
-from specviz.engine.sampling import SamplingParams, residual, sample
+from specviz.engine.sampling import SamplingParams, sample
 from specviz.engine.tree_decoding import tree_speculative
 from specviz.engine.tree_sampling import TreeVerdict, children_of, draw_children, tree_bias
 from specviz.errors import RequestError
@@ -185,23 +185,21 @@ def test_tree_record_survives_a_trace_round_trip(tok, peaked):
 # --- the sequence-level distribution test ------------------------------------
 
 def broken_accept(tokens, parents, p, q, generator=None):
-    """Deliberately wrong: try each child against the UNCORRECTED p and q (no
-    residual between siblings) and, if all fail, draw from residual(p, q)."""
+    """Deliberately wrong: at each node test only the child with the highest q
+    (min(1, p/q)) and, after a rejection, draw from p instead of the corrected
+    residual norm(max(0, p - q)): the output drifts towards the draft."""
     kids = children_of(parents)
     path, node, tested = [], -1, []
     while True:
-        p_u, q_u, nxt = p[node + 1], q[node + 1], None
-        for c in kids[node]:
-            tested.append(c)
-            u = float(torch.rand(1, generator=generator))
-            if u * q_u[tokens[c]] < p_u[tokens[c]]:
-                nxt = c
-                break
-        if nxt is None:
-            out = residual(p_u, q_u) if kids[node] else p_u
-            return TreeVerdict(path, int(sample(out, generator)), bool(kids[node]), tested, [])
-        path.append(nxt)
-        node = nxt
+        p_u, q_u = p[node + 1], q[node + 1]
+        if not kids[node]:
+            return TreeVerdict(path, int(sample(p_u, generator)), False, tested, [])
+        c = max(kids[node], key=lambda k: float(q_u[tokens[k]]))
+        tested.append(c)
+        if float(torch.rand(1, generator=generator)) * q_u[tokens[c]] >= p_u[tokens[c]]:
+            return TreeVerdict(path, int(sample(p_u, generator)), True, tested, [])
+        path.append(c)
+        node = c
 
 
 def sequence_pvalue(shape, budget, params, gamma, n=1000):
@@ -243,7 +241,7 @@ def test_sampled_tree_sequences_follow_target(shape, budget, params, gamma):
 
 def test_the_chi_square_test_catches_a_broken_acceptance(monkeypatch):
     monkeypatch.setattr(tree_decoding, "accept_sampled", broken_accept)
-    assert sequence_pvalue((3, 1), 64, SamplingParams(temperature=1.0), 2) < 1e-3
+    assert sequence_pvalue((3, 1), 64, SamplingParams(temperature=1.0), 2, n=1500) < 1e-3
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
