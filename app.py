@@ -92,7 +92,8 @@ def create_app(args):
     from specviz.ui.blocks import build_demo
     from specviz.ui.loader import ModelManager
 
-    manager = ModelManager(device=args.device, quantize=getattr(args, "quantize", None))
+    manager = ModelManager(device=args.device, quantize=getattr(args, "quantize", None),
+                           precision=getattr(args, "precision", None))
     spec = None
     try:
         spec = initial_spec(args)

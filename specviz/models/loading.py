@@ -10,18 +10,17 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..engine import speed
+from ..engine.costs import CostModel
 from ..errors import OOM_LOADING, ModelError, first_line, is_oom
-from .embedded import Progress, local_refs
+from .embedded import Progress, cache_root, local_refs
 from .registry import PairSpec, _hub_reachable, _looks_like_path, pick_device_dtype
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+# "auto": the draft's int8 / float candidates are timed at load and the fastest
+# kept (engine/calibrate.py; int8 made c 0.38 -> 0.13 on the default pair in fp32)
 QUANTIZE = (None, "", "none", "auto", "int8", "draft-int8")
-# "auto": on a CPU, an fp32 draft this big is read from memory at every draft
-# step; int8 makes it ~4x cheaper (c 0.38 -> 0.13 on the default pair) while
-# the target, and so the output, stays exactly as it is
-AUTO_DRAFT_INT8_PARAMS = 100_000_000
 
 
 @dataclass
@@ -35,6 +34,8 @@ class ModelPair:
     eos_ids: list[int]
     precision: str = ""  # what both sides run: "float32", "bfloat16", "int8 (dynamic)"
     quantize: str | None = None  # None, "int8" (both models) or "draft-int8"
+    costs: CostModel | None = None  # measured plain step, v(k), draft step (engine/calibrate.py)
+    precision_note: str = ""  # what runs and why, e.g. "target bfloat16 (128 ms/step vs 279 ms fp32 ...)"
 
     @property
     def has_chat_template(self) -> bool:
@@ -141,49 +142,69 @@ def load_stock(ref: str, device: torch.device, dtype: torch.dtype):
 
 def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | None = None,
               progress: Progress | None = None, load_draft: bool = True,
-              quantize: str | None = None) -> ModelPair:
-    """Load target (+ draft) and the target's tokenizer, checking that the vocabularies agree.
+              quantize: str | None = None, precision: str = "auto") -> ModelPair:
+    """Load target (+ draft) and the target's tokenizer, checking that the vocabularies agree,
+    in the precision chosen by measurement on this machine (engine/calibrate.py).
 
-    quantize="auto": "draft-int8" for a CPU fp32 pair whose draft has 100M+
-    parameters, else nothing. quantize="int8" swaps every Linear of both models for dynamic int8 (CPU):
-    a different, faster target, used by the baseline and the speculative side
-    alike. quantize="draft-int8" quantises only the draft: the target (and so
-    the output) is unchanged, the draft just guesses faster."""
+    precision (both models' float type): "auto" times fp32 and bf16 on a CPU with
+    native bf16 (fp32 elsewhere, and for models under 100M parameters; the
+    GPU's half type on a GPU), "fp32" or "bf16" force it. quantize (CPU):
+    "int8" swaps every Linear of both models for dynamic int8 (a different,
+    faster target, used by the baseline and the speculative side alike; needs
+    precision auto or fp32); "draft-int8" quantises only the draft (the output
+    is unchanged, the draft just guesses faster); "auto" adds int8 to the
+    draft's candidates and keeps the fastest; "none"/None: no int8.
+    The choice, its reason and the measured CostModel land on pair.costs and
+    pair.precision_note; they are cached per pair and machine."""
+    from ..engine import calibrate
     if quantize not in QUANTIZE:
-        raise ModelError(f"unknown quantisation '{quantize}': use int8, draft-int8 or none")
+        raise ModelError(f"unknown quantisation '{quantize}': use int8, draft-int8, auto or none")
+    if precision not in calibrate.PRECISIONS:
+        raise ModelError(f"unknown precision '{precision}': use {', '.join(calibrate.PRECISIONS)}")
+    if quantize == "int8" and precision == "bf16":
+        raise ModelError("int8 quantisation works on fp32 weights: use precision auto or fp32 with int8")
     progress = progress or (lambda msg, frac: None)
     dev, auto_dtype = pick_device_dtype(device)
-    dtype = dtype or auto_dtype
+    if quantize in ("int8", "draft-int8") and dev.type != "cpu":
+        raise ModelError("int8 quantisation is for CPU only")
+    half = "fp16" if auto_dtype == torch.float16 else "bf16"
     refs = local_refs(spec, progress)
+    cache_file = calibrate.cache_path(cache_root(), target_ref=refs["target"],
+                                      draft_ref=refs["draft"] if load_draft else None,
+                                      precision=precision, quantize=quantize, device=dev.type)
+    # a cached float choice loads straight in that type (half the memory and time of fp32 + cast)
+    cached = calibrate.load_cached(cache_file)
+    start = {side: calibrate.DTYPES.get(p, torch.float32) if p else None
+             for side, p in (("target", cached and cached.target), ("draft", cached and cached.draft))}
     progress(f"loading target {spec.target}", 0.0)
-    target, tok = _load_one(refs["target"], dev, dtype)
+    target, tok = _load_one(refs["target"], dev, dtype or start["target"] or auto_dtype)
     draft = tok_draft = None
     if load_draft:
         progress(f"loading draft {spec.draft}", 0.6)
-        draft, tok_draft = _load_one(refs["draft"], dev, dtype)
+        draft, tok_draft = _load_one(refs["draft"], dev, dtype or start["draft"] or auto_dtype)
     check_vocab(target, draft, tok, tok_draft)
-    precision = str(dtype).removeprefix("torch.")
-    if quantize == "auto":
-        big = draft is not None and sum(p.numel() for p in draft.parameters()) >= AUTO_DRAFT_INT8_PARAMS
-        quantize = "draft-int8" if dev.type == "cpu" and dtype == torch.float32 and big else None
-    if quantize in ("int8", "draft-int8") and dev.type != "cpu":
-        raise ModelError("int8 quantisation is for CPU only")
-    if quantize == "int8":
-        progress("quantising both models to int8", 0.9)
-        target, draft = (speed.quantize_int8(m) if m is not None else None for m in (target, draft))
-        precision = "int8 (dynamic), both models"
-    else:
-        speed.patch_small_m_linear(target)  # the target's trick serves both paths
-        if quantize == "draft-int8" and draft is not None:
-            progress("quantising the draft to int8", 0.9)
-            draft = speed.quantize_int8(draft)
-            precision = f"target {precision}, draft int8 (dynamic)"
-        elif draft is not None:
-            speed.patch_small_m_linear(draft)
+    fp32 = calibrate.Loaded(lambda: _load_one(refs["target"], dev, torch.float32)[0],
+                            lambda: _load_one(refs["draft"], dev, torch.float32)[0])
+    target, draft, choice = calibrate.calibrate(
+        target, draft, precision=precision if dtype is None else _precision_of(dtype),
+        quantize=quantize, device=dev.type, half=half, cache_file=cache_file, reload=fp32,
+        progress=progress)
     progress("warming up", 0.95)
     for m in (target, draft):
         if m is not None:
             speed.warm_up(m)
     progress("models ready", 1.0)
-    return ModelPair(target, draft, tok, spec, dev, dtype, _eos_ids(target, tok), precision,
-                     quantize if quantize in ("int8", "draft-int8") else None)
+    names = calibrate.NAMES
+    label = (f"{names[choice.target]}" + (", both models" if choice.target == "int8" else "")
+             if choice.draft in (None, choice.target)
+             else f"target {names[choice.target]}, draft {names[choice.draft]}")
+    q = "int8" if choice.target == "int8" else ("draft-int8" if choice.draft == "int8" else None)
+    dt = next(target.parameters()).dtype if choice.target != "int8" else torch.float32
+    return ModelPair(target, draft, tok, spec, dev, dt, _eos_ids(target, tok), label, q,
+                     costs=choice.costs, precision_note=choice.note)
+
+
+def _precision_of(dtype: torch.dtype) -> str:
+    """A caller's explicit dtype as a forced precision."""
+    from ..engine.calibrate import DTYPES
+    return next((k for k, v in DTYPES.items() if v == dtype), "fp32")

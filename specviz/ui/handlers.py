@@ -172,8 +172,9 @@ class Handlers:
         return render.status_html(status), button_state(status), gr.Timer(active=True)
 
     def _checked(self, prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed, chat_template, mode,
-                 method):
+                 method, gamma_auto=False):
         """(request, pair, prompt ids), or RequestError in words the visitor understands."""
+        gamma = "auto" if gamma_auto is True else gamma
         req = make_request(prompt, method=method or "draft", gamma=gamma, max_new_tokens=max_new_tokens,
                            temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                            chat_template=chat_template, limits=self.limits)
@@ -188,10 +189,10 @@ class Handlers:
         return req, pair, encode_prompt(pair.tokenizer, req, pair.max_positions, self.limits)
 
     def run(self, prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed, chat_template, mode,
-            method="draft", request: gr.Request = None):
+            method="draft", gamma_auto=False, request: gr.Request = None):
         try:
             req, pair, ids = self._checked(prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed,
-                                           chat_template, mode, method)
+                                           chat_template, mode, method, gamma_auto)
         except RequestError as e:
             yield message_outputs(str(e))
             raise gr.Error(render.toast_text(e), print_exception=False) from None
@@ -207,7 +208,7 @@ class Handlers:
         stream = panes = None
         try:
             view = RunView(req.gamma, req.temperature, mode, req.prompt, req.chat_template)
-            view.method = req.method
+            view.method, view.gamma_auto, view.precision = req.method, req.gamma_auto, str(pair.dtype)
             head = render.prompt_span(req.prompt, req.chat_template and pair.has_chat_template)
             info = RaceInfo(mode)
             stream = race(pair, req, ids, mode, stop=stop, time_limit=self.limits.max_seconds, info=info)

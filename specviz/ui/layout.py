@@ -37,6 +37,7 @@ class Page:
     preset: gr.Dropdown
     prompt: gr.Textbox
     gamma: gr.Slider
+    gamma_auto: gr.Checkbox
     max_new: gr.Slider
     temperature: gr.Slider
     seed: gr.Number
@@ -63,7 +64,7 @@ class Page:
     @property
     def run_inputs(self) -> list:
         return [self.prompt, self.gamma, self.max_new, self.temperature, self.top_p, self.top_k, self.seed,
-                self.chat, self.mode, self.method]
+                self.chat, self.mode, self.method, self.gamma_auto]
 
     @property
     def run_outputs(self) -> list:
@@ -87,6 +88,9 @@ def _settings_column(first: dict, limits: Limits, default_mode: str, ready: bool
         with gr.Row():
             gamma = gr.Slider(1, MAX_GAMMA, value=first["gamma"], step=1, label="γ (draft length)",
                               info="Draft guesses per round", elem_id="sv-gamma")
+            gamma_auto = gr.Checkbox(False, label="auto γ", elem_id="sv-gamma-auto",
+                                     info="Each round, the γ with the most expected tokens/s from this "
+                                          "machine's measured costs and the running α̂")
             max_new = gr.Slider(1, limits.max_new_tokens,
                                 value=min(first["max_new_tokens"], limits.max_new_tokens),
                                 step=1, label="Max new tokens", info="Budget for each side",
@@ -102,7 +106,8 @@ def _settings_column(first: dict, limits: Limits, default_mode: str, ready: bool
             run_btn = gr.Button("▶ Run" if ready else "loading models…", variant="primary",
                                 interactive=ready, elem_id="sv-run")
             stop_btn = gr.Button("■ Stop", variant="secondary", elem_id="sv-stop")
-    return dict(gamma=gamma, max_new=max_new, temperature=temperature, seed=seed, mode=mode,
+    return dict(gamma=gamma, gamma_auto=gamma_auto, max_new=max_new, temperature=temperature, seed=seed,
+                mode=mode,
                 run_btn=run_btn, stop_btn=stop_btn)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 
 from ..engine.events import OUTCOME_COLOURS, OUTCOME_LABELS, Outcome, RoundEvent, TokenEvent
+from ..engine.method_info import round_note
 from ..format import number
 
 SPEC_OUTCOMES = (Outcome.ACCEPTED, Outcome.REJECTED, Outcome.RESAMPLED, Outcome.BONUS)
@@ -95,14 +96,16 @@ def tooltip(tok: TokenEvent) -> str:
     return "\n".join(lines)
 
 
-def token_span(tok: TokenEvent) -> str:
+def token_span(tok: TokenEvent, note: str = "") -> str:
+    """`note`: the round's method-specific story (which n-gram won, ...), added to the tooltip."""
     text = tok.text
     classes = ["sv-tok", css_class(tok.outcome)]
     if text == "":
         classes.append("sv-empty")  # part of a multi-byte character still being built
     elif text.strip("\n") == "":
         classes.append("sv-nl")  # newline-only token: CSS shows a faint ↵ (not copied)
-    return f'<span class="{" ".join(classes)}" title="{esc(tooltip(tok))}">{esc(text)}</span>'
+    tip = tooltip(tok) + (f"\n{note}" if note else "")
+    return f'<span class="{" ".join(classes)}" title="{esc(tip)}">{esc(text)}</span>'
 
 
 def prompt_span(prompt: str, chat: bool = False, limit: int = 400) -> str:
@@ -119,7 +122,8 @@ def baseline_html(tokens: list[TokenEvent]) -> str:
 
 
 def round_html(r: RoundEvent) -> str:
-    inner = "".join(token_span(t) for t in r.tokens)
+    note = round_note(getattr(r, "info", None) or {})
+    inner = "".join(token_span(t, note) for t in r.tokens)
     return f'<span class="sv-round" data-round="{r.index + 1}">{inner}</span>'
 
 
@@ -220,11 +224,21 @@ def run_info_html(snap: dict) -> str:
         if badge["identical"]:
             parts.append("<span class='sv-badge sv-badge-ok'>✓ identical outputs: greedy speculative "
                          "decoding reproduced the target's own text token for token</span>")
-        else:
+        elif badge.get("verdict") == "near-tie":
             parts.append(
-                f"<span class='sv-badge sv-badge-diff'>≠ outputs differ from token {badge['first_diff'] + 1}"
-                " (floating-point differences between a one-token and a (γ+1)-token forward pass can "
-                "flip near-ties)</span>")
+                f"<span class='sv-badge sv-badge-info'>≈ outputs differ from token {badge['first_diff'] + 1} "
+                f"at a numerical near-tie: the target's top two logits there are {badge['gap']:.3g} apart "
+                f"(≤ {badge['threshold']:g}, a few rounding steps of its precision), and a (γ+1)-token "
+                "forward pass rounds differently from a one-token one</span>")
+        else:
+            first = badge.get("first_diff")
+            gap = badge.get("gap")
+            why = (f"the target's top-2 logit gap there is {gap:.3g}, above the near-tie threshold "
+                   f"{badge['threshold']:g}: not a rounding effect" if gap is not None else
+                   "no logit gap recorded to tell a near-tie from a bug")
+            parts.append(
+                "<span class='sv-badge sv-badge-diff'>≠ outputs differ"
+                + (f" from token {first + 1}" if first is not None else "") + f" ({esc(why)})</span>")
     elif snap.get("finished") and not snap.get("greedy"):
         parts.append("<span class='sv-badge sv-badge-info'>sampled run (temperature &gt; 0): the two "
                      "texts differ by chance, but both follow the target's distribution</span>")
@@ -259,7 +273,9 @@ def status_html(status: dict) -> str:
     if err and not status.get("ready"):
         return box("error", "alert", "bad", f"<b>Models could not be loaded.</b> {esc(err)}")
     ready = (f"Model pair: <b>{esc(status.get('label') or '')}</b> on {esc(status.get('device') or '')}"
-             + (f" ({esc(status['precision'])})" if status.get("precision") else ""))
+             + (f" ({esc(status['precision'])})" if status.get("precision") else "")
+             + (f"<br><small>{esc(status['precision_note'])}</small>"
+                if status.get("precision_note") else ""))
     if err:
         return box("error", "alert", "bad", f"{esc(err)}<br>Still using: {ready}")
     return box("ready", "status", "ok", ready)

@@ -98,6 +98,8 @@ class RunView:
         self.clock = 0.0  # shared display clock (virtual in fair mode)
         self.note = ""
         self.method = "draft"  # where the guesses came from (RunRequest.method)
+        self.gamma_auto = False  # γ chosen each round (engine/gamma.py): predict at the mean drafted γ
+        self.precision = "float32"  # the target's dtype: sets the greedy near-tie threshold
         self.error = ""  # a failed run's message for the visitor
         # per spec round: (t_end, measured speedup, predicted speedup) for the chart
         self.speedup_series: list[tuple[float, float | None, float | None]] = []
@@ -155,12 +157,13 @@ class RunView:
         measured = (r.total_tokens / t) / base_rate if (base_rate and t > 0) else None
         spec = self.spec
         predicted = None
+        gamma = max(1, round(r.total_drafted / (r.index + 1))) if self.gamma_auto else self.gamma
         if r.total_drafted and spec.draft_forwards and base_step:
             alpha_hat = spec.overlap_sum / r.total_drafted
             c = (spec.draft_time / spec.draft_forwards) / base_step
-            predicted = predicted_speedup(alpha_hat, self.gamma, c)
+            predicted = predicted_speedup(alpha_hat, gamma, c)
         elif r.total_drafted and spec.draft_forwards == 0 and base_step:  # draft-free proposer: c = 0
-            predicted = predicted_speedup(spec.overlap_sum / r.total_drafted, self.gamma, 0.0)
+            predicted = predicted_speedup(spec.overlap_sum / r.total_drafted, gamma, 0.0)
         return measured, predicted
 
     def stats(self) -> dict:
@@ -169,6 +172,7 @@ class RunView:
         if not self.spec.rounds:
             return {"rounds": 0}
         spec.gamma = self.gamma
+        spec.gamma_policy = "auto" if self.gamma_auto else spec.gamma_policy
         st = run_stats(spec, base).to_dict()
         st["rounds"] = len(self.spec.rounds)
         return st
@@ -180,11 +184,17 @@ class RunView:
         a, b = self.base.summary, self.spec.summary
         if {a.stop_reason, b.stop_reason} & {"stopped", "error"}:
             return None
-        x, y = a.token_ids, b.token_ids
-        first = next((i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v), None)
-        if first is None and len(x) != len(y):
-            first = min(len(x), len(y))
-        return {"identical": first is None, "first_diff": first}
+        if a.token_ids == b.token_ids:
+            return {"identical": True, "first_diff": None}
+        # they differ: a numerical near-tie or a bug? the top-2 logit gaps of both runs say
+        from ..engine.equality import compare_greedy, output_tokens
+        eq = compare_greedy(output_tokens(self.base.tokens), output_tokens(self.spec.rounds), self.precision)
+        verdict = "mismatch" if eq.verdict == "identical" else eq.verdict
+        first = eq.position if eq.position is not None else next(
+            (i for i, (u, v) in enumerate(zip(a.token_ids, b.token_ids, strict=False)) if u != v),
+            min(len(a.token_ids), len(b.token_ids)))
+        return {"identical": False, "first_diff": first, "verdict": verdict, "gap": eq.gap,
+                "threshold": eq.threshold}
 
     def snapshot(self) -> dict:
         def side(v: SideView) -> dict:
