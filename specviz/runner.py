@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .engine.decoding import baseline, speculative
 from .engine.proposers import make_proposer, target_vocab  # noqa: F401 (re-exported)
+from .engine.tree_decoding import tree_speculative
 from .errors import RequestError
 from .request import RunRequest
 
@@ -21,6 +22,8 @@ def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], *, stop=
         return baseline(pair.target, pair.tokenizer, prompt_ids, **common)
     if mode == "speculative":
         prop = make_proposer(pair, req.method, req)
+        if getattr(prop, "tree", False):  # a token tree: verified in one forward (engine/tree_decoding.py)
+            return tree_speculative(pair.target, prop, pair.tokenizer, prompt_ids, gamma=req.gamma, **common)
         if hasattr(prop, "decode"):  # a method with its own loop (lookahead): same arguments, same events
             return prop.decode(pair.target, pair.tokenizer, prompt_ids, gamma=req.gamma, **common)
         return speculative(pair.target, prop, pair.tokenizer, prompt_ids,

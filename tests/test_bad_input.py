@@ -17,6 +17,8 @@ pytest.importorskip("gradio_client")
 
 from browser.server import InProcessApp, ready_client, shared_server  # noqa: E402
 
+from specviz.ui.layout import METHOD_CHOICES  # noqa: E402
+
 # inputs of /run, in order
 FIELDS = ("prompt", "gamma", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "chat_template", "mode",
           "method")
@@ -79,7 +81,7 @@ API_CASES = [
     ("mode", "warp-speed", "gradio:Value: 'warp-speed' (type: <class 'str'>) is not in the list of choices: "
                            "['fair', 'parallel']"),
     ("method", "magic", "gradio:Value: 'magic' (type: <class 'str'>) is not in the list of choices: "
-                        "['draft', 'adaptive', 'lookup']"),
+                        + str([v for _, v in METHOD_CHOICES])),  # every registered method
 ]
 
 

@@ -146,6 +146,12 @@ def test_auto_gamma_learns_acceptance():
     assert pol.next_gamma(16) <= 16 and AutoGamma(0.1, flat_costs().verify_cost).next_gamma(3) <= 3
 
 
+def test_noisy_verify_curve_is_made_monotone():
+    from specviz.engine.gamma import monotone
+    v = monotone(lambda g: {4: 1.32, 5: 1.27, 6: 1.2}.get(g, 1.0 + g / 100), 16)
+    assert v(6) == v(5) == v(4) == 1.32 and v(1) == 1.01 and v(16) == 1.32 and v(40) == v(16)
+
+
 def test_auto_gamma_without_costs_is_a_fixed_default():
     pol = make_policy(None, needs_draft=True)
     assert isinstance(pol, FixedGamma) and pol.next_gamma(16) == 4 and pol.next_gamma(2) == 2

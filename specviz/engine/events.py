@@ -100,6 +100,9 @@ class RoundEvent:
     # the p/q inspector (engine/inspect.py): top-k of p and q per position, never the full vocabulary
     dists: list[dict] = field(default_factory=list)  # rows 0..γ-1: drafted positions; row γ: appended
     residual: dict | None = None  # top-k of norm(max(0, p - q)) at the rejected position, if any
+    # tree methods only (JSON-ready, see tree_sampling.describe_tree): node tokens, parents,
+    # depth, q, p, accepted path, tested nodes, appended token; None for chain methods
+    tree: dict | None = None
 
     @property
     def n_new(self) -> int:

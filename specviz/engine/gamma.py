@@ -85,4 +85,14 @@ def make_policy(costs, *, needs_draft: bool, max_gamma: int = 16) -> AutoGamma |
     A proposer without a draft model (prompt lookup) drafts for ~free: c = 0."""
     if costs is None or (needs_draft and costs.c is None):
         return FixedGamma()
-    return AutoGamma(costs.c if needs_draft else 0.0, costs.verify_cost, max_gamma)
+    return AutoGamma(costs.c if needs_draft else 0.0, monotone(costs.verify_cost, max_gamma), max_gamma)
+
+
+def monotone(verify_cost: Callable[[int], float], max_gamma: int = 16) -> Callable[[int], float]:
+    """v(γ) made non-decreasing (running max): verifying more tokens never costs
+    less, and a dip in a noisy measured curve (v(6) < v(4) under load) would
+    otherwise pull γ to it."""
+    env, top = {}, 0.0
+    for g in range(1, max_gamma + 1):
+        top = env[g] = max(top, verify_cost(g))
+    return lambda g: env[min(max(g, 1), max_gamma)]

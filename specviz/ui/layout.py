@@ -14,6 +14,7 @@ from . import replay as replay_ui
 from .charts import all_charts
 from .handlers import PairChoices
 from .state import RunView
+from .tree_view import latest_tree_figure
 
 # every registered method (engine/proposers/): draft-model methods first, then by their menu order
 METHOD_CHOICES = [(f"{method_spec(m).label}: {method_spec(m).description}", m)
@@ -57,7 +58,7 @@ class Page:
     base_pane: gr.HTML
     spec_pane: gr.HTML
     stats: gr.HTML
-    plots: list[gr.Plot]  # α, speedup, time, position
+    plots: list[gr.Plot]  # α, speedup, time, position, token tree
     theory: object  # theory.build_tab()'s components
     inspector: dict | None = None  # ui/inspector.py build()'s components
 
@@ -167,6 +168,9 @@ def _panes_and_charts(first: dict, default_mode: str) -> dict:
     for row in range(2):
         with gr.Row():
             plots += [gr.Plot(empty[i], show_label=False, elem_id=ids[i]) for i in (2 * row, 2 * row + 1)]
+    # the token tree of each round (tree methods; ui/tree_view.py), below the charts
+    plots.append(gr.Plot(latest_tree_figure(RunView(first["gamma"], 0.0, default_mode)), show_label=False,
+                         elem_id="sv-chart-tree"))
     return dict(run_info=run_info, base_pane=base_pane, spec_pane=spec_pane, stats=stats, plots=plots,
                 inspector=insp)
 

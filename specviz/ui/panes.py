@@ -16,9 +16,11 @@ from ..engine.events import RoundEvent, TokenEvent
 from . import render
 from .charts import all_charts
 from .state import RunView
+from .tree_view import latest_tree_figure
 
-# output order: Page.run_outputs in ui/layout.py (base pane, speculative pane, stats, run info, 4 charts)
-N_OUTPUTS = 8
+# output order: Page.run_outputs in ui/layout.py (base pane, speculative pane, stats, run info, 4 charts,
+# token tree)
+N_OUTPUTS = 9
 RUN_INFO = 3
 
 
@@ -60,14 +62,14 @@ class PaneStream:
         return self.banner + render.run_info_html(snap)
 
     def outputs(self, charts: bool = True) -> list:
-        """[baseline pane, speculative pane, numbers, run info, 4 charts]; charts
-        not redrawn are gr.skip()."""
+        """[baseline pane, speculative pane, numbers, run info, 4 charts, token tree];
+        charts not redrawn are gr.skip()."""
         snap = self.view.snapshot()
         if charts:
-            figs = all_charts(self.view)
+            figs = all_charts(self.view) + [latest_tree_figure(self.view)]
         else:
             import gradio as gr
-            figs = [gr.skip()] * 4
+            figs = [gr.skip()] * 5
         return [self.base_html, self.spec_html, render.stats_html(snap), self.run_info(snap), *figs]
 
     def follow(self, stream: Iterable[tuple[str, object]]) -> Iterator[list]:

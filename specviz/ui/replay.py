@@ -35,6 +35,7 @@ from . import inspector, render, theory
 from .charts import all_charts
 from .panes import PaneStream, message_outputs
 from .state import RunView
+from .tree_view import latest_tree_figure
 
 TRACES_DIR = Path(__file__).resolve().parents[2] / "assets" / "traces"
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
@@ -85,7 +86,7 @@ def load_for_replay(path) -> Trace:
         snap = view.snapshot()
         render.stats_html(snap), render.run_info_html(snap)
         render.baseline_html(view.base.tokens), render.speculative_html(view.spec.rounds)
-        all_charts(view)
+        all_charts(view), latest_tree_figure(view)
     except Exception as e:  # noqa: BLE001 - any malformed content: one readable message
         raise ValueError("not a SpecViz trace: a field has the wrong type or value "
                          f"({type(e).__name__}: {e})") from None

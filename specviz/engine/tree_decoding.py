@@ -1,0 +1,165 @@
+"""Tree speculative decoding: the proposer drafts a token tree, the target
+verifies every node in ONE forward (tree attention mask), and the longest
+acceptable path plus one target token is committed. Yields the same events as
+decoding.speculative; each RoundEvent also carries a small `tree` record.
+
+Cache invariant as in decoding.py: the target's KV cache holds every committed
+token but the last. After verification it keeps exactly the accepted path's
+entries (gathered, then cropped); no rejected node survives the round.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from .clock import Clock
+from .events import Outcome, RoundEvent, RunSummary, TokenEvent
+from .forward import crop_cache
+from .sampling import SamplingParams, overlap, warp
+from .text import TextStream
+from .tree_forward import keep_cache_slots, tree_forward_logits
+from .tree_sampling import accept_greedy, accept_sampled, depths_of, describe_tree
+
+
+def _generator(device, seed):
+    if seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _pad_to(q: torch.Tensor, vocab: int) -> torch.Tensor:
+    return F.pad(q, (0, vocab - q.shape[-1])) if q.shape[-1] < vocab else q
+
+
+def _verify(target, cache, fed, prop, params, gen):
+    """One target forward over fed + tree; returns (p rows, verdict, q rows)."""
+    depths = depths_of(prop.parents)
+    logits = tree_forward_logits(target, cache, fed=fed, tokens=prop.tokens, parents=prop.parents,
+                                 depths=depths, keep=len(prop.tokens) + 1)
+    p = warp(logits, params)
+    q = _pad_to(prop.q.to(p.device), p.shape[-1])
+    if params.greedy:
+        return p, accept_greedy(prop.tokens, prop.parents, p), q
+    return p, accept_sampled(prop.tokens, prop.parents, p, q, gen), q
+
+
+def _node_stats(prop, p, q):
+    """q(x), p(x) and Σ min(p, q) of each node, read at its parent's row."""
+    rows = torch.tensor([par + 1 for par in prop.parents], dtype=torch.long)
+    x = torch.tensor(prop.tokens, dtype=torch.long).view(-1, 1)
+    if not prop.tokens:
+        return [], [], []
+    q_x = q[rows].gather(-1, x).squeeze(-1).tolist()
+    p_x = p[rows].gather(-1, x).squeeze(-1).tolist()
+    return q_x, p_x, overlap(p[rows], q[rows]).tolist()
+
+
+def _round_tokens(stream, prop, v, new, n_path, appended, p, p_x, q_x, r, t):
+    """TokenEvents of a round in display order: path, first rejected child, appended."""
+    tokens = []
+    for i in range(n_path):
+        node = v.path[i]
+        tokens.append(TokenEvent(new[i], stream.push(new[i]), Outcome.ACCEPTED, t, r, i + 1,
+                                 p=p_x[node], q=q_x[node]))
+    if appended:
+        last = v.path[-1] if v.path else -1
+        rej = next((c for c in v.tested if prop.parents[c] == last), None) if v.resampled else None
+        if rej is not None:
+            tokens.append(TokenEvent(prop.tokens[rej], stream.token_text(prop.tokens[rej]),
+                                     Outcome.REJECTED, t, r, len(v.path) + 1, p=p_x[rej], q=q_x[rej]))
+        row = (v.path[-1] + 1) if v.path else 0
+        kind = Outcome.RESAMPLED if v.resampled else Outcome.BONUS
+        tokens.append(TokenEvent(v.token, stream.push(v.token), kind, t, r, 0, p=float(p[row, v.token])))
+    return tokens
+
+
+@torch.inference_mode()
+def tree_speculative(target, proposer, tokenizer, prompt_ids: list[int], max_new_tokens: int, gamma: int,
+                     params: SamplingParams, eos_ids=(), seed: int | None = None,
+                     stop: threading.Event | None = None,
+                     clock: Clock | None = None) -> Iterator[RoundEvent | RunSummary]:
+    """Tree speculation; γ is the tree depth (see proposers/tree.py)."""
+    eos = frozenset(eos_ids)
+    gen = _generator(target.device, seed)
+    clock = clock or Clock(target.device)
+    cache = DynamicCache()
+    stream = TextStream(tokenizer)
+    committed, out = list(prompt_ids), []
+    s = RunSummary(mode="speculative", method=proposer.name, token_ids=out, text="", n_tokens=0,
+                   elapsed=0.0, prefill=0.0, target_forwards=0, stop_reason="max_new_tokens",
+                   gamma=gamma, device=str(target.device))
+    proposer.reset(prompt_ids)
+    r = 0
+    while len(out) < max_new_tokens:
+        if stop is not None and stop.is_set():
+            s.stop_reason = "stopped"
+            break
+        remaining = max_new_tokens - len(out)
+        t_start = clock.now()
+        prop = proposer.propose_tree(committed, min(gamma, max(1, remaining - 1)), params, gen, eos)
+        t_drafted = clock.now()
+        n_prefix = len(committed)
+        fed = committed[cache.get_seq_length():]
+        p, v, q = _verify(target, cache, fed, prop, params, gen)
+        t_end = clock.now()
+        s.target_forwards += 1
+
+        new = [prop.tokens[i] for i in v.path] + [v.token]
+        for i, x in enumerate(new):  # EOS or the budget can end the output inside the path
+            if x in eos:
+                new = new[: i + 1]
+                s.stop_reason = "eos"
+                break
+        new = new[:remaining]
+        n_path = min(len(v.path), len(new))
+        appended = len(new) == len(v.path) + 1
+        committed += new
+        out += new
+        keep_cache_slots(cache, prefix=n_prefix, slots=[n_prefix + i for i in v.path[:n_path]])
+        crop_cache(cache, len(committed) - 1)
+        proposer.rollback_tree(committed, v.path[:n_path])
+
+        q_x, p_x, ov = _node_stats(prop, p, q)
+        tokens = _round_tokens(stream, prop, v, new, n_path, appended, p, p_x, q_x, r, t_end)
+        texts = [stream.token_text(x) for x in prop.tokens + [v.token]]
+        yield _round_event(s, r, prop, v, tokens, q_x, p_x, ov, appended, n_path, len(fed) - 1,
+                           t_start, t_drafted, t_end, len(out), texts)
+        r += 1
+        if s.stop_reason == "eos":
+            break
+    s.n_tokens = len(out)
+    s.text = stream.final()
+    s.elapsed = clock.now()
+    yield s
+
+
+def _round_event(s, r, prop, v, tokens, q_x, p_x, ov, appended, n_path, prompt_tokens,
+                 t_start, t_drafted, t_end, total, texts) -> RoundEvent:
+    """Update the run totals and build the round's event (with its tree record)."""
+    k = len(prop.tokens)
+    s.rounds += 1
+    s.drafted += k
+    s.accepted += n_path
+    if prompt_tokens:
+        s.prefill = t_end
+        s.prompt_rounds += 1
+    else:
+        s.draft_forwards += prop.forwards
+        s.draft_time += t_drafted - t_start
+        s.verify_time += t_end - t_drafted
+    s.overlap_sum += sum(ov)
+    tree = describe_tree(prop.tokens, prop.parents, q_x, p_x, v, v.token if appended else -1,
+                         texts=texts[:-1], appended_text=texts[-1])
+    tree["path"] = tree["path"][:n_path]
+    return RoundEvent(
+        index=r, gamma=k, draft_ids=list(prop.tokens), q=q_x, p=p_x, u=list(v.u), overlap=ov,
+        n_accepted=n_path, appended_id=v.token if appended else -1, resampled=v.resampled and appended,
+        t_start=t_start, t_draft=t_drafted - t_start, t_verify=t_end - t_drafted, t_end=t_end,
+        draft_forwards=prop.forwards, tokens=tokens, total_tokens=total, total_drafted=s.drafted,
+        total_accepted=s.accepted, target_forwards=s.target_forwards, prompt_tokens=prompt_tokens,
+        tree=tree,
+    )
