@@ -14,11 +14,10 @@ from typing import Iterator
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
 
 from .events import Outcome, RoundEvent, RunSummary, TokenEvent
 from .clock import Clock
-from .forward import crop_cache, forward_logits, pick
+from .forward import crop_cache, forward_logits, new_cache, pick
 from .proposers.base import Proposer
 from .sampling import SamplingParams, verify, warp
 from .text import TextStream
@@ -49,7 +48,7 @@ def baseline(
     eos = frozenset(eos_ids)
     gen = _generator(model.device, seed)
     clock = clock or Clock(model.device)
-    cache = DynamicCache()
+    cache = new_cache(model)
     stream = TextStream(tokenizer)
     out: list[int] = []
     feed = list(prompt_ids)
@@ -104,7 +103,7 @@ def speculative(
     eos = frozenset(eos_ids)
     gen = _generator(target.device, seed)
     clock = clock or Clock(target.device)
-    cache = DynamicCache()
+    cache = new_cache(target)
     stream = TextStream(tokenizer)
     committed = list(prompt_ids)
     out: list[int] = []
