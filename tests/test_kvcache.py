@@ -104,3 +104,13 @@ def test_unsupported_model_stays_dynamic(tok):
     m = tiny_model(len(tok), seed=0, layers=1)
     m.config.layer_types = ["sliding_attention"]
     assert set_cache(m, "static") == "dynamic"
+
+
+def test_eager_attention_float_mask(tok):
+    m = tiny_model(len(tok), seed=0, layers=2)
+    m.config._attn_implementation = "eager"
+    ids = list(range(3, 23))
+    a = forward_logits(m, ids, new_cache(m), 20)
+    stat = kvcache.StaticKV(32, full=True)
+    b = torch.cat([forward_logits(m, ids[i:i + 4], stat, 4) for i in range(0, 20, 4)])
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -130,7 +130,8 @@ def speculative(
         logits = forward_logits(target, fed + prop.tokens, cache, k + 1)
         p = warp(logits, params)
         q = _pad_to(prop.q.to(p.device), p.shape[-1]) if k else p[:0]
-        v = verify(torch.tensor(prop.tokens, device=p.device, dtype=torch.long), q, p, gen)
+        drafted = torch.tensor(prop.tokens, device=p.device, dtype=torch.long)
+        v = verify(drafted, q, p, gen, greedy=params.greedy)
         t_end = clock.now()
         s.target_forwards += 1
 

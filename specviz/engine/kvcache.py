@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 
 GROW = 512  # positions added when a run outgrows the buffer (a compiled graph then recompiles once)
-COMPILE_MAX_NEW = 32  # forwards of more new tokens (the prompt) run eagerly: one graph per prompt length otherwise
+# forwards of more new tokens (the prompt) run eagerly: one graph per prompt length otherwise
+COMPILE_MAX_NEW = 32
 
 
 def supported(model) -> bool:
@@ -77,7 +78,8 @@ class StaticKV:
         dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         for _ in range(cfg.num_hidden_layers):
             for buf in (self.keys, self.values):
-                buf.append(torch.zeros((1, heads, self.capacity, dim), dtype=model.dtype, device=model.device))
+                buf.append(torch.zeros((1, heads, self.capacity, dim), dtype=model.dtype,
+                                       device=model.device))
         if self.compiled is not None:
             _static_address(*self.keys, *self.values)
 
@@ -107,12 +109,14 @@ def _mask(model, p: int, n: int, kv_len: int, device) -> torch.Tensor | None:
     every stale entry past the pointer."""
     if n == 1 and kv_len == p + 1:
         return None  # the one query sees every key
-    allowed = torch.arange(kv_len, device=device)[None, :] <= torch.arange(p, p + n, device=device)[:, None]
+    keys, queries = torch.arange(kv_len, device=device), torch.arange(p, p + n, device=device)
+    allowed = keys[None, :] <= queries[:, None]
     allowed = allowed[None, None]
     if model.config._attn_implementation == "sdpa":
         return allowed
     dtype = model.dtype
-    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    blocked = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    return blocked.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 def _call(model, x, pos_ids, mask, cache, keep):
