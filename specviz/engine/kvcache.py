@@ -124,6 +124,15 @@ def _call(model, x, pos_ids, mask, cache, keep):
                  past_key_values=cache, use_cache=True, logits_to_keep=keep).logits
 
 
+def _compiled_step(fn, model, x, pos_ids, mask, cache, keep):
+    # one graph for n = 1 and one shape-generic graph for n >= 2 (verify, a draft's 2-token feed);
+    # all n logits are computed so that `keep` adds no graph
+    if x.shape[1] > 1:
+        for t, dim in ((x, 1), (pos_ids, 1), (mask, 2), (cache.write_pos, 0)):
+            torch._dynamo.mark_dynamic(t, dim)
+    return fn(model, x, pos_ids, mask, cache, 0)
+
+
 def static_forward(model, ids: list[int], cache: StaticKV, keep: int) -> torch.Tensor:
     """One forward of `ids` at positions pos..pos+n-1; returns the last `keep` rows of logits."""
     n, p, dev = len(ids), cache.pos, model.device
@@ -135,8 +144,11 @@ def static_forward(model, ids: list[int], cache: StaticKV, keep: int) -> torch.T
     kv_len = cache.capacity if cache.full else p + n
     mask = _mask(model, p, n, kv_len, dev)
     cache.write_pos = pos_ids
-    fn = cache.compiled if cache.compiled is not None and n <= COMPILE_MAX_NEW else _call
-    logits = fn(model, x, pos_ids[None], mask, cache, keep)
+    # the prompt's forward (p == 0) runs eagerly: a graph per prompt length is not worth compiling
+    if cache.compiled is not None and p > 0 and n <= COMPILE_MAX_NEW:
+        logits = _compiled_step(cache.compiled, model, x, pos_ids[None], mask, cache, keep)
+    else:
+        logits = _call(model, x, pos_ids[None], mask, cache, keep)
     cache.pos = p + n
     return logits[0, -keep:]
 
@@ -146,6 +158,10 @@ def compiled_call(model):
     On CUDA, mode "reduce-overhead" replays CUDA graphs (eager batch-1 decoding is launch-bound)."""
     fn = getattr(model, "_specviz_compiled", None)
     if fn is None:
+        # target and draft share _call's code object, so their graphs share one recompile budget
+        cfg = torch._dynamo.config
+        name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+        setattr(cfg, name, max(getattr(cfg, name), 32))
         mode = "reduce-overhead" if model.device.type == "cuda" else None
         fn = torch.compile(_call, mode=mode, dynamic=None)
         model._specviz_compiled = fn
