@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from .engine.proposers import method_names, method_spec
 from .engine.sampling import SamplingParams
@@ -15,6 +15,7 @@ from .errors import RequestError
 
 METHODS = method_names()  # every proposer registered in engine/proposers/
 MAX_GAMMA = 16
+AUTO_GAMMA = "auto"  # γ chosen each round from the measured costs (engine/gamma.py)
 PROMPT_CHARS_PER_TOKEN = 32  # a prompt longer than this many characters per allowed token is refused unread
 
 
@@ -55,7 +56,7 @@ class Limits:
 class RunRequest:
     prompt: str
     method: str = "draft"
-    gamma: int = 4
+    gamma: int = 4  # with gamma_auto: the largest γ the policy may pick
     max_new_tokens: int = 64
     temperature: float = 0.0
     top_p: float = 1.0
@@ -65,6 +66,11 @@ class RunRequest:
     # method-specific settings (e.g. tree shape, exit layer), already validated
     # by the method's MethodSpec.check_options; empty for the chain methods
     options: dict = field(default_factory=dict, compare=False, hash=False)
+    gamma_auto: bool = False  # γ = "auto": chosen each round from pair.costs and the running α̂
+
+    @property
+    def gamma_label(self) -> str:
+        return AUTO_GAMMA if self.gamma_auto else str(self.gamma)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -80,7 +86,8 @@ def _number(name, value, kind, lo, hi):
         if kind is int and float(value) != x:
             raise TypeError
     except (TypeError, ValueError, OverflowError):
-        raise RequestError(f"{name} must be a {'whole ' if kind is int else ''}number, got {value!r}.") from None
+        what = "whole number" if kind is int else "number"
+        raise RequestError(f"{name} must be a {what}, got {value!r}.") from None
     if isinstance(x, float) and not math.isfinite(x):
         raise RequestError(f"{name} must be a finite number, got {value!r}.")
     if not lo <= x <= hi:
@@ -89,7 +96,7 @@ def _number(name, value, kind, lo, hi):
     return x
 
 
-def make_request(prompt, method="draft", gamma=4, max_new_tokens=64, temperature=0.0,
+def make_request(prompt, *, method="draft", gamma=4, max_new_tokens=64, temperature=0.0,
                  top_p=1.0, top_k=0, seed=0, chat_template=False,
                  limits: Limits | None = None, options: dict | None = None) -> RunRequest:
     limits = limits or Limits.from_env()
@@ -107,10 +114,12 @@ def make_request(prompt, method="draft", gamma=4, max_new_tokens=64, temperature
         seed = _number("Seed", seed, int, 0, 2**63 - 1)
     else:
         seed = None
+    gamma_auto = isinstance(gamma, str) and gamma.strip().lower() == AUTO_GAMMA
     return RunRequest(
         prompt=prompt,
         method=method,
-        gamma=_number("γ (draft length)", gamma, int, 1, MAX_GAMMA),
+        gamma=MAX_GAMMA if gamma_auto else _number("γ (draft length)", gamma, int, 1, MAX_GAMMA),
+        gamma_auto=gamma_auto,
         max_new_tokens=_number("Max new tokens", max_new_tokens, int, 1, limits.max_new_tokens),
         temperature=_number("Temperature", temperature, float, 0.0, 2.0),
         top_p=_number("Top-p", top_p, float, 0.01, 1.0),
@@ -142,7 +151,3 @@ def encode_prompt(tokenizer, req: RunRequest, max_positions: int | None = None,
                            f"fit the model's context of {max_positions} tokens. Shorten the prompt "
                            f"or lower max new tokens.")
     return ids
-
-
-def with_overrides(req: RunRequest, **kw) -> RunRequest:
-    return replace(req, **kw)

@@ -61,7 +61,9 @@ def test_quick_bench_writes_json_csv_and_plots(tiny_pair, tmp_path, capsys):
     assert {r["prompt_id"] for r in runs} == {"code/a", "code/b", "grounded/a"}
     # SpecViz greedy runs equal the baseline token for token (the bench checked it)
     assert all(r["match"] == "True" for r in runs if r["engine"] == "specviz")
-    spec = [r for r in summary if r["family"] == "draft" and r["task"] == "code"]
+    assert "draft:auto" in variants  # γ auto runs beside the sweep (a tiny pair: its fixed default)
+    spec = [r for r in summary
+            if r["family"] == "draft" and r["task"] == "code" and r["variant"] != "draft:auto"]
     assert len(spec) == 3 and sum(r["best"] == "True" for r in spec) == 1
     assert all(float(r["alpha"]) >= 0 and float(r["c"]) > 0 and float(r["tokens_per_s"]) > 0 for r in spec)
     plain = next(r for r in summary if r["variant"] == "plain" and r["task"] == "code")

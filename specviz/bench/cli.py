@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompts-json", help="JSON list of {id, task, text[, chat_template]} to use instead "
                                            "of the packaged prompt sets")
     ap.add_argument("--max-new-tokens", type=int, help="tokens per run (default 32)")
-    ap.add_argument("--gammas", help="γ sweep of the draft-model method (default 1,2,...,8)")
+    ap.add_argument("--gammas", help="γ sweep of the draft-model method (default 1,2,...,8,auto; "
+                                     "auto: γ chosen each round from the measured costs)")
     ap.add_argument("--hf-gammas", help="constant γ values for HF assisted generation (default 4)")
     ap.add_argument("--gamma-other", type=int, default=4,
                     help="γ for the other SpecViz methods (lookup: tokens per round; adaptive: start) "
@@ -129,7 +130,11 @@ def _load(bench: Bench, args, argv: list[str], t_start: float) -> None:
                   "pair_target": pair.spec.target, "pair_draft": pair.spec.draft,
                   "max_new_tokens": bench.settings.max_new_tokens, "repeats": bench.settings.repeats,
                   "warmup": args.warmup, "settings": asdict(bench.settings),
-                  "load_s": round(time.perf_counter() - t_start, 1)}
+                  "load_s": round(time.perf_counter() - t_start, 1),
+                  "precision_note": pair.precision_note,
+                  "costs": pair.costs.to_dict() if pair.costs else None}
+    if pair.precision_note:
+        _log(f"precision: {pair.precision_note}")
     bench.variants = build_variants(pair, bench.settings, bench.notes)
     if "hf-assisted" in bench.settings.families and pair.draft is None:
         bench.notes.append("HF assisted skipped: this pair has no draft model")
@@ -220,11 +225,12 @@ def _run_all(bench: Bench) -> None:
 
 def _check(bench: Bench) -> str | None:
     """Greedy outputs against plain: HF differences become notes, a SpecViz one the failure text."""
-    hf_warnings = check_outputs(bench.runs, strict_only=False)
-    for warning in hf_warnings:
-        bench.notes.append("HF output differs from plain (numerical near-tie?): " + warning)
+    precision = str(bench.pair.dtype)
+    for warning in check_outputs(bench.runs, strict_only=False, precision=precision):
+        bench.notes.append(warning if warning.startswith("numerical near-tie")
+                           else "HF output differs from plain (numerical near-tie?): " + warning)
     try:
-        check_outputs(bench.runs)
+        check_outputs(bench.runs, precision=precision)
     except OutputMismatch as e:
         return str(e)
     return None

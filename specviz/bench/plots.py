@@ -15,7 +15,7 @@ LINES = (("measured", "speedup", "solid"), ("measured, decode", "decode_speedup"
 
 def _plot_data(rows: list[dict]):
     tasks = [t for t in dict.fromkeys(r["task"] for r in rows) if t != "all"]
-    sweep = {t: sorted((r for r in rows if r["task"] == t and r["family"] == "draft"),
+    sweep = {t: sorted((r for r in rows if r["task"] == t and r["family"] == "draft" and r["gamma"]),
                        key=lambda r: r["gamma"]) for t in tasks}
     alpha_rows = [r for r in rows
                   if r["task"] in tasks and r["engine"] == "specviz" and r["alpha"] is not None]

@@ -9,10 +9,10 @@ from ..request import METHODS, RequestError
 from .hf import HF_FAMILIES
 
 QUICK = dict(tasks="code,grounded", n_prompts="code=2,grounded=1", max_new_tokens=32,
-             gammas="2,4,6", repeats=3, hf_gammas="4",
+             gammas="2,4,6,auto", repeats=3, hf_gammas="4",
              methods="plain,hf-assisted,hf-stock," + ",".join(METHODS))
 FULL = dict(tasks="code,chat,grounded", n_prompts="1", max_new_tokens=32,
-            gammas="1,2,3,4,5,6,7,8", repeats=3, hf_gammas="4",
+            gammas="1,2,3,4,5,6,7,8,auto", repeats=3, hf_gammas="4",
             methods="plain,hf-greedy,hf-assisted,hf-heuristic,hf-stock," + ",".join(METHODS))
 TASKS = ("code", "chat", "grounded")
 
@@ -31,6 +31,7 @@ class Settings:
     gammas: list[int]  # γ sweep of the draft-model method
     hf_gammas: list[int]  # constant γ of HF assisted generation
     gamma_other: int  # γ of the other SpecViz methods
+    gamma_auto: bool = False  # also run the draft-model method with γ auto ("auto" in --gammas)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,14 @@ def parse_counts(value: str, tasks: list[str]) -> dict[str, int]:
         return out
     except ValueError:
         raise RequestError(f"--n-prompts must be a positive number or task=n,...; got {value!r}") from None
+
+
+def _gammas(value: str) -> tuple[list[int], bool]:
+    """'2,4,auto' -> ([2, 4], True): numbers to sweep, and whether γ auto runs too."""
+    parts = [x.strip() for x in str(value).split(",") if x.strip()]
+    auto = "auto" in parts
+    rest = ",".join(x for x in parts if x != "auto")
+    return (_ints(rest, "--gammas") if rest or not auto else []), auto
 
 
 def _ints(value: str, name: str) -> list[int]:
@@ -104,10 +113,11 @@ def resolve_settings(args) -> Settings:
     counts = parse_counts(get("n_prompts"), tasks)
     if args.tasks and args.n_prompts is None:
         counts = {t: counts.get(t) or 1 for t in tasks}
+    gammas, gamma_auto = _gammas(get("gammas"))
     return Settings(tasks=tasks, counts=counts, families=_families(get("methods"), args.no_hf),
                     repeats=repeats, max_new_tokens=max_new_tokens,
-                    gammas=_ints(get("gammas"), "--gammas"), hf_gammas=_ints(get("hf_gammas"), "--hf-gammas"),
-                    gamma_other=args.gamma_other)
+                    gammas=gammas, hf_gammas=_ints(get("hf_gammas"), "--hf-gammas"),
+                    gamma_other=args.gamma_other, gamma_auto=gamma_auto)
 
 
 def load_prompts(tasks: list[str], counts: dict[str, int], prompts_json: str | None) -> list[BenchPrompt]:

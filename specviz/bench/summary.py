@@ -95,7 +95,8 @@ def summarize(runs: list[Run], variants: list[Variant], tasks: list[str],
             if sel:
                 rows.append(_row(group, variant, sel, plain))
         # best γ of the draft-model sweep: highest median speedup
-        sweep = [r for r in rows if r["task"] == group and r["family"] == "draft" and r["speedup"]]
+        sweep = [r for r in rows if r["task"] == group and r["family"] == "draft" and r["speedup"]
+                 and r["gamma"]]  # γ auto is reported beside the sweep, not in it
         if sweep:
             max(sweep, key=lambda r: r["speedup"])["best"] = True
     return rows
@@ -116,6 +117,10 @@ def best_lines(rows: list[dict]) -> list[str]:
                 continue
             if hf["tokens_per_s"] and best["tokens_per_s"]:
                 line += f"; {best['tokens_per_s'] / hf['tokens_per_s']:.2f}× {hf['label']}"
+        auto = next((r for r in rows if r["task"] == task and r["variant"] == "draft:auto"), None)
+        if auto is not None and auto["tokens_per_s"] and best["tokens_per_s"]:
+            line += (f"; γ auto: {_x(auto['speedup'])} vs plain, "
+                     f"{auto['tokens_per_s'] / best['tokens_per_s']:.2f}× the best fixed γ")
         out.append(line)
     return out
 

@@ -10,16 +10,17 @@ the last one, which is fed by the next forward pass.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 
-from .events import Outcome, RoundEvent, RunSummary, TokenEvent
 from .clock import Clock
+from .events import Outcome, RoundEvent, RunSummary, TokenEvent
 from .forward import crop_cache, forward_logits, new_cache, pick
 from .proposers.base import Proposer
-from .sampling import SamplingParams, verify, warp
+from .sampling import SamplingParams, Verdict, top2_gap, verify, warp
 from .text import TextStream
 
 
@@ -57,14 +58,16 @@ def baseline(
         if _check_stop(stop):
             reason = "stopped"
             break
-        p = warp(forward_logits(model, feed, cache, 1)[-1], params)
+        logits = forward_logits(model, feed, cache, 1)[-1]
+        p = warp(logits, params)
         forwards += 1
         x = pick(p, params, gen)
         t = clock.now()
         if not out:
             prefill = t
         out.append(x)
-        yield TokenEvent(x, stream.push(x), Outcome.TARGET, t, p=float(p[x]))
+        gap = top2_gap(logits)[0] if params.greedy else None
+        yield TokenEvent(x, stream.push(x), Outcome.TARGET, t, p=float(p[x]), gap=gap)
         if x in eos:
             reason = "eos"
             break
@@ -84,6 +87,97 @@ def _generator(device, seed):
     return g
 
 
+@dataclass
+class _Round:
+    """What one round computed, before it is committed and reported."""
+
+    tokens: list[int]  # drafted
+    forwards: int  # draft forwards spent
+    fed: list[int]  # what the target read before the drafts (the prompt in round 1)
+    p: torch.Tensor  # (k+1, V) warped target distributions
+    gaps: list[float] | None  # target top-2 logit gap per row (greedy runs only)
+    v: Verdict
+    t_start: float
+    t_drafted: float
+    t_end: float
+
+
+def _draft_and_verify(target, proposer, committed, cache, g, params, gen, eos, clock) -> _Round:
+    """One round's work: the proposer drafts up to g tokens, the target reads
+    them in one forward, modified rejection sampling decides."""
+    t_start = clock.now()
+    prop = proposer.propose(committed, g, params, gen, eos)
+    t_drafted = clock.now()
+    k = len(prop.tokens)
+    fed = committed[cache.get_seq_length():]  # the whole prompt in round 1, then the last token
+    logits = forward_logits(target, fed + prop.tokens, cache, k + 1)
+    p = warp(logits, params)
+    q = _pad_to(prop.q.to(p.device), p.shape[-1]) if k else p[:0]
+    drafted = torch.tensor(prop.tokens, device=p.device, dtype=torch.long)
+    v = verify(drafted, q, p, gen, greedy=params.greedy)
+    gaps = top2_gap(logits) if params.greedy else None
+    return _Round(prop.tokens, prop.forwards, fed, p, gaps, v, t_start, t_drafted, clock.now())
+
+
+def _kept(rd: _Round, eos, remaining: int) -> tuple[list[int], bool]:
+    """The round's new output tokens and whether it hit EOS: EOS or the budget
+    can end the output inside the round, as in plain decoding."""
+    new = rd.tokens[: rd.v.n_accepted] + [rd.v.token]
+    for i, x in enumerate(new):
+        if x in eos:
+            return new[: i + 1][:remaining], True
+    return new[:remaining], False
+
+
+def _token_events(rd: _Round, new: list[int], stream: TextStream, r: int) -> list[TokenEvent]:
+    """The round's tokens in display order: accepted, then rejected + resampled, or bonus."""
+    v, t, gap = rd.v, rd.t_end, (lambda i: rd.gaps[i] if rd.gaps else None)
+    appended = len(new) == v.n_accepted + 1
+    tokens = [TokenEvent(x, stream.push(x), Outcome.ACCEPTED, t, r, i + 1,
+                         p=v.p_x[i], q=v.q_x[i], u=v.u[i], gap=gap(i))
+              for i, x in enumerate(new[:-1] if appended else new)]
+    if appended:
+        j = v.n_accepted
+        if v.resampled:
+            tokens.append(TokenEvent(rd.tokens[j], stream.token_text(rd.tokens[j]), Outcome.REJECTED,
+                                     t, r, j + 1, p=v.p_x[j], q=v.q_x[j], u=v.u[j], gap=gap(j)))
+        kind = Outcome.RESAMPLED if v.resampled else Outcome.BONUS
+        tokens.append(TokenEvent(v.token, stream.push(v.token), kind, t, r, 0,
+                                 p=float(rd.p[j, v.token]), gap=gap(j)))
+    return tokens
+
+
+def _account(s: RunSummary, rd: _Round) -> int:
+    """Add the round to the run's totals; returns how many prompt tokens its forward read."""
+    k = len(rd.tokens)
+    s.target_forwards += 1
+    s.rounds += 1
+    s.drafted += k
+    s.accepted += rd.v.n_accepted
+    prompt_tokens = len(rd.fed) - 1
+    if prompt_tokens:
+        s.prefill = rd.t_end
+        s.prompt_rounds += 1  # its draft forwards count with the prefill too
+    else:
+        s.draft_forwards += rd.forwards
+        s.draft_time += rd.t_drafted - rd.t_start
+        s.verify_time += rd.t_end - rd.t_drafted
+    s.overlap_sum += sum(rd.v.overlap)
+    return prompt_tokens
+
+
+def _round_event(rd: _Round, s: RunSummary, r: int, appended: bool, tokens, prompt_tokens) -> RoundEvent:
+    v = rd.v
+    return RoundEvent(
+        index=r, gamma=len(rd.tokens), draft_ids=rd.tokens, q=v.q_x, p=v.p_x, u=v.u, overlap=v.overlap,
+        n_accepted=v.n_accepted, appended_id=v.token if appended else -1,
+        resampled=v.resampled, t_start=rd.t_start, t_draft=rd.t_drafted - rd.t_start,
+        t_verify=rd.t_end - rd.t_drafted, t_end=rd.t_end, draft_forwards=rd.forwards, tokens=tokens,
+        total_tokens=len(s.token_ids), total_drafted=s.drafted, total_accepted=s.accepted,
+        target_forwards=s.target_forwards, prompt_tokens=prompt_tokens,
+    )
+
+
 @torch.inference_mode()
 def speculative(
     target,
@@ -97,95 +191,53 @@ def speculative(
     seed: int | None = None,
     stop: threading.Event | None = None,
     clock: Clock | None = None,
+    *,
+    policy=None,
 ) -> Iterator[RoundEvent | RunSummary]:
     """Speculative decoding: the proposer drafts, the target verifies all drafts
-    in one forward pass, modified rejection sampling keeps the target's law."""
+    in one forward pass, modified rejection sampling keeps the target's law.
+
+    policy: an optional γ policy (engine/gamma.py) that picks each round's γ
+    (at most `gamma`) and learns from each verdict; without one the proposer
+    decides (fixed γ, or its own adaptive rule)."""
     eos = frozenset(eos_ids)
     gen = _generator(target.device, seed)
     clock = clock or Clock(target.device)
     cache = new_cache(target)
     stream = TextStream(tokenizer)
     committed = list(prompt_ids)
-    out: list[int] = []
-    s = RunSummary(mode="speculative", method=proposer.name, token_ids=out, text="", n_tokens=0,
+    s = RunSummary(mode="speculative", method=proposer.name, token_ids=[], text="", n_tokens=0,
                    elapsed=0.0, prefill=0.0, target_forwards=0, stop_reason="max_new_tokens",
-                   gamma=gamma, device=str(target.device))
+                   gamma=gamma, device=str(target.device), gamma_policy=getattr(policy, "name", ""))
     # the target reads the prompt in round 1, together with the first drafts:
     # one forward fewer than a separate prefill (HF assisted generation does the
     # same). Round 1 therefore counts as prefill, not in the draft/verify split.
     proposer.reset(prompt_ids)  # the draft's prefill, not in draft_forwards
     r = 0
-    while len(out) < max_new_tokens:
+    while len(s.token_ids) < max_new_tokens:
         if _check_stop(stop):
             s.stop_reason = "stopped"
             break
-        remaining = max_new_tokens - len(out)
+        remaining = max_new_tokens - len(s.token_ids)
+        g = policy.next_gamma(gamma) if policy is not None else proposer.next_gamma(gamma)
         # never draft past the budget: the last slot is the target's own token
-        g = min(proposer.next_gamma(gamma), max(1, remaining - 1))
-        t_start = clock.now()
-        prop = proposer.propose(committed, g, params, gen, eos)
-        t_drafted = clock.now()
-        k = len(prop.tokens)
-        fed = committed[cache.get_seq_length():]  # the whole prompt in round 1, then the last token
-        logits = forward_logits(target, fed + prop.tokens, cache, k + 1)
-        p = warp(logits, params)
-        q = _pad_to(prop.q.to(p.device), p.shape[-1]) if k else p[:0]
-        drafted = torch.tensor(prop.tokens, device=p.device, dtype=torch.long)
-        v = verify(drafted, q, p, gen, greedy=params.greedy)
-        t_end = clock.now()
-        s.target_forwards += 1
-
-        new = prop.tokens[: v.n_accepted] + [v.token]
-        # EOS or the budget can end the output inside the round, as in plain decoding
-        for i, x in enumerate(new):
-            if x in eos:
-                new = new[: i + 1]
-                s.stop_reason = "eos"
-                break
-        new = new[:remaining]
-        appended = len(new) == v.n_accepted + 1
+        g = min(g, max(1, remaining - 1))
+        rd = _draft_and_verify(target, proposer, committed, cache, g, params, gen, eos, clock)
+        new, hit_eos = _kept(rd, eos, remaining)
         committed += new
-        out += new
+        s.token_ids += new
         crop_cache(cache, len(committed) - 1)
-        proposer.rollback(committed, v.n_accepted, k)
-
-        tokens = []
-        for i, x in enumerate(new[: v.n_accepted] if not appended else new[:-1]):
-            tokens.append(TokenEvent(x, stream.push(x), Outcome.ACCEPTED, t_end, r, i + 1,
-                                     p=v.p_x[i], q=v.q_x[i], u=v.u[i]))
-        if appended:
-            if v.resampled:
-                j = v.n_accepted
-                tokens.append(TokenEvent(prop.tokens[j], stream.token_text(prop.tokens[j]),
-                                         Outcome.REJECTED, t_end, r, j + 1,
-                                         p=v.p_x[j], q=v.q_x[j], u=v.u[j]))
-            kind = Outcome.RESAMPLED if v.resampled else Outcome.BONUS
-            tokens.append(TokenEvent(v.token, stream.push(v.token), kind, t_end, r, 0,
-                                     p=float(p[v.n_accepted, v.token])))
-        s.rounds += 1
-        s.drafted += k
-        s.accepted += v.n_accepted
-        prompt_tokens = len(fed) - 1
-        if prompt_tokens:
-            s.prefill = t_end
-            s.prompt_rounds += 1  # its draft forwards count with the prefill too
-        else:
-            s.draft_forwards += prop.forwards
-            s.draft_time += t_drafted - t_start
-            s.verify_time += t_end - t_drafted
-        s.overlap_sum += sum(v.overlap)
-        yield RoundEvent(
-            index=r, gamma=k, draft_ids=prop.tokens, q=v.q_x, p=v.p_x, u=v.u, overlap=v.overlap,
-            n_accepted=v.n_accepted, appended_id=v.token if appended else -1,
-            resampled=v.resampled, t_start=t_start, t_draft=t_drafted - t_start,
-            t_verify=t_end - t_drafted, t_end=t_end, draft_forwards=prop.forwards, tokens=tokens,
-            total_tokens=len(out), total_drafted=s.drafted, total_accepted=s.accepted,
-            target_forwards=s.target_forwards, prompt_tokens=prompt_tokens,
-        )
+        proposer.rollback(committed, rd.v.n_accepted, len(rd.tokens))
+        if policy is not None:
+            policy.observe(rd.v.overlap, rd.v.n_accepted)
+        tokens = _token_events(rd, new, stream, r)
+        prompt_tokens = _account(s, rd)
+        yield _round_event(rd, s, r, len(new) == rd.v.n_accepted + 1, tokens, prompt_tokens)
         r += 1
-        if s.stop_reason == "eos":
+        if hit_eos:
+            s.stop_reason = "eos"
             break
-    s.n_tokens = len(out)
+    s.n_tokens = len(s.token_ids)
     s.text = stream.final()
     s.elapsed = clock.now()
     yield s

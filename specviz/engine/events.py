@@ -61,6 +61,9 @@ class TokenEvent:
     p: float | None = None  # target probability of this token
     q: float | None = None  # draft probability of this token
     u: float | None = None  # uniform drawn for the accept test
+    # greedy runs: the target's top-2 logit gap at this position, from the run's
+    # own logits (tells a numerical near-tie from a bug, see engine/equality.py)
+    gap: float | None = None
 
     @property
     def in_output(self) -> bool:
@@ -122,6 +125,7 @@ class RunSummary:
     gamma: int = 0
     device: str = "cpu"
     prompt_rounds: int = 0  # rounds whose target forward also read the prompt (timed as prefill)
+    gamma_policy: str = ""  # "auto" when a γ policy chose each round (gamma is then its cap)
 
     @property
     def timed_rounds(self) -> int:

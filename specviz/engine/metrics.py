@@ -68,10 +68,11 @@ def run_stats(spec: RunSummary, base: RunSummary | None = None) -> Stats:
     speedup = None
     if base is not None and base.tokens_per_s > 0 and spec.elapsed > 0:
         speedup = spec.tokens_per_s / base.tokens_per_s
-    gamma = spec.gamma
+    # a γ policy (auto) drafts a different γ each round: predict at the mean drafted length
+    gamma = spec.gamma if not spec.gamma_policy else max(1, round(spec.drafted / max(1, spec.rounds)))
     pred = best = None
     if alpha_hat is not None and c is not None:
         pred = predicted_speedup(alpha_hat, gamma, c)
         best = best_gamma(alpha_hat, c)
-    v = verify / step if (verify is not None and step) else None
-    return Stats(alpha, alpha_hat, tau, c, t_d, t_t, speedup, pred, best, v)
+    verify_cost = verify / step if (verify is not None and step) else None
+    return Stats(alpha, alpha_hat, tau, c, t_d, t_t, speedup, pred, best, verify_cost)

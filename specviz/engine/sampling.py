@@ -59,6 +59,13 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.softmax(logits, dim=-1)
 
 
+def top2_gap(logits: torch.Tensor) -> list[float]:
+    """Per row of logits (..., V): top-1 minus top-2 logit, in the logits' own
+    precision (a gap of 0.0 in bf16 is an exact tie there)."""
+    top = logits.reshape(-1, logits.shape[-1]).topk(2, dim=-1).values.float()
+    return (top[:, 0] - top[:, 1]).tolist()
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw one token id per row from probs (..., V). Returns shape (...)."""
     flat = probs.reshape(-1, probs.shape[-1])

@@ -10,23 +10,16 @@ import gc
 import threading
 import time
 
-from ..models import ModelError, PairSpec, load_pair
-
-
-def _friendly(err: BaseException) -> str:
-    text = str(err).strip()
-    if isinstance(err, ModelError):
-        return text
-    if isinstance(err, MemoryError) or "out of memory" in text.lower():
-        return "out of memory while loading the models: try a smaller pair"
-    first = text.splitlines()[0] if text else type(err).__name__
-    return f"could not load the models: {first}"
+from ..errors import load_error_text
+from ..models import PairSpec, load_pair
 
 
 class ModelManager:
-    def __init__(self, device: str | None = None, loader=load_pair, quantize: str | None = None):
+    def __init__(self, device: str | None = None, loader=load_pair, quantize: str | None = None,
+                 precision: str | None = None):
         self.device = device
         self.quantize = quantize if quantize not in (None, "", "none") else None
+        self.precision = precision if precision not in (None, "", "auto") else None
         self._loader = loader
         self._lock = threading.Lock()
         self.pair = None  # the ModelPair in service
@@ -63,10 +56,12 @@ class ModelManager:
     def _run(self, spec: PairSpec) -> None:
         try:
             extra = {"quantize": self.quantize} if self.quantize else {}
+            if self.precision:
+                extra["precision"] = self.precision
             pair = self._loader(spec, device=self.device, progress=self._progress, **extra)
         except BaseException as err:  # noqa: BLE001 - shown in the page, the app keeps serving
             with self._lock:
-                self.error = _friendly(err)
+                self.error = load_error_text(err)
                 self.loading = None
                 self.generation += 1
             gc.collect()
@@ -113,5 +108,6 @@ class ModelManager:
                 device=str(pair.device) if pair is not None else None,
                 precision=getattr(pair, "precision", "") or (str(pair.dtype).removeprefix("torch.")
                                                              if pair is not None else ""),
+                precision_note=getattr(pair, "precision_note", "") if pair is not None else "",
                 generation=self.generation,
             )

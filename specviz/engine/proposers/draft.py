@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from ...errors import RequestError
 from ..forward import crop_cache, forward_logits, new_cache, pick
 from ..sampling import warp
-from ...errors import RequestError
 from .base import Proposal, Proposer, register, target_vocab
 
 
@@ -19,7 +20,7 @@ class DraftModelProposer(Proposer):
     vocab_size: int | None = None  # cut the draft's logits to the target's vocabulary
     name: str = "draft"
     confidence: float | None = None  # stop drafting below this top probability
-    cache: object = field(default=None, repr=False)  # a KV cache from new_cache
+    cache: object = field(default=None, repr=False)  # a KV cache from forward.new_cache
 
     def reset(self, prompt_ids: list[int]) -> int:
         self.cache = new_cache(self.model)

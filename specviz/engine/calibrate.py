@@ -1,0 +1,335 @@
+"""Precision chosen by measurement, per machine, and the measured cost curve.
+
+At load, time a few real KV-cached forwards (1 new token and n = 2..17 on a
+~100-token context) of the target in each candidate precision and 1-token
+steps of the draft in each candidate, pick the fastest per side, and keep the
+chosen precision's timings as the pair's CostModel (v(k), c). The choice and
+the costs are cached per pair and machine: later loads skip the timing.
+
+Rules (measured, issue 11): on a CPU with native bf16 (AVX512-BF16/AMX) a bf16
+target step is 2.2x faster than fp32 (128 vs 279 ms) and a bf16 verify of 8
+tokens costs one plain step, where fp32 costs 1.9; without native bf16 torch
+emulates it, so auto keeps fp32 there WITHOUT timing bf16. Models under 100M
+parameters stay fp32 (nothing to gain; test pairs keep exact equality). On
+CUDA the device's half type is the natural choice.
+
+The choice logic (choose_target/choose_draft/candidates) is pure and tested
+with injected timings; measure_* touch real models.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .costs import MAX_VERIFY_TOKENS, CostModel
+
+PRECISIONS = ("auto", "fp32", "bf16")
+SMALL_MODEL_PARAMS = 100_000_000  # below this auto keeps fp32 and nothing is timed
+CONTEXT = 100  # tokens in the cache while timing: a typical prompt
+CHOICE_N = (1, 5)  # forwards the target choice compares: a plain step and a γ=4 verify
+REPEATS = 3  # median of 3: ~15 s for a first calibration of the default pair on 2 cores
+CACHE_VERSION = 1
+BUSY_LOAD_PER_CORE = 2.0  # above this 1-minute load per core a calibration is not cached
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8 (dynamic)"}
+
+
+@dataclass
+class Choice:
+    """What runs on each side, why, and what it costs."""
+
+    target: str  # "fp32" | "bf16" | "fp16" | "int8"
+    draft: str | None  # same names; None without a draft model
+    note: str  # one line for page/CLI/bench/traces, e.g. "target bfloat16 (128 ms/step vs 279 ms fp32 ...)"
+    costs: CostModel | None = None
+    timings: dict = field(default_factory=dict)  # {"target": {prec: {n: s}}, "draft": {prec: s}}
+    cached: bool = False
+
+    def to_dict(self) -> dict:
+        return {"version": CACHE_VERSION, "target": self.target, "draft": self.draft, "note": self.note,
+                "costs": self.costs.to_dict() if self.costs else None, "timings": self.timings}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Choice":
+        costs = CostModel.from_dict(d["costs"]) if d.get("costs") else None
+        timings = dict(d["timings"])  # JSON made the token counts strings
+        timings["target"] = {p: {int(n): s for n, s in t.items()}
+                             for p, t in timings.get("target", {}).items()}
+        return cls(d["target"], d["draft"], d["note"], costs, timings, cached=True)
+
+
+# ------------------------------------------------------------ pure choice logic
+
+
+def candidates(*, precision: str, quantize: str | None, device: str, native_bf16: bool,
+               n_target: int, n_draft: int | None, half: str = "bf16",
+               min_params: int = SMALL_MODEL_PARAMS) -> tuple[list[str], list[str]]:
+    """(target candidates, draft candidates) to time, in timing order.
+
+    precision: auto|fp32|bf16 sets the float type of both models; quantize:
+    none|auto|draft-int8|int8 adds dynamic int8 (CPU only): int8 = both models,
+    draft-int8 = the draft, auto = the draft if it measures fastest.
+    `half` is the GPU's half type (bf16, or fp16 without bf16 support)."""
+    quantize = quantize or "none"
+    cpu = device == "cpu"
+    if precision != "auto":
+        floats = [precision]
+    elif not cpu:
+        floats = [half]  # on a GPU the half type is the natural choice: nothing to time
+    else:
+        floats = ["fp32", "bf16"] if native_bf16 else ["fp32"]
+    small_t = n_target < min_params
+    target = ["int8"] if quantize == "int8" else (["fp32"] if small_t and precision == "auto" and cpu
+                                                   else floats)
+    if n_draft is None:
+        return target, []
+    small_d = n_draft < min_params
+    if quantize in ("int8", "draft-int8"):
+        draft = ["int8"]
+    elif small_d and precision == "auto" and cpu:
+        draft = ["fp32"]
+    else:
+        draft = (["int8"] if quantize == "auto" and cpu else []) + floats
+    return target, draft
+
+
+def _score(t: dict[int, float]) -> float:
+    """A plain step plus a γ=4 verify: both matter to a speculative run."""
+    return sum(t[n] for n in CHOICE_N if n in t) or t[min(t)]
+
+
+def choose_target(timings: dict[str, dict[int, float]]) -> str:
+    """Fastest precision by the score; on a tie the first candidate (fp32: the exact one)."""
+    return min(timings, key=lambda p: (_score(timings[p]), list(timings).index(p)))
+
+
+def choose_draft(timings: dict[str, float]) -> str:
+    return min(timings, key=lambda p: (timings[p], list(timings).index(p)))
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.0f} ms"
+
+
+def note(target: str, draft: str | None, timings: dict, where: str) -> str:
+    """'target bfloat16 (128 ms/step vs 279 ms fp32 on this CPU), draft int8 (dynamic) (18 ms vs ...)'."""
+    tt, dt = timings.get("target", {}), timings.get("draft", {})
+    parts = [f"target {NAMES[target]}"]
+    if target in tt and 1 in tt[target]:
+        others = ", ".join(f"{_ms(tt[p][1])} {p}" for p in tt if p != target and 1 in tt[p])
+        vs = f" vs {others}" if others else ""
+        parts[0] += f" ({_ms(tt[target][1])}/step{vs} on this {where})"
+    if draft is not None:
+        d = f"draft {NAMES[draft]}"
+        if draft in dt:
+            others = ", ".join(f"{_ms(dt[p])} {p}" for p in dt if p != draft)
+            d += f" ({_ms(dt[draft])}/step" + (f" vs {others}" if others else "") + ")"
+        parts.append(d)
+    return ", ".join(parts)
+
+
+def cost_model(timings: dict, target: str, draft: str | None, machine: str) -> CostModel | None:
+    """The chosen precision's timings as a CostModel (None without the full verify curve)."""
+    t = timings.get("target", {}).get(target, {})
+    if any(n not in t for n in range(1, MAX_VERIFY_TOKENS + 1)):
+        return None
+    d = timings.get("draft", {}).get(draft) if draft else None
+    return CostModel(plain_step_s=t[1], verify_s=tuple(t[n] for n in range(1, MAX_VERIFY_TOKENS + 1)),
+                     draft_step_s=d, target_precision=NAMES[target],
+                     draft_precision=NAMES[draft] if draft else "", machine=machine)
+
+
+# ------------------------------------------------------------------- cache
+
+
+def cache_path(root: Path, *, target_ref: str, draft_ref: str | None, precision: str,
+               quantize: str | None, device: str) -> Path:
+    import hashlib
+
+    from ..machine import machine_key
+    key = "|".join([target_ref, draft_ref or "", precision, quantize or "none", device, machine_key()])
+    return Path(root) / "calibration" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+
+def load_cached(path: Path) -> Choice | None:
+    try:
+        d = json.loads(Path(path).read_text())
+        return Choice.from_dict(d) if d.get("version") == CACHE_VERSION else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # missing or unreadable: measure again
+
+
+def save(path: Path, choice: Choice) -> None:
+    import os
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(choice.to_dict(), indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs a re-measurement next time
+
+
+# --------------------------------------------------------------- measuring
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def time_forwards(model, ns, *, context: int = CONTEXT, repeats: int = REPEATS) -> dict[int, float]:
+    """Median seconds of a KV-cached forward of n new tokens after `context` cached ones."""
+    from transformers import DynamicCache
+
+    from .forward import crop_cache
+    dev = next(model.parameters()).device
+    vocab = model.get_input_embeddings().num_embeddings
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (1, context + MAX_VERIFY_TOKENS), generator=g).to(dev)
+    cache = DynamicCache()
+    model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    out: dict[int, float] = {}
+    for n in [ns[0]] + list(ns):  # the first shape once more, untimed: kernel set-up, page faults
+        runs = []
+        for _ in range(repeats):
+            _sync(dev)
+            t0 = time.perf_counter()
+            model(input_ids=ids[:, context:context + n], past_key_values=cache, use_cache=True,
+                  logits_to_keep=n)
+            _sync(dev)
+            runs.append(time.perf_counter() - t0)
+            crop_cache(cache, context)
+        out[n] = statistics.median(runs)
+    return out
+
+
+def n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _dtype_name(model) -> str:
+    dt = next(model.parameters()).dtype
+    return {v: k for k, v in DTYPES.items()}.get(dt, str(dt))
+
+
+def convert(model, prec: str, reload=None):
+    """`model` in precision `prec`. Float casts are in place; int8 makes a
+    quantised copy of an fp32 model; fp32 after a lossy cast needs reload()."""
+    from . import speed
+    have = _dtype_name(model)
+    if prec == "int8":
+        if have != "fp32":
+            model = reload()
+        return speed.quantize_int8(model)
+    if prec == "fp32" and have != "fp32":
+        model = reload()  # bf16 -> fp32 would not give the original weights back
+    model = model.to(DTYPES[prec])
+    speed.patch_small_m_linear(model)  # a no-op unless CPU fp32
+    return model
+
+
+@dataclass
+class Loaded:
+    """Callables that give a side's model back from disk in fp32 (after a lossy cast)."""
+
+    target: object
+    draft: object = None
+
+
+def _time_target(target, cands, reload, progress) -> tuple[object, str, dict]:
+    """Time the target's candidates on the choice shapes, keep the fastest, then its whole curve."""
+    timings: dict[str, dict[int, float]] = {}
+    if len(cands) > 1:
+        for prec in cands:  # fp32 first: the casts that follow are lossy
+            progress(f"timing the target in {NAMES[prec]}", 0.9)
+            target = convert(target, prec, reload)
+            timings[prec] = time_forwards(target, CHOICE_N)
+    chosen = choose_target(timings) if timings else cands[0]
+    if _dtype_name(target) != chosen or chosen == "int8":
+        target = convert(target, chosen, reload)
+    have = timings.get(chosen, {})
+    progress(f"measuring verify costs v(k), k = 1..{MAX_VERIFY_TOKENS - 1}", 0.93)
+    rest = [n for n in range(1, MAX_VERIFY_TOKENS + 1) if n not in have]
+    timings[chosen] = dict(sorted({**have, **time_forwards(target, rest)}.items()))
+    return target, chosen, timings
+
+
+def _time_draft(draft, cands, reload, progress) -> tuple[object, str, dict[str, float]]:
+    import copy
+    timings: dict[str, float] = {}
+    models = {}
+    for prec in cands:
+        progress(f"timing the draft in {NAMES[prec]}", 0.96)
+        if prec == "int8" or (prec != "fp32" and len(cands) > 1):
+            m = convert(draft if prec == "int8" else copy.deepcopy(draft), prec, reload)
+        else:
+            m = convert(draft, prec, reload)
+        models[prec] = m
+        timings[prec] = time_forwards(m, (1,), repeats=2 * REPEATS)[1]
+    chosen = choose_draft(timings)
+    return models[chosen], chosen, timings
+
+
+def calibrate(target, draft, *, precision: str = "auto", quantize: str | None = "auto",
+              device: str = "cpu", half: str = "bf16", cache_file: Path | None = None,
+              reload: Loaded | None = None, progress=None, native_bf16: bool | None = None,
+              min_params: int = SMALL_MODEL_PARAMS):
+    """(target, draft, Choice): both models in their chosen precision, the
+    choice's reason and the measured CostModel. Pairs under min_params are
+    not timed (costs None); a cached choice for this pair + machine is reused."""
+    from .. import machine
+    progress = progress or (lambda msg, frac: None)
+    native = machine.native_bf16() if native_bf16 is None else native_bf16
+    nt, nd = n_params(target), (n_params(draft) if draft is not None else None)
+    tc, dc = candidates(precision=precision, quantize=quantize, device=device, native_bf16=native,
+                        n_target=nt, n_draft=nd, half=half, min_params=min_params)
+    reload = reload or Loaded(None, None)
+    where = "GPU" if device != "cpu" else "CPU"
+    cached = load_cached(cache_file) if cache_file else None
+    if cached and cached.target in tc and (draft is None or cached.draft in dc):
+        progress(f"precision from the calibration cache: {cached.note}", 0.9)
+        target = convert(target, cached.target, reload.target)
+        draft = convert(draft, cached.draft, reload.draft) if draft is not None else None
+        return target, draft, cached
+    if nt < min_params:  # tiny pairs: nothing worth timing, no cost model
+        target = convert(target, tc[0], reload.target)
+        draft = convert(draft, dc[0], reload.draft) if draft is not None else None
+        dp = dc[0] if dc else None
+        return target, draft, Choice(tc[0], dp, note(tc[0], dp, {}, where))
+    t0 = time.perf_counter()
+    target, tp, tt = _time_target(target, tc, reload.target, progress)
+    dp, dt = None, {}
+    if draft is not None:
+        draft, dp, dt = _time_draft(draft, dc, reload.draft, progress)
+    timings = {"target": tt, "draft": dt}
+    choice = Choice(tp, dp, note(tp, dp, timings, where), cost_model(timings, tp, dp, machine.hardware()),
+                    timings)
+    choice.timings["seconds"] = round(time.perf_counter() - t0, 1)  # what the calibration itself cost
+    choice.timings["load"] = machine.loadavg()
+    if busy():
+        choice.note += f" (measured under load {machine.loadavg()}: noisy, not cached)"
+    elif cache_file:
+        save(cache_file, choice)
+    return target, draft, choice
+
+
+def busy(load1: float | None = None, cores: int | None = None) -> bool:
+    """Too busy to trust a timing: 1-minute load above twice the cores. Under a
+    load of 13 on 2 cores a bf16 step measured 7.7 s instead of 0.13 s and
+    the draft choice came out backwards; such a choice must not be cached."""
+    import os
+    if load1 is None:
+        try:
+            load1 = os.getloadavg()[0]
+        except OSError:
+            return False
+    return load1 > BUSY_LOAD_PER_CORE * (cores or os.cpu_count() or 1)

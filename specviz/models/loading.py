@@ -1,0 +1,210 @@
+"""Loading a pair: both models and the target's tokenizer, the vocabulary
+check, end-of-sequence ids, the speed setup (int8 draft, small-M linear) and
+load errors in words a visitor understands."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..engine import speed
+from ..engine.costs import CostModel
+from ..errors import OOM_LOADING, ModelError, first_line, is_oom
+from .embedded import Progress, cache_root, local_refs
+from .registry import PairSpec, _hub_reachable, _looks_like_path, pick_device_dtype
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+# "auto": the draft's int8 / float candidates are timed at load and the fastest
+# kept (engine/calibrate.py; int8 made c 0.38 -> 0.13 on the default pair in fp32)
+QUANTIZE = (None, "", "none", "auto", "int8", "draft-int8")
+
+
+@dataclass
+class ModelPair:
+    target: PreTrainedModel
+    draft: PreTrainedModel | None
+    tokenizer: PreTrainedTokenizerBase
+    spec: PairSpec
+    device: torch.device
+    dtype: torch.dtype
+    eos_ids: list[int]
+    precision: str = ""  # what both sides run: "float32", "bfloat16", "int8 (dynamic)"
+    quantize: str | None = None  # None, "int8" (both models) or "draft-int8"
+    costs: CostModel | None = None  # measured plain step, v(k), draft step (engine/calibrate.py)
+    precision_note: str = ""  # what runs and why, e.g. "target bfloat16 (128 ms/step vs 279 ms fp32 ...)"
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    @property
+    def max_positions(self) -> int | None:
+        """The target's context length (prompt + new tokens), when its config says."""
+        return getattr(self.target.config, "max_position_embeddings", None)
+
+
+def _output_size(model) -> int:
+    head = model.get_output_embeddings()
+    if head is not None and hasattr(head, "out_features"):
+        return int(head.out_features)
+    if head is not None and hasattr(head, "weight"):
+        return int(head.weight.shape[0])
+    return int(model.config.get_text_config().vocab_size)
+
+
+def check_vocab(target, draft, tok_target, tok_draft=None) -> None:
+    """ModelError unless the draft's tokens mean the same as the target's.
+
+    Output sizes may differ (checkpoints pad their embeddings differently); what
+    matters is an identical token table that both output layers cover.
+    """
+    n_tok = len(tok_target)
+
+    def mismatch(n_draft: int, n_target: int) -> ModelError:
+        return ModelError(f"draft and target use different vocabularies ({n_draft} vs {n_target} tokens): "
+                          "pick a draft from the same model family")
+
+    if _output_size(target) < n_tok:
+        raise ModelError(f"the target's output layer ({_output_size(target)}) is smaller than its "
+                         f"tokenizer ({n_tok} tokens): model and tokenizer do not match")
+    if draft is None:
+        return
+    if tok_draft is not None and tok_draft.get_vocab() != tok_target.get_vocab():
+        raise mismatch(len(tok_draft), n_tok)
+    if _output_size(draft) < n_tok:
+        raise mismatch(_output_size(draft), n_tok)
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    ids: list[int] = []
+    gen = getattr(model, "generation_config", None)
+    for value in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
+        for i in value if isinstance(value, (list, tuple)) else [value]:
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    return ids
+
+
+def _load_error(ref: str, err: BaseException) -> ModelError:
+    """Map a loading failure to one line a visitor understands."""
+    msg, text = first_line(err), str(err)
+    if is_oom(err):
+        return ModelError(f"could not load '{ref}': {OOM_LOADING}")
+    if "trust_remote_code" in text or "does not recognize this architecture" in text:
+        return ModelError(f"could not load '{ref}': its architecture is not supported without remote code, "
+                          "which this app never runs")
+    local = _looks_like_path(ref)
+    if local and ("Unrecognized model" in text or isinstance(err, OSError)):
+        return ModelError(f"could not load '{ref}': the folder holds no usable model "
+                          "(config.json and weights)")
+    if isinstance(err, OSError) or type(err).__module__.startswith("huggingface_hub"):
+        if not _hub_reachable():
+            return ModelError(f"could not load '{ref}': not found locally and the Hugging Face Hub is "
+                              "unreachable (no network)")
+        return ModelError(f"could not load '{ref}': not found on the Hugging Face Hub, "
+                          f"or gated/private ({msg})")
+    return ModelError(f"could not load '{ref}': {msg}")
+
+
+def _load_one(ref: str, device: torch.device, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    local = _looks_like_path(ref)
+    if local:
+        path = Path(ref).expanduser()
+        if not path.is_dir():
+            raise ModelError(f"local path not found: '{ref}'")
+        ref = str(path)
+    # offline: don't let huggingface_hub spend ~20 s retrying a dead network
+    kw = dict(trust_remote_code=False, local_files_only=local or not _hub_reachable())
+    try:
+        model = AutoModelForCausalLM.from_pretrained(ref, dtype=dtype, **kw)
+        tok = AutoTokenizer.from_pretrained(ref, **kw)
+        model.to(device)
+    except ModelError:
+        raise
+    except Exception as err:  # transformers raises OSError/ValueError/KeyError/hub errors
+        raise _load_error(ref, err) from err
+    model.eval()
+    model.requires_grad_(False)
+    return model, tok
+
+
+def load_stock(ref: str, device: torch.device, dtype: torch.dtype):
+    """A model as `from_pretrained` gives it: no speed patch, no quantisation
+    (the bench's "as shipped" reference)."""
+    return _load_one(ref, device, dtype)[0]
+
+
+def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | None = None,
+              progress: Progress | None = None, load_draft: bool = True,
+              quantize: str | None = None, precision: str = "auto") -> ModelPair:
+    """Load target (+ draft) and the target's tokenizer, checking that the vocabularies agree,
+    in the precision chosen by measurement on this machine (engine/calibrate.py).
+
+    precision (both models' float type): "auto" times fp32 and bf16 on a CPU with
+    native bf16 (fp32 elsewhere, and for models under 100M parameters; the
+    GPU's half type on a GPU), "fp32" or "bf16" force it. quantize (CPU):
+    "int8" swaps every Linear of both models for dynamic int8 (a different,
+    faster target, used by the baseline and the speculative side alike; needs
+    precision auto or fp32); "draft-int8" quantises only the draft (the output
+    is unchanged, the draft just guesses faster); "auto" adds int8 to the
+    draft's candidates and keeps the fastest; "none"/None: no int8.
+    The choice, its reason and the measured CostModel land on pair.costs and
+    pair.precision_note; they are cached per pair and machine."""
+    from ..engine import calibrate
+    if quantize not in QUANTIZE:
+        raise ModelError(f"unknown quantisation '{quantize}': use int8, draft-int8, auto or none")
+    if precision not in calibrate.PRECISIONS:
+        raise ModelError(f"unknown precision '{precision}': use {', '.join(calibrate.PRECISIONS)}")
+    if quantize == "int8" and precision == "bf16":
+        raise ModelError("int8 quantisation works on fp32 weights: use precision auto or fp32 with int8")
+    progress = progress or (lambda msg, frac: None)
+    dev, auto_dtype = pick_device_dtype(device)
+    if quantize in ("int8", "draft-int8") and dev.type != "cpu":
+        raise ModelError("int8 quantisation is for CPU only")
+    half = "fp16" if auto_dtype == torch.float16 else "bf16"
+    refs = local_refs(spec, progress)
+    cache_file = calibrate.cache_path(cache_root(), target_ref=refs["target"],
+                                      draft_ref=refs["draft"] if load_draft else None,
+                                      precision=precision, quantize=quantize, device=dev.type)
+    # a cached float choice loads straight in that type (half the memory and time of fp32 + cast)
+    cached = calibrate.load_cached(cache_file)
+    start = {side: calibrate.DTYPES.get(p, torch.float32) if p else None
+             for side, p in (("target", cached and cached.target), ("draft", cached and cached.draft))}
+    progress(f"loading target {spec.target}", 0.0)
+    target, tok = _load_one(refs["target"], dev, dtype or start["target"] or auto_dtype)
+    draft = tok_draft = None
+    if load_draft:
+        progress(f"loading draft {spec.draft}", 0.6)
+        draft, tok_draft = _load_one(refs["draft"], dev, dtype or start["draft"] or auto_dtype)
+    check_vocab(target, draft, tok, tok_draft)
+    fp32 = calibrate.Loaded(lambda: _load_one(refs["target"], dev, torch.float32)[0],
+                            lambda: _load_one(refs["draft"], dev, torch.float32)[0])
+    target, draft, choice = calibrate.calibrate(
+        target, draft, precision=precision if dtype is None else _precision_of(dtype),
+        quantize=quantize, device=dev.type, half=half, cache_file=cache_file, reload=fp32,
+        progress=progress)
+    progress("warming up", 0.95)
+    for m in (target, draft):
+        if m is not None:
+            speed.warm_up(m)
+    progress("models ready", 1.0)
+    names = calibrate.NAMES
+    label = (f"{names[choice.target]}" + (", both models" if choice.target == "int8" else "")
+             if choice.draft in (None, choice.target)
+             else f"target {names[choice.target]}, draft {names[choice.draft]}")
+    q = "int8" if choice.target == "int8" else ("draft-int8" if choice.draft == "int8" else None)
+    dt = next(target.parameters()).dtype if choice.target != "int8" else torch.float32
+    return ModelPair(target, draft, tok, spec, dev, dt, _eos_ids(target, tok), label, q,
+                     costs=choice.costs, precision_note=choice.note)
+
+
+def _precision_of(dtype: torch.dtype) -> str:
+    """A caller's explicit dtype as a forced precision."""
+    from ..engine.calibrate import DTYPES
+    return next((k for k, v in DTYPES.items() if v == dtype), "fp32")
