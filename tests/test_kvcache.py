@@ -114,3 +114,22 @@ def test_eager_attention_float_mask(tok):
     stat = kvcache.StaticKV(32, full=True)
     b = torch.cat([forward_logits(m, ids[i:i + 4], stat, 4) for i in range(0, 20, 4)])
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_compile_failure_falls_back_to_eager(tok, models, layout):
+    target = models[0]
+    ref = reference(tok, models, 12)
+    layout("static", compile=True)
+    cache = new_cache(target)
+
+    def broken(*args):
+        raise RuntimeError("no backend")
+
+    cache.compiled = broken
+    forward_logits(target, tok.encode(PROMPT), cache, 1)
+    with pytest.warns(UserWarning, match="running eagerly"):
+        forward_logits(target, [5], cache, 1)
+    assert new_cache(target).compiled is None  # not tried again for this model
+    del target._specviz_compiled
+    layout("static", full=True)
+    assert tokens(baseline(target, tok, tok.encode(PROMPT), 12, GREEDY))[:2] == ref

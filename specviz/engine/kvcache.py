@@ -18,6 +18,8 @@ the transformers versions we support (5.17 .. 5.23) only ever call
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 GROW = 512  # positions added when a run outgrows the buffer (a compiled graph then recompiles once)
@@ -146,7 +148,14 @@ def static_forward(model, ids: list[int], cache: StaticKV, keep: int) -> torch.T
     cache.write_pos = pos_ids
     # the prompt's forward (p == 0) runs eagerly: a graph per prompt length is not worth compiling
     if cache.compiled is not None and p > 0 and n <= COMPILE_MAX_NEW:
-        logits = _compiled_step(cache.compiled, model, x, pos_ids[None], mask, cache, keep)
+        try:
+            logits = _compiled_step(cache.compiled, model, x, pos_ids[None], mask, cache, keep)
+        except Exception as err:  # a backend that cannot compile this model (e.g. int8 weights)
+            # the failed call wrote nothing past what the eager call rewrites: run eagerly from now on
+            warnings.warn(f"torch.compile failed ({type(err).__name__}: {err}); running eagerly",
+                          stacklevel=2)
+            cache.compiled, model._specviz_compiled = None, False
+            logits = _call(model, x, pos_ids[None], mask, cache, keep)
     else:
         logits = _call(model, x, pos_ids[None], mask, cache, keep)
     cache.pos = p + n
@@ -157,6 +166,8 @@ def compiled_call(model):
     """The model's forward under torch.compile, built once per model and reused by every run.
     On CUDA, mode "reduce-overhead" replays CUDA graphs (eager batch-1 decoding is launch-bound)."""
     fn = getattr(model, "_specviz_compiled", None)
+    if fn is False:  # failed before: eager
+        return None
     if fn is None:
         # target and draft share _call's code object, so their graphs share one recompile budget
         cfg = torch._dynamo.config
