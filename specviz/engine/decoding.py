@@ -10,7 +10,7 @@ the last one, which is fed by the next forward pass.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
@@ -100,6 +100,7 @@ class _Round:
     t_start: float
     t_drafted: float
     t_end: float
+    info: dict = field(default_factory=dict)  # the proposal's method-specific info, for RoundEvent.info
 
 
 def _draft_and_verify(target, proposer, committed, cache, g, params, gen, eos, clock) -> _Round:
@@ -116,7 +117,7 @@ def _draft_and_verify(target, proposer, committed, cache, g, params, gen, eos, c
     drafted = torch.tensor(prop.tokens, device=p.device, dtype=torch.long)
     v = verify(drafted, q, p, gen, greedy=params.greedy)
     gaps = top2_gap(logits) if params.greedy else None
-    return _Round(prop.tokens, prop.forwards, fed, p, gaps, v, t_start, t_drafted, clock.now())
+    return _Round(prop.tokens, prop.forwards, fed, p, gaps, v, t_start, t_drafted, clock.now(), prop.info)
 
 
 def _kept(rd: _Round, eos, remaining: int) -> tuple[list[int], bool]:
@@ -174,7 +175,7 @@ def _round_event(rd: _Round, s: RunSummary, r: int, appended: bool, tokens, prom
         resampled=v.resampled, t_start=rd.t_start, t_draft=rd.t_drafted - rd.t_start,
         t_verify=rd.t_end - rd.t_drafted, t_end=rd.t_end, draft_forwards=rd.forwards, tokens=tokens,
         total_tokens=len(s.token_ids), total_drafted=s.drafted, total_accepted=s.accepted,
-        target_forwards=s.target_forwards, prompt_tokens=prompt_tokens,
+        target_forwards=s.target_forwards, prompt_tokens=prompt_tokens, info=rd.info,
     )
 
 

@@ -96,6 +96,7 @@ class RoundEvent:
     total_accepted: int = 0
     target_forwards: int = 0
     prompt_tokens: int = 0  # >0: this forward also read the prompt (round 1): its time is prefill
+    info: dict = field(default_factory=dict)  # method-specific, JSON-able (n-gram won, lookup hits, ...)
 
     @property
     def n_new(self) -> int:

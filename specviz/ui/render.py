@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 
 from ..engine.events import OUTCOME_COLOURS, OUTCOME_LABELS, Outcome, RoundEvent, TokenEvent
+from ..engine.method_info import round_note
 from ..format import number
 
 SPEC_OUTCOMES = (Outcome.ACCEPTED, Outcome.REJECTED, Outcome.RESAMPLED, Outcome.BONUS)
@@ -95,14 +96,16 @@ def tooltip(tok: TokenEvent) -> str:
     return "\n".join(lines)
 
 
-def token_span(tok: TokenEvent) -> str:
+def token_span(tok: TokenEvent, note: str = "") -> str:
+    """`note`: the round's method-specific story (which n-gram won, ...), added to the tooltip."""
     text = tok.text
     classes = ["sv-tok", css_class(tok.outcome)]
     if text == "":
         classes.append("sv-empty")  # part of a multi-byte character still being built
     elif text.strip("\n") == "":
         classes.append("sv-nl")  # newline-only token: CSS shows a faint ↵ (not copied)
-    return f'<span class="{" ".join(classes)}" title="{esc(tooltip(tok))}">{esc(text)}</span>'
+    tip = tooltip(tok) + (f"\n{note}" if note else "")
+    return f'<span class="{" ".join(classes)}" title="{esc(tip)}">{esc(text)}</span>'
 
 
 def prompt_span(prompt: str, chat: bool = False, limit: int = 400) -> str:
@@ -119,7 +122,8 @@ def baseline_html(tokens: list[TokenEvent]) -> str:
 
 
 def round_html(r: RoundEvent) -> str:
-    inner = "".join(token_span(t) for t in r.tokens)
+    note = round_note(getattr(r, "info", None) or {})
+    inner = "".join(token_span(t, note) for t in r.tokens)
     return f'<span class="sv-round" data-round="{r.index + 1}">{inner}</span>'
 
 

@@ -20,6 +20,7 @@ class Proposal:
     tokens: list[int]
     q: torch.Tensor  # (len(tokens), V) distributions the tokens were drawn from
     forwards: int = 0  # draft-model forward passes spent
+    info: dict = field(default_factory=dict)  # method-specific, JSON-able; copied to RoundEvent.info
 
 
 class Proposer:
@@ -56,16 +57,18 @@ class MethodSpec:
     description: str = ""
     order: int = 100  # position in menus
     check_options: Callable[[dict], dict] = field(default=lambda options: options)
+    greedy_only: bool = False  # make_request refuses temperature > 0 (no lossless sampling variant)
 
 
 REGISTRY: dict[str, MethodSpec] = {}
 
 
 def register(name: str, label: str, *, needs_draft: bool = False, description: str = "",
-             order: int = 100, check_options: Callable[[dict], dict] | None = None):
+             order: int = 100, check_options: Callable[[dict], dict] | None = None,
+             greedy_only: bool = False):
     """Decorator for a builder `(pair, req) -> Proposer`: makes `name` a method everywhere."""
     def deco(build):
         REGISTRY[name] = MethodSpec(name, label, build, needs_draft, description, order,
-                                    check_options or (lambda options: options))
+                                    check_options or (lambda options: options), greedy_only)
         return build
     return deco

@@ -1,0 +1,182 @@
+"""Lookahead decoding (Fu et al., 2024): no draft model. One target forward
+per round carries three parts, kept apart by a 4D attention mask:
+
+  fed        the committed tokens the cache has not seen (usually 1), causal;
+  lookahead  a Jacobi window of L ≤ N-1 levels × W columns of guessed tokens.
+             Level l, column j sits at position P+1+l+j (P = last committed)
+             and sees the fed tokens, level 0 up to column j and levels
+             1..l of its own column: a causal context of P+1 .. P+l+j.
+             The outputs of the newest level are the next Jacobi level; each
+             column's trajectory (level 0..L-1 token, new output) is an N-gram
+             of consecutive positions, stored in the pool under its first token;
+  verify     up to G pool n-grams keyed by the last committed token, N-1 tokens
+             each at positions P+1.., each seeing the fed tokens and itself.
+
+The two branches never see each other, so the verify logits are those of
+plain decoding: greedy acceptance (longest guess prefix equal to the target's
+argmax chain, plus the target's next token) gives exactly plain greedy output.
+The pool also starts with the prompt's n-grams (the reference's
+POOL_FROM_PROMPT option). Greedy only: the lossless sampling variant is not
+built, so temperature > 0 is refused.
+
+Settings: γ = N-1 (the guess length), `window` W, `guesses` G.
+This file holds the state and the mask; engine/lookahead_decoding.py the loop.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+from ...errors import RequestError
+from .base import Proposer, register
+
+DEFAULT_WINDOW = 4  # each extra token in a forward costs on a CPU: keep the branches small
+DEFAULT_GUESSES = 2
+MAX_WINDOW = 16
+MAX_GUESSES = 16
+
+
+@dataclass
+class Layout:
+    """Where each part of one lookahead forward sits in its input."""
+
+    fed: int  # tokens fed from the committed sequence
+    levels: int  # Jacobi levels present (L)
+    window: int  # W
+    guesses: list[list[int]]  # verify branch: G' guesses of N-1 tokens
+
+    def la(self, level: int, col: int) -> int:
+        return self.fed + level * self.window + col
+
+    def guess(self, g: int, i: int) -> int:
+        return self.fed + self.levels * self.window + sum(len(x) for x in self.guesses[:g]) + i
+
+    @property
+    def size(self) -> int:
+        return self.fed + self.levels * self.window + sum(len(x) for x in self.guesses)
+
+
+def build_mask(lay: Layout) -> torch.Tensor:
+    """(n, n) bool: which new token may see which (all see the cache)."""
+    n = lay.size
+    m = torch.zeros(n, n, dtype=torch.bool)
+    m[: lay.fed, : lay.fed] = torch.tril(torch.ones(lay.fed, lay.fed, dtype=torch.bool))
+    m[lay.fed:, : lay.fed] = True
+    for lv in range(lay.levels):
+        for j in range(lay.window):
+            row = lay.la(lv, j)
+            m[row, lay.la(0, 0): lay.la(0, j) + 1] = True
+            for up in range(1, lv + 1):
+                m[row, lay.la(up, j)] = True
+    for g, guess in enumerate(lay.guesses):
+        start = lay.guess(g, 0)
+        for i in range(len(guess)):
+            m[start + i, start: start + i + 1] = True
+    return m
+
+
+def positions(lay: Layout, last: int) -> list[int]:
+    """Position ids: fed tokens end at `last`; lookahead and guesses go beyond."""
+    pos = list(range(last - lay.fed + 1, last + 1))
+    pos += [last + 1 + lv + j for lv in range(lay.levels) for j in range(lay.window)]
+    for guess in lay.guesses:
+        pos += [last + 1 + i for i in range(len(guess))]
+    return pos
+
+
+@dataclass
+class LookaheadProposer(Proposer):
+    """State of one lookahead run: Jacobi levels and the n-gram pool."""
+
+    ngram: int = 5  # N: pool n-grams hold N tokens (key + N-1 guessed)
+    window: int = DEFAULT_WINDOW
+    max_guesses: int = DEFAULT_GUESSES
+    pool_from_prompt: bool = True
+    name: str = "lookahead"
+    levels: list[list[int]] = field(default_factory=list)
+    pool: dict[int, list[tuple[int, ...]]] = field(default_factory=dict)
+
+    def reset(self, prompt_ids):
+        # level 0 starts as tokens drawn from the prompt (seeded: runs repeat)
+        rng = random.Random(0)
+        self.levels = [[rng.choice(prompt_ids) for _ in range(self.window)]]
+        self.pool = {}
+        if self.pool_from_prompt:
+            n = self.ngram
+            for s in range(len(prompt_ids) - n + 1):
+                self.add(prompt_ids[s: s + n])
+        return 0
+
+    def add(self, gram) -> None:
+        """Most recent first; a repeated n-gram moves to the front."""
+        key, rest = int(gram[0]), tuple(int(x) for x in gram[1:])
+        lst = self.pool.setdefault(key, [])
+        if rest in lst:
+            lst.remove(rest)
+        lst.insert(0, rest)
+        del lst[2 * self.max_guesses:]
+
+    def candidates(self, last: int) -> list[list[int]]:
+        return [list(g) for g in self.pool.get(last, [])[: self.max_guesses]]
+
+    def layout(self, fed: int, last: int) -> Layout:
+        return Layout(fed, len(self.levels), self.window, self.candidates(last))
+
+    def advance(self, new_level: list[int]) -> int:
+        """Take the newest level's outputs; once N-1 levels exist, each column's
+        trajectory is an N-gram for the pool and the oldest level drops out.
+        Returns how many n-grams were collected."""
+        if len(self.levels) < self.ngram - 1:
+            self.levels.append(new_level)
+            return 0
+        for j in range(self.window):
+            self.add([lv[j] for lv in self.levels] + [new_level[j]])
+        self.levels = self.levels[1:] + [new_level]
+        return self.window
+
+    @property
+    def pool_size(self) -> int:
+        return sum(len(v) for v in self.pool.values())
+
+    def decode(self, target, tokenizer, prompt_ids, max_new_tokens, gamma, params, eos_ids=(),
+               seed=None, stop=None, clock=None):
+        """This method's own loop (runner dispatches here instead of speculative())."""
+        from ..lookahead_decoding import lookahead
+        return lookahead(target, self, tokenizer, prompt_ids, max_new_tokens, gamma, params, eos_ids,
+                         seed, stop, clock)
+
+
+def _check(options: dict) -> dict:
+    out = dict(options)
+    for key, hi in (("window", MAX_WINDOW), ("guesses", MAX_GUESSES)):
+        if key in out and out[key] is not None:
+            v = out[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float, str)) or str(v).strip() == "":
+                raise RequestError(f"Lookahead {key} must be a whole number between 1 and {hi}.")
+            try:
+                iv = int(float(v))
+            except ValueError:
+                raise RequestError(f"Lookahead {key} must be a whole number, got {v!r}.") from None
+            if iv != float(v) or not 1 <= iv <= hi:
+                raise RequestError(f"Lookahead {key} must be a whole number between 1 and {hi}, got {v!r}.")
+            out[key] = iv
+    return out
+
+
+GREEDY_ONLY = ("Lookahead decoding here is greedy only (its lossless sampling variant is not built): "
+               "set temperature to 0, or pick another method.")
+
+
+@register("lookahead", "lookahead (Jacobi n-grams)", order=6, check_options=_check, greedy_only=True,
+          description="no draft model: a Jacobi window collects n-grams; pool guesses are verified in the "
+                      "same target forward (greedy only)")
+def _build_lookahead(pair, req=None):
+    if req is not None and req.temperature > 0:
+        raise RequestError(GREEDY_ONLY)
+    opts = req.options if req is not None else {}
+    # γ = N-1; γ "auto" (a draft-model setting) falls back to N = 5
+    gamma = req.gamma if req is not None and not getattr(req, "gamma_auto", False) else 4
+    return LookaheadProposer(ngram=gamma + 1, window=opts.get("window") or DEFAULT_WINDOW,
+                             max_guesses=opts.get("guesses") or DEFAULT_GUESSES)
