@@ -41,14 +41,31 @@ def add_pair_args(p: argparse.ArgumentParser) -> None:
                         "only (output unchanged); int8: both models (a different, faster target, for both "
                         "sides; needs --precision auto or fp32); auto (default): int8 joins the draft's "
                         "candidates and the fastest measured wins; none: no int8")
+    p.add_argument("--cache", choices=["dynamic", "static"], default="dynamic",
+                   help="KV cache of both models: dynamic (default) or static (preallocated; a rollback "
+                        "moves a pointer)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the forwards over a static cache (CUDA graphs on a GPU); the first "
+                        "steps compile, which takes a while on a CPU")
 
 
 def load_from_args(args, progress=None, allow_local_paths=True):
     from .models import load_pair, resolve_pair
     pair = args.pair if (args.pair or args.target or args.draft) else "default"
     spec = resolve_pair(pair, args.target, args.draft, allow_local_paths=allow_local_paths)
-    return load_pair(spec, device=args.device, progress=progress, quantize=args.quantize,
+    pair = load_pair(spec, device=args.device, progress=progress, quantize=args.quantize,
                      precision=getattr(args, "precision", "auto"))
+    apply_cache_args(pair, args)
+    return pair
+
+
+def apply_cache_args(pair, args) -> str:
+    """--cache/--compile onto both models (baseline, verify and draft use the same kind)."""
+    from .engine.forward import set_cache
+    compile = getattr(args, "compile", False)
+    kind = "static" if compile else getattr(args, "cache", "dynamic")
+    used = [set_cache(m, kind, compile=compile) for m in (pair.target, pair.draft) if m is not None]
+    return used[0]
 
 
 class _Parser(argparse.ArgumentParser):

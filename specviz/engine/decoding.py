@@ -15,11 +15,10 @@ from typing import Iterator
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
 
 from .clock import Clock
 from .events import Outcome, RoundEvent, RunSummary, TokenEvent
-from .forward import crop_cache, forward_logits, pick
+from .forward import crop_cache, forward_logits, new_cache, pick
 from .inspect import round_dists
 from .proposers.base import Proposer
 from .sampling import SamplingParams, Verdict, top2_gap, verify, warp
@@ -51,7 +50,7 @@ def baseline(
     eos = frozenset(eos_ids)
     gen = _generator(model.device, seed)
     clock = clock or Clock(model.device)
-    cache = DynamicCache()
+    cache = new_cache(model)
     stream = TextStream(tokenizer)
     out: list[int] = []
     feed = list(prompt_ids)
@@ -127,7 +126,8 @@ def _draft_and_verify(target, proposer, committed, cache, g, params, gen, eos, c
     logits = forward_logits(target, fed + prop.tokens, cache, k + 1)
     p = warp(logits, params)
     q = _pad_to(prop.q.to(p.device), p.shape[-1]) if k else p[:0]
-    v = verify(torch.tensor(prop.tokens, device=p.device, dtype=torch.long), q, p, gen)
+    drafted = torch.tensor(prop.tokens, device=p.device, dtype=torch.long)
+    v = verify(drafted, q, p, gen, greedy=params.greedy)
     gaps = top2_gap(logits) if params.greedy else None
     return _Round(prop.tokens, prop.forwards, fed, p, gaps, v, t_start, t_drafted, clock.now(),
                   info=prop.info, q=q)
@@ -218,7 +218,7 @@ def speculative(
     eos = frozenset(eos_ids)
     gen = _generator(target.device, seed)
     clock = clock or Clock(target.device)
-    cache = DynamicCache()
+    cache = new_cache(target)
     stream = TextStream(tokenizer)
     committed = list(prompt_ids)
     s = RunSummary(mode="speculative", method=proposer.name, token_ids=[], text="", n_tokens=0,
