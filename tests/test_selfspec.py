@@ -47,8 +47,8 @@ def test_all_layers_reproduce_the_model(deep, tok):
     torch.testing.assert_close(torch.cat([a, b]), ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("gamma", [1, 2, 3, 5, 8])
-@pytest.mark.parametrize("layers", [(0,), (0, 1), (0, 1, 2, 3), (0, 2, 5), (1, 2, 3, 4), tuple(range(6))])
+@pytest.mark.parametrize("gamma", [1, 3, 8])
+@pytest.mark.parametrize("layers", [(0,), (0, 1, 2, 3), (0, 2, 5), (1, 2, 3, 4), tuple(range(6))])
 def test_greedy_equals_plain(deep, tok, gamma, layers):
     ids = tok.encode(PROMPT)
     _, base = run(baseline(deep, tok, ids, 40, GREEDY))
@@ -157,7 +157,7 @@ def test_exit_calibration_picks_fastest_measured(deep, tok, monkeypatch):
     res = selfspec.calibrate_exit_layer(pair, ids_list=ids, step=fake_step, measure=measure, top=5)
     assert res["exit_layer"] == 2 and len(seen) == 5 and {r["exit_layer"] for r in res["rows"]} == set(fast)
     row = next(r for r in res["rows"] if r["exit_layer"] == 3)
-    assert row["c"] == pytest.approx(4 / 7) and 0 <= row["alpha_hat"] <= 1
+    assert row["c"] == pytest.approx(4 / 7, abs=1e-4) and 0 <= row["alpha_hat"] <= 1
     # only the top-ranked candidates are run for real
     seen.clear()
     selfspec.calibrate_exit_layer(pair, ids_list=ids, step=fake_step, measure=measure, top=2)
