@@ -6,8 +6,9 @@ from xml.etree import ElementTree
 import pytest
 import torch
 
-from specviz.bench import core as bench
+import specviz.bench as bench
 from specviz.bench import OutputMismatch, Run, check_outputs, first_difference
+from specviz.bench import runs as bench_runs
 from specviz.models.tiny import save_tiny_pair
 
 PROMPTS = [
@@ -45,7 +46,8 @@ def _read_csv(path):
 
 
 def test_quick_bench_writes_json_csv_and_plots(tiny_pair, tmp_path, capsys):
-    assert bench.main(_args(tiny_pair, tmp_path, "--methods", "plain,hf-greedy,hf-assisted,hf-stock,draft,lookup")) == 0
+    methods = "plain,hf-greedy,hf-assisted,hf-stock,draft,lookup"
+    assert bench.main(_args(tiny_pair, tmp_path, "--methods", methods)) == 0
     out = tmp_path / "out"
     data = json.loads((out / "bench.json").read_text())
     summary = _read_csv(out / "summary.csv")
@@ -73,7 +75,8 @@ def test_quick_bench_writes_json_csv_and_plots(tiny_pair, tmp_path, capsys):
     per_prompt = _read_csv(out / "per_prompt.csv")
     assert {r["prompt_id"] for r in per_prompt} == {"code/a", "code/b", "grounded/a"}
     text = capsys.readouterr().out
-    assert "SpecViz draft γ=4" in text and "load average" in text and "command: python -m specviz.bench" in text
+    assert "SpecViz draft γ=4" in text and "load average" in text
+    assert "command: python -m specviz.bench" in text
 
 
 def test_first_difference():
@@ -91,7 +94,8 @@ def _run(variant, engine, ids, prompt="code/a", repeat=0):
 
 def test_checker_raises_on_broken_specviz_output():
     runs = [_run("plain", "specviz", [5, 6, 7, 8]), _run("draft:4", "specviz", [5, 6, 9, 8]),
-            _run("plain", "specviz", [1, 2], prompt="code/b"), _run("draft:4", "specviz", [1, 2], prompt="code/b")]
+            _run("plain", "specviz", [1, 2], prompt="code/b"),
+            _run("draft:4", "specviz", [1, 2], prompt="code/b")]
     with pytest.raises(OutputMismatch, match=r"draft:4 on code/a .*first differing position 2"):
         check_outputs(runs)
     assert runs[1].match is False and runs[1].first_diff == 2 and runs[3].match is True
@@ -106,15 +110,16 @@ def test_checker_only_warns_for_hf():
 
 
 def test_bench_exits_1_on_broken_result(tiny_pair, tmp_path, monkeypatch, capsys):
-    real = bench.run_specviz
+    real = bench_runs.run_specviz
 
     def broken(pair, v, req, ids):
         summary, first = real(pair, v, req, ids)
         if v.key == "draft:4":
-            summary.token_ids = summary.token_ids[:3] + [(summary.token_ids[3] + 1) % 90] + summary.token_ids[4:]
+            ids = summary.token_ids
+            summary.token_ids = ids[:3] + [(ids[3] + 1) % 90] + ids[4:]
         return summary, first
 
-    monkeypatch.setattr(bench, "run_specviz", broken)
+    monkeypatch.setattr(bench_runs, "run_specviz", broken)
     rc = bench.main(_args(tiny_pair, tmp_path, "--no-hf", "--gammas", "4", "--methods", "plain,draft",
                           "--no-warmup"))
     assert rc == 1

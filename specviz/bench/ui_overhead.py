@@ -75,11 +75,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from gradio_client import Client
 
+    from ..race import on_engine_thread
     from ..ui import blocks
     from ..ui.blocks import build_demo
     from ..ui.loader import ModelManager
-
-    from ..race import on_engine_thread
     pair = on_engine_thread(load_from_args, args)  # load where the race decodes
     manager = ModelManager(loader=lambda spec, **_: pair)
     manager.start(pair.spec)
@@ -109,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
                     blocks.SETTLE = settle
                 spec, base = sums["speculative"], sums["baseline"]
                 rows.append({"repeat": rep, "how": how, "spec_tok_s": spec.tokens_per_s,
-                             "base_tok_s": base.tokens_per_s, "speedup": spec.tokens_per_s / base.tokens_per_s,
+                             "base_tok_s": base.tokens_per_s,
+                             "speedup": spec.tokens_per_s / base.tokens_per_s,
                              "wall_s": wall, "updates": updates, "tokens": spec.n_tokens})
                 print(f"repeat {rep + 1} {how:12s}: speculative {spec.tokens_per_s:.3f} tok/s, baseline "
                       f"{base.tokens_per_s:.3f} tok/s, wall {wall:.1f} s, {updates} updates", file=sys.stderr)
@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     med = {how: {k: statistics.median(r[k] for r in rows if r["how"] == how)
                  for k in ("spec_tok_s", "base_tok_s", "speedup", "wall_s")} for how in kinds}
     ratio = med["ui"]["spec_tok_s"] / med["headless"]["spec_tok_s"]
-    print(f"pair {pair.spec.label}, precision {pair.precision}, γ {args.gamma}, {args.max_new_tokens} tokens, "
+    print(f"pair {pair.spec.label}, precision {pair.precision}, γ {args.gamma}, "
+          f"{args.max_new_tokens} tokens, "
           f"median of {args.repeats}; the page pauses {settle:g} s after each update (SPECVIZ_UI_SETTLE)")
     for how in kinds:
         m = med[how]

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from ..engine import speed
+from ..errors import ModelError  # noqa: F401 - re-exported: specviz.models.ModelError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -43,10 +44,6 @@ QUANTIZE = (None, "", "none", "auto", "int8", "draft-int8")
 # step; int8 makes it ~4x cheaper (c 0.38 -> 0.13 on the default pair) while
 # the target, and so the output, stays exactly as it is
 AUTO_DRAFT_INT8_PARAMS = 100_000_000
-
-
-class ModelError(Exception):
-    """A message a visitor understands (one line, names the missing package/path/id)."""
 
 
 @dataclass(frozen=True)
@@ -406,6 +403,11 @@ class ModelPair:
     @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
+
+    @property
+    def max_positions(self) -> int | None:
+        """The target's context length (prompt + new tokens), when its config says."""
+        return getattr(self.target.config, "max_position_embeddings", None)
 
 
 def _output_size(model) -> int:

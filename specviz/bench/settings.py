@@ -1,0 +1,133 @@
+"""What a bench run measures: presets, the resolved settings and the prompts."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..request import METHODS, RequestError
+from .hf import HF_FAMILIES
+
+QUICK = dict(tasks="code,grounded", n_prompts="code=2,grounded=1", max_new_tokens=32,
+             gammas="2,4,6", repeats=3, hf_gammas="4",
+             methods="plain,hf-assisted,hf-stock," + ",".join(METHODS))
+FULL = dict(tasks="code,chat,grounded", n_prompts="1", max_new_tokens=32,
+            gammas="1,2,3,4,5,6,7,8", repeats=3, hf_gammas="4",
+            methods="plain,hf-greedy,hf-assisted,hf-heuristic,hf-stock," + ",".join(METHODS))
+TASKS = ("code", "chat", "grounded")
+
+FAMILIES = ("plain",) + HF_FAMILIES + tuple(METHODS)
+CHAT_TASKS = ("chat", "grounded")  # user messages: wrapped in the chat template
+WARMUP_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class Settings:
+    tasks: list[str]
+    counts: dict[str, int]  # prompts per task
+    families: list[str]  # "plain", HF families and SpecViz methods to run
+    repeats: int
+    max_new_tokens: int
+    gammas: list[int]  # γ sweep of the draft-model method
+    hf_gammas: list[int]  # constant γ of HF assisted generation
+    gamma_other: int  # γ of the other SpecViz methods
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    id: str
+    task: str
+    text: str
+    chat_template: bool
+    source: str = ""
+
+
+def parse_counts(value: str, tasks: list[str]) -> dict[str, int]:
+    """'3' -> 3 per task; 'code=2,grounded=1' -> per task (unlisted tasks: 0)."""
+    value = str(value).strip()
+    try:
+        if "=" not in value:
+            n = int(value)
+            if n < 1:
+                raise ValueError
+            return {t: n for t in tasks}
+        out = {t: 0 for t in tasks}
+        for part in value.split(","):
+            task, count = part.split("=")
+            out[task.strip()] = int(count)
+        return out
+    except ValueError:
+        raise RequestError(f"--n-prompts must be a positive number or task=n,...; got {value!r}") from None
+
+
+def _ints(value: str, name: str) -> list[int]:
+    try:
+        xs = [int(x) for x in str(value).split(",") if x.strip()]
+    except ValueError:
+        raise RequestError(f"{name} must be a comma list of whole numbers, got {value!r}") from None
+    if not xs or any(x < 1 for x in xs):
+        raise RequestError(f"{name} must list numbers >= 1, got {value!r}")
+    return xs
+
+
+def _families(value: str, no_hf: bool) -> list[str]:
+    families = [m.strip() for m in value.split(",") if m.strip()]
+    bad = [m for m in families if m not in FAMILIES]
+    if bad:
+        raise RequestError(f"--methods: unknown {bad}: choose from {', '.join(FAMILIES)}")
+    if no_hf:
+        families = [m for m in families if m not in HF_FAMILIES]
+    if "plain" not in families:
+        families.insert(0, "plain")
+    return families
+
+
+def resolve_settings(args) -> Settings:
+    """Command-line flags over the preset (--quick or the full run), validated."""
+    preset = QUICK if args.quick else FULL
+
+    def get(key):
+        value = getattr(args, key)
+        return preset[key] if value is None else value
+
+    tasks = [t.strip() for t in get("tasks").split(",") if t.strip()]
+    bad = [t for t in tasks if t not in TASKS]
+    if bad or not tasks:
+        raise RequestError(f"--tasks: unknown task(s) {bad}: use code, chat, grounded")
+    repeats = get("repeats")
+    if repeats < 1:
+        raise RequestError("--repeats must be at least 1")
+    max_new_tokens = get("max_new_tokens")
+    if max_new_tokens < 2:
+        raise RequestError("--max-new-tokens must be at least 2")
+    # explicit --tasks with the quick preset's per-task counts: default to 1 for a listed task
+    counts = parse_counts(get("n_prompts"), tasks)
+    if args.tasks and args.n_prompts is None:
+        counts = {t: counts.get(t) or 1 for t in tasks}
+    return Settings(tasks=tasks, counts=counts, families=_families(get("methods"), args.no_hf),
+                    repeats=repeats, max_new_tokens=max_new_tokens,
+                    gammas=_ints(get("gammas"), "--gammas"), hf_gammas=_ints(get("hf_gammas"), "--hf-gammas"),
+                    gamma_other=args.gamma_other)
+
+
+def load_prompts(tasks: list[str], counts: dict[str, int], prompts_json: str | None) -> list[BenchPrompt]:
+    """The packaged prompt sets, or a JSON list of {id, task, text[, chat_template]}."""
+    if prompts_json:
+        items = json.loads(Path(prompts_json).read_text())
+        out = []
+        for i, item in enumerate(items):
+            task = item.get("task", "code")
+            if task not in tasks:
+                continue
+            out.append(BenchPrompt(item.get("id", f"{task}/{i}"), task, item["text"],
+                                   bool(item.get("chat_template", task in CHAT_TASKS)), prompts_json))
+        by_task = {t: [p for p in out if p.task == t][: counts.get(t, 0) or None] for t in tasks}
+        return [p for t in tasks for p in by_task[t]]
+    from ..prompts import prompt_set
+    out = []
+    for task in tasks:
+        if counts.get(task, 0) <= 0:
+            continue
+        for p in prompt_set(task, counts[task]):
+            out.append(BenchPrompt(p.id, p.task, p.text, p.task in CHAT_TASKS, p.source))
+    return out
