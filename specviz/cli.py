@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     g.add_argument("--num-samples", type=int, default=1)
     g.add_argument("--json", action="store_true", help="one JSON object per sample and mode")
+    g.add_argument("--exit-layer", default=None,
+                   help="early-exit: draft with the target's first L layers (default: calibrated, cached)")
+    g.add_argument("--skip-layers", default=None,
+                   help="layer-skip: layers to skip, e.g. 4,6-9 (default: calibrated, cached)")
     return ap
 
 
@@ -74,6 +78,12 @@ def _round_dict(r: RoundEvent) -> dict:
     return d
 
 
+def method_options(args) -> dict:
+    """Method settings from CLI flags (RunRequest.options); unset flags are left out."""
+    flags = {"exit_layer": getattr(args, "exit_layer", None), "skip_layers": getattr(args, "skip_layers", None)}
+    return {k: v for k, v in flags.items() if v is not None}
+
+
 def run_once(pair, req, mode, ids, stop=None):
     """Run one mode to completion; returns (events, summary)."""
     from .runner import run_events
@@ -83,7 +93,7 @@ def run_once(pair, req, mode, ids, stop=None):
 
 def generate(args) -> int:
     req = make_request(args.prompt, args.method, args.gamma, args.max_new_tokens, args.temperature,
-                       args.top_p, args.top_k, args.seed, args.chat)
+                       args.top_p, args.top_k, args.seed, args.chat, options=method_options(args))
     if args.num_samples < 1:
         raise RequestError("--num-samples must be at least 1.")
     # progress only for a person at a terminal; scripts get clean stderr
