@@ -80,7 +80,7 @@ def _round_dict(r: RoundEvent) -> dict:
 
 def method_options(args) -> dict:
     """Method settings from CLI flags (RunRequest.options); unset flags are left out."""
-    flags = {"exit_layer": getattr(args, "exit_layer", None), "skip_layers": getattr(args, "skip_layers", None)}
+    flags = {k: getattr(args, k, None) for k in ("exit_layer", "skip_layers")}
     return {k: v for k, v in flags.items() if v is not None}
 
 

@@ -87,18 +87,22 @@ def test_sequences_follow_target_distribution(layers, params, gamma):
     counts = dict.fromkeys(exact, 0)
     drafted = accepted = 0
     for i in range(N):
-        _, s = run(speculative(t, LayerSubsetProposer(t, layers), NullTok(), prompt, L, gamma, params, seed=i))
+        prop = LayerSubsetProposer(t, layers)
+        _, s = run(speculative(t, prop, NullTok(), prompt, L, gamma, params, seed=i))
         counts[tuple(s.token_ids)] += 1
         drafted, accepted = drafted + s.drafted, accepted + s.accepted
     assert 0.05 < accepted / drafted < 0.95, "test needs both accepts and rejections"
     obs, exp, rest_o, rest_e = [], [], 0, 0.0
     for seq, pr in exact.items():
         if pr * N >= 5:
-            obs.append(counts[seq]); exp.append(pr * N)
+            obs.append(counts[seq])
+            exp.append(pr * N)
         else:
-            rest_o += counts[seq]; rest_e += pr * N
+            rest_o += counts[seq]
+            rest_e += pr * N
     if rest_e > 0:
-        obs.append(rest_o); exp.append(rest_e)
+        obs.append(rest_o)
+        exp.append(rest_e)
     exp = [e * sum(obs) / sum(exp) for e in exp]
     assert chisquare(obs, exp).pvalue > 1e-3
 

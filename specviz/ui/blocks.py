@@ -20,9 +20,8 @@ from ..race import MODES, RaceInfo, race
 from ..request import MAX_GAMMA, Limits, RequestError, encode_prompt, make_request
 from ..runner import free_memory, is_oom
 from ..trace import record, trace_for
-from . import render
+from . import draft_size, render, theory
 from . import replay as replay_ui
-from . import theory
 from .charts import all_charts
 from .loader import ModelManager
 from .panes import PaneStream
@@ -382,6 +381,7 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
             plot_pos = gr.Plot(empty[3], show_label=False, elem_id="sv-chart-position")
         live_tab.close()
         theory_tab = theory.build_tab()
+        draft_size.build_tab()  # the committed draft-size analysis (static)
         timer = gr.Timer(0.5, active=st0["loading"])
 
         # ------------------------------------------------------------ events

@@ -90,7 +90,7 @@ def exit_layers(model, exit_layer: int) -> tuple[int, ...]:
           description="the target's first L layers + its own LM head draft (training-free LayerSkip)")
 def _build_early_exit(pair, req=None):
     decoder_parts(pair.target)
-    exit_layer = (getattr(req, "options", None) or {}).get("exit_layer")
+    exit_layer = check_exit_options(dict(getattr(req, "options", None) or {})).get("exit_layer")
     if exit_layer is None:
         from ...selfspec import default_exit_layer
         exit_layer = default_exit_layer(pair)

@@ -53,7 +53,7 @@ def kept_layers(model, skip) -> tuple[int, ...]:
           description="the target minus a calibrated set of skipped layers drafts (Draft & Verify / SWIFT)")
 def _build_layer_skip(pair, req=None):
     decoder_parts(pair.target)
-    skip = (getattr(req, "options", None) or {}).get("skip_layers")
+    skip = check_skip_options(dict(getattr(req, "options", None) or {})).get("skip_layers")
     if skip is None:
         from ...selfspec import default_skip_layers
         skip = default_skip_layers(pair)
