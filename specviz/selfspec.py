@@ -53,12 +53,22 @@ def calib_prompts(pair, n: int = 2, max_tokens: int = 96) -> list[list[int]]:
     return [pair.tokenizer.encode(t)[-max_tokens:] for t in texts]
 
 
+_FULL: dict = {}  # (model id, prompt) -> the full target's argmax per position
+
+
+def _full_argmax(model, ids) -> torch.Tensor:
+    key = (id(model), tuple(ids))
+    if key not in _FULL:
+        _FULL[key] = model(input_ids=torch.tensor([ids], device=model.device)).logits[0].argmax(-1)
+    return _FULL[key]
+
+
 @torch.inference_mode()
 def agreement(model, ids_list, layers) -> float:
     """Teacher-forced share of positions where the subset's argmax is the full target's."""
     hit = total = 0
     for ids in ids_list:
-        full = model(input_ids=torch.tensor([ids], device=model.device)).logits[0].argmax(-1)
+        full = _full_argmax(model, ids)
         sub = layers_forward(model, ids, DynamicCache(), layers, start=0, keep=len(ids)).argmax(-1)
         hit += int((full == sub).sum())
         total += len(ids)
@@ -66,7 +76,7 @@ def agreement(model, ids_list, layers) -> float:
 
 
 @torch.inference_mode()
-def step_seconds(model, layers, n_tokens: int = 1, ctx: int = 16, reps: int = 3) -> float:
+def step_seconds(model, layers, n_tokens: int = 1, ctx: int = 16, reps: int = 5) -> float:
     """Median time of a KV-cached forward of `n_tokens` through `layers` after `ctx` tokens."""
     cache = DynamicCache()
     layers_forward(model, [0] * ctx, cache, layers, start=0, keep=1)
@@ -132,6 +142,10 @@ def _say(msg: str) -> None:
     print(f"[specviz calibration] {msg}", file=sys.stderr, flush=True)
 
 
+def _rename(row: dict, name: str) -> dict:
+    return {(name if k == "key" else k): (list(v) if isinstance(v, tuple) else v) for k, v in row.items()}
+
+
 def exit_candidates(n: int) -> list[int]:
     """About six exit layers spread over the depth (4, 8, .., 24 for 28 layers)."""
     step = max(1, n // 7)
@@ -139,7 +153,7 @@ def exit_candidates(n: int) -> list[int]:
 
 
 def calibrate_exit_layer(pair, *, ids_list=None, step=step_seconds, measure=None,
-                         candidates=None, top: int = 3, n_new: int = 24) -> dict:
+                         candidates=None, top: int = 2, n_new: int = 16) -> dict:
     """Choose the early-exit layer L by measured tokens/s (see the module doc)."""
     ids_list = ids_list or calib_prompts(pair)
     candidates = candidates or exit_candidates(n_layers(pair.target))
@@ -150,7 +164,7 @@ def calibrate_exit_layer(pair, *, ids_list=None, step=step_seconds, measure=None
                                                     ids_list, n_new))
     best = _confirm(rows, measure, top)
     return dict(exit_layer=best["key"], gamma=best["gamma"], plain_step_s=round(plain, 5),
-                rows=[{**r, "exit_layer": r.pop("key")} for r in rows])
+                rows=[_rename(r, "exit_layer") for r in rows])
 
 
 def _importance(pair, ids_list, candidates) -> list[tuple[int, float]]:
@@ -160,7 +174,7 @@ def _importance(pair, ids_list, candidates) -> list[tuple[int, float]]:
 
 
 def calibrate_skip_layers(pair, *, ids_list=None, step=step_seconds, measure=None,
-                          top: int = 2, n_new: int = 24) -> dict:
+                          top: int = 2, n_new: int = 16, imp_tokens: int = 48) -> dict:
     """Choose the skip set: order the layers by measured single-skip α̂ (greedy:
     least harmful first, first and last layer always kept), rank the skip sets of
     the k least harmful layers with the theory, confirm the best by real runs."""
@@ -168,7 +182,8 @@ def calibrate_skip_layers(pair, *, ids_list=None, step=step_seconds, measure=Non
     ids_list = ids_list or calib_prompts(pair)
     plain_s = step(pair.target, tuple(range(n)))
     verify_cost = verify_cost_fn(pair, plain_s, step)
-    imp = sorted(_importance(pair, ids_list, range(1, n - 1)), key=lambda t: -t[1])
+    # one short prompt for the n-2 single-skip probes (the costly part): measured, not exhaustive
+    imp = sorted(_importance(pair, [ids_list[0][-imp_tokens:]], range(1, n - 1)), key=lambda t: -t[1])
     order = [i for i, _ in imp]
     sizes = sorted({k for k in range(max(1, n // 7), n - 1, max(1, n // 7))} | {1})
     cands = [(tuple(sorted(order[:k])), tuple(j for j in range(n) if j not in order[:k]))
@@ -179,17 +194,35 @@ def calibrate_skip_layers(pair, *, ids_list=None, step=step_seconds, measure=Non
     best = _confirm(rows, measure, top)
     return dict(skip_layers=list(best["key"]), gamma=best["gamma"], plain_step_s=round(plain, 5),
                 single_skip_alpha={i: round(a, 4) for i, a in imp},
-                rows=[{**r, "skip_layers": list(r.pop("key"))} for r in rows])
+                rows=[_rename(r, "skip_layers") for r in rows])
 
 
 # ------------------------------------------------------------------- cache
 
 def pair_key(pair) -> str:
     from .machine import machine_key
-    spec = pair.spec
-    ident = "|".join([getattr(spec, "name", ""), getattr(spec, "target", ""), pair.precision,
+    # only the target drafts and verifies here: the draft's precision does not matter
+    spec, target_int8 = pair.spec, getattr(pair, "quantize", None) == "int8"
+    ident = "|".join([getattr(spec, "name", ""), getattr(spec, "target", ""),
+                      str(getattr(pair, "dtype", "")), "int8" if target_int8 else "",
                       str(n_layers(pair.target)), machine_key(), str(VERSION)])
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def reuse_probe(pair, exit_layer: int, gammas=(1, 2, 4, 8), step=step_seconds) -> list[dict]:
+    """What reusing the drafted positions' layer-<L KV in the verify pass could save:
+    a full verify forward of γ+1 tokens vs layers < L for the one undrafted token
+    plus layers >= L for all γ+1 tokens (the LM head counted once), in seconds."""
+    n = n_layers(pair.target)
+    low, high = tuple(range(exit_layer)), tuple(range(exit_layer, n))
+    head = step(pair.target, (), 1)
+    out = []
+    for g in gammas:
+        full = step(pair.target, tuple(range(n)), g + 1)
+        reuse = step(pair.target, low, 1) - head + step(pair.target, high, g + 1)
+        out.append(dict(gamma=g, full_s=round(full, 4), reuse_s=round(reuse, 4),
+                        saved=round(1 - reuse / full, 3)))
+    return out
 
 
 def cache_file(pair):
@@ -220,3 +253,38 @@ def default_exit_layer(pair) -> int:
 
 def default_skip_layers(pair) -> tuple[int, ...]:
     return tuple(cached(pair, "layer-skip", calibrate_skip_layers)["skip_layers"])
+
+
+def main(argv=None) -> int:
+    """python -m specviz.selfspec [--force] [--probe L]: calibrate both methods on the
+    default pair (or --target/--draft), print the results (JSON) and cache them."""
+    import argparse
+
+    from .cli import add_pair_args, load_from_args
+    ap = argparse.ArgumentParser(prog="python -m specviz.selfspec", description=main.__doc__)
+    add_pair_args(ap)
+    ap.add_argument("--force", action="store_true", help="recalibrate even if cached")
+    ap.add_argument("--only", choices=["early-exit", "layer-skip"], default=None)
+    ap.add_argument("--probe", type=int, default=None, help="also time the KV-reuse saving at exit layer L")
+    args = ap.parse_args(argv)
+    pair = load_from_args(args)
+    from .machine import loadavg
+    out = {"load_before": loadavg()}
+    if args.force and cache_file(pair).exists():
+        data = json.loads(cache_file(pair).read_text())
+        for k in [args.only] if args.only else ["early-exit", "layer-skip"]:
+            data.pop(k, None)
+        cache_file(pair).write_text(json.dumps(data))
+    if args.only in (None, "early-exit"):
+        out["early-exit"] = cached(pair, "early-exit", calibrate_exit_layer)
+    if args.only in (None, "layer-skip"):
+        out["layer-skip"] = cached(pair, "layer-skip", calibrate_skip_layers)
+    if args.probe:
+        out["reuse_probe"] = reuse_probe(pair, args.probe)
+    out["load_after"] = loadavg()
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
