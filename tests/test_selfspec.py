@@ -191,3 +191,35 @@ def test_real_calibration_runs_on_tiny(deep, tok):
     pair = pair_of(deep, tok)
     res = selfspec.calibrate_exit_layer(pair, ids_list=[tok.encode(PROMPT)], top=1, n_new=8)
     assert 1 <= res["exit_layer"] < 6 and any("measured_tps" in r for r in res["rows"])
+
+
+# --- draft-size analysis ------------------------------------------------------------
+
+def test_draft_size_analysis_on_tiny(deep, tok, tmp_path):
+    from specviz.bench import draft_size, draft_size_plot
+    pair = SimpleNamespace(**vars(pair_of(deep, tok)), quantize=None)
+    pair.draft = tiny_model(len(tok), seed=1, layers=1)
+    ids = [tok.encode(PROMPT)]
+    res = draft_size.analyse(pair, ["early-exit:2", "layer-skip:1-3", "draft-fp32", "lookup", "no-such"],
+                             ids, [1, 2], 8)
+    names = [s["name"] for s in res["sizes"]]
+    assert names == ["early-exit:2", "layer-skip:1-3", "draft-fp32", "lookup"]  # unknown skipped
+    for s in res["sizes"]:
+        assert [r["gamma"] for r in s["rows"]] == [1, 2]
+        assert s["measured_best"] in (1, 2) and s["theory_best"] in (1, 2) and s["v_source"]
+        assert all(r["speedup"] > 0 and r["theory"] > 0 for r in s["rows"])
+    data = dict(gammas=[1, 2], sizes=res["sizes"], pair="tiny", precision="float32", machine="cpu",
+                prompts=1, max_new_tokens=8, invocations=[dict(command="x", date="d", load_before="1",
+                                                               load_after="2", sizes=names)])
+    md = draft_size_plot.table_md(data)
+    assert md.count("\n") == 1 + len(names) and "★" in md
+    assert len(draft_size_plot.heatmap(data).data) == 1 and draft_size_plot.lines(data).data
+    path = tmp_path / "ds.json"
+    path.write_text(__import__("json").dumps(data))
+    import gradio as gr
+
+    from specviz.ui import draft_size as tab
+    with gr.Blocks():
+        tab.build_tab(path)
+        tab.build_tab(tmp_path / "missing.json")  # no result yet: a note, no crash
+    assert "<script" not in tab.intro_html({**data, "pair": "<script>"})

@@ -17,7 +17,7 @@ a long analysis can be run as several short invocations.
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import copy
 import datetime as _dt
 import json
 import shlex
@@ -73,7 +73,9 @@ def resolve_size(pair, name: str, drafts: dict):
         draft = drafts.get(method)
         if draft is None:
             return None
-        return "draft", {}, dataclasses.replace(pair, draft=draft), f"draft model {method[6:]}"
+        with_draft = copy.copy(pair)  # the same target; only the draft differs
+        with_draft.draft = draft
+        return "draft", {}, with_draft, f"draft model {method[6:]}"
     if method in method_names():
         return method, {}, pair, method
     return None
