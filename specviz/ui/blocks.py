@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
+from ..engine.proposers import method_spec
 from ..models import ModelError, PairSpec, available_pairs, resolve_pair
 from ..prompts import load_presets
 from ..race import MODES, RaceInfo, race
-from ..request import MAX_GAMMA, Limits, RequestError, encode_prompt, make_request
+from ..request import MAX_GAMMA, METHODS, Limits, RequestError, encode_prompt, make_request
 from ..runner import free_memory, is_oom
 from ..trace import record, trace_for
 from . import draft_size, render, theory
@@ -62,6 +63,9 @@ METHOD_CHOICES = [
     ("adaptive γ: draft model, γ follows the acceptance rate", "adaptive"),
     ("prompt lookup: copy what followed the last n-gram earlier (no draft model)", "lookup"),
 ]
+# every other registered method (early exit, layer skip, ...) from its own description
+METHOD_CHOICES += [(f"{method_spec(m).label}: {method_spec(m).description}", m) for m in METHODS
+                   if m not in {v for _, v in METHOD_CHOICES}]
 MODE_CHOICES = [
     ("fair: each side timed alone (honest speedup)", "fair"),
     ("parallel: both at once (shares the hardware)", "parallel"),
