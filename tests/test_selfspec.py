@@ -223,3 +223,59 @@ def test_draft_size_analysis_on_tiny(deep, tok, tmp_path):
         tab.build_tab(path)
         tab.build_tab(tmp_path / "missing.json")  # no result yet: a note, no crash
     assert "<script" not in tab.intro_html({**data, "pair": "<script>"})
+
+
+# --- KV reuse: the draft's layers < L serve the verify pass ----------------------
+
+@pytest.mark.parametrize("exit_layer", [1, 3, 5])
+@pytest.mark.parametrize("gamma", [1, 4, 8])
+def test_kv_reuse_greedy_equals_plain_and_no_reuse(deep, tok, exit_layer, gamma):
+    from specviz.engine.proposers.early_exit import SharedCacheExitProposer
+    ids = tok.encode(PROMPT)
+    _, base = run(baseline(deep, tok, ids, 40, GREEDY))
+    rounds, spec = run(speculative(deep, SharedCacheExitProposer(deep, exit_layer), tok, ids, 40, gamma,
+                                   GREEDY))
+    _, fresh = run(speculative(deep, LayerSubsetProposer(deep, tuple(range(exit_layer))), tok, ids, 40,
+                               gamma, GREEDY))
+    assert spec.token_ids == base.token_ids
+    assert (spec.accepted, spec.drafted) == (fresh.accepted, fresh.drafted)
+    check_stream(rounds, spec)
+
+
+def test_kv_reuse_is_the_default_and_works_without_an_engine_cache(deep, tok):
+    from specviz.engine.proposers.early_exit import SharedCacheExitProposer
+    pair = pair_of(deep, tok)
+    prop = make_proposer(pair, "early-exit", make_request(PROMPT, method="early-exit",
+                                                          options={"exit_layer": 2}))
+    assert isinstance(prop, SharedCacheExitProposer)
+    off = make_proposer(pair, "early-exit", make_request(PROMPT, method="early-exit",
+                                                         options={"exit_layer": 2, "kv_reuse": "off"}))
+    assert isinstance(off, LayerSubsetProposer)
+    # used by another caller (e.g. a staged first stage), it drafts in its own cache
+    ids = tok.encode(PROMPT)
+    prop.reset(ids)
+    a = prop.propose(ids, 3, GREEDY, None, frozenset())
+    off.reset(ids)
+    b = off.propose(ids, 3, GREEDY, None, frozenset())
+    assert a.tokens == b.tokens
+    prop.rollback(ids + a.tokens[:1], 1, 3)
+    assert prop.cache.get_seq_length() == len(ids)
+
+
+@pytest.mark.parametrize("params,gamma", [(SamplingParams(temperature=1.0), 2),
+                                          (SamplingParams(temperature=0.8, top_k=3), 3)])
+def test_kv_reuse_sequences_follow_target_distribution(params, gamma):
+    from specviz.engine.proposers.early_exit import SharedCacheExitProposer
+    V, L, N = 4, 3, 1500
+    t = tiny_model(V, seed=10, layers=4, init=0.8)
+    prompt = [1, 2, 3, 1, 2]
+    exact = exact_sequence_probs(t, prompt, L, params)
+    counts = dict.fromkeys(exact, 0)
+    for i in range(N):
+        _, s = run(speculative(t, SharedCacheExitProposer(t, 1), NullTok(), prompt, L, gamma, params, seed=i))
+        counts[tuple(s.token_ids)] += 1
+    obs = [counts[s] for s in exact if exact[s] * N >= 5]
+    exp = [exact[s] * N for s in exact if exact[s] * N >= 5]
+    obs.append(N - sum(obs))
+    exp.append(N - sum(exp))
+    assert chisquare(obs, exp).pvalue > 1e-3

@@ -64,8 +64,10 @@ def plain_runs(pair, prompts, n_new):
 def resolve_size(pair, name: str, drafts: dict):
     """(method, options, pair to run with, label) for a size name, or None when not available."""
     method, _, arg = name.partition(":")
-    if method == "early-exit":
-        return "early-exit", {"exit_layer": int(arg)}, pair, f"early exit L={arg}"
+    if method == "early-exit":  # early-exit:L, or early-exit:L:fresh (no KV reuse)
+        layer, _, fresh = arg.partition(":")
+        opts = {"exit_layer": int(layer), "kv_reuse": not fresh}
+        return "early-exit", opts, pair, f"early exit L={layer}" + (" no KV reuse" if fresh else "")
     if method == "layer-skip":
         opts = {"skip_layers": arg} if arg else {}
         return "layer-skip", opts, pair, "layer skip" + (f" {arg}" if arg else " (calibrated)")
@@ -175,7 +177,8 @@ def build_parser():
     add_pair_args(ap)
     ap.set_defaults(quantize="none")  # fp32 draft loaded; its int8 copy is made here
     ap.add_argument("--sizes", default=",".join(DEFAULT_SIZES),
-                    help="comma list: early-exit:L, layer-skip[:SET], draft-int8, draft-fp32, lookup, ...")
+                    help="comma list: early-exit:L[:fresh], layer-skip[:SET], draft-int8, draft-fp32, "
+                         "lookup, ...")
     ap.add_argument("--gammas", default="1,2,4,6,8")
     ap.add_argument("--prompts", type=int, default=2, help="packaged code prompts")
     ap.add_argument("--prompt-tokens", type=int, default=96, help="keep the last N prompt tokens")

@@ -115,6 +115,9 @@ def speculative(
     # one forward fewer than a separate prefill (HF assisted generation does the
     # same). Round 1 therefore counts as prefill, not in the draft/verify split.
     proposer.reset(prompt_ids)  # the draft's prefill, not in draft_forwards
+    if hasattr(proposer, "attach_target_cache"):  # self-speculation drafts in the target's cache
+        proposer.attach_target_cache(cache)
+    verify_logits = getattr(proposer, "verify_logits", None)
     r = 0
     while len(out) < max_new_tokens:
         if _check_stop(stop):
@@ -123,12 +126,15 @@ def speculative(
         remaining = max_new_tokens - len(out)
         # never draft past the budget: the last slot is the target's own token
         g = min(proposer.next_gamma(gamma), max(1, remaining - 1))
+        fed = committed[cache.get_seq_length():]  # the whole prompt in round 1, then the last token
         t_start = clock.now()
         prop = proposer.propose(committed, g, params, gen, eos)
         t_drafted = clock.now()
         k = len(prop.tokens)
-        fed = committed[cache.get_seq_length():]  # the whole prompt in round 1, then the last token
-        logits = forward_logits(target, fed + prop.tokens, cache, k + 1)
+        if verify_logits is not None:  # the proposer already ran part of the target on its drafts
+            logits = verify_logits(fed, prop.tokens, k + 1)
+        else:
+            logits = forward_logits(target, fed + prop.tokens, cache, k + 1)
         p = warp(logits, params)
         q = _pad_to(prop.q.to(p.device), p.shape[-1]) if k else p[:0]
         v = verify(torch.tensor(prop.tokens, device=p.device, dtype=torch.long), q, p, gen)

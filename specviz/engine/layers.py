@@ -47,17 +47,30 @@ def causal_mask(q_len: int, past: int, dtype, device) -> torch.Tensor | None:
     return mask[None, None]
 
 
-def layers_forward(model, ids: list[int], cache, layers, *, start: int, keep: int) -> torch.Tensor:
-    """KV-cached forward of `ids` (at positions start..) through `layers` only, then
-    the target's norm and LM head. Returns float logits of the last `keep` positions."""
-    body, head = decoder_parts(model)
-    x = torch.tensor([ids], device=model.device)
-    h = body.embed_tokens(x)
-    pos = torch.arange(start, start + len(ids), device=h.device)[None]
+def embed(model, ids: list[int]) -> torch.Tensor:
+    return decoder_parts(model)[0].embed_tokens(torch.tensor([ids], device=model.device))
+
+
+def run_layers(model, h: torch.Tensor, cache, layers, *, start: int) -> torch.Tensor:
+    """Hidden states (1, n, d) at positions start.. through `layers`, KV-cached."""
+    body = decoder_parts(model)[0]
+    pos = torch.arange(start, start + h.shape[1], device=h.device)[None]
     rope = body.rotary_emb(h, pos)
-    mask = causal_mask(len(ids), start, h.dtype, h.device)
+    mask = causal_mask(h.shape[1], start, h.dtype, h.device)
     for i in layers:
         h = body.layers[i](h, attention_mask=mask, position_ids=pos, past_key_values=cache,
                            use_cache=True, position_embeddings=rope)
         h = h[0] if isinstance(h, tuple) else h  # older releases returned a tuple
+    return h
+
+
+def logits_of(model, h: torch.Tensor, keep: int) -> torch.Tensor:
+    """The target's final norm and LM head on the last `keep` positions (float logits)."""
+    body, head = decoder_parts(model)
     return head(body.norm(h[:, -keep:]))[0].float()
+
+
+def layers_forward(model, ids: list[int], cache, layers, *, start: int, keep: int) -> torch.Tensor:
+    """KV-cached forward of `ids` (at positions start..) through `layers` only, then
+    the target's norm and LM head. Returns float logits of the last `keep` positions."""
+    return logits_of(model, run_layers(model, embed(model, ids), cache, layers, start=start), keep)
