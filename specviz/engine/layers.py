@@ -5,10 +5,11 @@ layers but a skipped set), then the target's final norm and its own LM head.
 Built from the Hugging Face modules (embed_tokens, layers[i], norm, lm_head,
 rotary_emb), not by swapping `model.model.layers`: the same target object
 keeps serving plain decoding and verification, possibly on another thread.
-Decoder-layer call checked against transformers 5.23 (Qwen2/Llama/Mistral):
-layer(h, attention_mask=, position_ids=, past_key_values=, use_cache=,
-position_embeddings=(cos, sin)); the KV cache is indexed by each attention's
-own layer_idx, so a skipped layer simply leaves its cache slot empty.
+Decoder-layer call checked in the sources of transformers 5.23 and 5.17 (same
+in both, no cache_position): layer(h, attention_mask=, position_ids=,
+past_key_values=, use_cache=, position_embeddings=(cos, sin)). DynamicCache()
+grows its layers lazily up to each attention's own layer_idx, so a skipped
+layer simply leaves its cache slot empty.
 """
 from __future__ import annotations
 
