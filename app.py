@@ -21,7 +21,7 @@ import sys
 
 from specviz.cli import add_pair_args
 from specviz.models import ModelError, resolve_pair
-from specviz.race import MODES, default_mode
+from specviz.race import DEFAULT_MODE, MODES
 from specviz.request import Limits
 
 
@@ -100,7 +100,7 @@ def create_app(args):
         manager.error = str(e)  # shown in the page; a pair can still be picked there
     if spec is not None:
         manager.start(spec)
-    demo = build_demo(manager, initial=spec, default_mode=args.mode or default_mode(args.device or "cpu"),
+    demo = build_demo(manager, initial=spec, default_mode=args.mode or DEFAULT_MODE,
                       allow_local_paths=args.allow_local_paths, limits=limits_from_args(args),
                       fixed_pair=getattr(args, "fixed_pair", False))
     demo.queue(default_concurrency_limit=4, max_size=64)

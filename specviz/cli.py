@@ -1,7 +1,12 @@
-"""Command line: `python -m specviz generate ...`.
+"""The command line, one parser with subcommands:
 
-Prints the output coloured per round (or JSON lines with --json) and the
-measured statistics. Bad input gives one clear line and exit code 2.
+    python -m specviz generate ...        one run (or both sides), coloured per round or --json
+    python -m specviz trace record ...    record a race as a replayable JSON trace
+    python -m specviz trace info FILE...  what traces hold (also: python -m specviz.trace ...)
+    python -m specviz race ...            how much running both sides at once distorts the speedup
+
+The bench has its own command, python -m specviz.bench. Bad input gives one
+clear line and exit code 2.
 """
 from __future__ import annotations
 
@@ -12,6 +17,9 @@ from dataclasses import asdict
 
 from .engine.events import OUTCOME_ANSI, Outcome, RoundEvent, RunSummary, TokenEvent
 from .engine.metrics import run_stats
+from .errors import OOM_ADVICE, ModelError, is_oom
+from .format import number
+from .race import MODES
 from .request import METHODS, RequestError, encode_prompt, make_request
 
 RESET = "\x1b[0m"
@@ -43,9 +51,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="python -m specviz", description=__doc__)
-    sub = ap.add_subparsers(dest="command", required=True)
+def _generate_args(sub) -> None:
     g = sub.add_parser("generate", help="generate text with the baseline or speculative decoding")
     add_pair_args(g)
     g.add_argument("--prompt", required=True)
@@ -64,6 +70,49 @@ def build_parser() -> argparse.ArgumentParser:
                    help="early-exit: draft with the target's first L layers (default: calibrated, cached)")
     g.add_argument("--skip-layers", default=None,
                    help="layer-skip: layers to skip, e.g. 4,6-9 (default: calibrated, cached)")
+
+
+def _trace_args(sub) -> None:
+    tr = sub.add_parser("trace", help="record a race to a JSON trace, or describe traces")
+    trace_sub = tr.add_subparsers(dest="trace_command", required=True)
+    rec = trace_sub.add_parser("record", help="record a race to a JSON trace that the app can replay")
+    add_pair_args(rec)
+    rec.add_argument("--preset", default=None, help="take prompt, γ and chat template from this UI preset")
+    rec.add_argument("--prompt", default=None)
+    rec.add_argument("--method", default="draft", choices=METHODS)
+    rec.add_argument("--gamma", type=int, default=None)
+    rec.add_argument("--max-new-tokens", type=int, default=40)
+    rec.add_argument("--temperature", type=float, default=0.0)
+    rec.add_argument("--top-p", type=float, default=1.0)
+    rec.add_argument("--top-k", type=int, default=0)
+    rec.add_argument("--seed", type=int, default=0)
+    rec.add_argument("--chat", action="store_true", default=None, help="use the chat template")
+    rec.add_argument("--mode", choices=MODES, default="fair")
+    rec.add_argument("--warmup", type=int, default=4,
+                     help="new tokens of an unrecorded warm-up race first (0: none), as a warm app would be")
+    rec.add_argument("--label", default="")
+    rec.add_argument("--out", required=True)
+    info = trace_sub.add_parser("info", help="print what traces hold")
+    info.add_argument("files", nargs="+")
+
+
+def _race_args(sub) -> None:
+    r = sub.add_parser("race", help="fair vs parallel: how much running both sides at once distorts "
+                                    "the speedup (one line per run, then the medians)")
+    add_pair_args(r)
+    r.add_argument("--prompt", default="def quicksort(arr):\n")
+    r.add_argument("--gamma", type=int, default=4)
+    r.add_argument("--max-new-tokens", type=int, default=24)
+    r.add_argument("--repeats", type=int, default=3)
+    r.add_argument("--warmup", type=int, default=1)
+
+
+def build_parser(prog: str = "python -m specviz") -> argparse.ArgumentParser:
+    ap = _Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    _generate_args(sub)
+    _trace_args(sub)
+    _race_args(sub)
     return ap
 
 
@@ -92,8 +141,9 @@ def run_once(pair, req, mode, ids, stop=None):
 
 
 def generate(args) -> int:
-    req = make_request(args.prompt, args.method, args.gamma, args.max_new_tokens, args.temperature,
-                       args.top_p, args.top_k, args.seed, args.chat, options=method_options(args))
+    req = make_request(args.prompt, method=args.method, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
+                       temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                       chat_template=args.chat, options=method_options(args))
     if args.num_samples < 1:
         raise RequestError("--num-samples must be at least 1.")
     # progress only for a person at a terminal; scripts get clean stderr
@@ -103,7 +153,7 @@ def generate(args) -> int:
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()
     pair = load_from_args(args, progress=progress)
-    ids = encode_prompt(pair.tokenizer, req, getattr(pair.target.config, "max_position_embeddings", None))
+    ids = encode_prompt(pair.tokenizer, req, pair.max_positions)
     modes = ["baseline", "speculative"] if args.mode == "both" else [args.mode]
     for i in range(args.num_samples):
         sreq = req if req.seed is None else req.__class__(**{**req.__dict__, "seed": req.seed + i})
@@ -123,33 +173,140 @@ def generate(args) -> int:
     return 0
 
 
-def _print_human(mode, events, s: RunSummary, stats):
-    print(f"\n== {mode} ({s.method}) ==")
+def _print_human(mode, events, summary: RunSummary, stats):
+    print(f"\n== {mode} ({summary.method}) ==")
     if mode == "speculative":
         print("".join(_ansi(t) for r in events for t in r.tokens))
         legend = "  ".join(f"{OUTCOME_ANSI[o]}{o.value}{RESET}" for o in
                            (Outcome.ACCEPTED, Outcome.REJECTED, Outcome.RESAMPLED, Outcome.BONUS))
         print(f"legend: {legend}")
     else:
-        print(s.text)
-    print(f"{s.n_tokens} tokens in {s.elapsed:.2f} s = {s.tokens_per_s:.2f} tokens/s "
-          f"(prefill {s.prefill:.2f} s, {s.target_forwards} target forwards, stop: {s.stop_reason})")
+        print(summary.text)
+    print(f"{summary.n_tokens} tokens in {summary.elapsed:.2f} s = {summary.tokens_per_s:.2f} tokens/s "
+          f"(prefill {summary.prefill:.2f} s, {summary.target_forwards} target forwards, "
+          f"stop: {summary.stop_reason})")
     if stats:
-        fmt = lambda v, f="{:.3f}": "n/a" if v is None else f.format(v)  # noqa: E731
-        print(f"rounds {s.rounds}  drafted {s.drafted}  accepted {s.accepted}  "
-              f"α {fmt(stats['alpha'])}  α̂ {fmt(stats['alpha_hat'])}  τ {fmt(stats['tau'], '{:.2f}')}  "
-              f"c {fmt(stats['c'])}")
-        print(f"time: draft {s.draft_time:.2f} s, verify {s.verify_time:.2f} s  "
-              f"speedup {fmt(stats['speedup'], '{:.2f}×')}  "
-              f"predicted {fmt(stats['predicted'], '{:.2f}×')}  best γ {stats['best_gamma']}")
+        print(f"rounds {summary.rounds}  drafted {summary.drafted}  accepted {summary.accepted}  "
+              f"α {number(stats['alpha'])}  α̂ {number(stats['alpha_hat'])}  "
+              f"τ {number(stats['tau'], '{:.2f}')}  "
+              f"c {number(stats['c'])}")
+        print(f"time: draft {summary.draft_time:.2f} s, verify {summary.verify_time:.2f} s  "
+              f"speedup {number(stats['speedup'], '{:.2f}×')}  "
+              f"predicted {number(stats['predicted'], '{:.2f}×')}  best γ {stats['best_gamma']}")
 
 
-def main(argv=None) -> int:
-    from .models import ModelError
-    args = build_parser().parse_args(argv)
+# ------------------------------------------------------------------- trace
+
+
+def _preset(name: str | None) -> dict:
+    if not name:
+        return {}
+    from .prompts import load_presets
+    by_name = {p["name"]: p for p in load_presets()}
+    if name not in by_name:
+        raise RequestError(f"unknown preset {name!r}: one of {', '.join(by_name)}")
+    return by_name[name]
+
+
+def trace_record(args) -> int:
+    """Run one race (baseline vs speculative) on a model pair and save it as a trace the app can replay."""
+    from dataclasses import replace
+
+    from .race import on_engine_thread, race
+    from .trace import describe, record, trace_for
+    preset = _preset(args.preset)
+    prompt = args.prompt if args.prompt is not None else preset.get("prompt")
+    if prompt is None:
+        raise RequestError("give --prompt or --preset")
+    gamma = args.gamma if args.gamma is not None else preset.get("gamma", 4)
+    chat = args.chat if args.chat is not None else preset.get("chat_template", False)
+    req = make_request(prompt, method=args.method, gamma=gamma, max_new_tokens=args.max_new_tokens,
+                       temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                       chat_template=chat)
+    print("loading the model pair…", file=sys.stderr)
+    pair = on_engine_thread(load_from_args, args)  # load where the race decodes
+    ids = encode_prompt(pair.tokenizer, req, pair.max_positions)
+    if args.warmup > 0:
+        for _ in race(pair, replace(req, max_new_tokens=args.warmup), ids, args.mode):
+            pass
+    tr = trace_for(req, pair, args.mode, args.label or preset.get("name") or prompt[:40])
+    for side, ev in record(race(pair, req, ids, args.mode), tr):
+        if isinstance(ev, RunSummary):
+            print(f"{side}: {ev.n_tokens} tokens in {ev.elapsed:.2f} s ({ev.tokens_per_s:.2f} tokens/s), "
+                  f"stop: {ev.stop_reason}", file=sys.stderr)
+    out = tr.save(args.out)
+    print(f"{out}: {describe(tr)} ({out.stat().st_size / 1024:.0f} KiB)")
+    return 0
+
+
+def trace_info(args) -> int:
+    from .trace import describe, load_trace
+    for f in args.files:
+        try:
+            tr = load_trace(f)
+        except ValueError as e:
+            print(f"{f}: {e}", file=sys.stderr)
+            return 2
+        print(f"{f}: {describe(tr)}")
+    return 0
+
+
+# -------------------------------------------------------------------- race
+
+
+def race_distortion(args) -> int:
+    """How much does running both sides at once (parallel) distort the speedup,
+    compared with timing each side alone (fair)? One line per run, then the medians."""
+    import statistics
+    import threading
+
+    import torch
+
+    from .race import MODES, measure
+    pair = load_from_args(args)
+    req = make_request(args.prompt, method="draft", gamma=args.gamma, max_new_tokens=args.max_new_tokens,
+                       temperature=0.0)
+    ids = encode_prompt(pair.tokenizer, req)
+    results: dict[str, list[dict]] = {}
+
+    def work() -> None:
+        # in a worker thread, like the app (gradio steps generators in worker
+        # threads), so both modes run under the same threading conditions
+        for _ in range(args.warmup):
+            measure(pair, req, ids, "fair")
+        for i in range(args.repeats):
+            for mode in (MODES if i % 2 == 0 else MODES[::-1]):
+                r = measure(pair, req, ids, mode)[0]
+                results.setdefault(mode, []).append(r)
+                print(f"{mode:8s} base {r['base_tps']:8.2f} tok/s  spec {r['spec_tps']:8.2f} tok/s  "
+                      f"speedup {r['speedup']:.3f}  alpha {r['alpha']:.3f}  c {r['c']:.3f}  "
+                      f"wall {r['wall']:.2f} s  tokens {r['tokens']}", flush=True)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    med = {m: statistics.median(r["speedup"] for r in rows) for m, rows in results.items()}
+    print(f"median speedup: fair {med['fair']:.3f}  parallel {med['parallel']:.3f}  "
+          f"distortion (parallel/fair) {med['parallel'] / med['fair']:.3f}  "
+          f"torch threads {torch.get_num_threads()}")
+    return 0
+
+
+# -------------------------------------------------------------------- main
+
+
+def _dispatch(args) -> int:
+    if args.command == "generate":
+        return generate(args)
+    if args.command == "trace":
+        return trace_record(args) if args.trace_command == "record" else trace_info(args)
+    return race_distortion(args)
+
+
+def main(argv=None, prog: str = "python -m specviz") -> int:
+    args = build_parser(prog).parse_args(argv)
     try:
-        if args.command == "generate":
-            return generate(args)
+        return _dispatch(args)
     except (RequestError, ModelError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -157,10 +314,7 @@ def main(argv=None) -> int:
         print("stopped", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - out of memory: one line, not a traceback; bugs still raise
-        from .runner import is_oom
         if not is_oom(e):
             raise
-        print("error: out of memory: try fewer new tokens, a shorter prompt, a smaller γ or a smaller pair",
-              file=sys.stderr)
+        print(f"error: out of memory. {OOM_ADVICE}", file=sys.stderr)
         return 1
-    return 1

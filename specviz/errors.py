@@ -1,5 +1,9 @@
-"""Errors whose message is meant for the person who caused them."""
+"""Errors whose message is meant for the person who caused them, and the one
+place that recognises running out of memory and says so."""
 from __future__ import annotations
+
+OOM_LOADING = "out of memory on this machine, try a smaller pair"
+OOM_ADVICE = "Try fewer new tokens, a shorter prompt, a smaller γ or a smaller model pair."
 
 
 class RequestError(ValueError):
@@ -8,3 +12,41 @@ class RequestError(ValueError):
 
 class ModelError(Exception):
     """A message a visitor understands (one line, names the missing package/path/id)."""
+
+
+def is_oom(err: BaseException) -> bool:
+    """Out of memory, from torch (CPU or GPU), Python, or a library that only says so in words."""
+    import torch
+    return isinstance(err, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(err).lower()
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of the message, or the exception's type name when it has none."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def load_error_text(err: BaseException) -> str:
+    """A failed model load, for the page's loader."""
+    if isinstance(err, ModelError):
+        return str(err).strip()
+    if is_oom(err):
+        return "out of memory while loading the models: try a smaller pair"
+    return f"could not load the models: {first_line(err)}"
+
+
+def run_error_text(err: BaseException) -> str:
+    """A failed run, for the page (the server keeps running)."""
+    if is_oom(err):
+        return f"The run ran out of memory. {OOM_ADVICE} The app is still running."
+    return f"The run failed: {first_line(err)}. The app is still running; try again or change the settings."
+
+
+def free_memory() -> None:
+    """After an out-of-memory error: drop what the failed run held."""
+    import gc
+
+    import torch
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -46,10 +46,7 @@ MODES = ("fair", "parallel")
 Event = TokenEvent | RoundEvent | RunSummary
 
 
-def default_mode(device) -> str:
-    """Fair on CPU (two threads would share the same cores); parallel on a GPU
-    is an option but fair stays the honest default everywhere."""
-    return "fair"
+DEFAULT_MODE = "fair"  # on CPU two threads share the cores; on a GPU parallel is an option, fair stays honest
 
 
 class _Either:
@@ -75,7 +72,7 @@ class RaceInfo:
         return time.perf_counter() - self.wall_start
 
 
-def race(pair, req, prompt_ids: list[int], mode: str = "fair", stop: threading.Event | None = None,
+def race(pair, req, prompt_ids: list[int], mode: str = "fair", *, stop: threading.Event | None = None,
          sides: tuple[str, ...] = SIDES, time_limit: float | None = None,
          info: RaceInfo | None = None) -> Iterator[tuple[str, Event]]:
     """Run `sides` of one request and yield (side, event) in display order.
@@ -135,29 +132,29 @@ def _step(gen, clock: VirtualClock):
 
 
 def _fair(pair, req, prompt_ids, stop, sides) -> Iterator[tuple[str, Event]]:
-    clocks = {s: VirtualClock(pair.device) for s in sides}
-    gens = {s: run_events(pair, req, s, prompt_ids, stop=stop, clock=clocks[s]) for s in sides}
-    pending: dict[str, list[Event]] = {s: [] for s in sides}
+    clocks = {side: VirtualClock(pair.device) for side in sides}
+    gens = {side: run_events(pair, req, side, prompt_ids, stop=stop, clock=clocks[side]) for side in sides}
+    pending: dict[str, list[Event]] = {side: [] for side in sides}
     running = set(sides)
     try:
         while running or any(pending.values()):
             if running:
                 # step the side whose virtual clock is behind (ties: baseline first)
-                side = min(running, key=lambda s: (clocks[s].now(), sides.index(s)))
+                side = min(running, key=lambda side: (clocks[side].now(), sides.index(side)))
                 ev = on_engine_thread(_step, gens[side], clocks[side])
                 pending[side].append(ev)
                 if isinstance(ev, RunSummary):
                     running.discard(side)
             # emit every pending event that no running side can still precede:
             # a running side's next event is stamped at or after its clock now
-            horizon = min((clocks[s].now() for s in running), default=float("inf"))
+            horizon = min((clocks[side].now() for side in running), default=float("inf"))
             while True:
-                ready = [(event_time(evs[0]), sides.index(s), s) for s, evs in pending.items()
+                ready = [(event_time(evs[0]), sides.index(side), side) for side, evs in pending.items()
                          if evs and event_time(evs[0]) <= horizon]
                 if not ready:
                     break
-                _, _, s = min(ready)
-                yield s, pending[s].pop(0)
+                _, _, side = min(ready)
+                yield side, pending[side].pop(0)
     finally:
         for g in gens.values():
             g.close()
@@ -233,50 +230,8 @@ def measure(pair, req, prompt_ids, mode: str, repeats: int = 1) -> list[dict]:
     return rows
 
 
-def main(argv=None) -> int:
-    """`python -m specviz.race --prompt ... [--repeats N]`: how much does running
-    both sides at once (parallel) distort the speedup, compared with timing each
-    side alone (fair)? Prints one line per run and the medians."""
-    import argparse
-    import statistics
+if __name__ == "__main__":  # python -m specviz.race: the `race` subcommand of specviz.cli
+    import sys
 
-    from .cli import add_pair_args, load_from_args
-    from .request import encode_prompt, make_request
-    ap = argparse.ArgumentParser(prog="python -m specviz.race", description=main.__doc__)
-    add_pair_args(ap)
-    ap.add_argument("--prompt", default="def quicksort(arr):\n")
-    ap.add_argument("--gamma", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=24)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1)
-    args = ap.parse_args(argv)
-    pair = load_from_args(args)
-    req = make_request(args.prompt, "draft", args.gamma, args.max_new_tokens, 0.0, 1.0, 0, 0, False)
-    ids = encode_prompt(pair.tokenizer, req)
-    results: dict[str, list[dict]] = {}
-
-    def work() -> None:
-        # in a worker thread, like the app (gradio steps generators in worker
-        # threads), so both modes run under the same threading conditions
-        for _ in range(args.warmup):
-            measure(pair, req, ids, "fair")
-        for i in range(args.repeats):
-            for mode in (MODES if i % 2 == 0 else MODES[::-1]):
-                r = measure(pair, req, ids, mode)[0]
-                results.setdefault(mode, []).append(r)
-                print(f"{mode:8s} base {r['base_tps']:8.2f} tok/s  spec {r['spec_tps']:8.2f} tok/s  "
-                      f"speedup {r['speedup']:.3f}  alpha {r['alpha']:.3f}  c {r['c']:.3f}  "
-                      f"wall {r['wall']:.2f} s  tokens {r['tokens']}", flush=True)
-
-    t = threading.Thread(target=work)
-    t.start()
-    t.join()
-    med = {m: statistics.median(r["speedup"] for r in rows) for m, rows in results.items()}
-    print(f"median speedup: fair {med['fair']:.3f}  parallel {med['parallel']:.3f}  "
-          f"distortion (parallel/fair) {med['parallel'] / med['fair']:.3f}  "
-          f"torch threads {torch.get_num_threads()}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    from specviz.cli import main
+    raise SystemExit(main(["race", *sys.argv[1:]]))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from .engine.proposers import method_names, method_spec
 from .engine.sampling import SamplingParams
@@ -80,7 +80,8 @@ def _number(name, value, kind, lo, hi):
         if kind is int and float(value) != x:
             raise TypeError
     except (TypeError, ValueError, OverflowError):
-        raise RequestError(f"{name} must be a {'whole ' if kind is int else ''}number, got {value!r}.") from None
+        what = "whole number" if kind is int else "number"
+        raise RequestError(f"{name} must be a {what}, got {value!r}.") from None
     if isinstance(x, float) and not math.isfinite(x):
         raise RequestError(f"{name} must be a finite number, got {value!r}.")
     if not lo <= x <= hi:
@@ -89,7 +90,7 @@ def _number(name, value, kind, lo, hi):
     return x
 
 
-def make_request(prompt, method="draft", gamma=4, max_new_tokens=64, temperature=0.0,
+def make_request(prompt, *, method="draft", gamma=4, max_new_tokens=64, temperature=0.0,
                  top_p=1.0, top_k=0, seed=0, chat_template=False,
                  limits: Limits | None = None, options: dict | None = None) -> RunRequest:
     limits = limits or Limits.from_env()
@@ -142,7 +143,3 @@ def encode_prompt(tokenizer, req: RunRequest, max_positions: int | None = None,
                            f"fit the model's context of {max_positions} tokens. Shorten the prompt "
                            f"or lower max new tokens.")
     return ids
-
-
-def with_overrides(req: RunRequest, **kw) -> RunRequest:
-    return replace(req, **kw)

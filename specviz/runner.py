@@ -11,37 +11,12 @@ from .errors import RequestError
 from .request import RunRequest
 
 
-def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], stop=None, clock=None):
+def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], *, stop=None, clock=None):
+    common = dict(max_new_tokens=req.max_new_tokens, params=req.sampling, eos_ids=pair.eos_ids,
+                  seed=req.seed, stop=stop, clock=clock)
     if mode == "baseline":
-        return baseline(pair.target, pair.tokenizer, prompt_ids, req.max_new_tokens, req.sampling,
-                        pair.eos_ids, req.seed, stop, clock)
+        return baseline(pair.target, pair.tokenizer, prompt_ids, **common)
     if mode == "speculative":
         return speculative(pair.target, make_proposer(pair, req.method, req), pair.tokenizer, prompt_ids,
-                           req.max_new_tokens, req.gamma, req.sampling, pair.eos_ids, req.seed, stop, clock)
+                           gamma=req.gamma, **common)
     raise RequestError(f"Unknown mode {mode!r}.")
-
-
-def with_deadline(events, stop, seconds: float | None):
-    """Pass events through; once `seconds` have passed, set `stop` so the
-    engine ends the run at its next step (stop_reason "stopped")."""
-    import time
-    t0 = time.perf_counter()
-    for ev in events:
-        yield ev
-        if seconds and stop is not None and time.perf_counter() - t0 > seconds:
-            stop.set()
-
-
-def is_oom(err: BaseException) -> bool:
-    import torch
-    return isinstance(err, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(err).lower()
-
-
-def free_memory() -> None:
-    """After an out-of-memory error: drop what the failed run held."""
-    import gc
-
-    import torch
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()

@@ -7,7 +7,6 @@ CPU-only laptop: the UI renders replayed events exactly like live ones.
 from __future__ import annotations
 
 import json
-import platform
 import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -15,8 +14,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .machine import hardware  # noqa: F401 (traces record it)
 from .engine.events import Outcome, RoundEvent, RunSummary, TokenEvent, event_time
+from .machine import hardware  # noqa: F401 (traces record it)
 
 VERSION = 1
 _TYPES = {"token": TokenEvent, "round": RoundEvent, "summary": RunSummary}
@@ -150,89 +149,6 @@ def trace_for(req, pair, mode: str, label: str = "") -> Trace:
     return tr
 
 
-def main(argv=None) -> int:
-    """`python -m specviz.trace record --preset NAME --out FILE` (or --prompt ...):
-    run one race (baseline vs speculative) on a model pair and save it as a
-    trace that the app can replay. `python -m specviz.trace info FILE...`
-    prints what a trace holds."""
-    import argparse
-    import sys
-
-    ap = argparse.ArgumentParser(prog="python -m specviz.trace", description=main.__doc__)
-    sub = ap.add_subparsers(dest="command", required=True)
-    rec = sub.add_parser("record", help="record a race to a JSON trace")
-    from .cli import add_pair_args
-    add_pair_args(rec)
-    rec.add_argument("--preset", default=None, help="take prompt, γ and chat template from this UI preset")
-    rec.add_argument("--prompt", default=None)
-    rec.add_argument("--method", default="draft", choices=["draft", "lookup", "adaptive"])
-    rec.add_argument("--gamma", type=int, default=None)
-    rec.add_argument("--max-new-tokens", type=int, default=40)
-    rec.add_argument("--temperature", type=float, default=0.0)
-    rec.add_argument("--top-p", type=float, default=1.0)
-    rec.add_argument("--top-k", type=int, default=0)
-    rec.add_argument("--seed", type=int, default=0)
-    rec.add_argument("--chat", action="store_true", default=None, help="use the chat template")
-    rec.add_argument("--mode", choices=["fair", "parallel"], default="fair")
-    rec.add_argument("--warmup", type=int, default=4,
-                     help="new tokens of an unrecorded warm-up race first (0: none), as a warm app would be")
-    rec.add_argument("--label", default="")
-    rec.add_argument("--out", required=True)
-    info = sub.add_parser("info", help="print what traces hold")
-    info.add_argument("files", nargs="+")
-    args = ap.parse_args(argv)
-
-    if args.command == "info":
-        for f in args.files:
-            try:
-                tr = load_trace(f)
-            except ValueError as e:
-                print(f"{f}: {e}", file=sys.stderr)
-                return 2
-            print(f"{f}: {describe(tr)}")
-        return 0
-
-    from .cli import load_from_args
-    from .models import ModelError
-    from .prompts import load_presets
-    from .race import race
-    from .request import RequestError, encode_prompt, make_request
-    try:
-        preset = {}
-        if args.preset:
-            by_name = {p["name"]: p for p in load_presets()}
-            if args.preset not in by_name:
-                raise RequestError(f"unknown preset {args.preset!r}: one of {', '.join(by_name)}")
-            preset = by_name[args.preset]
-        prompt = args.prompt if args.prompt is not None else preset.get("prompt")
-        if prompt is None:
-            raise RequestError("give --prompt or --preset")
-        gamma = args.gamma if args.gamma is not None else preset.get("gamma", 4)
-        chat = args.chat if args.chat is not None else preset.get("chat_template", False)
-        req = make_request(prompt, args.method, gamma, args.max_new_tokens, args.temperature, args.top_p,
-                           args.top_k, args.seed, chat)
-        print("loading the model pair…", file=sys.stderr)
-        from .race import on_engine_thread
-        pair = on_engine_thread(load_from_args, args)  # load where the race decodes
-        ids = encode_prompt(pair.tokenizer, req, getattr(pair.target.config, "max_position_embeddings", None))
-    except (RequestError, ModelError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.warmup > 0:
-        from dataclasses import replace
-        for _ in race(pair, replace(req, max_new_tokens=args.warmup), ids, args.mode):
-            pass
-    label = args.label or (preset.get("name") if preset else "") or prompt[:40]
-    tr = trace_for(req, pair, args.mode, label)
-    for side, ev in record(race(pair, req, ids, args.mode), tr):
-        if isinstance(ev, RunSummary):
-            print(f"{side}: {ev.n_tokens} tokens in {ev.elapsed:.2f} s ({ev.tokens_per_s:.2f} tokens/s), "
-                  f"stop: {ev.stop_reason}", file=sys.stderr)
-    out = tr.save(args.out)
-    print(f"{out}: {describe(tr)} ({out.stat().st_size / 1024:.0f} KiB)")
-    return 0
-
-
 def describe(tr: Trace) -> str:
     """One line: label, models, hardware, date, and the measured speedup."""
     m = tr.meta
@@ -248,5 +164,8 @@ def describe(tr: Trace) -> str:
             f"{m.get('hardware') or '?'}, {str(m.get('recorded', '?'))[:10]}{speed}")
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # python -m specviz.trace record|info: the `trace` subcommand of specviz.cli
+    import sys
+
+    from specviz.cli import main
+    raise SystemExit(main(["trace", *sys.argv[1:]], prog="python -m specviz"))

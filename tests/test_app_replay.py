@@ -6,9 +6,9 @@ import time
 import pytest
 
 gradio_client = pytest.importorskip("gradio_client")
+from browser.server import shared_server  # noqa: E402
 from gradio_client import Client, handle_file  # noqa: E402
 
-from browser.server import shared_server  # noqa: E402
 from specviz.ui import replay as rp  # noqa: E402
 
 BASE, SPEC, STATS, INFO = 0, 1, 2, 3

@@ -263,7 +263,7 @@ def test_out_of_memory_in_an_engine_step(inproc, monkeypatch, error):
     import torch
 
     import specviz.engine.decoding as decoding
-    import specviz.ui.blocks as blocks
+    import specviz.ui.handlers as blocks  # the page's handlers look these names up
 
     real_step, real_free = decoding.forward_logits, blocks.free_memory
     calls, freed = [0], []
@@ -295,7 +295,7 @@ def test_out_of_memory_in_an_engine_step(inproc, monkeypatch, error):
 def test_unexpected_failure_before_the_run(inproc, monkeypatch):
     """Something other than bad settings fails while preparing (here the
     tokenizer): one line in the page, the app keeps serving."""
-    import specviz.ui.blocks as blocks
+    import specviz.ui.handlers as blocks  # the page's handlers look these names up
 
     def broken(*a, **kw):
         raise ValueError("tokenizer exploded\nwith a second line")
@@ -353,7 +353,7 @@ CLI_CASES = [
 
 @pytest.mark.parametrize("argv, message", CLI_CASES, ids=[" ".join(a)[:30] for a, _ in CLI_CASES])
 def test_cli_bad_input_one_line(capsys, monkeypatch, pair_dirs, argv, message):
-    from specviz import models as M
+    from specviz.models import registry as M  # where the Hub probe lives
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     M._hub_reachable.cache_clear()
     t, d = pair_dirs

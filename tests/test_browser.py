@@ -126,6 +126,7 @@ def test_loading_progress_then_run_enabled(browser, tmp_path):
     import threading
 
     from browser.server import free_port
+
     from specviz.models import load_pair, resolve_pair
     from specviz.models.tiny import save_tiny_pair
     from specviz.ui.blocks import build_demo

@@ -2,8 +2,6 @@
 test_browser.py for the setup). Screenshots go to test-artifacts/."""
 import re
 
-import pytest
-
 from test_browser import ARTIFACTS, TIMEOUT, browser, open_page, server  # noqa: F401 - fixtures
 
 from specviz.ui import replay as rp  # noqa: E402

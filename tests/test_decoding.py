@@ -185,11 +185,14 @@ def test_sequences_follow_target_distribution(method, params, gamma):
         if pr == 0:
             assert counts[seq] == 0
         elif pr * N >= 5:
-            obs.append(counts[seq]); exp.append(pr * N)
+            obs.append(counts[seq])
+            exp.append(pr * N)
         else:
-            rest_o += counts[seq]; rest_e += pr * N
+            rest_o += counts[seq]
+            rest_e += pr * N
     if rest_e > 0:
-        obs.append(rest_o); exp.append(rest_e)
+        obs.append(rest_o)
+        exp.append(rest_e)
     else:
         assert rest_o == 0
     exp = [e * sum(obs) / sum(exp) for e in exp]

@@ -14,6 +14,8 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from specviz import models as M
 from specviz.models import ModelError
+from specviz.models import embedded as E
+from specviz.models import registry as R
 
 
 def tiny_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
@@ -37,9 +39,9 @@ WORDS = ["def", "quicksort", "(", ")", ":", "return", "arr", "x", "y", "z"]
 def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    M._hub_reachable.cache_clear()
+    R._hub_reachable.cache_clear()
     yield
-    M._hub_reachable.cache_clear()
+    R._hub_reachable.cache_clear()
 
 
 # ----------------------------------------------------------------- resolve_pair
@@ -95,7 +97,7 @@ def test_available_pairs_offline_lists_no_hub_pairs():
     names = [p.name for p in M.available_pairs(network=False)]
     assert not {"smollm2", "qwen2.5", "llama3.2"} & set(names)
     assert {"smollm2", "qwen2.5", "llama3.2"} <= {p.name for p in M.available_pairs(network=True)}
-    assert M._hub_reachable() is False  # HF_HUB_OFFLINE short-circuits the probe
+    assert R._hub_reachable() is False  # HF_HUB_OFFLINE short-circuits the probe
 
 
 def test_pick_device_dtype_cpu():
@@ -235,7 +237,7 @@ def test_missing_part_package_message(monkeypatch):
 
 
 def _default_pair_available() -> bool:
-    return all(importlib.util.find_spec(M._module(p)) is not None
+    return all(importlib.util.find_spec(E._module(p)) is not None
                for m in M.EMBEDDED.values() for p in m.packages)
 
 
@@ -244,7 +246,7 @@ def _default_pair_available() -> bool:
 def test_real_default_pair(monkeypatch):
     # Use the shared cache: converting here would take minutes and ~10 GB of RAM.
     monkeypatch.delenv("SPECVIZ_CACHE")
-    dirs = [M._cache_dir(M._embedded_name(r)) for r in (M.DEFAULT_TARGET, M.DEFAULT_DRAFT)]
+    dirs = [E._cache_dir(E.model_name(r)) for r in (M.DEFAULT_TARGET, M.DEFAULT_DRAFT)]
     if any(M.verify_cache(d) is not None for d in dirs):
         pytest.skip("default pair not converted yet: run python -c 'from specviz.models import *; ensure_default_pair(print)'")
     pair = M.load_pair(M.PAIRS["default"], device="cpu")
@@ -314,14 +316,14 @@ def fake_embedded(tmp_path, monkeypatch):
 
     parts, embedded = {}, {}
     for i, ref in enumerate((M.DEFAULT_TARGET, M.DEFAULT_DRAFT)):
-        name = M._embedded_name(ref)
+        name = E.model_name(ref)
         part = tmp_path / "parts" / name / "part1.bin"
         part.parent.mkdir(parents=True)
         part.write_bytes(bytes([i]) * 5000 + name.encode())
         parts[name] = part
         embedded[name] = M.Embedded((f"fake-{name}",), hashlib.sha256(part.read_bytes()).hexdigest(), (0,))
-    monkeypatch.setattr(M, "EMBEDDED", embedded)
-    monkeypatch.setattr(M, "_part_files", lambda model: [parts[model]])
+    monkeypatch.setattr(E, "EMBEDDED", embedded)
+    monkeypatch.setattr(E, "_part_files", lambda model: [parts[model]])
     log = []
     real_model = transformers.AutoModelForCausalLM.from_pretrained
     real_tokenizer = transformers.AutoTokenizer.from_pretrained
@@ -346,11 +348,11 @@ from pathlib import Path  # noqa: E402
 
 
 def _dirs():
-    return [M._cache_dir(M._embedded_name(r)) for r in (M.DEFAULT_TARGET, M.DEFAULT_DRAFT)]
+    return [E._cache_dir(E.model_name(r)) for r in (M.DEFAULT_TARGET, M.DEFAULT_DRAFT)]
 
 
 def test_default_pair_checksum_checked_before_conversion(fake_embedded):
-    target = M._embedded_name(M.DEFAULT_TARGET)
+    target = E.model_name(M.DEFAULT_TARGET)
     part = fake_embedded["parts"][target]
     part.write_bytes(part.read_bytes()[:-1] + b"X")  # one byte off: a corrupted download
     with pytest.raises(ModelError, match=r"the offline model qwen2.5-coder-1.5b-instruct failed its checksum "
@@ -367,7 +369,7 @@ def test_default_pair_cache_built_verified_and_rebuilt_when_broken(fake_embedded
     target_dir, draft_dir = M.ensure_default_pair(progress)
     assert len(fake_embedded["log"]) == 2
     assert all(kw.get("trust_remote_code") is False for _, kw in fake_embedded["log"])
-    for d, (name, info) in zip((target_dir, draft_dir), fake_embedded["embedded"].items()):
+    for d, (_name, info) in zip((target_dir, draft_dir), fake_embedded["embedded"].items(), strict=False):
         assert M.verify_cache(d, info.sha256) is None
     # second call: cached, nothing converted
     M.ensure_default_pair(progress)

@@ -7,11 +7,12 @@ import pytest
 
 from specviz.engine.metrics import best_gamma, expected_tokens_per_round, predicted_speedup
 from specviz.models import load_pair, resolve_pair
+from specviz.models.tiny import save_tiny_pair
 from specviz.race import race
 from specviz.request import encode_prompt, make_request
-from specviz.models.tiny import save_tiny_pair
 from specviz.trace import record, trace_for
-from specviz.ui import render, replay as rp, theory
+from specviz.ui import render, theory
+from specviz.ui import replay as rp
 from specviz.ui.panes import PaneStream
 from specviz.ui.state import RunView
 
@@ -104,7 +105,8 @@ def live(pair, req, mode="fair", stop=None):
 
 @pytest.mark.parametrize("method, temperature", [("draft", 0.0), ("lookup", 0.0), ("adaptive", 0.8)])
 def test_replay_renders_like_the_live_run(pair, tmp_path, method, temperature):
-    req = make_request("abcabc def f(x): abcabc", method, 3, 20, temperature, 1.0, 0, 5, False)
+    req = make_request("abcabc def f(x): abcabc", method=method, gamma=3, max_new_tokens=20, temperature=temperature,
+                       top_p=1.0, top_k=0, seed=5, chat_template=False)
     panes, _, kept = live(pair, req)
     assert len(kept) == 1
     tr = kept[0]
@@ -119,7 +121,7 @@ def test_replay_renders_like_the_live_run(pair, tmp_path, method, temperature):
     banner = rp.banner_html(back.meta, 1e6)
     assert final[3] == banner + want[3]
     assert "not live" in banner and back.meta["hardware"] in banner
-    for f, w in zip(final[4:], want[4:]):
+    for f, w in zip(final[4:], want[4:], strict=False):
         assert f.to_json() == w.to_json()
     if temperature == 0 and method != "adaptive":
         assert "identical outputs" in final[3]
@@ -131,7 +133,7 @@ def test_replay_renders_like_the_live_run(pair, tmp_path, method, temperature):
 
 @pytest.fixture(scope="module")
 def recorded(pair):
-    req = make_request("def f(x):", "draft", 4, 24, 0.0, 1.0, 0, 0, False)
+    req = make_request("def f(x):", method="draft", gamma=4, max_new_tokens=24, temperature=0.0)
     panes, _, (tr,) = live(pair, req)
     return panes, tr
 
@@ -143,7 +145,7 @@ def test_rounds_csv_and_export(recorded, tmp_path):
     head, body = rows[0], rows[1:]
     assert head[:5] == ["round", "gamma", "accepted", "appended", "new_tokens"]
     assert len(body) == len(panes.view.spec.rounds)
-    last = dict(zip(head, body[-1]))
+    last = dict(zip(head, body[-1], strict=False))
     spec = tr.summaries()["speculative"]
     assert float(last["alpha_so_far"]) == pytest.approx(spec.accepted / spec.drafted, abs=1e-4)
     assert int(last["total_tokens"]) == spec.n_tokens
@@ -154,7 +156,7 @@ def test_rounds_csv_and_export(recorded, tmp_path):
 
 def test_stopped_live_run_is_recorded(pair):
     stop = threading.Event()
-    req = make_request("def f(x):", "draft", 2, 400, 0.0, 1.0, 0, 0, False)
+    req = make_request("def f(x):", method="draft", gamma=2, max_new_tokens=400, temperature=0.0)
     ids = encode_prompt(pair.tokenizer, req)
     kept = []
     gen = record(race(pair, req, ids, "fair", stop=stop), trace_for(req, pair, "fair"), on_end=kept.append)

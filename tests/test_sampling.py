@@ -4,8 +4,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specviz.engine.sampling import (SamplingParams, accept_mask, overlap, residual, sample, verify,
-                              warp)
+from specviz.engine.sampling import SamplingParams, accept_mask, overlap, residual, sample, verify, warp
 
 N = 10000
 ALPHA = 1e-3  # false-alarm rate of each test

@@ -116,7 +116,7 @@ class Run:
 
 def first_difference(ref: list[int], got: list[int]) -> int | None:
     """Index of the first differing token (the shorter length if one is a prefix); None if equal."""
-    for i, (a, b) in enumerate(zip(ref, got)):  # noqa: B905 - lengths may differ
+    for i, (a, b) in enumerate(zip(ref, got, strict=False)):  # lengths may differ
         if a != b:
             return i
     return None if len(ref) == len(got) else min(len(ref), len(got))

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     from gradio_client import Client
 
     from ..race import on_engine_thread
-    from ..ui import blocks
+    from ..ui import handlers
     from ..ui.blocks import build_demo
     from ..ui.loader import ModelManager
     pair = on_engine_thread(load_from_args, args)  # load where the race decodes
@@ -88,14 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     port = _free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     client = Client(f"http://127.0.0.1:{port}/", verbose=False)
-    req = make_request(args.prompt, "draft", args.gamma, args.max_new_tokens, 0.0, 1.0, 0, 0, False)
+    req = make_request(args.prompt, method="draft", gamma=args.gamma, max_new_tokens=args.max_new_tokens,
+                       temperature=0.0)
     ids = encode_prompt(pair.tokenizer, req)
 
     rows = []
     try:
         through_ui(client, demo, req)  # untimed: first request pays gradio's set-up
         kinds = ("headless", "ui") + (("ui-no-settle",) if args.compare_settle else ())
-        settle = blocks.SETTLE
+        settle = handlers.SETTLE
         for rep in range(args.repeats):
             order = kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]  # rotated each repeat
             for how in order:
@@ -103,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                     sums, wall = headless(pair, req, ids)
                     updates = 0
                 else:
-                    blocks.SETTLE = settle if how == "ui" else 0.0
+                    handlers.SETTLE = settle if how == "ui" else 0.0
                     sums, wall, updates = through_ui(client, demo, req)
-                    blocks.SETTLE = settle
+                    handlers.SETTLE = settle
                 spec, base = sums["speculative"], sums["baseline"]
                 rows.append({"repeat": rep, "how": how, "spec_tok_s": spec.tokens_per_s,
                              "base_tok_s": base.tokens_per_s,

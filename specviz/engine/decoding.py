@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from .events import Outcome, RoundEvent, RunSummary, TokenEvent
 from .clock import Clock
+from .events import Outcome, RoundEvent, RunSummary, TokenEvent
 from .forward import crop_cache, forward_logits, pick
 from .proposers.base import Proposer
 from .sampling import SamplingParams, verify, warp

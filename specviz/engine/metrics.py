@@ -73,5 +73,5 @@ def run_stats(spec: RunSummary, base: RunSummary | None = None) -> Stats:
     if alpha_hat is not None and c is not None:
         pred = predicted_speedup(alpha_hat, gamma, c)
         best = best_gamma(alpha_hat, c)
-    v = verify / step if (verify is not None and step) else None
-    return Stats(alpha, alpha_hat, tau, c, t_d, t_t, speedup, pred, best, v)
+    verify_cost = verify / step if (verify is not None and step) else None
+    return Stats(alpha, alpha_hat, tau, c, t_d, t_t, speedup, pred, best, verify_cost)

@@ -86,7 +86,8 @@ def time_split_chart(view: RunView) -> go.Figure:
     x = [r.index + 1 for r in rounds]
     fig.add_bar(x=x, y=[r.t_draft for r in rounds], name="draft (proposing the guesses)", marker_color=SKY,
                 hovertemplate="%{y:.3f} s<extra>draft</extra>")
-    fig.add_bar(x=x, y=[0.0 if r.prompt_tokens else r.t_verify for r in rounds], name="verify (1 target pass)",
+    fig.add_bar(x=x, y=[0.0 if r.prompt_tokens else r.t_verify for r in rounds],
+                name="verify (1 target pass)",
                 marker_color=PURPLE, hovertemplate="%{y:.3f} s<extra>verify</extra>")
     if any(r.prompt_tokens for r in rounds):  # round 1's target pass also reads the prompt
         fig.add_bar(x=x, y=[r.t_verify if r.prompt_tokens else 0.0 for r in rounds],
@@ -116,12 +117,14 @@ def position_chart(view: RunView) -> go.Figure:
             if i < r.n_accepted:
                 kept[i] += 1
     x = list(range(1, g + 1))
-    fig.add_bar(x=x, y=[k / d if d else None for k, d in zip(kept, drafted)], name="kept ÷ drafted",
-                marker_color=GREEN, opacity=0.75, customdata=[f"{k}/{d}" for k, d in zip(kept, drafted)],
+    per_drafted = list(zip(kept, drafted, strict=True))
+    per_tested = list(zip(kept, tested, strict=True))
+    fig.add_bar(x=x, y=[k / d if d else None for k, d in per_drafted], name="kept ÷ drafted",
+                marker_color=GREEN, opacity=0.75, customdata=[f"{k}/{d}" for k, d in per_drafted],
                 hovertemplate="%{customdata}<extra>kept ÷ drafted</extra>")
-    fig.add_scatter(x=x, y=[k / t if t else None for k, t in zip(kept, tested)], name="kept ÷ tested",
+    fig.add_scatter(x=x, y=[k / t if t else None for k, t in per_tested], name="kept ÷ tested",
                     mode="lines+markers", line=dict(color=BLUE, width=2), marker=dict(size=6),
-                    customdata=[f"{k}/{t}" for k, t in zip(kept, tested)],
+                    customdata=[f"{k}/{t}" for k, t in per_tested],
                     hovertemplate="%{customdata}<extra>kept ÷ tested</extra>")
     fig.update_xaxes(dtick=1)
     return fig

@@ -10,17 +10,8 @@ import gc
 import threading
 import time
 
-from ..models import ModelError, PairSpec, load_pair
-
-
-def _friendly(err: BaseException) -> str:
-    text = str(err).strip()
-    if isinstance(err, ModelError):
-        return text
-    if isinstance(err, MemoryError) or "out of memory" in text.lower():
-        return "out of memory while loading the models: try a smaller pair"
-    first = text.splitlines()[0] if text else type(err).__name__
-    return f"could not load the models: {first}"
+from ..errors import load_error_text
+from ..models import PairSpec, load_pair
 
 
 class ModelManager:
@@ -66,7 +57,7 @@ class ModelManager:
             pair = self._loader(spec, device=self.device, progress=self._progress, **extra)
         except BaseException as err:  # noqa: BLE001 - shown in the page, the app keeps serving
             with self._lock:
-                self.error = _friendly(err)
+                self.error = load_error_text(err)
                 self.loading = None
                 self.generation += 1
             gc.collect()

@@ -16,8 +16,17 @@ from . import render
 from .charts import all_charts
 from .state import RunView
 
-# output order: the page's `outputs` list in blocks.py
+# output order: Page.run_outputs in ui/layout.py (base pane, speculative pane, stats, run info, 4 charts)
 N_OUTPUTS = 8
+RUN_INFO = 3
+
+
+def message_outputs(message: str) -> list:
+    """A visitor-readable error in the run info line; every other output left as it is."""
+    import gradio as gr
+    out = [gr.skip()] * N_OUTPUTS
+    out[RUN_INFO] = render.message_html(message)
+    return out
 
 
 class PaneStream:

@@ -12,9 +12,9 @@ own colour, so panes read well in light and dark mode.
 from __future__ import annotations
 
 import html
-import math
 
 from ..engine.events import OUTCOME_COLOURS, OUTCOME_LABELS, Outcome, RoundEvent, TokenEvent
+from ..format import number
 
 SPEC_OUTCOMES = (Outcome.ACCEPTED, Outcome.REJECTED, Outcome.RESAMPLED, Outcome.BONUS)
 LEGEND_ORDER = SPEC_OUTCOMES + (Outcome.TARGET,)
@@ -42,13 +42,13 @@ def esc(text) -> str:
     """HTML-escape text that may hold lone surrogates or other odd code points."""
     if text is None:
         return ""
-    s = str(text)
+    out = str(text)
     try:
-        s.encode("utf-8")
+        out.encode("utf-8")
     except UnicodeEncodeError:
         # pair up valid surrogate pairs, turn lone ones into U+FFFD
-        s = s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return html.escape(s, quote=True)
+        out = out.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return html.escape(out, quote=True)
 
 
 def toast_text(text) -> str:
@@ -69,12 +69,6 @@ def css_class(outcome: Outcome) -> str:
     return f"sv-{outcome.value}"
 
 
-def _num(x: float | None, fmt: str = "{:.3f}") -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "n/a"
-    return fmt.format(x)
-
-
 def tooltip(tok: TokenEvent) -> str:
     """Hover text: what happened, p(x), q(x), u and the acceptance probability."""
     lines = [OUTCOME_LABELS[tok.outcome]]
@@ -87,16 +81,16 @@ def tooltip(tok: TokenEvent) -> str:
     if tok.outcome in (Outcome.ACCEPTED, Outcome.REJECTED):
         p, q = tok.p, tok.q
         accept = min(1.0, p / q) if (p is not None and q) else None
-        lines.append(f"p(x) = {_num(p, '{:.4f}')}   q(x) = {_num(q, '{:.4f}')}")
-        lines.append(f"u = {_num(tok.u, '{:.4f}')}   min(1, p/q) = {_num(accept, '{:.4f}')}")
+        lines.append(f"p(x) = {number(p, '{:.4f}')}   q(x) = {number(q, '{:.4f}')}")
+        lines.append(f"u = {number(tok.u, '{:.4f}')}   min(1, p/q) = {number(accept, '{:.4f}')}")
         verdict = "u ≤ min(1, p/q): kept" if tok.outcome is Outcome.ACCEPTED else "u > min(1, p/q): rejected"
         lines.append(verdict)
     elif tok.outcome is Outcome.RESAMPLED:
-        lines.append(f"p(x) = {_num(tok.p, '{:.4f}')}   drawn from norm(max(0, p − q))")
+        lines.append(f"p(x) = {number(tok.p, '{:.4f}')}   drawn from norm(max(0, p − q))")
     elif tok.outcome is Outcome.BONUS:
-        lines.append(f"p(x) = {_num(tok.p, '{:.4f}')}   drawn from p: all drafts were accepted")
+        lines.append(f"p(x) = {number(tok.p, '{:.4f}')}   drawn from p: all drafts were accepted")
     else:
-        lines.append(f"p(x) = {_num(tok.p, '{:.4f}')}")
+        lines.append(f"p(x) = {number(tok.p, '{:.4f}')}")
     lines.append(f"t = {tok.t:.3f} s")
     return "\n".join(lines)
 
@@ -151,15 +145,15 @@ def legend_html() -> str:
 
 EXPLAINER = (
     "<b>How to read this.</b> Speculative decoding makes a big <i>target</i> model faster without changing "
-    "what it writes: a small <i>draft</i> model guesses the next <b>γ</b> tokens, and the target checks all γ "
-    "guesses in <b>one</b> forward pass. Each guess is kept with probability min(1, p/q) (p: target, "
-    "q: draft); the first refused guess is "
+    "what it writes: a small <i>draft</i> model guesses the next <b>γ</b> tokens, "
+    "and the target checks all γ guesses in <b>one</b> forward pass. "
+    "Each guess is kept with probability min(1, p/q) (p: target, q: draft); the first refused guess is "
     "<span class='sv-tok sv-rejected'>struck through</span> and replaced by a token "
     "<span class='sv-tok sv-resampled'>resampled</span> from the target, and when all γ guesses pass the "
     "target adds a <span class='sv-tok sv-bonus'>bonus</span> token for free. "
     "Accepted guesses are <span class='sv-tok sv-accepted'>tinted green</span>. "
-    "<b>α</b> is the share of guesses accepted, <b>τ</b> the tokens gained per target pass, <b>c</b> the cost "
-    "of one draft step relative to one target step; the speedup follows from α, γ and c "
+    "<b>α</b> is the share of guesses accepted, <b>τ</b> the tokens gained per target pass, "
+    "<b>c</b> the cost of one draft step relative to one target step; the speedup follows from α, γ and c "
     "(Leviathan et al., 2023). The left pane is plain decoding of the same target, for comparison."
 )
 
@@ -172,27 +166,27 @@ def stats_html(snap: dict) -> str:
     """The live numbers: one column per side, then the speculative statistics.
 
     `snap` is RunView.snapshot(): every value there is computed from events."""
-    b, s = snap["baseline"], snap["speculative"]
+    base, spec = snap["baseline"], snap["speculative"]
 
     def side_rows(d):
         return [
             ("tokens", f"{d['n_tokens']}"),
             ("elapsed", f"{d['elapsed']:.2f} s"),
-            ("tokens/s", _num(d["tokens_per_s"], "{:.2f}")),
+            ("tokens/s", number(d["tokens_per_s"], "{:.2f}")),
             ("target forward passes", f"{d['target_forwards']}"),
             ("state", esc(d["state"])),
         ]
 
     rows = "".join(
         f"<tr><th scope='row'>{name}</th>{_cell(bv)}{_cell(sv)}</tr>"
-        for (name, bv), (_, sv) in zip(side_rows(b), side_rows(s)))
+        for (name, bv), (_, sv) in zip(side_rows(base), side_rows(spec), strict=True))
     st = snap["stats"]
     spd = st.get("speedup")
     spd_cls = "" if spd is None else (" sv-good" if spd >= 1 else " sv-bad")
     big = (f"<div class='sv-speedup{spd_cls}' title='speculative tokens/s ÷ baseline tokens/s'>"
-           f"<span class='sv-speedup-num'>{_num(spd, '{:.2f}×')}</span>"
+           f"<span class='sv-speedup-num'>{number(spd, '{:.2f}×')}</span>"
            f"<span class='sv-speedup-label'>measured speedup</span>"
-           f"<span class='sv-speedup-sub'>predicted {_num(st.get('predicted'), '{:.2f}×')} from "
+           f"<span class='sv-speedup-sub'>predicted {number(st.get('predicted'), '{:.2f}×')} from "
            f"α̂ and c</span></div>")
     metrics = [
         ("α", st.get("alpha"), "{:.3f}", "accepted ÷ drafted guesses"),
@@ -201,11 +195,12 @@ def stats_html(snap: dict) -> str:
         ("c", st.get("c"), "{:.3f}", "time of one draft step ÷ time of one plain target step"),
         ("rounds", st.get("rounds"), "{}", "verification rounds so far"),
         ("verify cost", st.get("verify_cost"), "{:.2f} steps",
-         "time of one verification pass (γ+1 tokens at once) in plain target steps; the prediction assumes 1"),
+         "time of one verification pass (γ+1 tokens at once) in plain target steps; "
+         "the prediction assumes 1"),
         ("best γ", st.get("best_gamma"), "{}", "γ that maximises the predicted speedup at this α̂ and c"),
     ]
     chips = "".join(
-        f"<span class='sv-chip' title='{esc(tip)}'><b>{esc(name)}</b> {_num(v, fmt)}</span>"
+        f"<span class='sv-chip' title='{esc(tip)}'><b>{esc(name)}</b> {number(v, fmt)}</span>"
         for name, v, fmt, tip in metrics)
     return (
         "<div class='sv-stats'>" + big
@@ -326,13 +321,15 @@ CSS = """
 .sv-chips { display: flex; flex-wrap: wrap; gap: 6px; max-width: 26em; }
 .sv-chip { padding: 2px 8px; border-radius: 999px; border: 1px solid var(--border-color-primary);
   font-size: 13px; font-variant-numeric: tabular-nums; cursor: help; }
-.sv-runinfo { display: flex; flex-wrap: wrap; gap: 8px; align-items: center; font-size: 13px; min-height: 1.5em; }
+.sv-runinfo { display: flex; flex-wrap: wrap; gap: 8px; align-items: center; font-size: 13px;
+              min-height: 1.5em; }
 .sv-badge { padding: 3px 10px; border-radius: 999px; font-weight: 600; }
 .sv-badge-ok { background: rgba(0,158,115,.18); border: 1px solid #009E73; }
 .sv-badge-diff { background: rgba(213,94,0,.15); border: 1px solid #D55E00; }
 .sv-badge-info { background: rgba(0,114,178,.14); border: 1px solid #0072B2; font-weight: 500; }
 .sv-mode { opacity: .8; }
-.sv-status { padding: 6px 10px; border-radius: 8px; font-size: 13.5px; border: 1px solid var(--border-color-primary); }
+.sv-status { padding: 6px 10px; border-radius: 8px; font-size: 13.5px;
+             border: 1px solid var(--border-color-primary); }
 .sv-status-error { background: rgba(213,94,0,.13); border-color: #D55E00; }
 .sv-status-warning { background: rgba(230,159,0,.15); border-color: #E69F00; }
 .sv-status-loading { background: rgba(0,114,178,.10); }
@@ -344,7 +341,8 @@ CSS = """
 .sv-dot-info { background: #0072B2; }
 .sv-dot-busy { background: #0072B2; animation: sv-pulse 1s ease-in-out infinite alternate; }
 @keyframes sv-pulse { from { opacity: .3; } to { opacity: 1; } }
-.sv-bar { height: 6px; border-radius: 3px; background: rgba(128,128,128,.25); margin-top: 6px; overflow: hidden; }
+.sv-bar { height: 6px; border-radius: 3px; background: rgba(128,128,128,.25); margin-top: 6px;
+          overflow: hidden; }
 .sv-bar > div { height: 100%; background: #0072B2; transition: width .3s; }
 .sv-explainer { font-size: 14px; line-height: 1.55; }
 .sv-explainer .sv-tok { padding: 1px 3px; }

@@ -18,28 +18,34 @@ import shutil
 import tempfile
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from dataclasses import replace as dc_replace
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import gradio as gr  # module level: handlers' `request: gr.Request` annotations must resolve
 
 from ..engine.events import RoundEvent, RunSummary
+from ..engine.proposers import REGISTRY
+from ..race import SIDES
 from ..trace import Trace, event_time, load_trace, replay
 from . import render, theory
 from .charts import all_charts
-from .panes import PaneStream
+from .panes import PaneStream, message_outputs
 from .state import RunView
 
 TRACES_DIR = Path(__file__).resolve().parents[2] / "assets" / "traces"
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
-SIDES = ("baseline", "speculative")
 SPEEDS = [("1× (as recorded)", 1.0), ("2×", 2.0), ("5×", 5.0), ("20×", 20.0)]
-METHOD_NAMES = {"draft": "draft model", "lookup": "prompt lookup", "adaptive": "adaptive γ"}
 
 
 # ---------------------------------------------------------------- traces
+
+
+def method_label(method: str | None) -> str:
+    """The registered label of a method ("draft model"), or its name for one this build lacks."""
+    return REGISTRY[method].label if method in REGISTRY else (method or "?")
 
 
 def load_for_replay(path) -> Trace:
@@ -80,8 +86,8 @@ def load_for_replay(path) -> Trace:
         render.baseline_html(view.base.tokens), render.speculative_html(view.spec.rounds)
         all_charts(view)
     except Exception as e:  # noqa: BLE001 - any malformed content: one readable message
-        raise ValueError(f"not a SpecViz trace: a field has the wrong type or value ({type(e).__name__}: {e})") \
-            from None
+        raise ValueError("not a SpecViz trace: a field has the wrong type or value "
+                         f"({type(e).__name__}: {e})") from None
     return tr
 
 
@@ -117,20 +123,22 @@ def choice_label(name: str, tr: Trace) -> str:
 def describe_html(tr: Trace, source: str) -> str:
     """What a trace holds, for the line under the replay controls."""
     m = tr.meta
-    s = m.get("settings") or {}
+    settings = m.get("settings") or {}
     sums = tr.summaries()
     base, spec = sums.get("baseline"), sums.get("speculative")
     res = ""
     if base is not None and spec is not None and base.tokens_per_s > 0:
         res = (f" Result: {spec.n_tokens} tokens, {base.tokens_per_s:.2f} → {spec.tokens_per_s:.2f} tokens/s "
                f"(<b>{spec.tokens_per_s / base.tokens_per_s:.2f}×</b>).")
-    temp = s.get("temperature")
+    temp = settings.get("temperature")
     how = "greedy" if temp == 0 else f"sampled at T {temp}" if temp is not None else "?"
     return (f"<div class='sv-runinfo'><span class='sv-mode'>{render.esc(source)}: "
             f"<b>{render.esc(m.get('label') or 'unlabelled')}</b>: {render.esc(_models(m))}, "
-            f"{render.esc(METHOD_NAMES.get(s.get('method'), s.get('method') or '?'))}, γ {render.esc(s.get('gamma', '?'))}, "
-            f"{render.esc(how)}, {render.esc(m.get('precision') or '?')} on {render.esc(m.get('hardware') or '?')}, "
-            f"{render.esc(_date(m))}, {render.esc(m.get('execution_mode') or 'fair')} mode.{res}</span></div>")
+            f"{render.esc(method_label(settings.get('method')))}, "
+            f"γ {render.esc(settings.get('gamma', '?'))}, "
+            f"{render.esc(how)}, {render.esc(m.get('precision') or '?')} on "
+            f"{render.esc(m.get('hardware') or '?')}, {render.esc(_date(m))}, "
+            f"{render.esc(m.get('execution_mode') or 'fair')} mode.{res}</span></div>")
 
 
 def banner_html(meta: dict, speed: float = 1.0) -> str:
@@ -148,14 +156,15 @@ def view_for(tr: Trace) -> tuple[RunView, str]:
     """The RunView and pane head (prompt) a replay of `tr` starts from: the same
     as the recorded live run's."""
     m = tr.meta
-    s = m.get("settings") or {}
+    settings = m.get("settings") or {}
     spec = tr.summaries().get("speculative")
-    gamma = s.get("gamma") or (spec.gamma if spec is not None else 0) or 1
-    prompt = str(s.get("prompt") or "")
-    chat = bool(s.get("chat_template"))
-    view = RunView(int(gamma), float(s.get("temperature") or 0.0), str(m.get("execution_mode") or "fair"),
+    gamma = settings.get("gamma") or (spec.gamma if spec is not None else 0) or 1
+    prompt = str(settings.get("prompt") or "")
+    chat = bool(settings.get("chat_template"))
+    view = RunView(int(gamma), float(settings.get("temperature") or 0.0),
+                   str(m.get("execution_mode") or "fair"),
                    prompt, chat)
-    view.method = str(s.get("method") or (spec.method if spec is not None else "draft"))
+    view.method = str(settings.get("method") or (spec.method if spec is not None else "draft"))
     head = render.prompt_span(prompt, bool(m.get("chat_applied", chat)))
     return view, head
 
@@ -222,7 +231,7 @@ def export(tr: Trace, folder: str | os.PathLike) -> tuple[Path, Path]:
     return js, cs
 
 
-def play(tr: Trace, speed: float = 1.0, stop: threading.Event | None = None, chart_every: float = 0.5,
+def play(tr: Trace, speed: float = 1.0, *, stop: threading.Event | None = None, chart_every: float = 0.5,
          ui_interval: float = 0.25, sleep=None) -> Iterator[list]:
     """The page's outputs while `tr` replays: the same PaneStream as a live run."""
     view, head = view_for(tr)
@@ -280,99 +289,122 @@ NOTE = ("Every run you make here is recorded: download it as a JSON trace (repla
         "click the camera icon).")
 
 
-def build_section() -> dict:
-    """The record & replay controls (call inside the live tab). Returns its components."""
+@dataclass
+class ReplayBox:
+    """The record & replay controls."""
+
+    traces: dict[str, Trace]  # shipped traces by name
+    pick: gr.Dropdown
+    speed: gr.Radio
+    upload: gr.File
+    play: gr.Button
+    stop: gr.Button
+    dl_json: gr.DownloadButton
+    dl_csv: gr.DownloadButton
+    info: gr.HTML
+
+
+def build_section() -> ReplayBox:
+    """The record & replay controls (call inside the live tab)."""
     traces = shipped()
     choices = [(choice_label(n, t), n) for n, t in traces.items()]
     first = choices[0][1] if choices else None
-    ui = {"traces": traces}
     with gr.Accordion("Replay a recorded run · download yours", open=True, elem_id="sv-replay"):
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
-                ui["pick"] = gr.Dropdown(choices, value=first, label="Recorded runs",
-                                         info="Runs of the default pair recorded for this page (label · hardware)",
-                                         elem_id="sv-replay-pick")
-                ui["speed"] = gr.Radio(SPEEDS, value=1.0, label="Replay speed", elem_id="sv-replay-speed")
+                pick = gr.Dropdown(choices, value=first, label="Recorded runs",
+                                   info="Runs of the default pair recorded for this page (label · hardware)",
+                                   elem_id="sv-replay-pick")
+                speed = gr.Radio(SPEEDS, value=1.0, label="Replay speed", elem_id="sv-replay-speed")
             with gr.Column(scale=2):
-                ui["upload"] = gr.File(label="…or replay a trace file (.json)", file_types=[".json"],
-                                       type="filepath", height=120, elem_id="sv-replay-upload")
+                upload = gr.File(label="…or replay a trace file (.json)", file_types=[".json"],
+                                 type="filepath", height=120, elem_id="sv-replay-upload")
         with gr.Row():
-            ui["play"] = gr.Button("▶ Replay", variant="primary", elem_id="sv-replay-play", scale=1)
-            ui["stop"] = gr.Button("■ Stop", variant="secondary", elem_id="sv-replay-stop", scale=1)
-            ui["dl_json"] = gr.DownloadButton("Download trace (JSON)", interactive=False, elem_id="sv-dl-trace",
-                                              scale=1)
-            ui["dl_csv"] = gr.DownloadButton("Download per-round CSV", interactive=False, elem_id="sv-dl-csv",
-                                             scale=1)
-        ui["info"] = gr.HTML(describe_html(traces[first], "Selected") if first else
-                             "<div class='sv-runinfo'><span class='sv-mode'>No recorded runs shipped.</span></div>",
-                             elem_id="sv-replay-info")
+            play = gr.Button("▶ Replay", variant="primary", elem_id="sv-replay-play", scale=1)
+            stop = gr.Button("■ Stop", variant="secondary", elem_id="sv-replay-stop", scale=1)
+            dl_json = gr.DownloadButton("Download trace (JSON)", interactive=False, elem_id="sv-dl-trace",
+                                        scale=1)
+            dl_csv = gr.DownloadButton("Download per-round CSV", interactive=False, elem_id="sv-dl-csv",
+                                       scale=1)
+        info = gr.HTML(describe_html(traces[first], "Selected") if first else
+                       "<div class='sv-runinfo'><span class='sv-mode'>No recorded runs shipped.</span></div>",
+                       elem_id="sv-replay-info")
         gr.HTML(f"<div class='sv-runinfo'><span class='sv-mode'>{NOTE}</span></div>")
-    return ui
+    return ReplayBox(traces, pick, speed, upload, play, stop, dl_json, dl_csv, info)
 
 
-def wire(ui: dict, th: dict, records: Records, sessions, session_key, outputs: list, live_events: list,
-         stop_grace: float = 5.0, max_seconds: float | None = None, run_triggers=(),
-         chart_every: float = 0.5, ui_interval: float = 0.25) -> list:
-    """Hook replay, downloads and the theory overlay to the page. `live_events`:
-    the live run's events (their end updates the downloads and the theory tab);
-    `run_triggers`: what starts a live run (e.g. run_btn.click), which ends a
-    replay playing in the same session. Returns the replay's events (for the
-    page's Stop to cancel)."""
-    traces = ui["traces"]
-    pick, upload, speed = ui["pick"], ui["upload"], ui["speed"]
+@dataclass
+class ReplayHandlers:
+    """Replay, downloads and the theory overlay: the handlers, and the state they share."""
 
-    def selected(choice, up) -> tuple[Trace, str]:
+    traces: dict[str, Trace]
+    records: Records
+    sessions: object  # handlers.Sessions: one stop flag per browser session
+    session_key: Callable
+    stop_grace: float = 5.0
+    max_seconds: float | None = None
+    chart_every: float = 0.5
+    ui_interval: float = 0.25
+
+    def selected(self, choice, up) -> tuple[Trace, str]:
         if up:
             return load_for_replay(up), f"uploaded file {Path(up).name}"
-        if choice in traces:
-            return traces[choice], "recorded run"
+        if choice in self.traces:
+            return self.traces[choice], "recorded run"
         raise ValueError("pick a recorded run or upload a trace file")
 
-    def on_select(choice, up):
+    def on_select(self, choice, up):
         try:
-            tr, source = selected(choice, up)
+            tr, _ = self.selected(choice, up)
         except ValueError as e:
             if up:
                 gr.Warning(render.toast_text(f"That file cannot be replayed: {e}"))
             return render.message_html(f"That file cannot be replayed: {e}" if up else str(e))
         return describe_html(tr, "Uploaded" if up else "Selected")
 
-    def run_replay(choice, up, pace, request: gr.Request = None):
+    def _deadline(self, stop) -> threading.Timer | None:
+        """Stops the replay at the server's time limit (None: no limit)."""
+        if not self.max_seconds:
+            return None
+        limit = self.max_seconds
+
+        def time_up():
+            stop.reason = f"replay stopped at the server's time limit of {limit:.0f} s"
+            stop.set()
+        timer = threading.Timer(limit, time_up)
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def run_replay(self, choice, up, pace, request: gr.Request = None):
         try:
-            tr, source = selected(choice, up)
+            tr, source = self.selected(choice, up)
             pace = float(pace or 1.0)
             if not 0.1 <= pace <= 1000:
                 raise ValueError("the replay speed must be between 0.1 and 1000")
         except (ValueError, TypeError) as e:
             msg = f"Cannot replay: {e}" if not isinstance(e, TypeError) else "Cannot replay: bad speed"
-            yield [gr.skip()] * 3 + [render.message_html(msg)] + [gr.skip()] * 4
+            yield message_outputs(msg)
             raise gr.Error(render.toast_text(msg), print_exception=False) from None
-        key = session_key(request)
-        sessions.stop(key, wait=stop_grace)  # this visitor's live run or replay, if any
-        stop, done = sessions.begin(key)
-        records.put(key, tr, f"replay: {tr.meta.get('label') or source}")  # its files and theory point
-        timer = None
-        if max_seconds:
-            def time_up():
-                stop.reason = f"replay stopped at the server's time limit of {max_seconds:.0f} s"
-                stop.set()
-            timer = threading.Timer(max_seconds, time_up)
-            timer.daemon = True
-            timer.start()
+        key = self.session_key(request)
+        self.sessions.stop(key, wait=self.stop_grace)  # this visitor's live run or replay, if any
+        stop, done = self.sessions.begin(key)
+        self.records.put(key, tr, f"replay: {tr.meta.get('label') or source}")  # its files and theory point
+        timer = self._deadline(stop)
         try:
-            yield from play(tr, pace, stop, chart_every, ui_interval)
+            yield from play(tr, pace, stop=stop, chart_every=self.chart_every, ui_interval=self.ui_interval)
         finally:
             if timer is not None:
                 timer.cancel()
-            sessions.end(key, done)
+            self.sessions.end(key, done)
 
-    def after(alpha, gamma, c, request: gr.Request = None):
+    def after(self, alpha, gamma, c, request: gr.Request = None):
         """A run or replay ended: offer its files, place it on the theory charts."""
-        got = records.get(session_key(request))
+        got = self.records.get(self.session_key(request))
         if got is None:
             return [gr.skip(), gr.skip()] + [gr.skip()] * 5
         tr, source = got
-        js, cs = export(tr, records.folder(session_key(request)))
+        js, cs = export(tr, self.records.folder(self.session_key(request)))
         m = measured_from(tr, source)
         updates = theory.measured_updates(m, alpha, gamma, c)
         spec = tr.summaries().get("speculative")
@@ -381,24 +413,31 @@ def wire(ui: dict, th: dict, records: Records, sessions, session_key, outputs: l
         return [gr.DownloadButton(value=str(js), interactive=True),
                 gr.DownloadButton(value=str(cs), interactive=True), *updates]
 
-    def stop_click(request: gr.Request = None):
-        sessions.stop(session_key(request), wait=stop_grace)
+    def stop_click(self, request: gr.Request = None):
+        self.sessions.stop(self.session_key(request), wait=self.stop_grace)
 
-    after_in = [th["alpha"], th["gamma"], th["c"]]
-    after_out = [ui["dl_json"], ui["dl_csv"], *theory.measured_outputs(th)]
+
+def wire(box: ReplayBox, th: theory.TheoryTab, handlers: ReplayHandlers, outputs: list, live_events: list,
+         run_triggers=()) -> list:
+    """Hook replay, downloads and the theory overlay to the page. `live_events`:
+    the live run's events (their end updates the downloads and the theory tab);
+    `run_triggers`: what starts a live run (e.g. run_btn.click), which ends a
+    replay playing in the same session. Returns the replay's events (for the
+    page's Stop to cancel)."""
+    quiet = dict(api_visibility="private", show_progress="hidden")
+    after_in = [th.alpha, th.gamma, th.c]
+    after_out = [box.dl_json, box.dl_csv, *th.measured_outputs()]
     for ev in live_events:
-        ev.then(after, after_in, after_out, api_visibility="private", show_progress="hidden")
-    pick.change(on_select, [pick, upload], ui["info"], api_visibility="private", show_progress="hidden",
-                queue=False)
-    upload.change(on_select, [pick, upload], ui["info"], api_visibility="private", show_progress="hidden",
-                  queue=False)
-    play_event = ui["play"].click(run_replay, [pick, upload, speed], outputs, api_name="replay",
-                                  concurrency_limit=8, concurrency_id="replay", trigger_mode="once",
-                                  show_progress="hidden")
-    play_event.then(after, after_in, after_out, api_visibility="private", show_progress="hidden")
+        ev.then(handlers.after, after_in, after_out, **quiet)
+    for source in (box.pick, box.upload):
+        source.change(handlers.on_select, [box.pick, box.upload], box.info, queue=False, **quiet)
+    play_event = box.play.click(handlers.run_replay, [box.pick, box.upload, box.speed], outputs,
+                                api_name="replay", concurrency_limit=8, concurrency_id="replay",
+                                trigger_mode="once", show_progress="hidden")
+    play_event.then(handlers.after, after_in, after_out, **quiet)
     for trigger in run_triggers:  # a live run replaces a replay in the panes
         trigger(None, None, None, cancels=[play_event], api_visibility="private", queue=False)
-    ui["stop"].click(stop_click, None, None, api_visibility="private", queue=False, show_progress="hidden") \
+    box.stop.click(handlers.stop_click, None, None, queue=False, **quiet) \
         .then(None, None, None, cancels=[play_event, *live_events], api_visibility="private")
     theory.wire(th)
     return [play_event]

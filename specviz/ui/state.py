@@ -10,7 +10,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from ..engine.events import RoundEvent, RunSummary, TokenEvent
-from ..engine.metrics import predicted_speedup, run_stats
+from ..engine.metrics import predicted_speedup, run_stats, target_step_time
 
 
 @dataclass
@@ -111,23 +111,23 @@ class RunView:
         return self.base.summary is not None and self.spec.summary is not None
 
     def add(self, side: str, ev) -> None:
-        v = self.side(side)
+        view = self.side(side)
         if isinstance(ev, TokenEvent):
-            v.tokens.append(ev)
+            view.tokens.append(ev)
             self._base_times.append(ev.t)
-            v.t = max(v.t, ev.t)
+            view.t = max(view.t, ev.t)
         elif isinstance(ev, RoundEvent):
-            v.rounds.append(ev)
+            view.rounds.append(ev)
             if not ev.prompt_tokens:  # round 1 also read the prompt: that is prefill
-                v.draft_time += ev.t_draft
-                v.verify_time += ev.t_verify
-                v.draft_forwards += ev.draft_forwards
-            v.overlap_sum += sum(ev.overlap)
-            v.t = max(v.t, ev.t_end)
+                view.draft_time += ev.t_draft
+                view.verify_time += ev.t_verify
+                view.draft_forwards += ev.draft_forwards
+            view.overlap_sum += sum(ev.overlap)
+            view.t = max(view.t, ev.t_end)
         elif isinstance(ev, RunSummary):
-            v.summary = ev
-            v.t = max(v.t, ev.elapsed)
-        self.clock = max(self.clock, v.t)
+            view.summary = ev
+            view.t = max(view.t, ev.elapsed)
+        self.clock = max(self.clock, view.t)
         if isinstance(ev, RoundEvent):
             self.speedup_series.append((ev.t_end, *self._speedup_at(ev)))
         elif isinstance(ev, RunSummary) and side == "speculative":
@@ -138,11 +138,9 @@ class RunView:
 
     def _base_rate_at(self, t: float) -> tuple[float | None, float | None]:
         """Baseline tokens/s and seconds per plain step, using baseline events up to time t."""
-        b = self.base
-        if b.summary is not None and b.summary.elapsed <= t:
-            s = b.summary
-            step = (s.elapsed - s.prefill) / (s.n_tokens - 1) if s.n_tokens > 1 else None
-            return (s.tokens_per_s or None), step
+        base = self.base
+        if base.summary is not None and base.summary.elapsed <= t:
+            return (base.summary.tokens_per_s or None), target_step_time(base.summary)
         n = bisect.bisect_right(self._base_times, t)
         if n == 0:
             return None, None
@@ -155,14 +153,14 @@ class RunView:
         t = r.t_end
         base_rate, base_step = self._base_rate_at(t)
         measured = (r.total_tokens / t) / base_rate if (base_rate and t > 0) else None
-        s = self.spec
+        spec = self.spec
         predicted = None
-        if r.total_drafted and s.draft_forwards and base_step:
-            alpha_hat = s.overlap_sum / r.total_drafted
-            c = (s.draft_time / s.draft_forwards) / base_step
+        if r.total_drafted and spec.draft_forwards and base_step:
+            alpha_hat = spec.overlap_sum / r.total_drafted
+            c = (spec.draft_time / spec.draft_forwards) / base_step
             predicted = predicted_speedup(alpha_hat, self.gamma, c)
-        elif r.total_drafted and s.draft_forwards == 0 and base_step:  # draft-free proposer: c = 0
-            predicted = predicted_speedup(s.overlap_sum / r.total_drafted, self.gamma, 0.0)
+        elif r.total_drafted and spec.draft_forwards == 0 and base_step:  # draft-free proposer: c = 0
+            predicted = predicted_speedup(spec.overlap_sum / r.total_drafted, self.gamma, 0.0)
         return measured, predicted
 
     def stats(self) -> dict:
@@ -180,10 +178,10 @@ class RunView:
         if not (self.greedy and self.finished):
             return None
         a, b = self.base.summary, self.spec.summary
-        if "stopped" in (a.stop_reason, b.stop_reason) or a.stop_reason == "error" or b.stop_reason == "error":
+        if {a.stop_reason, b.stop_reason} & {"stopped", "error"}:
             return None
         x, y = a.token_ids, b.token_ids
-        first = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), None)
+        first = next((i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v), None)
         if first is None and len(x) != len(y):
             first = min(len(x), len(y))
         return {"identical": first is None, "first_diff": first}

@@ -15,14 +15,17 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from ..engine.metrics import best_gamma, expected_tokens_per_round, predicted_speedup
+from ..format import number
 from ..request import MAX_GAMMA
 from .charts import BLUE, FONT, GREEN, GRID, ORANGE, VERMILLION, _layout
-from .render import _num, esc
+from .render import esc
 
 ALPHA_MAX = 0.99
 ALPHAS = [round(i / 100, 2) for i in range(0, 100)]  # 0.00 … 0.99
 GAMMAS = list(range(1, MAX_GAMMA + 1))
 DEFAULTS = dict(alpha=0.7, gamma=4, c=0.2)
+HOLLOW = dict(size=12, color="rgba(0,0,0,0)", line=dict(color=BLUE, width=2.5))  # the measured point
+STAR = dict(symbol="star", size=16, color=ORANGE, line=dict(color=FONT, width=1))  # the best γ
 
 
 @dataclass
@@ -104,10 +107,10 @@ def gamma_figure(alpha: float, gamma: int, c: float, measured: Measured | None =
                     line=dict(color=BLUE, width=2.5), marker=dict(size=5),
                     hovertemplate="%{y:.2f}×<extra>predicted speedup</extra>")
     fig.add_scatter(x=[gamma], y=[predicted_speedup(alpha, gamma, c)], name=f"chosen γ = {gamma}",
-                    mode="markers", marker=dict(size=12, color="rgba(0,0,0,0)", line=dict(color=BLUE, width=2.5)),
+                    mode="markers", marker=HOLLOW,
                     hovertemplate="%{y:.2f}×<extra>chosen γ</extra>")
     fig.add_scatter(x=[best], y=[predicted_speedup(alpha, best, c)], name=f"optimal γ = {best}",
-                    mode="markers", marker=dict(symbol="star", size=16, color=ORANGE, line=dict(color=FONT, width=1)),
+                    mode="markers", marker=STAR,
                     hovertemplate="%{y:.2f}×<extra>optimal γ</extra>")
     fig.add_vline(x=best, line=dict(color=ORANGE, width=1, dash="dot"))
     if measured is not None:
@@ -139,7 +142,7 @@ def alpha_figure(alpha: float, gamma: int, c: float, measured: Measured | None =
                     mode="lines", line=dict(color=BLUE, width=2.5),
                     hovertemplate="%{y:.2f}×<extra>predicted speedup</extra>")
     fig.add_scatter(x=[alpha], y=[predicted_speedup(alpha, gamma, c)], name=f"chosen α = {alpha:.2f}",
-                    mode="markers", marker=dict(size=12, color="rgba(0,0,0,0)", line=dict(color=BLUE, width=2.5)),
+                    mode="markers", marker=HOLLOW,
                     hovertemplate="%{y:.2f}×<extra>chosen α</extra>")
     even = break_even_alpha(gamma, c)
     if even is not None and even > 0:
@@ -171,23 +174,23 @@ def numbers_html(alpha: float, gamma: int, c: float) -> str:
     """The theory at the sliders' values, in words and numbers."""
     alpha, gamma, c = _clamp(alpha, gamma, c)
     e = expected_tokens_per_round(alpha, gamma)
-    s = predicted_speedup(alpha, gamma, c)
+    speedup = predicted_speedup(alpha, gamma, c)
     best = best_gamma(alpha, c, MAX_GAMMA)
     even = break_even_alpha(gamma, c)
-    cls = " sv-good" if s >= 1 else " sv-bad"
+    cls = " sv-good" if speedup >= 1 else " sv-bad"
     even_txt = ("speculation pays off at any α" if even == 0 else
                 "speculation never pays off (below α = 1)" if even is None else
                 f"speculation pays off from α ≈ {even:.2f}")
     return (
         "<div class='sv-stats sv-theory-numbers'>"
-        f"<div class='sv-speedup{cls}'><span class='sv-speedup-num'>{s:.2f}×</span>"
+        f"<div class='sv-speedup{cls}'><span class='sv-speedup-num'>{speedup:.2f}×</span>"
         "<span class='sv-speedup-label'>predicted speedup</span>"
         f"<span class='sv-speedup-sub'>at α {alpha:.2f}, γ {gamma}, c {c:.2f}</span></div>"
         "<div class='sv-theory-text'>"
         f"Each round the draft proposes <b>γ = {gamma}</b> tokens and the target checks them in one pass: "
         f"on average <b>{e:.2f}</b> tokens come out of that pass (at most γ + 1 = {gamma + 1}). "
         f"The round costs one target pass plus γ·c = <b>{gamma * c:.2f}</b> target passes of drafting, "
-        f"so the predicted speedup is {e:.2f} ÷ {1 + gamma * c:.2f} = <b>{s:.2f}×</b>. "
+        f"so the predicted speedup is {e:.2f} ÷ {1 + gamma * c:.2f} = <b>{speedup:.2f}×</b>. "
         f"The best γ here is <b>{best}</b> ({predicted_speedup(alpha, best, c):.2f}×). "
         f"At γ {gamma} and c {c:.2f}, {even_txt}."
         "</div></div>")
@@ -202,7 +205,8 @@ def nothing_drafted_html(source: str) -> str:
 def measured_html(m: dict | Measured | None) -> str:
     m = Measured.from_dict(m) if isinstance(m, dict) or m is None else m
     if m is None:
-        return ("<div class='sv-runinfo sv-theory-measured'><span class='sv-mode'>Run the live demo (or a replay) "
+        return ("<div class='sv-runinfo sv-theory-measured'><span class='sv-mode'>"
+                "Run the live demo (or a replay) "
                 "and its measured point appears on both charts as a ◆.</span></div>")
     gap = ""
     if m.verify_cost is not None and m.verify_cost > 1.15:
@@ -210,8 +214,9 @@ def measured_html(m: dict | Measured | None) -> str:
                "theory assumes 1: that is most of the gap between measured and predicted.")
     return (
         f"<div class='sv-runinfo sv-theory-measured'><span><b>◆ {esc(m.source)}</b>: α̂ {m.alpha_hat:.3f}, "
-        f"c {m.c:.3f}, γ {m.gamma}, τ {_num(m.tau, '{:.2f}')} tokens per round: measured "
-        f"<b>{_num(m.speedup, '{:.2f}×')}</b>, predicted {_num(m.predicted, '{:.2f}×')}.{gap}</span></div>")
+        f"c {m.c:.3f}, γ {m.gamma}, τ {number(m.tau, '{:.2f}')} tokens per round: measured "
+        f"<b>{number(m.speedup, '{:.2f}×')}</b>, predicted {number(m.predicted, '{:.2f}×')}.{gap}"
+        "</span></div>")
 
 
 FORMULA = (
@@ -224,31 +229,49 @@ FORMULA = (
     "which holds on a GPU with spare compute but rarely on a CPU.</div>")
 
 
-def build_tab():
-    """The theory explorer's layout (call inside a gr.Blocks). Returns its components."""
+@dataclass
+class TheoryTab:
+    """The theory explorer's components."""
+
+    alpha: object  # gr.Slider
+    gamma: object  # gr.Slider
+    c: object  # gr.Slider
+    numbers: object  # gr.HTML
+    measured_html: object  # gr.HTML
+    use_run: object  # gr.Button
+    fig_gamma: object  # gr.Plot
+    fig_alpha: object  # gr.Plot
+    measured: object  # gr.State: the last run's Measured as a dict
+
+    def measured_outputs(self) -> list:
+        """Components a finished run or replay updates (see measured_updates)."""
+        return [self.measured, self.fig_gamma, self.fig_alpha, self.measured_html, self.use_run]
+
+
+def build_tab() -> TheoryTab:
+    """The theory explorer's layout (call inside a gr.Blocks)."""
     import gradio as gr
 
     g0, a0 = figures(DEFAULTS["alpha"], DEFAULTS["gamma"], DEFAULTS["c"])
-    ui = {}
     with gr.Tab("Theory explorer", id="theory", elem_id="sv-tab-theory"):
         gr.HTML(FORMULA)
         with gr.Row():
-            ui["alpha"] = gr.Slider(0.0, ALPHA_MAX, value=DEFAULTS["alpha"], step=0.01, label="α (acceptance rate)",
-                                    info="Chance that the target keeps a drafted token", elem_id="sv-th-alpha")
-            ui["gamma"] = gr.Slider(1, MAX_GAMMA, value=DEFAULTS["gamma"], step=1, label="γ (draft length)",
-                                    info="Guesses per round", elem_id="sv-th-gamma")
-            ui["c"] = gr.Slider(0.0, 1.0, value=DEFAULTS["c"], step=0.01, label="c (draft cost)",
-                                info="One draft step ÷ one target step", elem_id="sv-th-c")
-        ui["numbers"] = gr.HTML(numbers_html(**DEFAULTS), elem_id="sv-th-numbers")
+            alpha = gr.Slider(0.0, ALPHA_MAX, value=DEFAULTS["alpha"], step=0.01, label="α (acceptance rate)",
+                              info="Chance that the target keeps a drafted token", elem_id="sv-th-alpha")
+            gamma = gr.Slider(1, MAX_GAMMA, value=DEFAULTS["gamma"], step=1, label="γ (draft length)",
+                              info="Guesses per round", elem_id="sv-th-gamma")
+            c = gr.Slider(0.0, 1.0, value=DEFAULTS["c"], step=0.01, label="c (draft cost)",
+                          info="One draft step ÷ one target step", elem_id="sv-th-c")
+        numbers = gr.HTML(numbers_html(**DEFAULTS), elem_id="sv-th-numbers")
         with gr.Row():
-            ui["measured_html"] = gr.HTML(measured_html(None), elem_id="sv-th-measured")
-            ui["use_run"] = gr.Button("Set the sliders to the run's α̂, γ, c", size="sm", interactive=False,
-                                      scale=0, min_width=280, elem_id="sv-th-use-run")
+            measured_box = gr.HTML(measured_html(None), elem_id="sv-th-measured")
+            use_run = gr.Button("Set the sliders to the run's α̂, γ, c", size="sm", interactive=False,
+                                scale=0, min_width=280, elem_id="sv-th-use-run")
         with gr.Row():
-            ui["fig_gamma"] = gr.Plot(g0, show_label=False, elem_id="sv-th-gamma-chart")
-            ui["fig_alpha"] = gr.Plot(a0, show_label=False, elem_id="sv-th-alpha-chart")
-        ui["measured"] = gr.State(None)
-    return ui
+            fig_gamma = gr.Plot(g0, show_label=False, elem_id="sv-th-gamma-chart")
+            fig_alpha = gr.Plot(a0, show_label=False, elem_id="sv-th-alpha-chart")
+        measured = gr.State(None)
+    return TheoryTab(alpha, gamma, c, numbers, measured_box, use_run, fig_gamma, fig_alpha, measured)
 
 
 def update(alpha, gamma, c, measured):
@@ -257,29 +280,25 @@ def update(alpha, gamma, c, measured):
     return fg, fa, numbers_html(alpha, gamma, c)
 
 
-def wire(ui: dict) -> None:
-    """Hook the tab's own events (sliders, the use-my-run button)."""
+def use_run(measured):
+    """The use-my-run button: the sliders to the run's α̂, γ, c."""
     import gradio as gr
 
-    sliders = [ui["alpha"], ui["gamma"], ui["c"]]
-    outs = [ui["fig_gamma"], ui["fig_alpha"], ui["numbers"]]
-    for s in sliders:
-        s.change(update, [*sliders, ui["measured"]], outs, api_visibility="private", show_progress="hidden",
-                 queue=False, trigger_mode="always_last")
-
-    def use_run(measured):
-        m = Measured.from_dict(measured)
-        if m is None:
-            return gr.skip(), gr.skip(), gr.skip()
-        return min(round(m.alpha_hat, 2), ALPHA_MAX), m.gamma, min(round(m.c, 2), 1.0)
-
-    ui["use_run"].click(use_run, ui["measured"], sliders, api_visibility="private", show_progress="hidden",
-                        queue=False)
+    m = Measured.from_dict(measured)
+    if m is None:
+        return gr.skip(), gr.skip(), gr.skip()
+    return min(round(m.alpha_hat, 2), ALPHA_MAX), m.gamma, min(round(m.c, 2), 1.0)
 
 
-def measured_outputs(ui: dict) -> list:
-    """Components a finished run or replay updates (see measured_updates)."""
-    return [ui["measured"], ui["fig_gamma"], ui["fig_alpha"], ui["measured_html"], ui["use_run"]]
+def wire(tab: TheoryTab) -> None:
+    """Hook the tab's own events (sliders, the use-my-run button)."""
+    sliders = [tab.alpha, tab.gamma, tab.c]
+    outs = [tab.fig_gamma, tab.fig_alpha, tab.numbers]
+    for slider in sliders:
+        slider.change(update, [*sliders, tab.measured], outs, api_visibility="private",
+                      show_progress="hidden", queue=False, trigger_mode="always_last")
+    tab.use_run.click(use_run, tab.measured, sliders, api_visibility="private", show_progress="hidden",
+                      queue=False)
 
 
 def measured_updates(m: Measured | None, alpha, gamma, c) -> list:

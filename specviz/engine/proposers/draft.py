@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from ...errors import RequestError
 from ..forward import crop_cache, forward_logits, pick
 from ..sampling import warp
-from ...errors import RequestError
 from .base import Proposal, Proposer, register, target_vocab
 
 

@@ -1,0 +1,252 @@
+"""What the page does when a visitor acts: one method per event, no layout.
+
+Handlers get and return component values; ui/layout.py builds the components
+and ui/blocks.py wires them together. Only events reach this module (through
+specviz.race); HTML comes from render.py, figures from charts.py.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass, field
+
+import gradio as gr
+
+from ..errors import ModelError, free_memory, run_error_text
+from ..models import PairSpec, available_pairs, resolve_pair
+from ..race import MODES, RaceInfo, race
+from ..request import Limits, RequestError, encode_prompt, make_request
+from ..trace import record, trace_for
+from . import render
+from . import replay as replay_ui
+from .loader import ModelManager
+from .panes import PaneStream, message_outputs
+from .state import RunView
+
+UI_INTERVAL = 0.25  # seconds between page updates while a run streams (≤ 4/s)
+SETTLE = float(os.environ.get("SPECVIZ_UI_SETTLE", 0.1))  # see PaneStream.settle
+CHART_INTERVAL = 1.0  # charts are heavier: at most one redraw per second
+STOP_GRACE = 5.0  # Stop waits this long for the run to end cleanly before cancelling it
+TINY = "tiny"
+CUSTOM = "custom"
+CLI = "cli"
+
+
+@dataclass
+class PairChoices:
+    """The pair picker's entries: (label, key) plus how to build each spec."""
+
+    specs: dict[str, PairSpec] = field(default_factory=dict)
+    labels: list[tuple[str, str]] = field(default_factory=list)
+    initial: str | None = None
+
+    def add(self, key: str, spec: PairSpec | None, label: str) -> None:
+        if spec is not None:
+            self.specs[key] = spec
+        self.labels.append((label, key))
+
+
+def pair_choices(initial: PairSpec | None, network: bool | None = None) -> PairChoices:
+    choices = PairChoices()
+    if initial is not None and initial.name not in {p.name for p in available_pairs(network)}:
+        choices.add(CLI, initial, f"Command line: {initial.label}")
+    for p in available_pairs(network):
+        choices.add(p.name, p, p.label)
+    choices.add(TINY, None, "Tiny random pair (loads instantly, writes gibberish; for testing)")
+    choices.add(CUSTOM, None, "Custom: type a target and a draft below")
+    if initial is not None:
+        choices.initial = CLI if CLI in choices.specs else initial.name
+    return choices
+
+
+_tiny_dir: str | None = None
+
+
+def tiny_spec() -> PairSpec:
+    global _tiny_dir
+    from ..models.tiny import save_tiny_pair
+    if _tiny_dir is None:
+        folder = tempfile.mkdtemp(prefix="specviz-tiny-")
+        save_tiny_pair(folder)
+        _tiny_dir = folder
+    spec = resolve_pair("custom", f"{_tiny_dir}/target", f"{_tiny_dir}/draft", allow_local_paths=True)
+    return PairSpec(TINY, spec.target, spec.draft, "Tiny random pair (testing)", True)
+
+
+class Sessions:
+    """Stop flags per browser session (Stop must only stop its own run)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._runs: dict[str, tuple[threading.Event, threading.Event]] = {}
+
+    def begin(self, key: str) -> tuple[threading.Event, threading.Event]:
+        stop, done = threading.Event(), threading.Event()
+        with self._lock:
+            self._runs[key] = (stop, done)
+        return stop, done
+
+    def end(self, key: str, done: threading.Event) -> None:
+        done.set()
+        with self._lock:
+            if self._runs.get(key, (None, None))[1] is done:
+                del self._runs[key]
+
+    def stop(self, key: str, wait: float = 0.0) -> bool:
+        with self._lock:
+            run = self._runs.get(key)
+        if run is None:
+            return False
+        run[0].set()
+        run[1].wait(wait)
+        return True
+
+
+def session_key(request: gr.Request | None) -> str:
+    # a plain HTTP API call may come without a session: give it a key of its own, so
+    # that two such callers never share a Stop flag or a recorded run
+    return getattr(request, "session_hash", None) or f"anonymous-{uuid.uuid4().hex}"
+
+
+def button_state(status: dict):
+    if status["ready"]:
+        return gr.Button(value="▶ Run", interactive=True)
+    if status["loading"]:
+        return gr.Button(value="loading models…", interactive=False)
+    return gr.Button(value="no models loaded", interactive=False)
+
+
+@dataclass
+class Handlers:
+    """The page's event handlers and the server state they share."""
+
+    manager: ModelManager
+    limits: Limits
+    presets: list[dict]
+    choices: PairChoices
+    allow_local_paths: bool = False
+    fixed_pair: bool = False
+    sessions: Sessions = field(default_factory=Sessions)
+    records: replay_ui.Records = field(default_factory=replay_ui.Records)  # each session's latest run
+
+    def poll(self, request: gr.Request = None):
+        status = self.manager.status(session_key(request))
+        return render.status_html(status), button_state(status), gr.Timer(active=status["loading"])
+
+    def on_preset(self, name):
+        preset = next((p for p in self.presets if p["name"] == name), None)
+        if preset is None:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return (preset["prompt"], preset["gamma"], min(preset["max_new_tokens"], self.limits.max_new_tokens),
+                preset["chat_template"])
+
+    def on_pair_pick(self, key):
+        return gr.update(visible=key == CUSTOM)
+
+    def _spec_for(self, key, target, draft) -> PairSpec:
+        if self.fixed_pair:
+            raise ModelError("The model pair is fixed on this server: it cannot be changed from the page.")
+        if not key or not isinstance(key, str):
+            raise ModelError("Pick a model pair in the list first.")
+        if key == CUSTOM:
+            return resolve_pair("custom", target, draft, allow_local_paths=self.allow_local_paths)
+        if key == TINY:
+            return tiny_spec()
+        if key in self.choices.specs:
+            return self.choices.specs[key]
+        return resolve_pair(key, None, None, allow_local_paths=self.allow_local_paths)
+
+    def load_pair_click(self, key, target, draft, request: gr.Request = None):
+        try:
+            spec = self._spec_for(key, target, draft)
+        except ModelError as e:
+            gr.Warning(render.toast_text(e))
+            status = self.manager.status(session_key(request))
+            return (render.message_html(str(e)) + render.status_html(status), button_state(status),
+                    gr.Timer(active=False))
+        if not self.manager.start(spec, owner=session_key(request)):
+            gr.Warning("A model pair is already loading: wait until it is ready.")
+        status = self.manager.status(session_key(request))
+        return render.status_html(status), button_state(status), gr.Timer(active=True)
+
+    def _checked(self, prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed, chat_template, mode,
+                 method):
+        """(request, pair, prompt ids), or RequestError in words the visitor understands."""
+        req = make_request(prompt, method=method or "draft", gamma=gamma, max_new_tokens=max_new_tokens,
+                           temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                           chat_template=chat_template, limits=self.limits)
+        if mode not in MODES:
+            raise RequestError(f"Unknown execution mode {mode!r}: choose fair or parallel.")
+        pair = self.manager.pair
+        if pair is None or not self.manager.ready:
+            status = self.manager.status()
+            raise RequestError("The models are still loading: wait until the Run button is enabled."
+                               if status["loading"] else
+                               f"No model pair is loaded ({status['error'] or 'not started'}).")
+        return req, pair, encode_prompt(pair.tokenizer, req, pair.max_positions, self.limits)
+
+    def run(self, prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed, chat_template, mode,
+            method="draft", request: gr.Request = None):
+        try:
+            req, pair, ids = self._checked(prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed,
+                                           chat_template, mode, method)
+        except RequestError as e:
+            yield message_outputs(str(e))
+            raise gr.Error(render.toast_text(e), print_exception=False) from None
+        except Exception as e:  # noqa: BLE001 - e.g. a tokenizer refusing odd input: say so, keep serving
+            msg = run_error_text(e)
+            yield message_outputs(msg)
+            raise gr.Error(render.toast_text(msg), print_exception=True) from None
+        yield from self._race(req, pair, ids, mode, session_key(request))
+
+    def _race(self, req, pair, ids, mode: str, key: str):
+        """Stream one race into the panes; errors become a message, the server keeps serving."""
+        stop, done = self.sessions.begin(key)
+        stream = panes = None
+        try:
+            view = RunView(req.gamma, req.temperature, mode, req.prompt, req.chat_template)
+            view.method = req.method
+            head = render.prompt_span(req.prompt, req.chat_template and pair.has_chat_template)
+            info = RaceInfo(mode)
+            stream = race(pair, req, ids, mode, stop=stop, time_limit=self.limits.max_seconds, info=info)
+            # kept as a trace when it ends (or stops): downloads and the theory overlay
+            stream = record(stream, trace_for(req, pair, mode, f"live run · {req.prompt[:40]}"),
+                            on_end=lambda tr: self.records.put(key, tr))
+            # fair mode: the engines' clocks are paused while we render, so only wall
+            # time is at stake; parallel mode: rendering competes with the engines
+            chart_every = CHART_INTERVAL if mode == "parallel" else CHART_INTERVAL / 2
+            settle = SETTLE if mode == "fair" else 0.0  # fair: engine clocks count engine work only
+            panes = PaneStream(view, head, chart_every, UI_INTERVAL, settle=settle)  # replays: the same path
+            yield panes.outputs(charts=True)
+            yield from panes.follow(stream)
+            if info.timed_out:
+                view.note = f"stopped at the server's time limit of {self.limits.max_seconds:g} s"
+            elif stop.is_set():
+                view.note = "stopped by you"
+            yield panes.outputs(charts=True)
+        except Exception as err:  # noqa: BLE001 - OOM and friends: tell the visitor, keep serving
+            if stream is not None:
+                stream.close()  # drop what the failed run held before freeing memory
+            free_memory()
+            msg = run_error_text(err)
+            if panes is not None:
+                view.error = msg
+                yield panes.outputs(charts=True)
+            else:
+                yield message_outputs(msg)
+            raise gr.Error(render.toast_text(msg), print_exception=True) from None
+        finally:
+            # however the run ends (done, error, Stop, or gradio closing this generator
+            # on a cancel or a closed tab: GeneratorExit), the engines stop and the
+            # worker is free for the next visitor
+            stop.set()
+            if stream is not None:
+                stream.close()
+            self.sessions.end(key, done)
+
+    def stop_click(self, request: gr.Request):
+        # ask the engines to stop at their next step and wait a little so the
+        # final (stopped) state reaches the page; the chained cancel follows
+        self.sessions.stop(session_key(request), wait=STOP_GRACE)

@@ -1,0 +1,188 @@
+"""The page's components, top to bottom, with no behaviour: build_page() makes
+them inside `gr.Blocks` and returns them as one Page; ui/blocks.py wires events."""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import gradio as gr
+
+from ..engine.proposers import method_names, method_spec
+from ..request import MAX_GAMMA, Limits
+from . import render, theory
+from . import replay as replay_ui
+from .charts import all_charts
+from .handlers import PairChoices
+from .state import RunView
+
+# every registered method (engine/proposers/): draft-model methods first, then by their menu order
+METHOD_CHOICES = [(f"{method_spec(m).label}: {method_spec(m).description}", m)
+                  for m in sorted(method_names(), key=lambda m: not method_spec(m).needs_draft)]
+MODE_CHOICES = [
+    ("fair: each side timed alone (honest speedup)", "fair"),
+    ("parallel: both at once (shares the hardware)", "parallel"),
+]
+HEADER = ("<div class='sv-header'><h1 style='margin:0'>SpecViz</h1>"
+          "<p style='margin:2px 0 0 0;opacity:.8'>Speculative decoding, made visible and honestly "
+          "measured: a small draft model guesses, the big target model verifies.</p></div>")
+
+
+@dataclass
+class Page:
+    """Every component an event reads or writes."""
+
+    status: gr.HTML
+    timer: gr.Timer
+    preset: gr.Dropdown
+    prompt: gr.Textbox
+    gamma: gr.Slider
+    max_new: gr.Slider
+    temperature: gr.Slider
+    seed: gr.Number
+    mode: gr.Radio
+    run_btn: gr.Button
+    stop_btn: gr.Button
+    top_p: gr.Slider
+    top_k: gr.Slider
+    chat: gr.Checkbox
+    method: gr.Radio
+    pair_pick: gr.Dropdown
+    load_btn: gr.Button
+    custom_row: gr.Row
+    custom_target: gr.Textbox
+    custom_draft: gr.Textbox
+    replay: replay_ui.ReplayBox
+    run_info: gr.HTML
+    base_pane: gr.HTML
+    spec_pane: gr.HTML
+    stats: gr.HTML
+    plots: list[gr.Plot]  # α, speedup, time, position
+    theory: object  # theory.build_tab()'s components
+
+    @property
+    def run_inputs(self) -> list:
+        return [self.prompt, self.gamma, self.max_new, self.temperature, self.top_p, self.top_k, self.seed,
+                self.chat, self.mode, self.method]
+
+    @property
+    def run_outputs(self) -> list:
+        return [self.base_pane, self.spec_pane, self.stats, self.run_info, *self.plots]
+
+
+def _prompt_column(presets: list[dict]) -> dict:
+    first = presets[0]
+    with gr.Column(scale=3):
+        preset = gr.Dropdown([p["name"] for p in presets], value=first["name"], label="Preset",
+                             info="Example prompts (code, chat, grounded): fills the prompt and settings",
+                             elem_id="sv-preset")
+        prompt = gr.Textbox(first["prompt"], label="Prompt", lines=5, max_lines=14,
+                            info="Text the model continues (or answers, with the chat template on)",
+                            elem_id="sv-prompt")
+    return dict(preset=preset, prompt=prompt)
+
+
+def _settings_column(first: dict, limits: Limits, default_mode: str, ready: bool) -> dict:
+    with gr.Column(scale=2):
+        with gr.Row():
+            gamma = gr.Slider(1, MAX_GAMMA, value=first["gamma"], step=1, label="γ (draft length)",
+                              info="Draft guesses per round", elem_id="sv-gamma")
+            max_new = gr.Slider(1, limits.max_new_tokens,
+                                value=min(first["max_new_tokens"], limits.max_new_tokens),
+                                step=1, label="Max new tokens", info="Budget for each side",
+                                elem_id="sv-max-new")
+        with gr.Row():
+            temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature",
+                                    info="0 = greedy (identical outputs)")
+            seed = gr.Number(0, precision=0, minimum=0, label="Seed", info="Same seed, same run")
+        mode = gr.Radio(MODE_CHOICES, value=default_mode, label="Execution mode",
+                        info="fair: each side gets the machine to itself on its own virtual clock. "
+                             "parallel: both run at once and slow each other down.")
+        with gr.Row():
+            run_btn = gr.Button("▶ Run" if ready else "loading models…", variant="primary",
+                                interactive=ready, elem_id="sv-run")
+            stop_btn = gr.Button("■ Stop", variant="secondary", elem_id="sv-stop")
+    return dict(gamma=gamma, max_new=max_new, temperature=temperature, seed=seed, mode=mode,
+                run_btn=run_btn, stop_btn=stop_btn)
+
+
+def _more_settings(first: dict) -> dict:
+    with gr.Accordion("More settings: sampling, draft method", open=False):
+        with gr.Row():
+            top_p = gr.Slider(0.01, 1.0, value=1.0, step=0.01, label="Top-p",
+                              info="Keep the smallest set of tokens with this much probability (1 = off)")
+            top_k = gr.Slider(0, 1000, value=0, step=1, label="Top-k",
+                              info="Keep only the k most likely tokens (0 = off)")
+            chat = gr.Checkbox(first["chat_template"], label="Use the chat template",
+                               info="Wrap the prompt as a user message (instruct models)")
+        method = gr.Radio(METHOD_CHOICES, value="draft", label="Where the guesses come from",
+                          info="Every method is verified the same way, so the output law stays the target's",
+                          elem_id="sv-method")
+    return dict(top_p=top_p, top_k=top_k, chat=chat, method=method)
+
+
+def _pair_section(choices: PairChoices, allow_local_paths: bool, fixed_pair: bool) -> dict:
+    with gr.Accordion("Model pair", open=False):
+        gr.Markdown("The pair is shared by everyone using this server. Loading another one takes "
+                    "a while; the current pair serves until the new one is ready.")
+        with gr.Row():
+            pair_pick = gr.Dropdown(choices.labels, value=choices.initial, label="Target + draft",
+                                    info="Both models must share one tokenizer", scale=3)
+            load_btn = gr.Button("Load pair" if not fixed_pair else "Load pair (fixed on this server)",
+                                 scale=1, interactive=not fixed_pair)
+        with gr.Row(visible=False) as custom_row:
+            custom_target = gr.Textbox(label="Target model", placeholder="org/name on the Hugging Face Hub"
+                                       + (" or a local folder" if allow_local_paths else ""),
+                                       info="The big model whose output you want")
+            custom_draft = gr.Textbox(label="Draft model", placeholder="org/name (same tokenizer)",
+                                      info="A small model from the same family")
+    return dict(pair_pick=pair_pick, load_btn=load_btn, custom_row=custom_row, custom_target=custom_target,
+                custom_draft=custom_draft)
+
+
+def _panes_and_charts(first: dict, default_mode: str) -> dict:
+    run_info = gr.HTML("<div class='sv-runinfo'></div>", elem_id="sv-runinfo")
+    with gr.Row(equal_height=True):
+        with gr.Column():
+            gr.HTML("<div class='sv-pane-title'>Baseline: the target alone, one token per pass</div>")
+            base_pane = gr.HTML("<span class='sv-placeholder'>Press Run: plain decoding streams here.</span>",
+                                elem_classes=["sv-pane"], elem_id="sv-baseline", autoscroll=True)
+        with gr.Column():
+            gr.HTML("<div class='sv-pane-title'>Speculative: draft guesses, target verifies</div>")
+            spec_pane = gr.HTML("<span class='sv-placeholder'>Press Run: speculative rounds stream here."
+                                "</span>",
+                                elem_classes=["sv-pane"], elem_id="sv-speculative", autoscroll=True)
+    stats = gr.HTML(render.stats_html(RunView(first["gamma"], 0.0, default_mode).snapshot()),
+                    elem_id="sv-stats")
+    empty = all_charts(RunView(first["gamma"], 0.0, default_mode))
+    ids = ("sv-chart-alpha", "sv-chart-speedup", "sv-chart-time", "sv-chart-position")
+    plots = []
+    for row in range(2):
+        with gr.Row():
+            plots += [gr.Plot(empty[i], show_label=False, elem_id=ids[i]) for i in (2 * row, 2 * row + 1)]
+    return dict(run_info=run_info, base_pane=base_pane, spec_pane=spec_pane, stats=stats, plots=plots)
+
+
+def build_page(*, presets: list[dict], choices: PairChoices, limits: Limits, default_mode: str,
+               status: dict, allow_local_paths: bool, fixed_pair: bool) -> Page:
+    """The components, inside the caller's `with gr.Blocks()`."""
+    first = presets[0]
+    gr.HTML(HEADER)
+    with gr.Accordion("What am I looking at?", open=True):
+        gr.HTML(f"<div class='sv-explainer'>{render.EXPLAINER}</div>")
+    parts = dict(status=gr.HTML(render.status_html(status), elem_id="sv-status"))
+    # two tabs: the live demo (the layout below, entered without re-indenting it) and
+    # the theory explorer (ui/theory.py)
+    live_tab = contextlib.ExitStack()
+    live_tab.enter_context(gr.Tab("Live demo", id="live", elem_id="sv-tab-live"))
+    with gr.Row(equal_height=False):
+        parts |= _prompt_column(presets)
+        parts |= _settings_column(first, limits, default_mode, status["ready"])
+    parts |= _more_settings(first)
+    parts |= _pair_section(choices, allow_local_paths, fixed_pair)
+    parts["replay"] = replay_ui.build_section()  # replay recorded runs, download yours (ui/replay.py)
+    gr.HTML(render.legend_html())
+    parts |= _panes_and_charts(first, default_mode)
+    live_tab.close()
+    parts["theory"] = theory.build_tab()
+    parts["timer"] = gr.Timer(0.5, active=status["loading"])
+    return Page(**parts)
