@@ -184,7 +184,7 @@ def test_skip_calibration_and_cache(deep, tok, monkeypatch, tmp_path):
     selfspec.cache_file(pair).write_text("{not json")
     assert selfspec.default_exit_layer(pair) == 2 and len(calls) == 2
     prop = make_proposer(pair, "early-exit", make_request(PROMPT, method="early-exit"))
-    assert prop.layers == (0, 1)
+    assert prop.exit_layer == 2
 
 
 def test_real_calibration_runs_on_tiny(deep, tok):
