@@ -22,10 +22,12 @@ import datetime as _dt
 import json
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from ..cli import add_pair_args, load_from_args
 from ..engine.decoding import baseline, speculative
+from ..engine.layers import n_layers
 from ..engine.proposers import make_proposer, method_names
 from ..engine.sampling import SamplingParams
 from ..errors import ModelError, RequestError
@@ -171,6 +173,20 @@ def analyse(pair, sizes, prompts, gammas, n_new) -> dict:
     return dict(plain_tps_before=plain_tps, plain_tps_after=plain_after, sizes=result)
 
 
+def _calibrate(pair) -> dict:
+    from .. import selfspec
+    t0 = time.perf_counter()
+    res = {"early-exit": selfspec.cached(pair, "early-exit", selfspec.calibrate_exit_layer),
+           "layer-skip": selfspec.cached(pair, "layer-skip", selfspec.calibrate_skip_layers)}
+    res["seconds"] = round(time.perf_counter() - t0, 1)  # ~0 when read from the cache
+    probe_layer = min(8, n_layers(pair.target) - 1)
+    res["kv_reuse_probe"] = dict(exit_layer=probe_layer, rows=selfspec.reuse_probe(pair, probe_layer))
+    res["load"] = loadavg()
+    _log(f"calibration: exit layer {res['early-exit']['exit_layer']}, "
+         f"skip {res['layer-skip']['skip_layers']} ({res['seconds']} s)")
+    return res
+
+
 def build_parser():
     ap = argparse.ArgumentParser(prog="python -m specviz.bench.draft_size", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -186,6 +202,9 @@ def build_parser():
     ap.add_argument("--out", default="draft_size.json")
     ap.add_argument("--append", action="store_true", help="merge sizes into an existing --out")
     ap.add_argument("--png", default=None, help="also write the heatmap and lines as PNG (kaleido)")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="first run (or read) the cached self-speculation calibrations and the KV-reuse "
+                         "probe in the same process, and keep them in the JSON")
     return ap
 
 
@@ -209,6 +228,7 @@ def main(argv=None) -> int:
     prompts = calib_prompts(pair, args.prompts, args.prompt_tokens)
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     load_before = loadavg()
+    calibration = _calibrate(pair) if args.calibrate else None
     res = analyse(pair, sizes, prompts, gammas, args.max_new_tokens)
     inv = dict(command="python -m specviz.bench.draft_size " + shlex.join(argv or sys.argv[1:]),
                date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -219,6 +239,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     if args.append:
         data = _merge(out, data)
+    if calibration:
+        data["calibration"] = calibration
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1))
     _log(f"wrote {out}")
