@@ -77,6 +77,21 @@ def table_md(data: dict) -> str:
     return "\n".join(lines_)
 
 
+def best_md(data: dict, ref: str = "draft-int8") -> str:
+    """Per size at its measured best γ: α, τ, c, tokens/s, speedup vs plain and vs `ref`."""
+    best = {s["name"]: next(r for r in s["rows"] if r["gamma"] == s["measured_best"]) for s in data["sizes"]}
+    ref_tps = best[ref]["tps"] if ref in best else None
+    out = ["| draft | best γ | α | τ | c | tokens/s | vs plain | vs " + ref + " |",
+           "|---|---|---|---|---|---|---|---|"]
+    for s in data["sizes"]:
+        r = best[s["name"]]
+        f = lambda v, fmt="{:.2f}": "n/a" if v is None else fmt.format(v)  # noqa: E731
+        vs = f(r["tps"] / ref_tps, "{:.2f}×") if ref_tps else "n/a"
+        out.append(f"| {s['label']} | {r['gamma']} | {f(r['alpha'])} | {f(r['tau'])} | {f(r['c'])} | "
+                   f"{f(r['tps'])} | {f(r['speedup'], '{:.2f}×')} | {vs} |")
+    return "\n".join(out)
+
+
 def write_png(data: dict, path: Path) -> list[str]:
     """path (heatmap) and path with _lines (lines) as PNG/SVG via kaleido; returns notes."""
     path.parent.mkdir(parents=True, exist_ok=True)
