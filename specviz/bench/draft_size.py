@@ -8,7 +8,7 @@ registered draft-free methods (prompt lookup, staged, rest when present).
 
 Each size runs every γ on every prompt (greedy; outputs checked against plain).
 Speedup = decode tokens/s (prefill excluded) ÷ plain decode tokens/s measured
-in the same invocation (before and after, averaged). The theory's optimum uses
+right before that size (the shared CPU's load drifts within minutes). The theory's optimum uses
 the verify-cost-aware model (1−α̂^{γ+1}) / ((1−α̂)(γc + v(γ))), with α̂ and c
 pooled over the size's runs and v(γ) from pair.costs when present, else the
 verify forwards measured in the run. `--append` merges into an existing JSON, so
@@ -151,7 +151,7 @@ def _drafts(pair, sizes) -> dict:
     return out
 
 
-def analyse(pair, sizes, prompts, gammas, n_new) -> dict:
+def analyse(pair, sizes, prompts, gammas, n_new, on_size=None) -> dict:
     plain_tps, step_s, plain_outs = plain_runs(pair, prompts, n_new)
     _log(f"plain: {plain_tps:.2f} tokens/s (load {loadavg()})")
     drafts, costs, result = _drafts(pair, sizes), getattr(pair, "costs", None), []
@@ -161,15 +161,17 @@ def analyse(pair, sizes, prompts, gammas, n_new) -> dict:
             _log(f"{name}: not available here, skipped")
             continue
         method, options, run_pair, label = spec
-        rows = run_size(run_pair, method, options, prompts, gammas, n_new, plain_outs, step_s)
+        # a plain run right before each size: the shared CPU's load drifts within minutes
+        local_tps, local_step, _ = plain_runs(pair, prompts, n_new)
+        rows = run_size(run_pair, method, options, prompts, gammas, n_new, plain_outs, local_step)
         size = dict(name=name, label=label, method=method, options=options, rows=rows)
         result.append(size)
+        add_theory(size, local_tps, costs)
+        if on_size is not None:  # partial results survive an interrupted run
+            on_size(dict(plain_tps_before=plain_tps, plain_tps_after=None, sizes=result))
         _log(f"{label}: " + "  ".join(f"γ{r['gamma']} α={r['alpha'] or 0:.2f} {r['tps']:.2f}t/s"
                                       for r in rows) + f"  (load {loadavg()})")
     plain_after, _, _ = plain_runs(pair, prompts, n_new)
-    plain = (plain_tps + plain_after) / 2  # drift during the invocation hits every size alike
-    for size in result:
-        add_theory(size, plain, costs)
     return dict(plain_tps_before=plain_tps, plain_tps_after=plain_after, sizes=result)
 
 
@@ -229,26 +231,38 @@ def main(argv=None) -> int:
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     load_before = loadavg()
     calibration = _calibrate(pair) if args.calibrate else None
-    res = analyse(pair, sizes, prompts, gammas, args.max_new_tokens)
-    inv = dict(command="python -m specviz.bench.draft_size " + shlex.join(argv or sys.argv[1:]),
-               date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-               load_before=load_before, load_after=loadavg(), sizes=[s["name"] for s in res["sizes"]],
-               plain_tps_before=res.pop("plain_tps_before"), plain_tps_after=res.pop("plain_tps_after"))
-    data = dict(pair=pair.spec.label, precision=pair.precision, machine=hardware(), gammas=gammas,
-                prompts=len(prompts), max_new_tokens=args.max_new_tokens, invocations=[inv], **res)
     out = Path(args.out)
-    if args.append:
-        data = _merge(out, data)
-    if calibration:
-        data["calibration"] = calibration
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1))
+
+    def write(res, final=False):
+        data = _document(args, argv, pair, prompts, gammas, res, load_before, calibration)
+        if args.append:
+            data = _merge(out, data)
+        data["complete"] = final
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data, indent=1))
+        return data
+
+    data = write(analyse(pair, sizes, prompts, gammas, args.max_new_tokens,
+                         on_size=lambda res: write(dict(res))), final=True)
     _log(f"wrote {out}")
     if args.png:
         from .draft_size_plot import write_png
         for note in write_png(data, Path(args.png)):
             _log(note)
     return 0
+
+
+def _document(args, argv, pair, prompts, gammas, res, load_before, calibration) -> dict:
+    res = dict(res)
+    inv = dict(command="python -m specviz.bench.draft_size " + shlex.join(argv or sys.argv[1:]),
+               date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+               load_before=load_before, load_after=loadavg(), sizes=[s["name"] for s in res["sizes"]],
+               plain_tps_before=res.pop("plain_tps_before"), plain_tps_after=res.pop("plain_tps_after"))
+    data = dict(pair=pair.spec.label, precision=pair.precision, machine=hardware(), gammas=gammas,
+                prompts=len(prompts), max_new_tokens=args.max_new_tokens, invocations=[inv], **res)
+    if calibration:
+        data["calibration"] = calibration
+    return data
 
 
 if __name__ == "__main__":
