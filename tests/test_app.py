@@ -245,7 +245,7 @@ def test_loader_reports_progress_and_friendly_errors():
     assert manager.status("visitor-a")["error"] and manager.status("visitor-b")["error"] is None
 
 
-@pytest.mark.parametrize("method", ["lookup", "adaptive"])
+@pytest.mark.parametrize("method", ["lookup", "adaptive", "early-exit", "layer-skip"])
 def test_other_draft_methods(client, method):
     out = client.predict(*args("abcabcabcabc", max_new_tokens=16), method, api_name="/run")
     assert "identical outputs" in out[INFO]

@@ -90,3 +90,14 @@ def test_unknown_path(capsys, pair_dirs, tmp_path):
 def test_different_vocabularies(capsys, pair_dirs, other_vocab_dir):
     code, _, err = cli(capsys, "--target", pair_dirs[0], "--draft", other_vocab_dir, "--prompt", "x")
     assert code == 2 and "different vocabularies" in err.splitlines()[-1]
+
+
+def test_static_cache_flag_gives_the_same_output(capsys, pair_dirs):
+    t, d = pair_dirs
+    args = ["--target", t, "--draft", d, "--prompt", "def f(x):", "--json", "--mode", "both",
+            "--max-new-tokens", "16", "--gamma", "3"]
+    _, out, _ = cli(capsys, *args)
+    _, out2, _ = cli(capsys, *args, "--cache", "static")
+    ids = [json.loads(x)["token_ids"] for x in out.splitlines()]
+    assert [json.loads(x)["token_ids"] for x in out2.splitlines()] == ids
+    assert ids[0] == ids[1]

@@ -15,11 +15,10 @@ from typing import Iterator
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
 
 from .clock import Clock
 from .events import Outcome, RoundEvent, RunSummary, TokenEvent
-from .forward import crop_cache, forward_logits, pick
+from .forward import crop_cache, forward_logits, new_cache, pick
 from .inspect import round_dists
 from .proposers.base import Proposer
 from .sampling import SamplingParams, Verdict, top2_gap, verify, warp
@@ -51,7 +50,7 @@ def baseline(
     eos = frozenset(eos_ids)
     gen = _generator(model.device, seed)
     clock = clock or Clock(model.device)
-    cache = DynamicCache()
+    cache = new_cache(model)
     stream = TextStream(tokenizer)
     out: list[int] = []
     feed = list(prompt_ids)
@@ -119,15 +118,21 @@ def _inspect(rd: _Round, stream: TextStream, clock: Clock) -> None:
 def _draft_and_verify(target, proposer, committed, cache, g, params, gen, eos, clock) -> _Round:
     """One round's work: the proposer drafts up to g tokens, the target reads
     them in one forward, modified rejection sampling decides."""
+    # read before drafting: a self-speculative proposer writes into the target's cache
+    fed = committed[cache.get_seq_length():]  # the whole prompt in round 1, then the last token
     t_start = clock.now()
     prop = proposer.propose(committed, g, params, gen, eos)
     t_drafted = clock.now()
     k = len(prop.tokens)
-    fed = committed[cache.get_seq_length():]  # the whole prompt in round 1, then the last token
-    logits = forward_logits(target, fed + prop.tokens, cache, k + 1)
+    verify_logits = getattr(proposer, "verify_logits", None)
+    if verify_logits is not None:  # the proposer already ran part of the target on its drafts
+        logits = verify_logits(fed, prop.tokens, k + 1)
+    else:
+        logits = forward_logits(target, fed + prop.tokens, cache, k + 1)
     p = warp(logits, params)
     q = _pad_to(prop.q.to(p.device), p.shape[-1]) if k else p[:0]
-    v = verify(torch.tensor(prop.tokens, device=p.device, dtype=torch.long), q, p, gen)
+    drafted = torch.tensor(prop.tokens, device=p.device, dtype=torch.long)
+    v = verify(drafted, q, p, gen, greedy=params.greedy)
     gaps = top2_gap(logits) if params.greedy else None
     return _Round(prop.tokens, prop.forwards, fed, p, gaps, v, t_start, t_drafted, clock.now(),
                   info=prop.info, q=q)
@@ -218,7 +223,7 @@ def speculative(
     eos = frozenset(eos_ids)
     gen = _generator(target.device, seed)
     clock = clock or Clock(target.device)
-    cache = DynamicCache()
+    cache = new_cache(target)
     stream = TextStream(tokenizer)
     committed = list(prompt_ids)
     s = RunSummary(mode="speculative", method=proposer.name, token_ids=[], text="", n_tokens=0,
@@ -228,6 +233,8 @@ def speculative(
     # one forward fewer than a separate prefill (HF assisted generation does the
     # same). Round 1 therefore counts as prefill, not in the draft/verify split.
     proposer.reset(prompt_ids)  # the draft's prefill, not in draft_forwards
+    if hasattr(proposer, "attach_target_cache"):  # self-speculation drafts in the target's cache
+        proposer.attach_target_cache(cache)
     r = 0
     while len(s.token_ids) < max_new_tokens:
         if _check_stop(stop):

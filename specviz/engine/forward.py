@@ -3,8 +3,12 @@ one KV-cached forward, cache rollback, and drawing a token from a distribution."
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
 
+from . import kvcache
 from .sampling import SamplingParams, sample
+
+CACHES = ("dynamic", "static")
 
 
 def pick(probs: torch.Tensor, params: SamplingParams, generator) -> int:
@@ -16,6 +20,8 @@ def pick(probs: torch.Tensor, params: SamplingParams, generator) -> int:
 
 def forward_logits(model, ids: list[int], cache, keep: int) -> torch.Tensor:
     """One KV-cached forward of `ids`; returns float logits of the last `keep` positions."""
+    if isinstance(cache, kvcache.StaticKV):
+        return kvcache.static_forward(model, ids, cache, keep)
     x = torch.tensor([ids], device=model.device)
     out = model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=keep)
     return out.logits[0, -keep:]
@@ -29,3 +35,30 @@ def crop_cache(cache, length: int) -> None:
     extra = cache.get_seq_length() - length
     if extra > 0:
         cache.crop(-extra)
+
+
+def set_cache(model, kind: str = "dynamic", *, compile: bool = False, masked: bool | None = None) -> str:
+    """Choose the KV cache every engine builds for `model` (baseline, verify and
+    draft alike, so a speed trick reaches both sides). Returns the kind in use:
+    a model the static cache cannot serve (sliding windows, flash attention) stays dynamic.
+    `masked`: attend over the whole buffer under a mask (the compiled layout; default: when compiled)."""
+    if kind not in CACHES:
+        raise ValueError(f"cache must be one of {CACHES}, not {kind!r}")
+    if kind == "static" and not kvcache.supported(model):
+        kind, compile = "dynamic", False
+    model._specviz_cache = (kind, compile, compile if masked is None else masked)
+    return kind + (" + compile" if compile else "")
+
+
+def cache_kind(model) -> tuple[str, bool, bool]:
+    """(kind, compiled, masked layout)"""
+    return getattr(model, "_specviz_cache", ("dynamic", False, False))
+
+
+def new_cache(model, capacity: int = 1024):
+    """A fresh KV cache of the kind chosen with set_cache (DynamicCache by default)."""
+    kind, compiled, masked = cache_kind(model)
+    if kind == "dynamic":
+        return DynamicCache()
+    fn = kvcache.compiled_call(model) if compiled else None
+    return kvcache.StaticKV(capacity, full=masked, compiled=fn)

@@ -126,12 +126,17 @@ def verify(
     q: torch.Tensor,
     p: torch.Tensor,
     generator: torch.Generator | None = None,
+    *,
+    greedy: bool = False,
 ) -> Verdict:
     """Modified rejection sampling for one round.
 
     draft_tokens: (γ,) long; q: (γ, V) draft distributions they were drawn from;
     p: (γ + 1, V) target distributions at the same positions plus one more.
+    greedy: p and q are one-hot (warp of greedy params); the residual and the
+    bonus are point masses, so argmax replaces a multinomial draw over V (same token).
     """
+    draw = (lambda probs: int(probs.argmax())) if greedy else (lambda probs: int(sample(probs, generator)))
     gamma = draft_tokens.shape[0]
     idx = draft_tokens.view(-1, 1)
     p_x = p[:gamma].gather(-1, idx).squeeze(-1)
@@ -142,10 +147,10 @@ def verify(
     rejected = (~ok).nonzero()
     n = int(rejected[0, 0]) if rejected.numel() else gamma
     if n < gamma:
-        token = int(sample(residual(p[n], q[n]), generator))
+        token = draw(residual(p[n], q[n]))
         resampled = True
     else:
-        token = int(sample(p[gamma], generator))
+        token = draw(p[gamma])
         resampled = False
     return Verdict(
         n_accepted=n,

@@ -9,7 +9,7 @@ import gradio as gr
 
 from ..engine.proposers import method_names, method_spec
 from ..request import MAX_GAMMA, Limits
-from . import inspector, render, theory
+from . import draft_size, inspector, render, theory
 from . import replay as replay_ui
 from .charts import all_charts
 from .handlers import PairChoices
@@ -197,5 +197,6 @@ def build_page(*, presets: list[dict], choices: PairChoices, limits: Limits, def
     parts |= _panes_and_charts(first, default_mode)
     live_tab.close()
     parts["theory"] = theory.build_tab()
+    draft_size.build_tab()  # the committed draft-size analysis (static, docs/draft_size.json)
     parts["timer"] = gr.Timer(0.5, active=status["loading"])
     return Page(**parts)

@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 
 from ...errors import RequestError
-from ..forward import crop_cache, forward_logits, pick
+from ..forward import crop_cache, forward_logits, new_cache, pick
 from ..sampling import warp
 from .base import Proposal, Proposer, register, target_vocab
 
@@ -21,10 +20,10 @@ class DraftModelProposer(Proposer):
     vocab_size: int | None = None  # cut the draft's logits to the target's vocabulary
     name: str = "draft"
     confidence: float | None = None  # stop drafting below this top probability
-    cache: DynamicCache | None = field(default=None, repr=False)
+    cache: object = field(default=None, repr=False)  # a KV cache from forward.new_cache
 
     def reset(self, prompt_ids: list[int]) -> int:
-        self.cache = DynamicCache()
+        self.cache = new_cache(self.model)
         # the last prompt token is fed with the first propose() call
         if len(prompt_ids) > 1:
             forward_logits(self.model, prompt_ids[:-1], self.cache, 1)

@@ -1,0 +1,179 @@
+"""A static (preallocated) KV cache, as gpt-fast keeps one, and its forward.
+
+Every layer's keys and values live in one buffer of `capacity` positions,
+written in place. The cache holds positions [0, pos); rolling back after a
+rejection is moving `pos` back: the stale entries past it are never attended
+to (sliced away, or masked out by the causal mask) and are overwritten by the
+next forward. Nothing is reallocated per step, unlike DynamicCache's cat.
+
+Two layouts of the same cache:
+- eager (`full=False`): attention reads the valid prefix k[:, :, :pos+n];
+- compiled (`full=True`): attention reads the whole buffer under a mask, so
+  every shape is fixed and `torch.compile` (CUDA graphs on a GPU) sees the
+  same graph at every step; only the number of new tokens n varies.
+
+The model is called with explicit position_ids and a prepared mask dict, so
+the transformers versions we support (5.17 .. 5.23) only ever call
+`update(k, v, layer_idx, ...)` on this object.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+GROW = 512  # positions added when a run outgrows the buffer (a compiled graph then recompiles once)
+# forwards of more new tokens (the prompt) run eagerly: one graph per prompt length otherwise
+COMPILE_MAX_NEW = 32
+
+
+def supported(model) -> bool:
+    """Full attention everywhere (no sliding-window layers) with an implementation we can mask."""
+    cfg = model.config
+    impl = getattr(cfg, "_attn_implementation", None) or "eager"
+    types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+    return types == {"full_attention"} and impl in ("sdpa", "eager")
+
+
+class StaticKV:
+    """Preallocated per-layer K/V buffers and a position pointer (see module doc)."""
+
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, capacity: int = 1024, *, full: bool = False, compiled=None):
+        self.capacity = capacity
+        self.full = full
+        self.compiled = compiled  # torch.compile'd forward, or None
+        self.pos = 0  # positions held
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.write_pos: torch.Tensor | None = None  # positions this forward writes (full layout)
+
+    # ---- what the model calls
+    def update(self, key, value, layer_idx, *args, **kwargs):
+        k, v = self.keys[layer_idx], self.values[layer_idx]
+        if self.full:
+            k.index_copy_(2, self.write_pos, key)
+            v.index_copy_(2, self.write_pos, value)
+            return k, v
+        end = self.pos + key.shape[-2]
+        k[:, :, self.pos:end] = key
+        v[:, :, self.pos:end] = value
+        return k[:, :, :end], v[:, :, :end]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.pos
+
+    def crop(self, length: int) -> None:
+        # transformers' convention: a negative length removes that many positions
+        self.pos = min(self.pos, length if length >= 0 else max(0, self.pos + length))
+
+    def reset(self) -> None:
+        self.pos = 0
+
+    # ---- our side
+    def allocate(self, model) -> None:
+        """The buffers, before the first forward (never inside a compiled graph)."""
+        cfg = model.config
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        for _ in range(cfg.num_hidden_layers):
+            for buf in (self.keys, self.values):
+                buf.append(torch.zeros((1, heads, self.capacity, dim), dtype=model.dtype,
+                                       device=model.device))
+        if self.compiled is not None:
+            _static_address(*self.keys, *self.values)
+
+    def reserve(self, end: int) -> None:
+        if end <= self.capacity:
+            return
+        new = max(end, self.capacity + GROW)
+        for buf in (self.keys, self.values):
+            for i, t in enumerate(buf):
+                grown = t.new_zeros((*t.shape[:2], new, t.shape[-1]))
+                grown[:, :, : self.pos] = t[:, :, : self.pos]
+                buf[i] = grown
+                if self.compiled is not None:
+                    _static_address(grown)
+        self.capacity = new
+
+
+def _static_address(*tensors) -> None:
+    # fixed data pointers: CUDA graphs replay without copying the buffers (as transformers' StaticLayer)
+    if not torch.compiler.is_compiling():
+        for t in tensors:
+            torch._dynamo.mark_static_address(t)
+
+
+def _mask(model, p: int, n: int, kv_len: int, device) -> torch.Tensor | None:
+    """Query i (position p+i) sees keys 0..p+i: the causal mask, which also hides
+    every stale entry past the pointer."""
+    if n == 1 and kv_len == p + 1:
+        return None  # the one query sees every key
+    keys, queries = torch.arange(kv_len, device=device), torch.arange(p, p + n, device=device)
+    allowed = keys[None, :] <= queries[:, None]
+    allowed = allowed[None, None]
+    if model.config._attn_implementation == "sdpa":
+        return allowed
+    dtype = model.dtype
+    blocked = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    return blocked.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
+def _call(model, x, pos_ids, mask, cache, keep):
+    return model(input_ids=x, position_ids=pos_ids, attention_mask={"full_attention": mask},
+                 past_key_values=cache, use_cache=True, logits_to_keep=keep).logits
+
+
+def _compiled_step(fn, model, x, pos_ids, mask, cache, keep):
+    # one graph for n = 1 and one shape-generic graph for n >= 2 (verify, a draft's 2-token feed);
+    # all n logits are computed so that `keep` adds no graph
+    if x.shape[1] > 1:
+        for t, dim in ((x, 1), (pos_ids, 1), (mask, 2), (cache.write_pos, 0)):
+            torch._dynamo.mark_dynamic(t, dim)
+    return fn(model, x, pos_ids, mask, cache, 0)
+
+
+def static_forward(model, ids: list[int], cache: StaticKV, keep: int) -> torch.Tensor:
+    """One forward of `ids` at positions pos..pos+n-1; returns the last `keep` rows of logits."""
+    n, p, dev = len(ids), cache.pos, model.device
+    if not cache.keys:
+        cache.allocate(model)
+    cache.reserve(p + n)
+    x = torch.tensor([ids], device=dev)
+    pos_ids = torch.arange(p, p + n, device=dev)
+    kv_len = cache.capacity if cache.full else p + n
+    mask = _mask(model, p, n, kv_len, dev)
+    cache.write_pos = pos_ids
+    # the prompt's forward (p == 0) runs eagerly: a graph per prompt length is not worth compiling
+    if cache.compiled is not None and p > 0 and n <= COMPILE_MAX_NEW:
+        try:
+            logits = _compiled_step(cache.compiled, model, x, pos_ids[None], mask, cache, keep)
+        except Exception as err:  # a backend that cannot compile this model (e.g. int8 weights)
+            # the failed call wrote nothing past what the eager call rewrites: run eagerly from now on
+            warnings.warn(f"torch.compile failed ({type(err).__name__}: {err}); running eagerly",
+                          stacklevel=2)
+            cache.compiled, model._specviz_compiled = None, False
+            logits = _call(model, x, pos_ids[None], mask, cache, keep)
+    else:
+        logits = _call(model, x, pos_ids[None], mask, cache, keep)
+    cache.pos = p + n
+    return logits[0, -keep:]
+
+
+def compiled_call(model):
+    """The model's forward under torch.compile, built once per model and reused by every run.
+    On CUDA, mode "reduce-overhead" replays CUDA graphs (eager batch-1 decoding is launch-bound)."""
+    fn = getattr(model, "_specviz_compiled", None)
+    if fn is False:  # failed before: eager
+        return None
+    if fn is None:
+        # target and draft share _call's code object, so their graphs share one recompile budget
+        cfg = torch._dynamo.config
+        name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+        setattr(cfg, name, max(getattr(cfg, name), 32))
+        mode = "reduce-overhead" if model.device.type == "cuda" else None
+        fn = torch.compile(_call, mode=mode, dynamic=None)
+        model._specviz_compiled = fn
+    return fn

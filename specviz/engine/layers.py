@@ -1,0 +1,77 @@
+"""Run a subset of a decoder-only target's own layers: the draft of the
+self-speculative methods (early exit = the first L layers, layer skip = all
+layers but a skipped set), then the target's final norm and its own LM head.
+
+Built from the Hugging Face modules (embed_tokens, layers[i], norm, lm_head,
+rotary_emb), not by swapping `model.model.layers`: the same target object
+keeps serving plain decoding and verification, possibly on another thread.
+Decoder-layer call checked in the sources of transformers 5.23 and 5.17 (same
+in both, no cache_position): layer(h, attention_mask=, position_ids=,
+past_key_values=, use_cache=, position_embeddings=(cos, sin)). DynamicCache()
+grows its layers lazily up to each attention's own layer_idx, so a skipped
+layer simply leaves its cache slot empty.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import RequestError
+
+
+def decoder_parts(model):
+    """(backbone, lm_head) of a Llama-style causal LM, or a clear error."""
+    body = getattr(model, "model", None)
+    need = ("embed_tokens", "layers", "norm", "rotary_emb")
+    if body is None or not all(hasattr(body, n) for n in need) or not hasattr(model, "lm_head"):
+        raise RequestError("Self-speculation needs a Llama-style decoder (embed_tokens, layers, "
+                           "norm, rotary_emb, lm_head); this target has another layout.")
+    types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
+    if types != {"full_attention"}:
+        raise RequestError("Self-speculation supports full-attention layers only "
+                           f"(this target has {sorted(types)}).")
+    return body, model.lm_head
+
+
+def n_layers(model) -> int:
+    return int(model.config.num_hidden_layers)
+
+
+def causal_mask(q_len: int, past: int, dtype, device) -> torch.Tensor | None:
+    """Additive (1, 1, q, past+q) mask; None for one new token (it sees everything).
+    An additive float mask is read the same way by the eager and SDPA kernels."""
+    if q_len == 1:
+        return None
+    i = torch.arange(q_len, device=device)[:, None] + past
+    j = torch.arange(past + q_len, device=device)[None, :]
+    mask = torch.zeros(q_len, past + q_len, dtype=dtype, device=device)
+    mask.masked_fill_(j > i, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def embed(model, ids: list[int]) -> torch.Tensor:
+    return decoder_parts(model)[0].embed_tokens(torch.tensor([ids], device=model.device))
+
+
+def run_layers(model, h: torch.Tensor, cache, layers, *, start: int) -> torch.Tensor:
+    """Hidden states (1, n, d) at positions start.. through `layers`, KV-cached."""
+    body = decoder_parts(model)[0]
+    pos = torch.arange(start, start + h.shape[1], device=h.device)[None]
+    rope = body.rotary_emb(h, pos)
+    mask = causal_mask(h.shape[1], start, h.dtype, h.device)
+    for i in layers:
+        h = body.layers[i](h, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                           use_cache=True, position_embeddings=rope)
+        h = h[0] if isinstance(h, tuple) else h  # older releases returned a tuple
+    return h
+
+
+def logits_of(model, h: torch.Tensor, keep: int) -> torch.Tensor:
+    """The target's final norm and LM head on the last `keep` positions (float logits)."""
+    body, head = decoder_parts(model)
+    return head(body.norm(h[:, -keep:]))[0].float()
+
+
+def layers_forward(model, ids: list[int], cache, layers, *, start: int, keep: int) -> torch.Tensor:
+    """KV-cached forward of `ids` (at positions start..) through `layers` only, then
+    the target's norm and LM head. Returns float logits of the last `keep` positions."""
+    return logits_of(model, run_layers(model, embed(model, ids), cache, layers, start=start), keep)

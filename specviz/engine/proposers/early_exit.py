@@ -1,0 +1,175 @@
+"""Early exit (training-free LayerSkip): the target's first L layers, then its
+own final norm and LM head, draft γ tokens; the full target verifies them.
+
+The draft is an ordinary q-draft (q = the warped early-exit distribution), so
+the standard verification keeps greedy output identical to plain decoding and
+the target's law under sampling. No second model: `--draft` is ignored.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from ...errors import RequestError
+from ..forward import crop_cache, pick
+from ..layers import decoder_parts, embed, layers_forward, logits_of, n_layers, run_layers
+from ..sampling import warp
+from .base import Proposal, Proposer, register, target_vocab
+
+
+@dataclass
+class LayerSubsetProposer(Proposer):
+    """Drafts autoregressively with a subset of the target's own layers, with its
+    own KV cache (slots of unused layers stay empty)."""
+
+    model: torch.nn.Module
+    layers: tuple[int, ...]
+    vocab_size: int | None = None
+    name: str = "early-exit"
+    cache: DynamicCache | None = field(default=None, repr=False)
+    seen: int = 0  # positions in the cache (layer 0 may be skipped: count ourselves)
+
+    def reset(self, prompt_ids):
+        self.cache, self.seen = DynamicCache(), 0
+        # the last prompt token is fed with the first propose() call
+        if len(prompt_ids) > 1:
+            self._logits(prompt_ids[:-1])
+            return 1
+        return 0
+
+    def _logits(self, ids):
+        logits = layers_forward(self.model, ids, self.cache, self.layers, start=self.seen, keep=1)
+        self.seen += len(ids)
+        return logits[..., : self.vocab_size] if self.vocab_size else logits
+
+    def propose(self, committed, gamma, params, generator, eos_ids):
+        feed = committed[self.seen:]  # 1 token, or 2 after a bonus round
+        tokens, qs = [], []
+        for _ in range(gamma):
+            q = warp(self._logits(feed)[-1], params)
+            x = pick(q, params, generator)
+            tokens.append(x)
+            qs.append(q)
+            if x in eos_ids:  # nothing useful follows an end-of-sequence
+                break
+            feed = [x]
+        return Proposal(tokens, torch.stack(qs), forwards=len(tokens))
+
+    def rollback(self, committed, n_accepted, n_drafted):
+        # keep what is still committed, leaving the last committed token to be fed next round
+        extra = self.seen - (len(committed) - 1)
+        if extra > 0:
+            self.cache.crop(-extra)
+            self.seen -= extra
+
+
+@dataclass
+class SharedCacheExitProposer(Proposer):
+    """Early exit that drafts inside the target's own KV cache: layers < L of the
+    drafted positions are exactly what the full target computes there, so the
+    verify pass runs layers < L only for the last (undrafted) token and layers
+    >= L for all of them, from the hidden states the draft kept. The engine
+    lends its cache (attach_target_cache) and calls verify_logits."""
+
+    model: torch.nn.Module
+    exit_layer: int
+    vocab_size: int | None = None
+    name: str = "early-exit"
+    cache: DynamicCache | None = field(default=None, repr=False)
+    hidden: list = field(default_factory=list, repr=False)  # layer-L states of fed positions
+    start: int = 0  # position of the first state in `hidden`
+    seen: int = 0  # positions whose layers < L are in the cache
+    owned: bool = True  # no engine lent its cache: draft in our own (no reuse)
+
+    def reset(self, prompt_ids):
+        self.cache, self.seen, self.hidden, self.owned = DynamicCache(), 0, [], True
+        return 0
+
+    def attach_target_cache(self, cache) -> None:
+        self.cache, self.seen, self.hidden, self.owned = cache, 0, [], False
+
+    def _low(self, ids):
+        if not self.hidden:
+            self.start = self.seen
+        h = run_layers(self.model, embed(self.model, ids), self.cache, range(self.exit_layer),
+                       start=self.seen)
+        self.seen += len(ids)
+        self.hidden.append(h)
+        return h
+
+    def propose(self, committed, gamma, params, generator, eos_ids):
+        feed = committed[self.seen:]  # the prompt in round 1, then the last committed token
+        tokens, qs = [], []
+        for _ in range(gamma):
+            logits = logits_of(self.model, self._low(feed), 1)[-1]
+            q = warp(logits[: self.vocab_size] if self.vocab_size else logits, params)
+            x = pick(q, params, generator)
+            tokens.append(x)
+            qs.append(q)
+            if x in eos_ids:
+                break
+            feed = [x]
+        return Proposal(tokens, torch.stack(qs), forwards=len(tokens))
+
+    def verify_logits(self, fed, tokens, keep):
+        """Target logits of the last `keep` of fed + tokens, reusing the draft's layers < L."""
+        seq = fed + tokens
+        done = self.seen - self.start  # positions of seq the draft already ran
+        if done < len(seq):
+            self._low(seq[done:])
+        h = run_layers(self.model, torch.cat(self.hidden, dim=1), self.cache,
+                       range(self.exit_layer, n_layers(self.model)), start=self.start)
+        self.hidden = []
+        return logits_of(self.model, h, keep)
+
+    def rollback(self, committed, n_accepted, n_drafted):
+        self.seen, self.hidden = len(committed) - 1, []  # the engine cropped a shared cache
+        if self.owned:
+            crop_cache(self.cache, self.seen)
+
+
+def check_exit_options(options: dict) -> dict:
+    if options.get("exit_layer") is None:
+        options.pop("exit_layer", None)
+        return options
+    try:
+        options["exit_layer"] = int(options["exit_layer"])
+    except (TypeError, ValueError):
+        raise RequestError(f"Exit layer must be a whole number, not {options['exit_layer']!r}.") from None
+    if options["exit_layer"] < 1:
+        raise RequestError(f"Exit layer {options['exit_layer']} is out of range: use 1 or more.")
+    return options
+
+
+def _check_reuse(options: dict) -> dict:
+    reuse = options.get("kv_reuse", True)
+    if reuse not in (True, False, "on", "off", 0, 1):
+        raise RequestError(f"kv_reuse must be on or off, not {reuse!r}.")
+    options["kv_reuse"] = reuse in (True, "on", 1)
+    return options
+
+
+def exit_layers(model, exit_layer: int) -> tuple[int, ...]:
+    n = n_layers(model)
+    if not 1 <= exit_layer <= n:
+        raise RequestError(f"Exit layer {exit_layer} is out of range: this target has {n} layers "
+                           f"(use 1..{n}; fewer layers draft faster but are accepted less).")
+    return tuple(range(exit_layer))
+
+
+@register("early-exit", "early exit (self)", order=20,
+          check_options=lambda o: _check_reuse(check_exit_options(o)),
+          description="the target's first L layers + its own LM head draft (training-free LayerSkip)")
+def _build_early_exit(pair, req=None):
+    decoder_parts(pair.target)
+    options = _check_reuse(check_exit_options(dict(getattr(req, "options", None) or {})))
+    exit_layer = options.get("exit_layer")
+    if exit_layer is None:
+        from ...selfspec import default_exit_layer
+        exit_layer = default_exit_layer(pair)
+    layers, vocab = exit_layers(pair.target, exit_layer), target_vocab(pair.target)
+    if options["kv_reuse"]:
+        return SharedCacheExitProposer(pair.target, len(layers), vocab_size=vocab)
+    return LayerSubsetProposer(pair.target, layers, vocab_size=vocab, name="early-exit")

@@ -1,0 +1,61 @@
+"""Layer skip (Draft & Verify / SWIFT, no training): the full target minus a
+set of skipped layers drafts; the full target verifies. The skip set comes
+from a short measured calibration (specviz.selfspec), or `skip_layers`."""
+from __future__ import annotations
+
+import re
+
+from ...errors import RequestError
+from ..layers import decoder_parts, n_layers
+from .base import register, target_vocab
+from .early_exit import LayerSubsetProposer
+
+
+def parse_skip(value) -> tuple[int, ...]:
+    """'3,5-7' or [3, 5, 6, 7] -> (3, 5, 6, 7)."""
+    if isinstance(value, str):
+        out = []
+        for part in filter(None, re.split(r"[,\s]+", value.strip())):
+            m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+            if not m:
+                raise RequestError(f"Skip layers: {part!r} is not a layer number or range like 4-9.")
+            lo, hi = int(m[1]), int(m[2] or m[1])
+            out.extend(range(lo, hi + 1))
+        return tuple(sorted(set(out)))
+    try:
+        return tuple(sorted({int(i) for i in value}))
+    except (TypeError, ValueError):
+        raise RequestError(f"Skip layers must be layer numbers, not {value!r}.") from None
+
+
+def check_skip_options(options: dict) -> dict:
+    if options.get("skip_layers") is None:
+        options.pop("skip_layers", None)
+        return options
+    options["skip_layers"] = parse_skip(options["skip_layers"])
+    if any(i < 0 for i in options["skip_layers"]):
+        raise RequestError("Skip layers are numbered from 0.")
+    return options
+
+
+def kept_layers(model, skip) -> tuple[int, ...]:
+    n = n_layers(model)
+    bad = [i for i in skip if not 0 <= i < n]
+    if bad:
+        raise RequestError(f"Skip layers {bad} are out of range: this target has layers 0..{n - 1}.")
+    kept = tuple(i for i in range(n) if i not in set(skip))
+    if not kept:
+        raise RequestError(f"That skip set skips all {n} layers: keep at least one for the draft.")
+    return kept
+
+
+@register("layer-skip", "layer skip (self)", order=21, check_options=check_skip_options,
+          description="the target minus a calibrated set of skipped layers drafts (Draft & Verify / SWIFT)")
+def _build_layer_skip(pair, req=None):
+    decoder_parts(pair.target)
+    skip = check_skip_options(dict(getattr(req, "options", None) or {})).get("skip_layers")
+    if skip is None:
+        from ...selfspec import default_skip_layers
+        skip = default_skip_layers(pair)
+    return LayerSubsetProposer(pair.target, kept_layers(pair.target, skip),
+                               vocab_size=target_vocab(pair.target), name="layer-skip")
