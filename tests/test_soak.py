@@ -31,13 +31,13 @@ from browser.server import InProcessApp, free_port, ready_client, shared_server 
 from gradio_client.utils import Status  # noqa: E402
 
 FIELDS = ("prompt", "gamma", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "chat_template", "mode",
-          "method")
+          "method", "gamma_auto")
 GOOD = dict(prompt="def f(x):", gamma=4, max_new_tokens=24, temperature=0.0, top_p=1.0, top_k=0, seed=0,
-            chat_template=False, mode="fair", method="draft")
+            chat_template=False, mode="fair", method="draft", gamma_auto=False)
 BASE, SPEC, STATS, INFO = 0, 1, 2, 3
 MAX_NEW = 512  # the server's limit on new tokens (the built-in default)
 RSS_BOUND_MB = 150  # growth of the server's RSS over 50 runs, after warm-up
-TOKEN = re.compile(r'<span class="sv-tok ([^"]*)" title="[^"]*">(.*?)</span>', re.S)
+TOKEN = re.compile(r'<span class="sv-tok ([^"]*)"(?: data-[a-z]+="[^"]*")* title="[^"]*">(.*?)</span>', re.S)
 
 
 def args(**kw):
