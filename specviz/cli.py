@@ -212,7 +212,7 @@ def _generate(args, req, pair) -> int:
     ids = encode_prompt(pair.tokenizer, req, pair.max_positions)
     modes = ["baseline", "speculative"] if args.mode == "both" else [args.mode]
     if not args.json and pair.precision_note:
-        print(f"precision: {pair.precision_note}", file=sys.stderr)
+        print(f"precision: {pair.precision_note}")  # stdout: part of the report; stderr stays errors only
     failed = False
     for i in range(args.num_samples):
         sreq = req if req.seed is None else req.__class__(**{**req.__dict__, "seed": req.seed + i})

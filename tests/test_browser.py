@@ -85,7 +85,7 @@ def test_generation_renders_tokens_and_charts(browser, server, scheme):
     assert page.locator("#sv-baseline .sv-target").count() > 0
     assert page.locator("#sv-speculative .sv-round").count() >= 1
     # four plotly charts were drawn
-    assert page.locator(".js-plotly-plot").count() == 4
+    assert page.locator(".js-plotly-plot").count() == 5  # 4 charts + the token-tree view
     assert page.locator(".js-plotly-plot .main-svg").count() >= 4
     assert "identical outputs" in page.inner_text("#sv-runinfo")
     assert "tokens/s" in page.inner_text("#sv-stats")

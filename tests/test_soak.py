@@ -316,8 +316,11 @@ def test_closed_tab_ends_the_run(tmp_path, slow_engine, monkeypatch):
         assert conn.getresponse().read()
         conn.request("GET", f"/gradio_api/queue/data?session_hash={session}")
         stream = conn.getresponse()
-        while not (b"process_generating" in stream.readline() and slow_engine[0] >= 3):
-            pass  # until the page is streaming and the engines are stepping
+        while True:  # until the page is streaming and the engines are stepping
+            line = stream.readline()
+            assert line, "the stream ended before the run was streaming"
+            if b"process_generating" in line and slow_engine[0] >= 3:
+                break
         gone = time.monotonic()
         conn.sock.close()  # the tab closes
         conn.close()
