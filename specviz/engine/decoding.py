@@ -25,11 +25,11 @@ from .sampling import SamplingParams, Verdict, top2_gap, verify, warp
 from .text import TextStream
 
 
-def _check_stop(stop: threading.Event | None) -> bool:
+def check_stop(stop: threading.Event | None) -> bool:
     return stop is not None and stop.is_set()
 
 
-def _pad_to(q: torch.Tensor, vocab: int) -> torch.Tensor:
+def pad_to(q: torch.Tensor, vocab: int) -> torch.Tensor:
     # a draft with a smaller output layer proposes nothing past its size
     return F.pad(q, (0, vocab - q.shape[-1])) if q.shape[-1] < vocab else q
 
@@ -48,7 +48,7 @@ def baseline(
 ) -> Iterator[TokenEvent | RunSummary]:
     """Plain KV-cached autoregressive decoding of the target."""
     eos = frozenset(eos_ids)
-    gen = _generator(model.device, seed)
+    gen = make_generator(model.device, seed)
     clock = clock or Clock(model.device)
     cache = new_cache(model)
     stream = TextStream(tokenizer)
@@ -56,7 +56,7 @@ def baseline(
     feed = list(prompt_ids)
     forwards, prefill, reason = 0, 0.0, "max_new_tokens"
     while len(out) < max_new_tokens:
-        if _check_stop(stop):
+        if check_stop(stop):
             reason = "stopped"
             break
         logits = forward_logits(model, feed, cache, 1)[-1]
@@ -80,7 +80,15 @@ def baseline(
     )
 
 
-def _generator(device, seed):
+def finish_run(s: RunSummary, stream: TextStream, clock: Clock) -> RunSummary:
+    """Close a speculative run's summary: the last event of every speculative engine."""
+    s.n_tokens = len(s.token_ids)
+    s.text = stream.final()
+    s.elapsed = clock.now()
+    return s
+
+
+def make_generator(device, seed):
     if seed is None:
         return None
     g = torch.Generator(device=device)
@@ -130,7 +138,7 @@ def _draft_and_verify(target, proposer, committed, cache, g, params, gen, eos, c
     else:
         logits = forward_logits(target, fed + prop.tokens, cache, k + 1)
     p = warp(logits, params)
-    q = _pad_to(prop.q.to(p.device), p.shape[-1]) if k else p[:0]
+    q = pad_to(prop.q.to(p.device), p.shape[-1]) if k else p[:0]
     drafted = torch.tensor(prop.tokens, device=p.device, dtype=torch.long)
     v = verify(drafted, q, p, gen, greedy=params.greedy)
     gaps = top2_gap(logits) if params.greedy else None
@@ -221,7 +229,7 @@ def speculative(
     (at most `gamma`) and learns from each verdict; without one the proposer
     decides (fixed γ, or its own adaptive rule)."""
     eos = frozenset(eos_ids)
-    gen = _generator(target.device, seed)
+    gen = make_generator(target.device, seed)
     clock = clock or Clock(target.device)
     cache = new_cache(target)
     stream = TextStream(tokenizer)
@@ -237,7 +245,7 @@ def speculative(
         proposer.attach_target_cache(cache)
     r = 0
     while len(s.token_ids) < max_new_tokens:
-        if _check_stop(stop):
+        if check_stop(stop):
             s.stop_reason = "stopped"
             break
         remaining = max_new_tokens - len(s.token_ids)
@@ -260,7 +268,4 @@ def speculative(
         if hit_eos:
             s.stop_reason = "eos"
             break
-    s.n_tokens = len(s.token_ids)
-    s.text = stream.final()
-    s.elapsed = clock.now()
-    yield s
+    yield finish_run(s, stream, clock)

@@ -18,6 +18,7 @@ from transformers import DynamicCache
 
 from ..errors import RequestError
 from .clock import Clock
+from .decoding import check_stop, finish_run
 from .events import Outcome, RoundEvent, RunSummary, TokenEvent
 from .forward import crop_cache
 from .proposers.lookahead import GREEDY_ONLY, Layout, LookaheadProposer, build_mask, positions
@@ -113,7 +114,7 @@ def lookahead(target, prop: LookaheadProposer, tokenizer, prompt_ids: list[int],
     prop.reset(prompt_ids)
     r = 0
     while len(out) < max_new_tokens:
-        if stop is not None and stop.is_set():
+        if check_stop(stop):
             s.stop_reason = "stopped"
             break
         ev = _round(target, prop, cache, committed, out, stream, s, eos, max_new_tokens - len(out), r, clock)
@@ -121,10 +122,7 @@ def lookahead(target, prop: LookaheadProposer, tokenizer, prompt_ids: list[int],
         r += 1
         if s.stop_reason == "eos":
             break
-    s.n_tokens = len(out)
-    s.text = stream.final()
-    s.elapsed = clock.now()
-    yield s
+    yield finish_run(s, stream, clock)
 
 
 def _round(target, prop, cache, committed, out, stream, s, eos, remaining, r, clock) -> RoundEvent:

@@ -13,10 +13,10 @@ import threading
 from typing import Iterator
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache
 
 from .clock import Clock
+from .decoding import check_stop, finish_run, make_generator, pad_to
 from .events import Outcome, RoundEvent, RunSummary, TokenEvent
 from .forward import crop_cache
 from .sampling import SamplingParams, overlap, warp
@@ -25,23 +25,13 @@ from .tree_forward import keep_cache_slots, tree_forward_logits
 from .tree_sampling import accept_greedy, accept_sampled, depths_of, describe_tree
 
 
-def _generator(device, seed):
-    if seed is None:
-        return None
-    return torch.Generator(device=device).manual_seed(seed)
-
-
-def _pad_to(q: torch.Tensor, vocab: int) -> torch.Tensor:
-    return F.pad(q, (0, vocab - q.shape[-1])) if q.shape[-1] < vocab else q
-
-
 def _verify(target, cache, fed, prop, params, gen):
     """One target forward over fed + tree; returns (p rows, verdict, q rows)."""
     depths = depths_of(prop.parents)
     logits = tree_forward_logits(target, cache, fed=fed, tokens=prop.tokens, parents=prop.parents,
                                  depths=depths, keep=len(prop.tokens) + 1)
     p = warp(logits, params)
-    q = _pad_to(prop.q.to(p.device), p.shape[-1])
+    q = pad_to(prop.q.to(p.device), p.shape[-1])
     if params.greedy:
         return p, accept_greedy(prop.tokens, prop.parents, p), q
     return p, accept_sampled(prop.tokens, prop.parents, p, q, gen), q
@@ -84,7 +74,7 @@ def tree_speculative(target, proposer, tokenizer, prompt_ids: list[int], max_new
                      clock: Clock | None = None) -> Iterator[RoundEvent | RunSummary]:
     """Tree speculation; γ is the tree depth (see proposers/tree.py)."""
     eos = frozenset(eos_ids)
-    gen = _generator(target.device, seed)
+    gen = make_generator(target.device, seed)
     clock = clock or Clock(target.device)
     cache = DynamicCache()
     stream = TextStream(tokenizer)
@@ -95,7 +85,7 @@ def tree_speculative(target, proposer, tokenizer, prompt_ids: list[int], max_new
     proposer.reset(prompt_ids)
     r = 0
     while len(out) < max_new_tokens:
-        if stop is not None and stop.is_set():
+        if check_stop(stop):
             s.stop_reason = "stopped"
             break
         remaining = max_new_tokens - len(out)
@@ -131,10 +121,7 @@ def tree_speculative(target, proposer, tokenizer, prompt_ids: list[int], max_new
         r += 1
         if s.stop_reason == "eos":
             break
-    s.n_tokens = len(out)
-    s.text = stream.final()
-    s.elapsed = clock.now()
-    yield s
+    yield finish_run(s, stream, clock)
 
 
 def _round_event(s, r, prop, v, tokens, q_x, p_x, ov, appended, n_path, prompt_tokens,
