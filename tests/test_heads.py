@@ -169,3 +169,30 @@ def test_cli_trains_a_tiny_target(tmp_path, capsys):
     assert "held-out top-1 agreement" in capsys.readouterr().err
     assert main(["info", *argv]) == 0
     assert '"k": 2' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", ["fair", "parallel"])
+def test_race_without_heads_is_one_message(target, tok, mode):
+    from specviz.race import race
+    req = make_request(PROMPT, method="heads", max_new_tokens=8)
+    with pytest.raises(RequestError, match="python -m specviz.heads train"):
+        list(race(pair_of(target, tok, name="default"), req, tok.encode(PROMPT), mode))
+
+
+@pytest.mark.parametrize("mode", ["fair", "parallel"])
+def test_race_and_trace_roundtrip(target, tok, tmp_path, mode):
+    from specviz.engine.events import RoundEvent, RunSummary
+    from specviz.race import race
+    from specviz.trace import load_trace, new_trace, record, replay
+    pair = pair_of(target, tok, name="default")
+    store.save(pair, random_heads(32, 3, scale=0.05), {})
+    req = make_request(PROMPT, method="heads", gamma=3, max_new_tokens=16)
+    tr = new_trace({"method": "heads", "options": req.options}, "t", "d", "cpu", mode=mode)
+    events = list(record(race(pair, req, tok.encode(PROMPT), mode=mode), tr))
+    ends = {s: e for s, e in events if isinstance(e, RunSummary)}
+    assert ends["baseline"].token_ids == ends["speculative"].token_ids
+    rounds = [e for s, e in events if isinstance(e, RoundEvent)]
+    assert rounds and all(r.info["heads"] == 3 for r in rounds)
+    back = load_trace(tr.save(tmp_path / "t.json"))
+    got = [e for _, e in replay(back.events, speed=1e6) if isinstance(e, RoundEvent)]
+    assert [r.info for r in got] == [r.info for r in sorted(rounds, key=lambda r: r.t_end)]

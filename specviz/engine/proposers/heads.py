@@ -54,8 +54,9 @@ class HeadsProposer(Proposer):
             cache.compiled = None  # a compiled graph would not run the norm hook: verify eagerly
 
     def propose(self, committed, gamma, params, generator, eos_ids):
-        if self.h is None or gamma < 1:
-            return Proposal([], torch.zeros(0, self.vocab_size), forwards=0)
+        if self.h is None or gamma < 1:  # round 1: no state yet, the prompt's forward makes one
+            return Proposal([], torch.zeros(0, self.vocab_size), forwards=0,
+                            info={"heads": self.heads.k, "head_ms": 0.0})
         from ...heads.model import head_logits
         t0 = time.perf_counter()
         k = min(gamma, self.heads.k)
@@ -66,7 +67,7 @@ class HeadsProposer(Proposer):
             tokens.append(pick(q, params, generator))
             if tokens[-1] in eos_ids:  # nothing useful follows an end-of-sequence
                 break
-        info = {"head_ms": round((time.perf_counter() - t0) * 1e3, 3)}
+        info = {"heads": self.heads.k, "head_ms": round((time.perf_counter() - t0) * 1e3, 3)}
         return Proposal(tokens, qs[: len(tokens)], forwards=0, info=info)
 
     def verify_logits(self, fed, tokens, keep):
