@@ -160,15 +160,27 @@ def test_missing_or_corrupt_heads_name_the_train_command(target, tok):
     assert isinstance(make_proposer(custom, "heads", req), HeadsProposer)
 
 
-def test_cli_trains_a_tiny_target(tmp_path, capsys):
+def test_cli_trains_a_tiny_target_then_generates(tmp_path, capsys):
+    import json
+
+    from specviz.cli import main as cli_main
     from specviz.heads.__main__ import main
     from specviz.models.tiny import save_tiny_pair
     t, d = save_tiny_pair(tmp_path / "m")
-    argv = ["--target", t, "--draft", d, "--tokens", "300", "--heads", "2", "--minutes", "1"]
+    pair_args = ["--target", t, "--draft", d]
+    gen = ["generate", *pair_args, "--prompt", "def f(x):", "--json", "--mode", "both", "--max-new-tokens",
+           "16", "--gamma", "3", "--method", "heads"]
+    assert cli_main(gen) == 2  # nothing trained yet: one line naming the command
+    assert f"python -m specviz.heads train --target {t} --draft {d}" in capsys.readouterr().err
+    argv = [*pair_args, "--tokens", "300", "--heads", "2", "--minutes", "1"]
     assert main(["train", *argv]) == 0
     assert "held-out top-1 agreement" in capsys.readouterr().err
     assert main(["info", *argv]) == 0
     assert '"k": 2' in capsys.readouterr().out
+    for extra in ([], ["--cache", "static"]):
+        assert cli_main(gen + extra) == 0
+        base, spec = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+        assert base["token_ids"] == spec["token_ids"] and spec["stats"]["rounds"] > 1
 
 
 @pytest.mark.parametrize("mode", ["fair", "parallel"])

@@ -75,8 +75,10 @@ def target_states(model, wins: list[list[int]], chunk: int = 64) -> dict:
     hs, ys, seg = [], [], []
     bar = progress(sum(map(len, wins)), "target hidden states")
     for j, w in enumerate(wins):
-        h = model.model(input_ids=torch.tensor([w], device=model.device)).last_hidden_state[0]
-        ys += [model.lm_head(h[i: i + chunk]).argmax(-1) for i in range(0, len(w), chunk)]
+        x = torch.tensor([w], device=model.device)
+        h = model.model(input_ids=x, use_cache=False).last_hidden_state[0]  # post-norm, as the verify hook
+        head = model.get_output_embeddings()
+        ys += [head(h[i: i + chunk]).argmax(-1) for i in range(0, len(w), chunk)]
         hs.append(h.cpu())
         seg.append(torch.full((len(w),), j, dtype=torch.int32))
         bar.update(len(w))
