@@ -208,3 +208,9 @@ def test_race_and_trace_roundtrip(target, tok, tmp_path, mode):
     back = load_trace(tr.save(tmp_path / "t.json"))
     got = [e for _, e in replay(back.events, speed=1e6) if isinstance(e, RoundEvent)]
     assert [r.info for r in got] == [r.info for r in sorted(rounds, key=lambda r: r.t_end)]
+
+
+def test_default_corpus_leaves_out_the_bench_prompts():
+    docs = data.default_docs()
+    assert docs and all(name.startswith("stdlib/") for name, _ in docs)
+    assert [n for n, _ in docs[:50]] != sorted(n for n, _ in docs[:50])  # shuffled: many packages
