@@ -214,3 +214,9 @@ def test_default_corpus_leaves_out_the_bench_prompts():
     docs = data.default_docs()
     assert docs and all(name.startswith("stdlib/") for name, _ in docs)
     assert [n for n, _ in docs[:50]] != sorted(n for n, _ in docs[:50])  # shuffled: many packages
+
+
+def test_windows_take_a_few_per_file(tok):
+    wins = data.windows(tok, 1000, seq=64, docs=DOCS, per_doc=2)
+    assert sum(map(len, wins)) == 1000 and max(map(len, wins)) == 64
+    assert len(wins) >= 1000 // 64 and wins[0] == tok.encode(DOCS[0][1])[:64]

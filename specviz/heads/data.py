@@ -60,22 +60,18 @@ def default_docs() -> list[tuple[str, str]]:
 def windows(tokenizer, n_tokens: int, seq: int = SEQ, docs=None, per_doc: int = PER_DOC) -> list[list[int]]:
     """Windows of up to `seq` tokens (at least 8), about n_tokens in all, from the corpus."""
     docs = default_docs() if docs is None else docs
-    # ~3.5 characters a code token; tokenise generously, the windows take what they need
-    flat, _ = ds_mod.tokenize_corpus(tokenizer, docs, max_chars=n_tokens * 8 * max(1, seq // 64),
-                                     progress=False)
-    out, total, doc = [], 0, []
-    for x in flat.tolist() + [ds_mod.SEP]:
-        if x != ds_mod.SEP:
-            doc.append(x)
-            continue
-        for i in range(0, min(len(doc), seq * per_doc), seq):
-            w = doc[i: i + seq][: n_tokens - total]
-            if len(w) >= 8:
-                out.append(w)
-                total += len(w)
-        doc = []
-        if total >= n_tokens:
-            break
+    chars = seq * per_doc * 8  # a code token is ~3.5 characters: only a file's head is tokenised
+    out, total = [], 0
+    for b in range(0, len(docs), 16):
+        texts = [t[:chars] for _, t in docs[b: b + 16]]
+        for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
+            for i in range(0, min(len(ids), seq * per_doc), seq):
+                w = ids[i: i + seq][: n_tokens - total]
+                if len(w) >= 8:
+                    out.append(w)
+                    total += len(w)
+            if total >= n_tokens:
+                return out
     return out
 
 
