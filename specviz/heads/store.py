@@ -66,11 +66,22 @@ def _missing(pair, why: str) -> RequestError:
                         f"with: {train_command(pair)}")
 
 
+_LOADED: dict[tuple, Heads] = {}  # a run builds its proposer on every request: read the file once
+
+
 def load(pair) -> Heads:
     """The cached heads of this pair's target, or one RequestError with the train command."""
     path = heads_dir(pair) / "heads.pt"
     if not path.is_file():
         raise _missing(pair, "No trained multi-token heads are cached for this target.")
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size)  # a retrained file is read again
+    if key not in _LOADED:
+        _LOADED[key] = _read(pair, path)
+    return _LOADED[key]
+
+
+def _read(pair, path: Path) -> Heads:
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
         heads = Heads(int(blob["hidden"]), int(blob["k"]))

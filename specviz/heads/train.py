@@ -98,7 +98,7 @@ def _mean(xs) -> float | None:
 
 def train(pair, *, k: int = 3, n_tokens: int = 16_000, epochs: int = 1, minutes: float = 15.0,
           lr: float = 1e-3, batch: int = 32, loss: str = "ce", seq: int = SEQ, docs=None,
-          eval_positions: int = 2000, seed: int = 0) -> tuple[Heads, dict]:
+          eval_positions: int = 1000, seed: int = 0) -> tuple[Heads, dict]:
     """Heads for pair.target, trained on its own states over ~n_tokens of the corpus, and a report."""
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {LOSSES}")
@@ -106,7 +106,7 @@ def train(pair, *, k: int = 3, n_tokens: int = 16_000, epochs: int = 1, minutes:
     data = {n: v.clone() if torch.is_tensor(v) else v for n, v in
             corpus_states(pair, n_tokens, seq, docs).items()}  # plain tensors: autograd may save them
     train_idx, test_idx = pairs(data["seg"], k)
-    test_idx = test_idx[:eval_positions]
+    test_idx = test_idx[:: max(1, len(test_idx) // eval_positions)][:eval_positions]  # every held-out window
     lm_head = pair.target.get_output_embeddings()
     heads = Heads(data["h"].shape[1], k)
     before = evaluate(heads, lm_head, data, test_idx)
