@@ -96,7 +96,7 @@ def corpus_states(pair, n_tokens: int, seq: int = SEQ, docs=None, refresh: bool 
     """target_states over ~n_tokens of the corpus, cached per target, size and float type."""
     dtype = str(next(pair.target.parameters()).dtype).replace("torch.", "")
     tag = "default" if docs is None else f"docs{len(docs)}"
-    path = heads_dir(pair) / f"states-{tag}-{n_tokens}-s{seq}-{dtype}.pt"
+    path = heads_dir(pair) / f"states-{tag}-{n_tokens}-s{seq}-p{PER_DOC}-{dtype}.pt"
     if path.is_file() and not refresh:
         try:
             return torch.load(path, weights_only=True)
