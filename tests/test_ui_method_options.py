@@ -61,6 +61,9 @@ def test_options_text():
     assert mo.options_text("layer-skip", {"skip_layers": [4, 6, 7, 8, 9]}) == "skip 4,6-9"
     assert mo.options_text("lookahead", {"window": 4, "guesses": 2}) == "W 4 · G 2"
     assert mo.options_text("draft", {}) == "" and mo.options_text("tree", None) == ""
+    # an uploaded trace may hold anything: text, never a crash
+    assert mo.options_text("layer-skip", {"skip_layers": ["<b>", 1]}) == "skip ['<b>', 1]"
+    assert mo.options_text("tree", ["x"]) == "" and mo.options_text("tree", "4-2") == ""
 
 
 def test_page_builds_with_the_group_hidden_for_draft():
@@ -148,3 +151,5 @@ def test_old_trace_without_options_still_loads(handlers, tmp_path):
     view = rp.final_view(back)
     assert view.options == {} and view.spec.n_tokens > 0
     assert "draft" in rp.describe_html(back, "upload")
+    back.meta["settings"].update(method="layer-skip", options=["<script>"])  # hostile upload
+    assert rp.view_for(back)[0].options == {} and "<script>" not in rp.describe_html(back, "upload")

@@ -85,7 +85,7 @@ def collect(method: str | None, values: dict) -> dict:
 
 def _compact(value) -> str:
     if isinstance(value, (list, tuple)):
-        return "-".join(map(str, value)) if value and all(isinstance(v, int) for v in value) else str(value)
+        return "-".join(map(str, value)) if value and all(type(v) is int for v in value) else str(value)
     return str(value)
 
 
@@ -102,12 +102,15 @@ def _ranges(ids) -> str:
 
 def options_text(method: str | None, options: dict | None) -> str:
     """The settings a run used, for its header: 'shape 4-2-2-1 · budget 44' ('' when none)."""
+    if not isinstance(options, dict):  # an uploaded trace may hold anything
+        return ""
     parts = []
     for spec in specs_for(method):
-        value = (options or {}).get(spec.key)
+        value = options.get(spec.key)
         if value is None or value == "" or value == []:
             continue
-        if spec.key == "skip_layers" and isinstance(value, (list, tuple)):
+        ints = isinstance(value, (list, tuple)) and all(type(v) is int for v in value)
+        if spec.key == "skip_layers" and ints:
             parts.append(f"{spec.short} {_ranges(value)}")
         else:
             parts.append(f"{spec.short} {_compact(value)}")

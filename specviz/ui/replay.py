@@ -174,7 +174,8 @@ def view_for(tr: Trace) -> tuple[RunView, str]:
                    str(m.get("execution_mode") or "fair"),
                    prompt, chat)
     view.method = str(settings.get("method") or (spec.method if spec is not None else "draft"))
-    view.options = dict(settings.get("options") or {})  # older traces have none: the defaults ran
+    opts = settings.get("options")  # older traces have none: the defaults ran
+    view.options = dict(opts) if isinstance(opts, dict) else {}
     view.costs = trace_costs(tr)
     head = render.prompt_span(prompt, bool(m.get("chat_applied", chat)))
     return view, head
