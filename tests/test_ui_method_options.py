@@ -40,6 +40,7 @@ def test_run_handler_takes_the_options_in_table_order():
 def test_only_the_picked_methods_controls_show(method, shown):
     note, *controls = mo.on_method(method)
     assert note["visible"] == (not shown)
+    assert ("--datastore" in note["value"]) == (method == "rest")
     assert {k for k, u in zip(mo.KEYS, controls, strict=True) if u["visible"]} == shown
 
 

@@ -14,7 +14,8 @@ from ..engine.proposers.tree import DEFAULT_BUDGET, MAX_NODES
 from ..errors import RequestError
 
 TEXT, INT, SLIDER = "text", "int", "slider"  # INT: a number box, blank = the method's default
-NO_SETTINGS = "<span class='sv-mode'>This method has no settings beyond γ.</span>"
+NO_SETTINGS = "This method has no settings beyond γ."
+NOTES = {"rest": "The datastore is the server's, set by its --datastore flag; the page cannot pick files."}
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,10 @@ def options_text(method: str | None, options: dict | None) -> str:
     return " · ".join(parts)
 
 
+def note_html(method: str | None) -> str:
+    return f"<span class='sv-mode'>{NOTES.get(method, NO_SETTINGS)}</span>"
+
+
 @dataclass
 class Controls:
     """The group's components: `inputs` follow KEYS (the run handler's order)."""
@@ -149,7 +154,7 @@ def build(method: str = "draft") -> Controls:
     import gradio as gr
     with gr.Group(elem_id="sv-method-settings"):
         gr.HTML("<div class='sv-pane-title'>Method settings</div>")
-        note = gr.HTML(NO_SETTINGS, visible=not specs_for(method))
+        note = gr.HTML(note_html(method), visible=not specs_for(method))
         with gr.Row():
             inputs = [_control(o, o.method == method) for o in OPTIONS]
     return Controls(note, inputs)
@@ -158,5 +163,5 @@ def build(method: str = "draft") -> Controls:
 def on_method(method):
     """Show the selected method's controls only (a chain method: the note)."""
     import gradio as gr
-    return (gr.update(visible=not specs_for(method)),
+    return (gr.update(value=note_html(method), visible=not specs_for(method)),
             *(gr.update(visible=o.method == method) for o in OPTIONS))
