@@ -47,3 +47,17 @@ def test_cli_writes_json(tmp_path, capsys):
     assert main([str(tmp_path), "--json", str(tmp_path / "h.json")]) == 0
     assert "(b) each family" in capsys.readouterr().out
     assert (tmp_path / "h.json").exists()
+
+
+def test_a_later_folder_replaces_a_prompts_runs(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    _write(a)
+    _write(b)
+    with open(b / "runs.csv") as f:  # b reran p0 only
+        lines = [ln for ln in f if ",p0," in ln or ln.startswith("variant")]
+    (b / "runs.csv").write_text("".join(lines))
+    rows = load_runs([str(a), str(b)])
+    assert {r["source"] for r in rows if r["prompt_id"] == "p0"} == {1}
+    assert {r["source"] for r in rows if r["prompt_id"] == "p1"} == {0}

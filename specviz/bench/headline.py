@@ -25,13 +25,14 @@ SAME_GAMMA = 4  # (a): the γ every family ran at
 
 
 def load_runs(dirs: list[str]) -> list[dict]:
+    """Every run of every folder; a prompt run again in a later folder (e.g. a rerun of prompts
+    a busy machine disturbed) replaces all of that prompt's runs from earlier folders."""
     rows = []
     for i, d in enumerate(dirs):
         with open(Path(d) / "runs.csv", newline="") as f:
-            for r in csv.DictReader(f):
-                if not r.get("error"):
-                    r["source"] = i  # plain runs pair only within their own bench run
-                    rows.append(r)
+            new = [dict(r, source=i) for r in csv.DictReader(f) if not r.get("error")]
+        again = {r["prompt_id"] for r in new}
+        rows = [r for r in rows if r["prompt_id"] not in again] + new  # plain pairs within a folder
     return rows
 
 
@@ -117,7 +118,8 @@ def round_overhead(rows: list[dict]) -> dict:
     acc = defaultdict(list)
     for r in rows:
         el, pre, d, v = (_f(r.get(k)) for k in ("elapsed", "prefill", "draft_time", "verify_time"))
-        if r["engine"] == "specviz" and r["variant"] != "plain" and None not in (el, pre, d, v) and el > pre:
+        timed = None not in (el, pre, d, v) and el > pre and d + v > 0  # not ended in round 1
+        if r["engine"] == "specviz" and r["variant"] != "plain" and timed:
             acc[r["variant"]].append((el - pre - d - v) / (el - pre))
     return {k: cell(xs) for k, xs in sorted(acc.items())}
 

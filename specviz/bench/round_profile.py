@@ -87,10 +87,10 @@ def main(argv=None) -> int:
     ap.add_argument("--method", default="draft")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--pair", default=None)
+    from ..cli import add_pair_args, load_from_args
+    add_pair_args(ap)  # the same pair, precision, int8 and cache flags as the bench and the CLI
     args = ap.parse_args(argv)
-    from ..models import load_pair, resolve_pair
-    pair = load_pair(resolve_pair(args.pair))
+    pair = load_from_args(args)
     r = profile(pair, method=args.method, gamma=args.gamma, max_new_tokens=args.max_new_tokens)
     print(r.pop("profile_top"))
     for k, v in r.items():
