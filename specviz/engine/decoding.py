@@ -34,6 +34,12 @@ def pad_to(q: torch.Tensor, vocab: int) -> torch.Tensor:
     return F.pad(q, (0, vocab - q.shape[-1])) if q.shape[-1] < vocab else q
 
 
+def _run_state(model, tokenizer, eos_ids, seed, clock):
+    """What every run starts with: the EOS set, its generator, clock, KV cache and text stream."""
+    return (frozenset(eos_ids), make_generator(model.device, seed), clock or Clock(model.device),
+            new_cache(model), TextStream(tokenizer))
+
+
 @torch.inference_mode()
 def baseline(
     model,
@@ -47,11 +53,7 @@ def baseline(
     clock: Clock | None = None,
 ) -> Iterator[TokenEvent | RunSummary]:
     """Plain KV-cached autoregressive decoding of the target."""
-    eos = frozenset(eos_ids)
-    gen = make_generator(model.device, seed)
-    clock = clock or Clock(model.device)
-    cache = new_cache(model)
-    stream = TextStream(tokenizer)
+    eos, gen, clock, cache, stream = _run_state(model, tokenizer, eos_ids, seed, clock)
     out: list[int] = []
     feed = list(prompt_ids)
     forwards, prefill, reason = 0, 0.0, "max_new_tokens"
@@ -250,11 +252,7 @@ def speculative(
     policy: an optional γ policy (engine/gamma.py) that picks each round's γ
     (at most `gamma`) and learns from each verdict; without one the proposer
     decides (fixed γ, or its own adaptive rule)."""
-    eos = frozenset(eos_ids)
-    gen = make_generator(target.device, seed)
-    clock = clock or Clock(target.device)
-    cache = new_cache(target)
-    stream = TextStream(tokenizer)
+    eos, gen, clock, cache, stream = _run_state(target, tokenizer, eos_ids, seed, clock)
     committed = list(prompt_ids)
     s = new_summary(proposer.name, gamma, target.device, gamma_policy=getattr(policy, "name", ""))
     # the target reads the prompt in round 1, together with the first drafts:
