@@ -12,7 +12,7 @@ from ..hosting.spaces import gpu_decorator
 from ..models import PairSpec
 from ..prompts import load_presets
 from ..request import Limits
-from . import inspector
+from . import inspector, method_options
 from . import replay as replay_ui
 from .handlers import STOP_GRACE, Handlers, pair_choices, session_key
 from .layout import Page, build_page
@@ -48,6 +48,9 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
                         poll_out, api_name="load_pair", show_progress="hidden")
     # checked (and named) by make_request
     raw_values(page.gamma, page.max_new, page.temperature, page.top_p, page.top_k, page.seed)
+    if page.method_options is not None:  # show the picked method's settings; its check_options names bad ones
+        page.method.change(method_options.on_method, page.method, page.method_options.outputs, **quiet)
+        raw_values(*page.method_options.numbers)
     # ZeroGPU on a Space: borrow a GPU per run, for as long as its limits need (else a no-op)
     run = gpu_decorator(handlers.limits, max_tokens_arg=2)(handlers.run)
     once = dict(concurrency_limit=1, concurrency_id="generate", trigger_mode="once", show_progress="full",

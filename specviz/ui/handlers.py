@@ -20,7 +20,7 @@ from ..models import PairSpec, available_pairs, resolve_pair
 from ..race import MODES, RaceInfo, race
 from ..request import Limits, RequestError, encode_prompt, make_request
 from ..trace import record, trace_for
-from . import inspector, render
+from . import inspector, method_options, render
 from . import replay as replay_ui
 from .loader import ModelManager
 from .panes import PaneStream, message_outputs
@@ -180,12 +180,14 @@ class Handlers:
         return render.status_html(status), button_state(status), gr.Timer(active=True)
 
     def _checked(self, prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed, chat_template, mode,
-                 method, gamma_auto=False):
+                 method, gamma_auto=False, options=None):
         """(request, pair, prompt ids), or RequestError in words the visitor understands."""
         gamma = "auto" if gamma_auto is True else gamma
-        req = make_request(prompt, method=method or "draft", gamma=gamma, max_new_tokens=max_new_tokens,
+        method = method or "draft"
+        req = make_request(prompt, method=method, gamma=gamma, max_new_tokens=max_new_tokens,
                            temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                           chat_template=chat_template, limits=self.limits)
+                           chat_template=chat_template, limits=self.limits,
+                           options=method_options.collect(method, options or {}))
         if mode not in MODES:
             raise RequestError(f"Unknown execution mode {mode!r}: choose fair or parallel.")
         pair = self.manager.pair
@@ -197,10 +199,14 @@ class Handlers:
         return req, pair, encode_prompt(pair.tokenizer, req, pair.max_positions, self.limits)
 
     def run(self, prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed, chat_template, mode,
-            method="draft", gamma_auto=False, request: gr.Request = None):
+            method="draft", gamma_auto=False, tree_shape=None, tree_budget=None, window=None, guesses=None,
+            exit_layer=None, skip_layers=None, request: gr.Request = None):
+        # the method settings follow method_options.KEYS (the page's input order; a test checks it)
+        options = dict(tree_shape=tree_shape, tree_budget=tree_budget, window=window, guesses=guesses,
+                       exit_layer=exit_layer, skip_layers=skip_layers)
         try:
             req, pair, ids = self._checked(prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed,
-                                           chat_template, mode, method, gamma_auto)
+                                           chat_template, mode, method, gamma_auto, options)
         except RequestError as e:
             yield message_outputs(str(e))
             raise gr.Error(render.toast_text(e), print_exception=False) from None
@@ -217,6 +223,7 @@ class Handlers:
         try:
             view = RunView(req.gamma, req.temperature, mode, req.prompt, req.chat_template)
             view.method, view.gamma_auto, view.precision = req.method, req.gamma_auto, str(pair.dtype)
+            view.options = req.options  # shown next to the method in the run header
             view.costs = getattr(pair, "costs", None)  # calibration at load: plain step and v(k)
             view.unmeasured = getattr(pair, "unmeasured", ())  # another engine (vLLM): n/a, never 0
             inspector.LATEST.put(key, view.spec.rounds)  # the p/q inspector reads the rounds as they come

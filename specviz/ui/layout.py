@@ -9,7 +9,7 @@ import gradio as gr
 
 from ..engine.proposers import method_names, method_spec
 from ..request import MAX_GAMMA, Limits
-from . import draft_size, inspector, render, theory
+from . import draft_size, inspector, method_options, render, theory
 from . import replay as replay_ui
 from .charts import all_charts
 from .handlers import PairChoices
@@ -61,11 +61,13 @@ class Page:
     plots: list[gr.Plot]  # α, speedup, time, position, token tree
     theory: object  # theory.build_tab()'s components
     inspector: dict | None = None  # ui/inspector.py build()'s components
+    method_options: method_options.Controls | None = None  # per-method settings (ui/method_options.py)
 
     @property
     def run_inputs(self) -> list:
+        extra = self.method_options.inputs if self.method_options is not None else []
         return [self.prompt, self.gamma, self.max_new, self.temperature, self.top_p, self.top_k, self.seed,
-                self.chat, self.mode, self.method, self.gamma_auto]
+                self.chat, self.mode, self.method, self.gamma_auto, *extra]
 
     @property
     def run_outputs(self) -> list:
@@ -124,7 +126,8 @@ def _more_settings(first: dict) -> dict:
         method = gr.Radio(METHOD_CHOICES, value="draft", label="Where the guesses come from",
                           info="Every method is verified the same way, so the output law stays the target's",
                           elem_id="sv-method")
-    return dict(top_p=top_p, top_k=top_k, chat=chat, method=method)
+        opts = method_options.build("draft")  # tree shape, lookahead W and G, exit layer, skip set
+    return dict(top_p=top_p, top_k=top_k, chat=chat, method=method, method_options=opts)
 
 
 def _pair_section(choices: PairChoices, allow_local_paths: bool, fixed_pair: bool) -> dict:

@@ -16,6 +16,7 @@ import html
 from ..engine.events import OUTCOME_COLOURS, OUTCOME_LABELS, Outcome, RoundEvent, TokenEvent
 from ..engine.method_info import round_note
 from ..format import number
+from .method_options import options_text
 
 SPEC_OUTCOMES = (Outcome.ACCEPTED, Outcome.REJECTED, Outcome.RESAMPLED, Outcome.BONUS)
 LEGEND_ORDER = SPEC_OUTCOMES + (Outcome.TARGET,)
@@ -325,7 +326,9 @@ def run_info_html(snap: dict) -> str:
     method = snap.get("method")
     if method and method != "draft":
         names = {"lookup": "prompt lookup (no draft model)", "adaptive": "draft model with adaptive γ"}
-        parts.append(f"<span class='sv-mode'>guesses from: <b>{esc(names.get(method, method))}</b></span>")
+        settings = options_text(method, snap.get("options"))  # "shape 4-2-2-1 · budget 44"
+        parts.append(f"<span class='sv-mode'>guesses from: <b>{esc(names.get(method, method))}</b>"
+                     + (f" · {esc(settings)}" if settings else "") + "</span>")
     if snap.get("note"):
         parts.append(f"<span class='sv-mode'>{esc(snap['note'])}</span>")
     return "<div class='sv-runinfo'>" + " ".join(parts) + "</div>"

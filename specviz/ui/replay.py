@@ -33,6 +33,7 @@ from ..race import SIDES
 from ..trace import Trace, event_time, load_trace, replay, trace_costs
 from . import inspector, render, theory
 from .charts import all_charts
+from .method_options import options_text
 from .panes import PaneStream, message_outputs
 from .state import RunView
 from .tree_view import latest_tree_figure
@@ -117,6 +118,12 @@ def _models(meta: dict) -> str:
                or "unknown models")
 
 
+def _method_text(settings: dict) -> str:
+    """The method and its recorded settings: "token tree · shape 4-2-2-1"."""
+    extra = options_text(settings.get("method"), settings.get("options"))
+    return method_label(settings.get("method")) + (f" · {extra}" if extra else "")
+
+
 def choice_label(name: str, tr: Trace) -> str:
     m = tr.meta
     return f"{m.get('label') or name}  ·  {m.get('hardware') or 'unknown hardware'}"
@@ -136,7 +143,7 @@ def describe_html(tr: Trace, source: str) -> str:
     how = "greedy" if temp == 0 else f"sampled at T {temp}" if temp is not None else "?"
     return (f"<div class='sv-runinfo'><span class='sv-mode'>{render.esc(source)}: "
             f"<b>{render.esc(m.get('label') or 'unlabelled')}</b>: {render.esc(_models(m))}, "
-            f"{render.esc(method_label(settings.get('method')))}, "
+            f"{render.esc(_method_text(settings))}, "
             f"γ {render.esc(settings.get('gamma', '?'))}, "
             f"{render.esc(how)}, {render.esc(m.get('precision') or '?')} on "
             f"{render.esc(m.get('hardware') or '?')}, {render.esc(_date(m))}, "
@@ -167,6 +174,8 @@ def view_for(tr: Trace) -> tuple[RunView, str]:
                    str(m.get("execution_mode") or "fair"),
                    prompt, chat)
     view.method = str(settings.get("method") or (spec.method if spec is not None else "draft"))
+    opts = settings.get("options")  # older traces have none: the defaults ran
+    view.options = dict(opts) if isinstance(opts, dict) else {}
     view.costs = trace_costs(tr)
     head = render.prompt_span(prompt, bool(m.get("chat_applied", chat)))
     return view, head

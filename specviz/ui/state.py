@@ -98,6 +98,7 @@ class RunView:
         self.clock = 0.0  # shared display clock (virtual in fair mode)
         self.note = ""
         self.method = "draft"  # where the guesses came from (RunRequest.method)
+        self.options: dict = {}  # its settings (RunRequest.options: tree shape, exit layer, ...)
         self.gamma_auto = False  # γ chosen each round (engine/gamma.py): predict at the mean drafted γ
         self.precision = "float32"  # the target's dtype: sets the greedy near-tie threshold
         self.error = ""  # a failed run's message for the visitor
@@ -205,4 +206,4 @@ class RunView:
         return dict(baseline=side(self.base), speculative=side(self.spec), stats=self.stats(),
                     identical=self.identical(), finished=self.finished, greedy=self.greedy,
                     mode=self.mode, clock=self.clock, note=self.note, method=self.method,
-                    error=self.error)
+                    options=self.options, error=self.error)

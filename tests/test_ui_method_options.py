@@ -1,0 +1,156 @@
+"""The page's "Method settings": one control table (ui/method_options.py), the
+options a run sends, friendly errors for bad values, and options in traces.
+In process on the tiny pair; no server, no browser."""
+import inspect
+from types import SimpleNamespace
+
+import gradio as gr
+import pytest
+
+from specviz.cli import METHOD_FLAGS
+from specviz.engine.proposers import method_names
+from specviz.trace import load_trace
+from specviz.ui import method_options as mo
+from specviz.ui import render
+from specviz.ui import replay as rp
+from specviz.ui.handlers import Handlers, pair_choices
+
+REQ = SimpleNamespace(session_hash="opts-test")
+# prompt, γ, max new, T, top-p, top-k, seed, chat, mode
+BASE = ("def f(x):", 3, 6, 0.0, 1.0, 0, 0, False, "fair")
+
+
+def test_table_covers_the_cli_flags_but_the_datastore():
+    assert set(mo.KEYS) == set(METHOD_FLAGS) - {"datastore"}  # a visitor never picks a server path
+    assert {o.method for o in mo.OPTIONS} <= set(method_names())
+    assert all(o.info and o.label for o in mo.OPTIONS)
+
+
+def test_run_handler_takes_the_options_in_table_order():
+    params = list(inspect.signature(Handlers.run).parameters)
+    i = params.index("gamma_auto")
+    assert params[i + 1:i + 1 + len(mo.KEYS)] == list(mo.KEYS)
+
+
+@pytest.mark.parametrize("method, shown", [
+    ("tree", {"tree_shape", "tree_budget"}), ("lookahead", {"window", "guesses"}),
+    ("early-exit", {"exit_layer"}), ("layer-skip", {"skip_layers"}),
+    ("draft", set()), ("lookup", set()), ("rest", set()), ("staged", set()),
+])
+def test_only_the_picked_methods_controls_show(method, shown):
+    note, *controls = mo.on_method(method)
+    assert note["visible"] == (not shown)
+    assert ("--datastore" in note["value"]) == (method == "rest")
+    assert {k for k, u in zip(mo.KEYS, controls, strict=True) if u["visible"]} == shown
+
+
+def test_collect_omits_blanks_types_numbers_and_ignores_other_methods():
+    values = dict(tree_shape=" 4-2-2-1 ", tree_budget=12.0, window=5, guesses=3, exit_layer=None,
+                  skip_layers="")
+    assert mo.collect("tree", values) == {"tree_shape": "4-2-2-1", "tree_budget": 12}
+    assert type(mo.collect("tree", values)["tree_budget"]) is int
+    assert mo.collect("lookahead", values) == {"window": 5, "guesses": 3}
+    assert mo.collect("early-exit", values) == {}
+    assert mo.collect("layer-skip", {**values, "skip_layers": "4,6-9"}) == {"skip_layers": "4,6-9"}
+    assert mo.collect("draft", values) == {}
+    with pytest.raises(Exception, match="Exit layer L must be a whole number"):
+        mo.collect("early-exit", {"exit_layer": 2.5})
+
+
+def test_options_text():
+    assert mo.options_text("tree", {"tree_shape": [4, 2, 2, 1], "tree_budget": None}) == "shape 4-2-2-1"
+    assert mo.options_text("layer-skip", {"skip_layers": [4, 6, 7, 8, 9]}) == "skip 4,6-9"
+    assert mo.options_text("lookahead", {"window": 4, "guesses": 2}) == "W 4 · G 2"
+    assert mo.options_text("draft", {}) == "" and mo.options_text("tree", None) == ""
+    # an uploaded trace may hold anything: text, never a crash
+    assert mo.options_text("layer-skip", {"skip_layers": ["<b>", 1]}) == "skip ['<b>', 1]"
+    assert mo.options_text("tree", ["x"]) == "" and mo.options_text("tree", "4-2") == ""
+
+
+def test_page_builds_with_the_group_hidden_for_draft():
+    from specviz.request import Limits
+    from specviz.ui.layout import build_page
+    from specviz.ui.loader import ModelManager
+
+    presets = [dict(name="p", prompt="x", gamma=3, max_new_tokens=8, chat_template=False)]
+    with gr.Blocks():
+        page = build_page(presets=presets, choices=pair_choices(None, network=False), limits=Limits(),
+                          default_mode="fair", status=ModelManager().status(), allow_local_paths=False,
+                          fixed_pair=False)
+    assert len(page.run_inputs) == 11 + len(mo.KEYS)
+    assert page.run_inputs[11:] == page.method_options.inputs
+    assert not any(c.visible for c in page.method_options.inputs) and page.method_options.note.visible
+
+
+# ---------------------------------------------------------------- the run handler on the tiny pair
+
+
+@pytest.fixture(scope="module")
+def handlers(tmp_path_factory):
+    from specviz.models import resolve_pair
+    from specviz.models.tiny import save_tiny_pair
+    from specviz.request import Limits
+    from specviz.ui.loader import ModelManager
+
+    target, draft = save_tiny_pair(tmp_path_factory.mktemp("tiny"))
+    manager = ModelManager(device="cpu")
+    spec = resolve_pair(None, target, draft, allow_local_paths=True)
+    manager.start(spec)
+    assert manager.wait(60), manager.status()
+    return Handlers(manager, Limits(), [], pair_choices(spec, network=False))
+
+
+def run(handlers, method, **options):
+    values = dict.fromkeys(mo.KEYS) | dict(window=4, guesses=2) | options
+    return list(handlers.run(*BASE, method, False, *(values[k] for k in mo.KEYS), request=REQ))
+
+
+@pytest.mark.parametrize("method, options, message", [
+    ("tree", dict(tree_shape="4-x"), "Tree shape must look like 4-2-2-1"),
+    ("tree", dict(tree_budget=0), "Tree budget must be between 1 and 64"),
+    ("lookahead", dict(window=0), "Lookahead window must be a whole number between 1 and 16, got 0."),
+    ("early-exit", dict(exit_layer=0), "Exit layer 0 is out of range"),
+    ("layer-skip", dict(skip_layers="4,x"), "Skip layers: 'x' is not a layer number"),
+    ("early-exit", dict(exit_layer=9), "Exit layer 9 is out of range: this target has 3 layers"),  # at build
+    ("layer-skip", dict(skip_layers="0-2"), "That skip set skips all 3 layers"),
+])
+def test_bad_value_is_a_friendly_error(handlers, method, options, message):
+    outs = []
+    with pytest.raises(gr.Error) as info:  # the toast; the page's error box gets the same words
+        for out in handlers.run(*BASE, method, False,
+                                *(({"window": 4, "guesses": 2} | options).get(k) for k in mo.KEYS),
+                                request=REQ):
+            outs.append(out)
+    assert message in info.value.message
+    assert outs and "sv-status-error" in outs[-1][3] and render.esc(message) in outs[-1][3]
+
+
+def test_tree_options_reach_the_run_and_its_trace(handlers, tmp_path):
+    outs = run(handlers, "tree", tree_shape="2-1", tree_budget=3.0)
+    assert "shape 2-1 · budget 3" in outs[-1][3]  # the run header, next to the method
+    tr, _ = handlers.records.get(REQ.session_hash)
+    assert tr.meta["settings"]["options"] == {"tree_shape": [2, 1], "tree_budget": 3}
+    back = load_trace(tr.save(tmp_path / "t.json"))  # round trip: the replay shows them too
+    view, _ = rp.view_for(back)
+    assert view.options == {"tree_shape": [2, 1], "tree_budget": 3}
+    assert "shape 2-1 · budget 3" in rp.describe_html(back, "upload")
+    assert "shape 2-1 · budget 3" in render.run_info_html(view.snapshot())
+
+
+def test_early_exit_layer_runs(handlers):
+    outs = run(handlers, "early-exit", exit_layer=2)
+    assert "L 2" in outs[-1][3]
+    tr, _ = handlers.records.get(REQ.session_hash)
+    assert tr.meta["settings"]["options"]["exit_layer"] == 2
+
+
+def test_old_trace_without_options_still_loads(handlers, tmp_path):
+    run(handlers, "draft")
+    tr, _ = handlers.records.get(REQ.session_hash)
+    tr.meta["settings"].pop("options")  # as recorded before options were kept
+    back = load_trace(tr.save(tmp_path / "old.json"))
+    view = rp.final_view(back)
+    assert view.options == {} and view.spec.n_tokens > 0
+    assert "draft" in rp.describe_html(back, "upload")
+    back.meta["settings"].update(method="layer-skip", options=["<script>"])  # hostile upload
+    assert rp.view_for(back)[0].options == {} and "<script>" not in rp.describe_html(back, "upload")
