@@ -189,6 +189,7 @@ def _parallel(pair, req, prompt_ids, stop, halt, sides) -> Iterator[tuple[str, E
                     gen.close()
         except BaseException as err:  # noqa: BLE001 - handed to the consumer
             halt.set()
+            start.abort()  # a side that failed to start (a method's bad setup) frees the other at once
             q.put((side, err))
         finally:
             q.put((side, _DONE))

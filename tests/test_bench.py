@@ -158,3 +158,24 @@ def test_ui_bench_compares_streaming_with_headless(pair_dirs, tmp_path, capsys):
     assert next(r for r in data["rows"] if r["how"] == "ui")["updates"] > 1  # it streamed
     assert data["ui_over_headless"] > 0
     assert "engine speed with the UI streaming / headless" in capsys.readouterr().out
+
+
+def test_sweep_runs_a_method_per_option_value(tiny_pair, tmp_path):
+    args = _args(tiny_pair, tmp_path, "--methods", "plain,tree", "--no-hf", "--gamma-other", "3",
+                 "--sweep", "tree.tree_budget=2,6")
+    assert bench.main(args) == 0
+    runs = _read_csv(tmp_path / "out" / "runs.csv")
+    variants = {r["variant"] for r in runs}
+    assert {"tree:3", "tree:3[tree_budget=2]", "tree:3[tree_budget=6]"} <= variants
+    assert all(r["match"] == "True" for r in runs)
+    summary = _read_csv(tmp_path / "out" / "summary.csv")
+    assert any(r["label"].endswith("budget=6") for r in summary)
+
+
+def test_sweep_rejects_bad_values():
+    from specviz.bench.settings import parse_sweeps
+    from specviz.errors import RequestError
+    assert parse_sweeps(["tree.tree_budget=4,8"]) == {"tree": {"tree_budget": ["4", "8"]}}
+    for bad in ("nope.x=1", "tree=4", "tree.tree_budget=0"):
+        with pytest.raises(RequestError):
+            parse_sweeps([bad])

@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--gamma-other", type=int, default=4,
                     help="γ for the other SpecViz methods (lookup: tokens per round; adaptive: start) "
                          "(default 4)")
+    ap.add_argument("--sweep", action="append", metavar="METHOD.OPTION=V1,V2",
+                    help="also run METHOD once per value of one of its settings, e.g. "
+                         "tree.tree_budget=4,8,16 (repeatable)")
     ap.add_argument("--repeats", type=int,
                     help="runs per prompt and method; the median is reported (default 3)")
     ap.add_argument("--methods", help="comma list from: " + ",".join(FAMILIES) + " (plain always runs)")

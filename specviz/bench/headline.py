@@ -107,7 +107,19 @@ def headline(rows: list[dict]) -> dict:
             a, b = sp[(task, ours)], sp[(task, hf)]
             out["ours_over_hf"][task] = {"ours": ours, "hf": hf, **cell([a[p] / b[p] for p in a if p in b])}
     out["measured_over_predicted"] = measured_over_predicted(rows)
+    out["round_overhead"] = round_overhead(rows)
     return out
+
+
+def round_overhead(rows: list[dict]) -> dict:
+    """Per speculative variant: share of decode time (after prefill) spent outside the timed draft
+    and verify work: event building, detokenising, cache bookkeeping, the generator's own loop."""
+    acc = defaultdict(list)
+    for r in rows:
+        el, pre, d, v = (_f(r.get(k)) for k in ("elapsed", "prefill", "draft_time", "verify_time"))
+        if r["engine"] == "specviz" and r["variant"] != "plain" and None not in (el, pre, d, v) and el > pre:
+            acc[r["variant"]].append((el - pre - d - v) / (el - pre))
+    return {k: cell(xs) for k, xs in sorted(acc.items())}
 
 
 def measured_over_predicted(rows: list[dict]) -> dict:
@@ -140,6 +152,9 @@ def markdown(h: dict) -> str:
     lines += [f"- {t}: {c['ours']} ÷ {c['hf']}: {_fmt(c)}" for t, c in h["ours_over_hf"].items()]
     lines += ["", "measured ÷ predicted (decode speedup ÷ verify-aware prediction), draft model, per γ"]
     lines += [f"- γ {g}: {_fmt(c)}" for g, c in h["measured_over_predicted"].items()]
+    lines += ["", "round overhead: share of decode time outside the draft and verify work, per variant"]
+    lines += [f"- {v}: {c['median']:.1%} (max {c['max']:.1%}, n={c['n']})"
+              for v, c in h["round_overhead"].items()]
     return "\n".join(lines)
 
 

@@ -43,6 +43,7 @@ class Variant:
     engine: str  # "specviz" | "hf" | "vllm" (bench/vllm_rows.py)
     gamma: int = 0  # 0: not applicable (plain, HF greedy, HF heuristic start)
     auto: bool = False  # γ auto: chosen each round from the measured costs (engine/gamma.py)
+    options: tuple = ()  # ((name, value), ...): method settings of a --sweep (RunRequest.options)
 
     @property
     def strict(self) -> bool:
@@ -63,7 +64,8 @@ class Variant:
             return f"HF assisted γ={self.gamma} stock"
         if self.engine == "vllm":
             return "vLLM plain" if self.family == "vllm" else f"vLLM speculative γ={self.gamma}"
-        return f"SpecViz {self.family} γ={'auto' if self.auto else self.gamma}"
+        extra = "".join(f" {k.split('_')[-1]}={v}" for k, v in self.options)
+        return f"SpecViz {self.family} γ={'auto' if self.auto else self.gamma}{extra}"
 
 
 @dataclass
@@ -196,6 +198,9 @@ def build_variants(pair, settings: Settings, notes: list[str]) -> list[Variant]:
             continue
         gammas = settings.gammas if method == "draft" else [settings.gamma_other]
         variants += [Variant(f"{method}:{g}", method, "specviz", g) for g in gammas]
+        for name, values in settings.sweeps.get(method, {}).items():  # e.g. tree budget 4,8,16
+            variants += [Variant(f"{method}:{g}[{name}={v}]", method, "specviz", g, options=((name, v),))
+                         for g in gammas for v in values]
         if method == "draft" and settings.gamma_auto:
             variants.append(Variant(f"{method}:auto", method, "specviz", 0, auto=True))
     return variants
@@ -253,7 +258,7 @@ def _run_engine(pair, variant: Variant, prompt: BenchPrompt, ids: list[int], max
         gamma = "auto" if variant.auto else max(1, variant.gamma)
         req = make_request(prompt.text, method=method, gamma=gamma,
                            max_new_tokens=max_new_tokens, temperature=0.0, seed=0,
-                           chat_template=prompt.chat_template)
+                           chat_template=prompt.chat_template, options=dict(variant.options))
         summary, first = run_specviz(pair, variant, req, ids)
         run.summary, run.gaps = summary, first["gaps"]
         run.token_ids, run.n_tokens, run.elapsed = list(summary.token_ids), summary.n_tokens, summary.elapsed

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..request import METHODS, RequestError
@@ -33,6 +33,7 @@ class Settings:
     hf_gammas: list[int]  # constant γ of HF assisted generation
     gamma_other: int  # γ of the other SpecViz methods
     gamma_auto: bool = False  # also run the draft-model method with γ auto ("auto" in --gammas)
+    sweeps: dict = field(default_factory=dict)  # {method: {option: [values]}} from --sweep
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,24 @@ def _families(value: str, no_hf: bool) -> list[str]:
     return families
 
 
+def parse_sweeps(items: list[str] | None) -> dict:
+    """--sweep METHOD.OPTION=V1,V2 (repeatable) -> {method: {option: [V1, V2]}}, each value
+    checked by the method's own check_options (the message a visitor would see)."""
+    from ..engine.proposers import REGISTRY
+    out: dict = {}
+    for item in items or []:
+        head, _, values = item.partition("=")
+        method, _, name = head.partition(".")
+        vals = [v.strip() for v in values.split(",") if v.strip()]
+        if method not in REGISTRY or not name or not vals:
+            raise RequestError(f"--sweep {item!r}: use METHOD.OPTION=V1,V2 with a method from "
+                               f"{', '.join(REGISTRY)}, e.g. tree.tree_budget=4,8,16")
+        for v in vals:
+            REGISTRY[method].check_options({name: v})
+        out.setdefault(method, {})[name] = vals
+    return out
+
+
 def resolve_settings(args) -> Settings:
     """Command-line flags over the preset (--quick or the full run), validated."""
     preset = QUICK if args.quick else FULL
@@ -118,7 +137,8 @@ def resolve_settings(args) -> Settings:
     return Settings(tasks=tasks, counts=counts, families=_families(get("methods"), args.no_hf),
                     repeats=repeats, max_new_tokens=max_new_tokens,
                     gammas=gammas, hf_gammas=_ints(get("hf_gammas"), "--hf-gammas"),
-                    gamma_other=args.gamma_other, gamma_auto=gamma_auto)
+                    gamma_other=args.gamma_other, gamma_auto=gamma_auto,
+                    sweeps=parse_sweeps(getattr(args, "sweep", None)))
 
 
 def load_prompts(tasks: list[str], counts: dict[str, int] | None,

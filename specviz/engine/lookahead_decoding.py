@@ -22,7 +22,7 @@ from .decoding import cut_at_eos, drive_rounds, new_summary
 from .events import Outcome, RoundEvent, RunSummary, TokenEvent
 from .forward import crop_cache
 from .proposers.lookahead import GREEDY_ONLY, Layout, LookaheadProposer, build_mask, positions
-from .sampling import SamplingParams
+from .sampling import SamplingParams, top2_gap
 from .text import TextStream
 
 
@@ -75,16 +75,18 @@ def _new_level(argmax: torch.Tensor, lay: Layout) -> list[int]:
     return [int(argmax[lay.la(top, j)]) for j in range(lay.window)]
 
 
-def _round_tokens(stream, guess, k, new, appended, t_end, r):
-    """Display order: accepted guess tokens, the first wrong one (struck), the target's token."""
-    tokens = [TokenEvent(x, stream.push(x), Outcome.ACCEPTED, t_end, r, i + 1, p=1.0, q=1.0)
+def _round_tokens(stream, guess, k, new, appended, t_end, r, gaps):
+    """Display order: accepted guess tokens, the first wrong one (struck), the target's token.
+    gaps[j]: the target's top-2 logit gap where it chose new[j] (the bench's near-tie check)."""
+    tokens = [TokenEvent(x, stream.push(x), Outcome.ACCEPTED, t_end, r, i + 1, p=1.0, q=1.0, gap=gaps[i])
               for i, x in enumerate(new[: k] if not appended else new[:-1])]
     if appended:
         if k < len(guess):
             tokens.append(TokenEvent(guess[k], stream.token_text(guess[k]), Outcome.REJECTED, t_end, r,
                                      k + 1, p=0.0, q=1.0))
         kind = Outcome.RESAMPLED if k < len(guess) else Outcome.BONUS
-        tokens.append(TokenEvent(new[-1], stream.push(new[-1]), kind, t_end, r, 0, p=1.0))
+        tokens.append(TokenEvent(new[-1], stream.push(new[-1]), kind, t_end, r, 0, p=1.0,
+                                 gap=gaps[len(new) - 1]))
     return tokens
 
 
@@ -115,10 +117,12 @@ def _round(target, prop, cache, committed, out, stream, s, eos, remaining, r, cl
     allowed = build_mask(lay)
     pos = positions(lay, len(committed) - 1)
     t_drafted = clock.now()
-    argmax = forward_masked(target, ids, cache, pos, allowed).argmax(-1)
+    logits = forward_masked(target, ids, cache, pos, allowed)
+    argmax = logits.argmax(-1)
     first = int(argmax[lay.fed - 1])
     won, k, per = best_guess(argmax, lay, first)
     guess = lay.guesses[won] if won >= 0 else []
+    gaps = top2_gap(logits[[lay.fed - 1] + [lay.guess(won, i) for i in range(k)]])
     chain = [first] + [int(argmax[lay.guess(won, i)]) for i in range(k)]  # target's tokens
     new, ended = cut_at_eos(guess[:k] + [chain[k]], eos, remaining)
     collected = prop.advance(_new_level(argmax, lay))
@@ -131,7 +135,7 @@ def _round(target, prop, cache, committed, out, stream, s, eos, remaining, r, cl
     out += new
     if ended:
         s.stop_reason = "eos"
-    tokens = _round_tokens(stream, guess, k, new, appended, t_end, r)
+    tokens = _round_tokens(stream, guess, k, new, appended, t_end, r, gaps)
     s.rounds += 1
     s.drafted += len(guess)
     s.accepted += min(k, len(new))

@@ -19,7 +19,7 @@ from .clock import Clock
 from .decoding import cut_at_eos, drive_rounds, make_generator, new_summary, pad_to
 from .events import Outcome, RoundEvent, RunSummary, TokenEvent
 from .forward import crop_cache
-from .sampling import SamplingParams, overlap, warp
+from .sampling import SamplingParams, overlap, top2_gap, warp
 from .text import TextStream
 from .tree_forward import keep_cache_slots, tree_forward_logits
 from .tree_sampling import accept_greedy, accept_sampled, depths_of, describe_tree
@@ -32,9 +32,9 @@ def _verify(target, cache, fed, prop, params, gen):
                                  depths=depths, keep=len(prop.tokens) + 1)
     p = warp(logits, params)
     q = pad_to(prop.q.to(p.device), p.shape[-1])
-    if params.greedy:
-        return p, accept_greedy(prop.tokens, prop.parents, p), q
-    return p, accept_sampled(prop.tokens, prop.parents, p, q, gen), q
+    if params.greedy:  # gaps: the bench tells a bf16 near-tie from a bug with them
+        return p, accept_greedy(prop.tokens, prop.parents, p), q, top2_gap(logits)
+    return p, accept_sampled(prop.tokens, prop.parents, p, q, gen), q, None
 
 
 def _node_stats(prop, p, q):
@@ -48,13 +48,15 @@ def _node_stats(prop, p, q):
     return q_x, p_x, overlap(p[rows], q[rows]).tolist()
 
 
-def _round_tokens(stream, prop, v, new, n_path, appended, p, p_x, q_x, r, t):
-    """TokenEvents of a round in display order: path, first rejected child, appended."""
+def _round_tokens(stream, prop, v, new, n_path, appended, p, p_x, q_x, r, t, gaps):
+    """TokenEvents of a round in display order: path, first rejected child, appended.
+    A node's token was chosen at its parent's row (row 0: the last committed token)."""
     tokens = []
+    gap = (lambda row: gaps[row]) if gaps else (lambda row: None)
     for i in range(n_path):
         node = v.path[i]
         tokens.append(TokenEvent(new[i], stream.push(new[i]), Outcome.ACCEPTED, t, r, i + 1,
-                                 p=p_x[node], q=q_x[node]))
+                                 p=p_x[node], q=q_x[node], gap=gap(prop.parents[node] + 1)))
     if appended:
         last = v.path[-1] if v.path else -1
         rej = next((c for c in v.tested if prop.parents[c] == last), None) if v.resampled else None
@@ -63,7 +65,8 @@ def _round_tokens(stream, prop, v, new, n_path, appended, p, p_x, q_x, r, t):
                                      Outcome.REJECTED, t, r, len(v.path) + 1, p=p_x[rej], q=q_x[rej]))
         row = (v.path[-1] + 1) if v.path else 0
         kind = Outcome.RESAMPLED if v.resampled else Outcome.BONUS
-        tokens.append(TokenEvent(v.token, stream.push(v.token), kind, t, r, 0, p=float(p[row, v.token])))
+        tokens.append(TokenEvent(v.token, stream.push(v.token), kind, t, r, 0, p=float(p[row, v.token]),
+                                 gap=gap(row)))
     return tokens
 
 
@@ -88,7 +91,7 @@ def tree_speculative(target, proposer, tokenizer, prompt_ids: list[int], max_new
         t_drafted = clock.now()
         n_prefix = len(committed)
         fed = committed[cache.get_seq_length():]
-        p, v, q = _verify(target, cache, fed, prop, params, gen)
+        p, v, q, gaps = _verify(target, cache, fed, prop, params, gen)
         t_end = clock.now()
         s.target_forwards += 1
         # EOS or the budget can end the output inside the path
@@ -104,7 +107,7 @@ def tree_speculative(target, proposer, tokenizer, prompt_ids: list[int], max_new
         proposer.rollback_tree(committed, v.path[:n_path])
 
         q_x, p_x, ov = _node_stats(prop, p, q)
-        tokens = _round_tokens(stream, prop, v, new, n_path, appended, p, p_x, q_x, r, t_end)
+        tokens = _round_tokens(stream, prop, v, new, n_path, appended, p, p_x, q_x, r, t_end, gaps)
         texts = [stream.token_text(x) for x in prop.tokens + [v.token]]
         return _round_event(s, r, prop, v, tokens, q_x, p_x, ov, appended, n_path, len(fed) - 1,
                             t_start, t_drafted, t_end, len(s.token_ids), texts)

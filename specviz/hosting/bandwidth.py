@@ -78,3 +78,45 @@ def bench_lines(device, nbytes: dict[str, int], runs) -> list[str]:
              "draft": statistics.median(drafts) if drafts else None}
     return ["bandwidth limit (batch 1 reads every weight once per step): "
             + bound_line(k, nbytes[k], steps[k], name) for k in nbytes]
+
+
+def measure_cpu_read_gbs(gib: float = 3.0, dtype=None, repeats: int = 5) -> dict:
+    """Measured, not looked up: a CPU has no data sheet we can match. Times a chain of bf16
+    matrix-vector products over `gib` GiB of weights (what a batch-1 step does), and a plain
+    sum over the same bytes; median of `repeats` after one warm-up."""
+    import statistics
+    import time
+
+    import torch
+    dtype = dtype or torch.bfloat16
+    rows = 8960  # the 1.5B target's MLP width: the same GEMV shape its steps run
+    n_mats = max(1, int(gib * 2**30 / (rows * 1536 * torch.finfo(dtype).bits // 8)))
+    mats = [torch.randn(rows, 1536).to(dtype) for _ in range(n_mats)]
+    x = torch.randn(1, 1536).to(dtype)
+    nbytes = sum(m.numel() * m.element_size() for m in mats)
+
+    def gemv():
+        for m in mats:
+            torch.nn.functional.linear(x, m)
+
+    def read():
+        for m in mats:
+            m.sum()
+
+    out = {"bytes": nbytes, "threads": torch.get_num_threads()}
+    for name, fn in (("gemv", gemv), ("sum", read)):
+        fn()
+        ts = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+        out[f"{name}_s"] = statistics.median(ts)
+        out[f"{name}_gbs"] = nbytes / out[f"{name}_s"] / 1e9
+    return out
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+    print(json.dumps(measure_cpu_read_gbs(float(sys.argv[1]) if len(sys.argv) > 1 else 3.0), indent=1))

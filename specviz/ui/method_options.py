@@ -15,7 +15,9 @@ from ..errors import RequestError
 
 TEXT, INT, SLIDER = "text", "int", "slider"  # INT: a number box, blank = the method's default
 NO_SETTINGS = "This method has no settings beyond γ."
-NOTES = {"rest": "The datastore is the server's, set by its --datastore flag; the page cannot pick files."}
+NOTES = {"rest": "The datastore is the server's, set by its --datastore flag; the page cannot pick files.",
+         "heads": "The heads are trained once on the server (python -m specviz.heads train); "
+                  "γ above their number K proposes K tokens."}
 
 
 @dataclass(frozen=True)
