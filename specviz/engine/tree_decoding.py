@@ -81,7 +81,9 @@ def tree_speculative(target, proposer, tokenizer, prompt_ids: list[int], max_new
     clock = clock or Clock(target.device)
     cache = DynamicCache()
     stream = TextStream(tokenizer)
-    s = new_summary(proposer.name, gamma, target.device)
+    # Leviathan's chain formula does not model a tree (on the default pair it predicted 0.94× for a
+    # 16-node tree that measured 1.83×): no prediction or best γ is shown; τ is the tree's measure
+    s = new_summary(proposer.name, gamma, target.device, unmeasured=["predicted"])
     committed = list(prompt_ids)
     proposer.reset(prompt_ids)
 
