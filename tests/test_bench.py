@@ -160,8 +160,8 @@ def test_ui_bench_compares_streaming_with_headless(pair_dirs, tmp_path, capsys):
     assert "engine speed with the UI streaming / headless" in capsys.readouterr().out
 
 
-def test_sweep_runs_a_method_per_option_value(tiny_pair, tmp_path):
-    args = _args(tiny_pair, tmp_path, "--methods", "plain,tree", "--no-hf", "--gamma-other", "3",
+def test_sweep_runs_a_method_per_option_value(pair_dirs, tmp_path):
+    args = _args(pair_dirs, tmp_path, "--methods", "plain,tree", "--no-hf", "--gamma-other", "3",
                  "--sweep", "tree.tree_budget=2,6")
     assert bench.main(args) == 0
     runs = _read_csv(tmp_path / "out" / "runs.csv")
