@@ -18,7 +18,7 @@ from dataclasses import asdict
 from .engine import method_info
 from .engine.events import OUTCOME_ANSI, Outcome, RoundEvent, RunSummary, TokenEvent
 from .engine.metrics import run_stats
-from .errors import OOM_ADVICE, ModelError, is_oom
+from .errors import exit_code
 from .format import number
 from .race import MODES
 from .request import METHODS, RequestError, encode_prompt, make_request
@@ -403,16 +403,4 @@ def _dispatch(args) -> int:
 
 def main(argv=None, prog: str = "python -m specviz") -> int:
     args = build_parser(prog).parse_args(argv)
-    try:
-        return _dispatch(args)
-    except (RequestError, ModelError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("stopped", file=sys.stderr)
-        return 130
-    except Exception as e:  # noqa: BLE001 - out of memory: one line, not a traceback; bugs still raise
-        if not is_oom(e):
-            raise
-        print(f"error: out of memory. {OOM_ADVICE}", file=sys.stderr)
-        return 1
+    return exit_code(lambda: _dispatch(args))

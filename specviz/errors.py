@@ -2,6 +2,9 @@
 place that recognises running out of memory and says so."""
 from __future__ import annotations
 
+import sys
+from typing import Callable
+
 OOM_LOADING = "out of memory on this machine, try a smaller pair"
 OOM_ADVICE = "Try fewer new tokens, a shorter prompt, a smaller γ or a smaller model pair."
 
@@ -40,6 +43,24 @@ def run_error_text(err: BaseException) -> str:
     if is_oom(err):
         return f"The run ran out of memory. {OOM_ADVICE} The app is still running."
     return f"The run failed: {first_line(err)}. The app is still running; try again or change the settings."
+
+
+def exit_code(command: Callable[[], int]) -> int:
+    """Run a command-line entry point: a visitor's mistake, a stop or running out of memory become
+    one line on stderr and an exit code (2, 130, 1); bugs still raise with their traceback."""
+    try:
+        return command()
+    except (RequestError, ModelError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("stopped", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - out of memory: one line, not a traceback; bugs still raise
+        if not is_oom(e):
+            raise
+        print(f"error: out of memory. {OOM_ADVICE}", file=sys.stderr)
+        return 1
 
 
 def free_memory() -> None:

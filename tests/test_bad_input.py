@@ -219,22 +219,6 @@ def inproc(tmp_path_factory):
     app.close()
 
 
-@pytest.fixture(scope="module")
-def other_vocab_dir(tmp_path_factory):
-    """A model whose tokenizer differs from the tiny pair's."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from specviz.models.tiny import tiny_model
-    d = tmp_path_factory.mktemp("other-vocab")
-    vocab = {"<eos>": 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate("abcdefgh")}}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", pad_token="<eos>").save_pretrained(d)
-    tiny_model(16, seed=3, layers=1).save_pretrained(d)
-    return str(d)
-
-
 def test_local_paths_with_the_operator_flag(inproc, other_vocab_dir, tmp_path):
     client = inproc.client()
     tiny = f"{inproc.dir}/target"
@@ -314,12 +298,6 @@ def test_unexpected_failure_before_the_run(inproc, monkeypatch):
 
 
 # ---------------------------------------------------------------- CLI
-
-
-@pytest.fixture(scope="module")
-def pair_dirs(tmp_path_factory):
-    from specviz.models.tiny import save_tiny_pair
-    return save_tiny_pair(tmp_path_factory.mktemp("tiny-cli"))
 
 
 def cli(capsys, *argv):

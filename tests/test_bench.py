@@ -9,7 +9,6 @@ import torch
 import specviz.bench as bench
 from specviz.bench import OutputMismatch, Run, check_outputs, first_difference
 from specviz.bench import runs as bench_runs
-from specviz.models.tiny import save_tiny_pair
 
 PROMPTS = [
     {"id": "code/a", "task": "code", "text": "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n"},
@@ -18,22 +17,11 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tiny_pair(tmp_path_factory):
-    return save_tiny_pair(tmp_path_factory.mktemp("tiny"))
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # tiny matrices: OpenMP threads only add sync cost (badly so on a loaded machine)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def _args(tiny_pair, tmp_path, *extra):
-    t, d = tiny_pair
+def _args(pair_dirs, tmp_path, *extra):
+    t, d = pair_dirs
     pj = tmp_path / "prompts.json"
     pj.write_text(json.dumps(PROMPTS))
     return ["--target", t, "--draft", d, "--quick", "--max-new-tokens", "8", "--repeats", "1",
@@ -45,9 +33,9 @@ def _read_csv(path):
         return list(csv.DictReader(f))
 
 
-def test_quick_bench_writes_json_csv_and_plots(tiny_pair, tmp_path, capsys):
+def test_quick_bench_writes_json_csv_and_plots(pair_dirs, tmp_path, capsys):
     methods = "plain,hf-greedy,hf-assisted,hf-stock,draft,lookup"
-    assert bench.main(_args(tiny_pair, tmp_path, "--methods", methods)) == 0
+    assert bench.main(_args(pair_dirs, tmp_path, "--methods", methods)) == 0
     out = tmp_path / "out"
     data = json.loads((out / "bench.json").read_text())
     summary = _read_csv(out / "summary.csv")
@@ -111,7 +99,7 @@ def test_checker_only_warns_for_hf():
     assert runs[1].match is False and runs[2].match is True
 
 
-def test_bench_exits_1_on_broken_result(tiny_pair, tmp_path, monkeypatch, capsys):
+def test_bench_exits_1_on_broken_result(pair_dirs, tmp_path, monkeypatch, capsys):
     real = bench_runs.run_specviz
 
     def broken(pair, v, req, ids):
@@ -122,7 +110,7 @@ def test_bench_exits_1_on_broken_result(tiny_pair, tmp_path, monkeypatch, capsys
         return summary, first
 
     monkeypatch.setattr(bench_runs, "run_specviz", broken)
-    rc = bench.main(_args(tiny_pair, tmp_path, "--no-hf", "--gammas", "4", "--methods", "plain,draft",
+    rc = bench.main(_args(pair_dirs, tmp_path, "--no-hf", "--gammas", "4", "--methods", "plain,draft",
                           "--no-warmup"))
     assert rc == 1
     err = capsys.readouterr().err
@@ -130,13 +118,13 @@ def test_bench_exits_1_on_broken_result(tiny_pair, tmp_path, monkeypatch, capsys
     assert (tmp_path / "out" / "bench.json").exists()  # results are written before failing
 
 
-def test_bad_flags_exit_2(tiny_pair, tmp_path, capsys):
-    assert bench.main(_args(tiny_pair, tmp_path, "--gammas", "0,2")) == 2
+def test_bad_flags_exit_2(pair_dirs, tmp_path, capsys):
+    assert bench.main(_args(pair_dirs, tmp_path, "--gammas", "0,2")) == 2
     assert "--gammas" in capsys.readouterr().err
-    assert bench.main(_args(tiny_pair, tmp_path, "--methods", "magic")) == 2
+    assert bench.main(_args(pair_dirs, tmp_path, "--methods", "magic")) == 2
 
 
-def test_unavailable_method_is_skipped_with_a_note(tiny_pair, tmp_path, monkeypatch, capsys):
+def test_unavailable_method_is_skipped_with_a_note(pair_dirs, tmp_path, monkeypatch, capsys):
     from specviz import runner
     from specviz.request import RequestError
     real = runner.make_proposer
@@ -147,7 +135,7 @@ def test_unavailable_method_is_skipped_with_a_note(tiny_pair, tmp_path, monkeypa
         return real(pair, method)
 
     monkeypatch.setattr(runner, "make_proposer", no_lookup)
-    rc = bench.main(_args(tiny_pair, tmp_path, "--no-hf", "--gammas", "2", "--methods", "plain,draft,lookup",
+    rc = bench.main(_args(pair_dirs, tmp_path, "--no-hf", "--gammas", "2", "--methods", "plain,draft,lookup",
                           "--no-warmup"))
     assert rc == 0
     out = capsys.readouterr().out
@@ -156,11 +144,11 @@ def test_unavailable_method_is_skipped_with_a_note(tiny_pair, tmp_path, monkeypa
     assert {r["variant"] for r in runs} == {"plain", "draft:2"}
 
 
-def test_ui_bench_compares_streaming_with_headless(tiny_pair, tmp_path, capsys):
+def test_ui_bench_compares_streaming_with_headless(pair_dirs, tmp_path, capsys):
     """python -m specviz.bench.ui_overhead: the real page over gradio_client vs the bare race."""
     pytest.importorskip("gradio_client")
     from specviz.bench import ui_overhead as bench_ui
-    t, d = tiny_pair
+    t, d = pair_dirs
     out = tmp_path / "ui.json"
     assert bench_ui.main(["--target", t, "--draft", d, "--repeats", "1", "--max-new-tokens", "8",
                           "--prompt", "abc abc", "--json", str(out)]) == 0
@@ -172,8 +160,8 @@ def test_ui_bench_compares_streaming_with_headless(tiny_pair, tmp_path, capsys):
     assert "engine speed with the UI streaming / headless" in capsys.readouterr().out
 
 
-def test_sweep_runs_a_method_per_option_value(tiny_pair, tmp_path):
-    args = _args(tiny_pair, tmp_path, "--methods", "plain,tree", "--no-hf", "--gamma-other", "3",
+def test_sweep_runs_a_method_per_option_value(pair_dirs, tmp_path):
+    args = _args(pair_dirs, tmp_path, "--methods", "plain,tree", "--no-hf", "--gamma-other", "3",
                  "--sweep", "tree.tree_budget=2,6")
     assert bench.main(args) == 0
     runs = _read_csv(tmp_path / "out" / "runs.csv")

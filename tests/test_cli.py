@@ -4,12 +4,6 @@ import json
 import pytest
 
 from specviz.cli import main
-from specviz.models.tiny import save_tiny_pair, tiny_model
-
-
-@pytest.fixture(scope="module")
-def pair_dirs(tmp_path_factory):
-    return save_tiny_pair(tmp_path_factory.mktemp("tiny"))
 
 
 def cli(capsys, *args):
@@ -50,20 +44,6 @@ def test_human_output_has_colours_and_stats(capsys, pair_dirs):
     t, d = pair_dirs
     code, out, _ = cli(capsys, "--target", t, "--draft", d, "--prompt", "hello", "--max-new-tokens", "10")
     assert code == 0 and "\x1b[" in out and "α" in out and "tokens/s" in out
-
-
-@pytest.fixture(scope="module")
-def other_vocab_dir(tmp_path_factory):
-    """A model whose tokenizer differs from the tiny pair's."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    d = tmp_path_factory.mktemp("other")
-    vocab = {"<eos>": 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate("abcdefgh")}}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", pad_token="<eos>").save_pretrained(d)
-    tiny_model(16, seed=3, layers=1).save_pretrained(d)
-    return str(d)
 
 
 @pytest.mark.parametrize("extra,needle", [

@@ -1,44 +1,24 @@
 """Engines on tiny random models: greedy speculative == plain greedy, the
 event stream adds up, and under sampling whole sequences follow the target."""
-import itertools
-
 import pytest
-import torch
-from scipy.stats import chisquare
+from helpers import (
+    acceptance,
+    assert_follows_target,
+    check_stream,
+    noisy_copy,
+    run,
+    sample_sequences,
+)
 
 from specviz.engine.decoding import baseline, speculative
-from specviz.engine.events import Outcome, RoundEvent, RunSummary
+from specviz.engine.events import RoundEvent
 from specviz.engine.metrics import run_stats
 from specviz.engine.proposers import AdaptiveDraftProposer, DraftModelProposer, PromptLookupProposer
-from specviz.engine.sampling import SamplingParams, warp
+from specviz.engine.sampling import SamplingParams
 from specviz.models.tiny import tiny_model
 
 GREEDY = SamplingParams(temperature=0)
 PROMPT = "def quicksort(arr):"
-
-
-def run(gen):
-    events = list(gen)
-    assert isinstance(events[-1], RunSummary)
-    return events[:-1], events[-1]
-
-
-def check_stream(rounds, summary):
-    """Accepted + appended tokens of the rounds are exactly the output."""
-    assert all(isinstance(r, RoundEvent) for r in rounds)
-    out = [t.token_id for r in rounds for t in r.tokens if t.in_output]
-    assert out == summary.token_ids
-    assert summary.n_tokens == len(out) == rounds[-1].total_tokens
-    assert summary.accepted == sum(r.n_accepted for r in rounds)
-    for r in rounds:
-        kinds = [t.outcome for t in r.tokens]
-        assert kinds[: r.n_accepted] == [Outcome.ACCEPTED] * r.n_accepted
-        if r.appended_id >= 0:
-            assert kinds[-1] == (Outcome.RESAMPLED if r.resampled else Outcome.BONUS)
-            assert (Outcome.REJECTED in kinds) == r.resampled
-        assert r.t_draft >= 0 and r.t_verify > 0 and r.t_end >= r.t_start
-    times = [r.t_end for r in rounds]
-    assert times == sorted(times)
 
 
 def make(which, target, draft, vocab):
@@ -137,23 +117,6 @@ def test_stop_event_ends_run(tok, target, draft):
 
 # --- the sequence-level distribution test ------------------------------------
 
-class NullTok:
-    def decode(self, ids, skip_special_tokens=False):
-        return ""
-
-
-def exact_sequence_probs(model, prompt, length, params):
-    """P(sequence) under the warped target, by enumerating all sequences."""
-    V = model.config.vocab_size
-    probs = {}
-    for seq in itertools.product(range(V), repeat=length):
-        with torch.no_grad():
-            logits = model(torch.tensor([prompt + list(seq)])).logits[0]
-        p = warp(logits[len(prompt) - 1: len(prompt) - 1 + length], params)
-        probs[seq] = float(torch.prod(p[torch.arange(length), torch.tensor(seq)]))
-    return probs
-
-
 @pytest.mark.parametrize("method,params,gamma", [
     ("draft", SamplingParams(temperature=1.0), 2),
     ("draft", SamplingParams(temperature=0.8, top_k=3), 3),
@@ -161,39 +124,11 @@ def exact_sequence_probs(model, prompt, length, params):
     ("adaptive", SamplingParams(temperature=1.0, top_p=0.9), 2),
 ])
 def test_sequences_follow_target_distribution(method, params, gamma):
-    V, L, N = 4, 3, 1500
+    V, N = 4, 1500
     t = tiny_model(V, seed=10, layers=2, init=0.8)
-    d = tiny_model(V, seed=10, layers=2, init=0.8)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # a noisy copy: accepts often, rejects often
-        for w in d.parameters():
-            w.add_(torch.randn(w.shape, generator=g) * w.std().clamp_min(0.05))
-    prompt = [1, 2, 3, 1, 2]  # repeats give prompt lookup something to copy
-    exact = exact_sequence_probs(t, prompt, L, params)
-    counts = dict.fromkeys(exact, 0)
-    drafted = accepted = 0
-    for i in range(N):
-        prop = {"draft": lambda: DraftModelProposer(d), "lookup": lambda: PromptLookupProposer(V),
-                "adaptive": lambda: AdaptiveDraftProposer(d, confidence=0.5)}[method]()
-        rounds, s = run(speculative(t, prop, NullTok(), prompt, L, gamma, params, seed=i))
-        counts[tuple(s.token_ids)] += 1
-        drafted, accepted = drafted + s.drafted, accepted + s.accepted
-    assert 0.05 < accepted / drafted < 0.95, "test needs both accepts and rejections"
-    # pool rare sequences so every bin expects >= 5
-    obs, exp, rest_o, rest_e = [], [], 0, 0.0
-    for seq, pr in exact.items():
-        if pr == 0:
-            assert counts[seq] == 0
-        elif pr * N >= 5:
-            obs.append(counts[seq])
-            exp.append(pr * N)
-        else:
-            rest_o += counts[seq]
-            rest_e += pr * N
-    if rest_e > 0:
-        obs.append(rest_o)
-        exp.append(rest_e)
-    else:
-        assert rest_o == 0
-    exp = [e * sum(obs) / sum(exp) for e in exp]
-    assert chisquare(obs, exp).pvalue > 1e-3
+    d = noisy_copy(t, 0)  # accepts often, rejects often
+    new = {"draft": lambda: DraftModelProposer(d), "lookup": lambda: PromptLookupProposer(V),
+           "adaptive": lambda: AdaptiveDraftProposer(d, confidence=0.5)}[method]
+    exact, counts, runs = sample_sequences(speculative, t, new, gamma, params, N)
+    assert 0.05 < acceptance(runs) < 0.95, "test needs both accepts and rejections"
+    assert_follows_target(counts, exact, N)

@@ -133,3 +133,10 @@ def test_compile_failure_falls_back_to_eager(tok, models, layout):
     del target._specviz_compiled
     layout("static", full=True)
     assert tokens(baseline(target, tok, tok.encode(PROMPT), 12, GREEDY))[:2] == ref
+
+
+def test_dynamic_int8_models_are_not_compiled():
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    q = torch.ao.quantization.quantize_dynamic(m, {torch.nn.Linear}, dtype=torch.qint8)
+    q.device = torch.device("cpu")
+    assert kvcache.compiled_call(q) is None and q._specviz_compiled is False

@@ -4,11 +4,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_decoding import check_stream
+from helpers import check_stream, run
 from transformers import DynamicCache
 
 from specviz.engine.decoding import baseline
-from specviz.engine.events import Outcome, RunSummary
+from specviz.engine.events import Outcome
 from specviz.engine.lookahead_decoding import forward_masked, keep_positions, lookahead
 from specviz.engine.proposers.lookahead import Layout, LookaheadProposer, build_mask, positions
 from specviz.engine.sampling import SamplingParams
@@ -20,19 +20,7 @@ GREEDY = SamplingParams(temperature=0)
 PROMPTS = ["def quicksort(arr): arr arr arr", "x = [1, 2, 3]\ny = [1, 2, 3]\nz = ["]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # tiny matrices: OpenMP threads only add sync cost (badly so on a loaded machine)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def run(gen):
-    events = list(gen)
-    assert isinstance(events[-1], RunSummary)
-    return events[:-1], events[-1]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_mask_shapes_the_branches():
@@ -163,12 +151,11 @@ def test_winning_ngram_reaches_trace_page_and_cli_summary(tok, target):
     assert s["ngram_rounds_won"] == sum(1 for r in rounds if r.info["won"] >= 0) > 0
 
 
-def test_cli_lookahead_flags_and_refusals(tmp_path, capsys):
+def test_cli_lookahead_flags_and_refusals(capsys, pair_dirs):
     import json
 
     from specviz.cli import main
-    from specviz.models.tiny import save_tiny_pair
-    t, d = save_tiny_pair(tmp_path / "pair")
+    t, d = pair_dirs
     base = ["generate", "--target", t, "--draft", d, "--method", "lookahead",
             "--prompt", "x = [1, 2, 3]\ny = ["]
     assert main(base + ["--temperature", "1"]) == 2

@@ -4,8 +4,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
-from test_decoding import NullTok, check_stream, exact_sequence_probs, run
+from helpers import acceptance, assert_follows_target, check_stream, run, sample_sequences
 
 from specviz.engine import datastore as store
 from specviz.engine.decoding import baseline, speculative
@@ -19,12 +18,7 @@ from specviz.runner import run_events
 GREEDY = SamplingParams(temperature=0)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("seed,vocab", [(0, 3), (1, 50)])
@@ -128,37 +122,13 @@ def test_eos_inside_a_retrieved_draft(tok, target):
 
 
 def test_rest_sequences_follow_target_distribution():
-    V, L, N = 4, 3, 1500
+    V, N = 4, 1500
     t = tiny_model(V, seed=10, layers=2, init=0.8)
-    prompt = [1, 2, 3, 1, 2]
     ds = store.from_tokens(np.random.default_rng(0).integers(0, V, 400).tolist())
-    params = SamplingParams(temperature=1.0)
-    exact = exact_sequence_probs(t, prompt, L, params)
-    counts = dict.fromkeys(exact, 0)
-    drafted = accepted = 0
-    for i in range(N):
-        _, s = run(speculative(t, RestProposer(ds, V), NullTok(), prompt, L, 2, params, seed=i))
-        counts[tuple(s.token_ids)] += 1
-        drafted, accepted = drafted + s.drafted, accepted + s.accepted
-    assert 0.05 < accepted / drafted < 0.95
-    assert_chi_square(counts, exact, N)
-
-
-def assert_chi_square(counts, exact, N):
-    from scipy.stats import chisquare
-    obs, exp, rest_o, rest_e = [], [], 0, 0.0
-    for seq, pr in exact.items():
-        if pr * N >= 5:
-            obs.append(counts[seq])
-            exp.append(pr * N)
-        else:
-            rest_o += counts[seq]
-            rest_e += pr * N
-    if rest_e > 0:
-        obs.append(rest_o)
-        exp.append(rest_e)
-    exp = [e * sum(obs) / sum(exp) for e in exp]
-    assert chisquare(obs, exp).pvalue > 1e-3
+    exact, counts, runs = sample_sequences(speculative, t, lambda: RestProposer(ds, V), 2,
+                                           SamplingParams(temperature=1.0), N)
+    assert 0.05 < acceptance(runs) < 0.95
+    assert_follows_target(counts, exact, N)
 
 
 def test_datastore_command_builds_and_describes(tmp_path, capsys):
@@ -176,10 +146,9 @@ def test_datastore_command_builds_and_describes(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_cli_bad_datastore_is_one_line(tmp_path, capsys):
+def test_cli_bad_datastore_is_one_line(tmp_path, capsys, pair_dirs):
     from specviz.cli import main
-    from specviz.models.tiny import save_tiny_pair
-    t, d = save_tiny_pair(tmp_path / "pair")
+    t, d = pair_dirs
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"\x00" * 100)
     for path, needle in [(bad, "cannot be read"), (tmp_path / "none.npz", "does not exist")]:

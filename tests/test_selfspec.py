@@ -6,8 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from scipy.stats import chisquare
-from test_decoding import NullTok, check_stream, exact_sequence_probs, run
+from helpers import acceptance, assert_follows_target, check_stream, run, sample_sequences
 
 from specviz import selfspec
 from specviz.engine.decoding import baseline, speculative
@@ -80,31 +79,12 @@ def test_eos_inside_a_draft(deep, tok, method, options, gamma):
     ((1,), SamplingParams(temperature=1.0, top_p=0.9), 2),
 ])
 def test_sequences_follow_target_distribution(layers, params, gamma):
-    V, L, N = 4, 3, 1500
+    V, N = 4, 1500
     t = tiny_model(V, seed=10, layers=4, init=0.8)
-    prompt = [1, 2, 3, 1, 2]
-    exact = exact_sequence_probs(t, prompt, L, params)
-    counts = dict.fromkeys(exact, 0)
-    drafted = accepted = 0
-    for i in range(N):
-        prop = LayerSubsetProposer(t, layers)
-        _, s = run(speculative(t, prop, NullTok(), prompt, L, gamma, params, seed=i))
-        counts[tuple(s.token_ids)] += 1
-        drafted, accepted = drafted + s.drafted, accepted + s.accepted
-    assert 0.05 < accepted / drafted < 0.95, "test needs both accepts and rejections"
-    obs, exp, rest_o, rest_e = [], [], 0, 0.0
-    for seq, pr in exact.items():
-        if pr * N >= 5:
-            obs.append(counts[seq])
-            exp.append(pr * N)
-        else:
-            rest_o += counts[seq]
-            rest_e += pr * N
-    if rest_e > 0:
-        obs.append(rest_o)
-        exp.append(rest_e)
-    exp = [e * sum(obs) / sum(exp) for e in exp]
-    assert chisquare(obs, exp).pvalue > 1e-3
+    exact, counts, runs = sample_sequences(speculative, t, lambda: LayerSubsetProposer(t, layers), gamma,
+                                           params, N)
+    assert 0.05 < acceptance(runs) < 0.95, "test needs both accepts and rejections"
+    assert_follows_target(counts, exact, N)
 
 
 # --- bad input ------------------------------------------------------------------
@@ -266,16 +246,7 @@ def test_kv_reuse_is_the_default_and_works_without_an_engine_cache(deep, tok):
                                           (SamplingParams(temperature=0.8, top_k=3), 3)])
 def test_kv_reuse_sequences_follow_target_distribution(params, gamma):
     from specviz.engine.proposers.early_exit import SharedCacheExitProposer
-    V, L, N = 4, 3, 1500
+    V, N = 4, 1500
     t = tiny_model(V, seed=10, layers=4, init=0.8)
-    prompt = [1, 2, 3, 1, 2]
-    exact = exact_sequence_probs(t, prompt, L, params)
-    counts = dict.fromkeys(exact, 0)
-    for i in range(N):
-        _, s = run(speculative(t, SharedCacheExitProposer(t, 1), NullTok(), prompt, L, gamma, params, seed=i))
-        counts[tuple(s.token_ids)] += 1
-    obs = [counts[s] for s in exact if exact[s] * N >= 5]
-    exp = [exact[s] * N for s in exact if exact[s] * N >= 5]
-    obs.append(N - sum(obs))
-    exp.append(N - sum(exp))
-    assert chisquare(obs, exp).pvalue > 1e-3
+    exact, counts, _ = sample_sequences(speculative, t, lambda: SharedCacheExitProposer(t, 1), gamma, params, N)
+    assert_follows_target(counts, exact, N)

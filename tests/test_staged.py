@@ -5,8 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_decoding import NullTok, check_stream, exact_sequence_probs, run
-from test_rest import assert_chi_square
+from helpers import acceptance, assert_follows_target, check_stream, noisy_copy, run, sample_sequences
 
 from specviz.engine.decoding import baseline, speculative
 from specviz.engine.proposers import DraftModelProposer, PromptLookupProposer
@@ -20,12 +19,7 @@ GREEDY = SamplingParams(temperature=0)
 PROMPT = "def quicksort(arr): arr arr arr"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def staged(model, vocab):
@@ -92,24 +86,13 @@ def test_eos_inside_a_staged_draft(tok, target):
 @pytest.mark.parametrize("params,gamma", [(SamplingParams(temperature=1.0), 3),
                                           (SamplingParams(temperature=0.8, top_k=3), 2)])
 def test_staged_sequences_follow_target_distribution(params, gamma):
-    V, L, N = 4, 3, 1500
+    V, N = 4, 1500
     t = tiny_model(V, seed=10, layers=2, init=0.8)
-    d = tiny_model(V, seed=10, layers=2, init=0.8)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # a noisy copy: accepts often, rejects often
-        for w in d.parameters():
-            w.add_(torch.randn(w.shape, generator=g) * w.std().clamp_min(0.05))
-    prompt = [1, 2, 3, 1, 2]  # repeats: the lookup stage has guesses
-    exact = exact_sequence_probs(t, prompt, L, params)
-    counts = dict.fromkeys(exact, 0)
-    drafted = accepted = guessed = 0
-    for i in range(N):
-        rounds, s = run(speculative(t, staged(d, V), NullTok(), prompt, L, gamma, params, seed=i))
-        counts[tuple(s.token_ids)] += 1
-        drafted, accepted = drafted + s.drafted, accepted + s.accepted
-        guessed += sum(r.info["lookup_guessed"] for r in rounds)
-    assert 0.05 < accepted / drafted < 0.95 and guessed > 0
-    assert_chi_square(counts, exact, N)
+    d = noisy_copy(t, 0)  # accepts often, rejects often
+    exact, counts, runs = sample_sequences(speculative, t, lambda: staged(d, V), gamma, params, N)
+    guessed = sum(r.info["lookup_guessed"] for rounds, _ in runs for r in rounds)
+    assert 0.05 < acceptance(runs) < 0.95 and guessed > 0
+    assert_follows_target(counts, exact, N)
 
 
 def test_staged_needs_a_draft(tok, target):

@@ -4,7 +4,8 @@ the target under sampling (and a broken acceptance is caught), the caches hold
 exactly the committed tokens, the tree record survives a trace round trip."""
 import pytest
 import torch
-from test_decoding import GREEDY, PROMPT, NullTok, check_stream, exact_sequence_probs, run
+from helpers import check_stream, chi_square_pvalue, noisy_copy, run, sample_sequences
+from test_decoding import GREEDY, PROMPT
 from transformers import DynamicCache
 
 from specviz.engine import tree_decoding
@@ -18,18 +19,6 @@ from specviz.models.tiny import tiny_model
 from specviz.trace import event_from_dict, event_to_dict
 
 SHAPES = [(None, 3), (None, 8), (None, 16), ((4, 2, 2, 1, 1), 64), ((2, 2), 64), ((3, 1), 5)]
-
-
-def noisy_copy(model, seed, scale=1.0):
-    """Same architecture, perturbed weights: agrees often, not always."""
-    d = tiny_model(model.config.vocab_size, seed=0, layers=model.config.num_hidden_layers,
-                   init=model.config.initializer_range)
-    d.load_state_dict(model.state_dict())
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for w in d.parameters():
-            w.add_(torch.randn(w.shape, generator=g) * w.std().clamp_min(0.05) * scale)
-    return d
 
 
 @pytest.fixture(scope="module")
@@ -203,31 +192,11 @@ def broken_accept(tokens, parents, p, q, generator=None):
 
 
 def sequence_pvalue(shape, budget, params, gamma, n=1000):
-    from scipy.stats import chisquare
-    V, L = 4, 3
-    t = tiny_model(V, seed=10, layers=2, init=0.8)
+    t = tiny_model(4, seed=10, layers=2, init=0.8)
     d = noisy_copy(t, 0)
-    prompt = [1, 2, 3, 1, 2]
-    exact = exact_sequence_probs(t, prompt, L, params)
-    counts = dict.fromkeys(exact, 0)
-    for i in range(n):
-        prop = TreeDraftProposer(d, shape=shape, budget=budget)
-        _, s = run(tree_speculative(t, prop, NullTok(), prompt, L, gamma, params, seed=i))
-        counts[tuple(s.token_ids)] += 1
-    obs, exp, rest_o, rest_e = [], [], 0, 0.0
-    for seq, pr in exact.items():
-        if pr == 0:
-            assert counts[seq] == 0
-        elif pr * n >= 5:
-            obs.append(counts[seq])
-            exp.append(pr * n)
-        else:
-            rest_o, rest_e = rest_o + counts[seq], rest_e + pr * n
-    if rest_e > 0:
-        obs.append(rest_o)
-        exp.append(rest_e)
-    exp = [e * sum(obs) / sum(exp) for e in exp]
-    return chisquare(obs, exp).pvalue
+    exact, counts, _ = sample_sequences(tree_speculative, t, lambda: TreeDraftProposer(d, shape=shape, budget=budget),
+                                        gamma, params, n)
+    return chi_square_pvalue(counts, exact, n)
 
 
 @pytest.mark.parametrize("shape,budget,params,gamma", [

@@ -34,3 +34,13 @@ def test_gaps_match_plain_decoding(pair, method):
     spec, plain = _gaps(pair, req, "speculative"), _gaps(pair, req, "baseline")
     assert len(spec) == len(plain) == 20 and None not in spec
     assert spec == pytest.approx(plain, abs=1e-4)
+
+
+def test_tree_runs_show_no_chain_prediction(pair):
+    from specviz.engine.metrics import run_stats
+    req = make_request("def add(a, b):\n", method="tree", gamma=3, max_new_tokens=12, temperature=0.0)
+    ids = encode_prompt(pair.tokenizer, req)
+    summary = [ev for ev in run_events(pair, req, "speculative", ids) if isinstance(ev, RunSummary)][0]
+    st = run_stats(summary)
+    assert st.predicted is None and st.predicted_v is None and st.best_gamma is None
+    assert st.tau is not None and st.alpha_hat is not None

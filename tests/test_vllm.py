@@ -11,14 +11,8 @@ from fake_vllm import ACCEPTS, TOKENS, Fake, serve
 
 from specviz import cli
 from specviz.engines.vllm_stream import parse_metrics
-from specviz.models.tiny import save_tiny_pair
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return save_tiny_pair(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture()
@@ -35,8 +29,8 @@ def run_cli(capsys, *argv):
     return code, out.out, out.err
 
 
-def pair_args(tiny):
-    return ["--target", tiny[0], "--draft", tiny[1]]
+def pair_args(pair_dirs):
+    return ["--target", pair_dirs[0], "--draft", pair_dirs[1]]
 
 
 def test_parse_metrics():
@@ -51,9 +45,9 @@ def test_parse_metrics():
     assert not parse_metrics(Fake(0).metrics()).present
 
 
-def test_same_json_lines_as_our_engine(tiny, servers, capsys):
+def test_same_json_lines_as_our_engine(pair_dirs, servers, capsys):
     (plain, u1), (spec, u2) = servers
-    common = [*pair_args(tiny), "--prompt", "def f(x):", "--mode", "both", "--gamma", "3",
+    common = [*pair_args(pair_dirs), "--prompt", "def f(x):", "--mode", "both", "--gamma", "3",
               "--max-new-tokens", "20", "--json"]
     code, ours, _ = run_cli(capsys, *common)
     assert code == 0
@@ -76,9 +70,9 @@ def test_same_json_lines_as_our_engine(tiny, servers, capsys):
     assert st["speedup"] is not None
 
 
-def test_tokens_coloured_by_engine_step(tiny, servers, capsys):
+def test_tokens_coloured_by_engine_step(pair_dirs, servers, capsys):
     _, (spec, u2) = servers
-    code, out, err = run_cli(capsys, *pair_args(tiny), "--prompt", "x", "--gamma", "3",
+    code, out, err = run_cli(capsys, *pair_args(pair_dirs), "--prompt", "x", "--gamma", "3",
                              "--max-new-tokens", "30",
                              "--json", "--engine", "vllm", "--vllm-url", u2)
     assert code == 0, err
@@ -92,9 +86,9 @@ def test_tokens_coloured_by_engine_step(tiny, servers, capsys):
         assert outcomes == ["accepted"] * acc + ["bonus" if acc == 3 else "resampled"]
 
 
-def test_human_output_says_what_vllm_does_not_expose(tiny, servers, capsys):
+def test_human_output_says_what_vllm_does_not_expose(pair_dirs, servers, capsys):
     (_, u1), (_, u2) = servers
-    code, out, _ = run_cli(capsys, *pair_args(tiny), "--prompt", "x", "--gamma", "3",
+    code, out, _ = run_cli(capsys, *pair_args(pair_dirs), "--prompt", "x", "--gamma", "3",
                              "--max-new-tokens", "12",
                            "--mode", "both", "--engine", "vllm", "--vllm-url", u1, "--vllm-url", u2)
     assert code == 0
@@ -108,11 +102,11 @@ def fake_python(tmp_path, body: str) -> str:
     return str(exe)
 
 
-def test_starts_its_own_servers_from_the_vllm_env(tiny, tmp_path, capsys, monkeypatch):
+def test_starts_its_own_servers_from_the_vllm_env(pair_dirs, tmp_path, capsys, monkeypatch):
     # stands in for .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server ...
     monkeypatch.setenv("SPECVIZ_VLLM_PYTHON", fake_python(
         tmp_path, f'shift 2; exec {sys.executable} {ROOT / "tests" / "fake_vllm.py"} "$@"'))
-    code, out, err = run_cli(capsys, *pair_args(tiny), "--prompt", "x", "--gamma", "3",
+    code, out, err = run_cli(capsys, *pair_args(pair_dirs), "--prompt", "x", "--gamma", "3",
                              "--max-new-tokens", "10",
                              "--mode", "both", "--json", "--engine", "vllm")
     assert code == 0, err
@@ -128,8 +122,8 @@ def test_starts_its_own_servers_from_the_vllm_env(tiny, tmp_path, capsys, monkey
     ("model it cannot serve", "vLLM refused the request: The model `x` does not exist."),
     ("no plain server", "no plain (no speculative_config) vLLM server"),
 ])
-def test_bad_input_one_clear_line(tiny, tmp_path, capsys, monkeypatch, case, message):
-    argv = [*pair_args(tiny), "--prompt", "x", "--max-new-tokens", "5", "--mode", "both", "--engine", "vllm"]
+def test_bad_input_one_clear_line(pair_dirs, tmp_path, capsys, monkeypatch, case, message):
+    argv = [*pair_args(pair_dirs), "--prompt", "x", "--max-new-tokens", "5", "--mode", "both", "--engine", "vllm"]
     srv = None
     if case == "not set up":
         monkeypatch.delenv("SPECVIZ_VLLM_PYTHON", raising=False)
@@ -155,24 +149,24 @@ def test_bad_input_one_clear_line(tiny, tmp_path, capsys, monkeypatch, case, mes
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
 
 
-def test_page_loader_failure_keeps_the_app_up(tmp_path, monkeypatch, tiny):
+def test_page_loader_failure_keeps_the_app_up(tmp_path, monkeypatch, pair_dirs):
     from specviz.engines.vllm import vllm_loader
     from specviz.models import resolve_pair
     from specviz.ui.loader import ModelManager
     monkeypatch.setenv("SPECVIZ_VLLM_VENV", str(tmp_path / "nowhere"))
     monkeypatch.delenv("SPECVIZ_VLLM_PYTHON", raising=False)
     m = ModelManager(loader=vllm_loader(()))
-    m.start(resolve_pair("custom", *tiny))
+    m.start(resolve_pair("custom", *pair_dirs))
     assert not m.wait(30)
     assert "vLLM is not set up" in m.status()["error"]
 
 
-def test_bench_has_vllm_rows(tiny, servers, tmp_path, capsys):
+def test_bench_has_vllm_rows(pair_dirs, servers, tmp_path, capsys):
     from specviz.bench import cli as bench
     (plain, u1), (spec, u2) = servers
     pj = tmp_path / "prompts.json"
     pj.write_text(json.dumps([{"id": "code/a", "task": "code", "text": "def add(a, b):\n"}]))
-    code = bench.main(["--target", tiny[0], "--draft", tiny[1], "--quick", "--max-new-tokens", "12",
+    code = bench.main(["--target", pair_dirs[0], "--draft", pair_dirs[1], "--quick", "--max-new-tokens", "12",
                        "--repeats", "2", "--prompts-json", str(pj), "--out", str(tmp_path / "out"),
                        "--methods", "plain,draft,vllm,vllm-spec", "--gammas", "3", "--gamma-other", "3",
                        "--no-hf",
@@ -195,7 +189,7 @@ def ACCEPTS_ALPHA(n):  # α the fake server's counters give for one n-token requ
     return f.accepted / f.draft_tokens
 
 
-def test_page_on_vllm_servers(tiny, servers):
+def test_page_on_vllm_servers(pair_dirs, servers):
     """The app with --engine vllm: loads through the page's manager, the race
     streams both sides, the numbers vLLM cannot give are n/a, the note says why."""
     import app
@@ -204,7 +198,7 @@ def test_page_on_vllm_servers(tiny, servers):
     from specviz.ui import render
     from specviz.ui.state import RunView
     (plain, u1), (spec, u2) = servers
-    args = app.build_parser().parse_args(["--target", tiny[0], "--draft", tiny[1], "--engine", "vllm",
+    args = app.build_parser().parse_args(["--target", pair_dirs[0], "--draft", pair_dirs[1], "--engine", "vllm",
                                           "--vllm-url", u1, "--vllm-url", u2])
     demo, manager = app.create_app(args)
     assert manager.wait(60), manager.status()
@@ -233,9 +227,9 @@ def test_tooltip_says_vllm_does_not_expose_p_q():
     assert "min(1, p/q)" in ours
 
 
-def test_a_deployments_gamma_is_its_own(tiny, servers, capsys):
+def test_a_deployments_gamma_is_its_own(pair_dirs, servers, capsys):
     _, (spec, u2) = servers
-    code, out, err = run_cli(capsys, *pair_args(tiny), "--prompt", "x", "--gamma", "5",
+    code, out, err = run_cli(capsys, *pair_args(pair_dirs), "--prompt", "x", "--gamma", "5",
                              "--max-new-tokens", "9", "--json", "--engine", "vllm", "--vllm-url", u2)
     assert code == 0, err
     st = json.loads(out)["stats"]

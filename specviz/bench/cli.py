@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..cli import add_pair_args
-from ..errors import ModelError, RequestError
+from ..errors import RequestError, exit_code
 from ..hosting.bandwidth import bench_lines, weight_bytes
 from ..machine import loadavg
 from . import runs as runs_mod
@@ -318,11 +318,4 @@ def run_bench(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        return run_bench(argv)
-    except (RequestError, ModelError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("stopped", file=sys.stderr)
-        return 130
+    return exit_code(lambda: run_bench(argv))

@@ -34,6 +34,12 @@ def pad_to(q: torch.Tensor, vocab: int) -> torch.Tensor:
     return F.pad(q, (0, vocab - q.shape[-1])) if q.shape[-1] < vocab else q
 
 
+def _run_state(model, tokenizer, eos_ids, seed, clock):
+    """What every run starts with: the EOS set, its generator, clock, KV cache and text stream."""
+    return (frozenset(eos_ids), make_generator(model.device, seed), clock or Clock(model.device),
+            new_cache(model), TextStream(tokenizer))
+
+
 @torch.inference_mode()
 def baseline(
     model,
@@ -47,11 +53,7 @@ def baseline(
     clock: Clock | None = None,
 ) -> Iterator[TokenEvent | RunSummary]:
     """Plain KV-cached autoregressive decoding of the target."""
-    eos = frozenset(eos_ids)
-    gen = make_generator(model.device, seed)
-    clock = clock or Clock(model.device)
-    cache = new_cache(model)
-    stream = TextStream(tokenizer)
+    eos, gen, clock, cache, stream = _run_state(model, tokenizer, eos_ids, seed, clock)
     out: list[int] = []
     feed = list(prompt_ids)
     forwards, prefill, reason = 0, 0.0, "max_new_tokens"
@@ -78,6 +80,38 @@ def baseline(
         elapsed=clock.now(), prefill=prefill, target_forwards=forwards, stop_reason=reason,
         device=str(model.device),
     )
+
+
+def new_summary(method: str, gamma: int, device, **extra) -> RunSummary:
+    """A speculative run's summary before its first round; finish_run closes it."""
+    return RunSummary(mode="speculative", method=method, token_ids=[], text="", n_tokens=0,
+                      elapsed=0.0, prefill=0.0, target_forwards=0, stop_reason="max_new_tokens",
+                      gamma=gamma, device=str(device), **extra)
+
+
+def cut_at_eos(new: list[int], eos, remaining: int) -> tuple[list[int], bool]:
+    """A round's new tokens and whether they hit EOS: EOS or the budget can end
+    the output inside a round, as in plain decoding."""
+    for i, x in enumerate(new):
+        if x in eos:
+            return new[: i + 1][:remaining], True
+    return new[:remaining], False
+
+
+def drive_rounds(s: RunSummary, stream: TextStream, clock: Clock, max_new_tokens: int,
+                 stop: threading.Event | None, one_round) -> Iterator[RoundEvent | RunSummary]:
+    """The loop of every speculative engine: one_round(r, remaining) -> RoundEvent
+    while tokens are due, until a stop or EOS (s.stop_reason); the summary last."""
+    r = 0
+    while len(s.token_ids) < max_new_tokens:
+        if check_stop(stop):
+            s.stop_reason = "stopped"
+            break
+        yield one_round(r, max_new_tokens - len(s.token_ids))
+        r += 1
+        if s.stop_reason == "eos":
+            break
+    yield finish_run(s, stream, clock)
 
 
 def finish_run(s: RunSummary, stream: TextStream, clock: Clock) -> RunSummary:
@@ -144,16 +178,6 @@ def _draft_and_verify(target, proposer, committed, cache, g, params, gen, eos, c
     gaps = top2_gap(logits) if params.greedy else None
     return _Round(prop.tokens, prop.forwards, fed, p, gaps, v, t_start, t_drafted, clock.now(),
                   info=prop.info, q=q)
-
-
-def _kept(rd: _Round, eos, remaining: int) -> tuple[list[int], bool]:
-    """The round's new output tokens and whether it hit EOS: EOS or the budget
-    can end the output inside the round, as in plain decoding."""
-    new = rd.tokens[: rd.v.n_accepted] + [rd.v.token]
-    for i, x in enumerate(new):
-        if x in eos:
-            return new[: i + 1][:remaining], True
-    return new[:remaining], False
 
 
 def _token_events(rd: _Round, new: list[int], stream: TextStream, r: int) -> list[TokenEvent]:
@@ -228,34 +252,24 @@ def speculative(
     policy: an optional γ policy (engine/gamma.py) that picks each round's γ
     (at most `gamma`) and learns from each verdict; without one the proposer
     decides (fixed γ, or its own adaptive rule)."""
-    eos = frozenset(eos_ids)
-    gen = make_generator(target.device, seed)
-    clock = clock or Clock(target.device)
-    cache = new_cache(target)
-    stream = TextStream(tokenizer)
+    eos, gen, clock, cache, stream = _run_state(target, tokenizer, eos_ids, seed, clock)
     committed = list(prompt_ids)
-    s = RunSummary(mode="speculative", method=proposer.name, token_ids=[], text="", n_tokens=0,
-                   elapsed=0.0, prefill=0.0, target_forwards=0, stop_reason="max_new_tokens",
-                   gamma=gamma, device=str(target.device), gamma_policy=getattr(policy, "name", ""))
+    s = new_summary(proposer.name, gamma, target.device, gamma_policy=getattr(policy, "name", ""))
     # the target reads the prompt in round 1, together with the first drafts:
     # one forward fewer than a separate prefill (HF assisted generation does the
     # same). Round 1 therefore counts as prefill, not in the draft/verify split.
     proposer.reset(prompt_ids)  # the draft's prefill, not in draft_forwards
     if hasattr(proposer, "attach_target_cache"):  # self-speculation drafts in the target's cache
         proposer.attach_target_cache(cache)
-    r = 0
-    while len(s.token_ids) < max_new_tokens:
-        if check_stop(stop):
-            s.stop_reason = "stopped"
-            break
-        remaining = max_new_tokens - len(s.token_ids)
+
+    def one_round(r: int, remaining: int) -> RoundEvent:
         g = policy.next_gamma(gamma) if policy is not None else proposer.next_gamma(gamma)
         # never draft past the budget: the last slot is the target's own token
         g = min(g, max(1, remaining - 1))
         rd = _draft_and_verify(target, proposer, committed, cache, g, params, gen, eos, clock)
         _inspect(rd, stream, clock)
-        new, hit_eos = _kept(rd, eos, remaining)
-        committed += new
+        new, hit_eos = cut_at_eos(rd.tokens[: rd.v.n_accepted] + [rd.v.token], eos, remaining)
+        committed.extend(new)
         s.token_ids += new
         crop_cache(cache, len(committed) - 1)
         proposer.rollback(committed, rd.v.n_accepted, len(rd.tokens))
@@ -263,9 +277,8 @@ def speculative(
             policy.observe(rd.v.overlap, rd.v.n_accepted)
         tokens = _token_events(rd, new, stream, r)
         prompt_tokens = _account(s, rd)
-        yield _round_event(rd, s, r, len(new) == rd.v.n_accepted + 1, tokens, prompt_tokens)
-        r += 1
         if hit_eos:
             s.stop_reason = "eos"
-            break
-    yield finish_run(s, stream, clock)
+        return _round_event(rd, s, r, len(new) == rd.v.n_accepted + 1, tokens, prompt_tokens)
+
+    yield from drive_rounds(s, stream, clock, max_new_tokens, stop, one_round)

@@ -18,7 +18,7 @@ from transformers import DynamicCache
 
 from ..errors import RequestError
 from .clock import Clock
-from .decoding import check_stop, finish_run
+from .decoding import cut_at_eos, drive_rounds, new_summary
 from .events import Outcome, RoundEvent, RunSummary, TokenEvent
 from .forward import crop_cache
 from .proposers.lookahead import GREEDY_ONLY, Layout, LookaheadProposer, build_mask, positions
@@ -90,14 +90,6 @@ def _round_tokens(stream, guess, k, new, appended, t_end, r, gaps):
     return tokens
 
 
-def _cut(new: list[int], eos, remaining: int) -> tuple[list[int], bool]:
-    """EOS or the budget can end the output inside a round, as in plain decoding."""
-    for i, x in enumerate(new):
-        if x in eos:
-            return new[: i + 1][:remaining], True
-    return new[:remaining], False
-
-
 @torch.inference_mode()
 def lookahead(target, prop: LookaheadProposer, tokenizer, prompt_ids: list[int], max_new_tokens: int,
               gamma: int, params: SamplingParams, eos_ids=(), seed: int | None = None,
@@ -109,22 +101,11 @@ def lookahead(target, prop: LookaheadProposer, tokenizer, prompt_ids: list[int],
     clock = clock or Clock(target.device)
     cache = DynamicCache()
     stream = TextStream(tokenizer)
-    committed, out = list(prompt_ids), []
-    s = RunSummary(mode="speculative", method=prop.name, token_ids=out, text="", n_tokens=0,
-                   elapsed=0.0, prefill=0.0, target_forwards=0, stop_reason="max_new_tokens",
-                   gamma=prop.ngram - 1, device=str(target.device))
+    s = new_summary(prop.name, prop.ngram - 1, target.device)
+    committed, out = list(prompt_ids), s.token_ids
     prop.reset(prompt_ids)
-    r = 0
-    while len(out) < max_new_tokens:
-        if check_stop(stop):
-            s.stop_reason = "stopped"
-            break
-        ev = _round(target, prop, cache, committed, out, stream, s, eos, max_new_tokens - len(out), r, clock)
-        yield ev
-        r += 1
-        if s.stop_reason == "eos":
-            break
-    yield finish_run(s, stream, clock)
+    yield from drive_rounds(s, stream, clock, max_new_tokens, stop, lambda r, remaining: _round(
+        target, prop, cache, committed, out, stream, s, eos, remaining, r, clock))
 
 
 def _round(target, prop, cache, committed, out, stream, s, eos, remaining, r, clock) -> RoundEvent:
@@ -143,7 +124,7 @@ def _round(target, prop, cache, committed, out, stream, s, eos, remaining, r, cl
     guess = lay.guesses[won] if won >= 0 else []
     gaps = top2_gap(logits[[lay.fed - 1] + [lay.guess(won, i) for i in range(k)]])
     chain = [first] + [int(argmax[lay.guess(won, i)]) for i in range(k)]  # target's tokens
-    new, ended = _cut(guess[:k] + [chain[k]], eos, remaining)
+    new, ended = cut_at_eos(guess[:k] + [chain[k]], eos, remaining)
     collected = prop.advance(_new_level(argmax, lay))
     keep = list(range(past + len(fed))) + [past + lay.guess(won, i) for i in range(min(k, len(new)))]
     keep_positions(cache, keep)

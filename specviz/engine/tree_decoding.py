@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from .clock import Clock
-from .decoding import check_stop, finish_run, make_generator, pad_to
+from .decoding import cut_at_eos, drive_rounds, make_generator, new_summary, pad_to
 from .events import Outcome, RoundEvent, RunSummary, TokenEvent
 from .forward import crop_cache
 from .sampling import SamplingParams, overlap, top2_gap, warp
@@ -81,17 +81,13 @@ def tree_speculative(target, proposer, tokenizer, prompt_ids: list[int], max_new
     clock = clock or Clock(target.device)
     cache = DynamicCache()
     stream = TextStream(tokenizer)
-    committed, out = list(prompt_ids), []
-    s = RunSummary(mode="speculative", method=proposer.name, token_ids=out, text="", n_tokens=0,
-                   elapsed=0.0, prefill=0.0, target_forwards=0, stop_reason="max_new_tokens",
-                   gamma=gamma, device=str(target.device))
+    # Leviathan's chain formula does not model a tree (on the default pair it predicted 0.94× for a
+    # 16-node tree that measured 1.83×): no prediction or best γ is shown; τ is the tree's measure
+    s = new_summary(proposer.name, gamma, target.device, unmeasured=["predicted"])
+    committed = list(prompt_ids)
     proposer.reset(prompt_ids)
-    r = 0
-    while len(out) < max_new_tokens:
-        if check_stop(stop):
-            s.stop_reason = "stopped"
-            break
-        remaining = max_new_tokens - len(out)
+
+    def one_round(r: int, remaining: int) -> RoundEvent:
         t_start = clock.now()
         prop = proposer.propose_tree(committed, min(gamma, max(1, remaining - 1)), params, gen, eos)
         t_drafted = clock.now()
@@ -100,18 +96,14 @@ def tree_speculative(target, proposer, tokenizer, prompt_ids: list[int], max_new
         p, v, q, gaps = _verify(target, cache, fed, prop, params, gen)
         t_end = clock.now()
         s.target_forwards += 1
-
-        new = [prop.tokens[i] for i in v.path] + [v.token]
-        for i, x in enumerate(new):  # EOS or the budget can end the output inside the path
-            if x in eos:
-                new = new[: i + 1]
-                s.stop_reason = "eos"
-                break
-        new = new[:remaining]
+        # EOS or the budget can end the output inside the path
+        new, ended = cut_at_eos([prop.tokens[i] for i in v.path] + [v.token], eos, remaining)
+        if ended:
+            s.stop_reason = "eos"
         n_path = min(len(v.path), len(new))
         appended = len(new) == len(v.path) + 1
-        committed += new
-        out += new
+        committed.extend(new)
+        s.token_ids += new
         keep_cache_slots(cache, prefix=n_prefix, slots=[n_prefix + i for i in v.path[:n_path]])
         crop_cache(cache, len(committed) - 1)
         proposer.rollback_tree(committed, v.path[:n_path])
@@ -119,12 +111,10 @@ def tree_speculative(target, proposer, tokenizer, prompt_ids: list[int], max_new
         q_x, p_x, ov = _node_stats(prop, p, q)
         tokens = _round_tokens(stream, prop, v, new, n_path, appended, p, p_x, q_x, r, t_end, gaps)
         texts = [stream.token_text(x) for x in prop.tokens + [v.token]]
-        yield _round_event(s, r, prop, v, tokens, q_x, p_x, ov, appended, n_path, len(fed) - 1,
-                           t_start, t_drafted, t_end, len(out), texts)
-        r += 1
-        if s.stop_reason == "eos":
-            break
-    yield finish_run(s, stream, clock)
+        return _round_event(s, r, prop, v, tokens, q_x, p_x, ov, appended, n_path, len(fed) - 1,
+                            t_start, t_drafted, t_end, len(s.token_ids), texts)
+
+    yield from drive_rounds(s, stream, clock, max_new_tokens, stop, one_round)
 
 
 def _round_event(s, r, prop, v, tokens, q_x, p_x, ov, appended, n_path, prompt_tokens,

@@ -1,0 +1,110 @@
+"""What the engine tests share: run a generator to its summary, check a round
+stream, and the whole-sequence law check every sampling method goes through
+(enumerate the target's exact law of short sequences, sample many seeded runs,
+chi-square the counts)."""
+import itertools
+
+import torch
+
+from specviz.engine.events import Outcome, RoundEvent, RunSummary
+from specviz.engine.sampling import warp
+from specviz.models.tiny import tiny_model
+
+LAW_PROMPT = [1, 2, 3, 1, 2]  # repeats give the lookup stages something to copy
+
+
+def run(gen):
+    events = list(gen)
+    assert isinstance(events[-1], RunSummary)
+    return events[:-1], events[-1]
+
+
+def check_stream(rounds, summary):
+    """Accepted + appended tokens of the rounds are exactly the output."""
+    assert all(isinstance(r, RoundEvent) for r in rounds)
+    out = [t.token_id for r in rounds for t in r.tokens if t.in_output]
+    assert out == summary.token_ids
+    assert summary.n_tokens == len(out) == rounds[-1].total_tokens
+    assert summary.accepted == sum(r.n_accepted for r in rounds)
+    for r in rounds:
+        kinds = [t.outcome for t in r.tokens]
+        assert kinds[: r.n_accepted] == [Outcome.ACCEPTED] * r.n_accepted
+        if r.appended_id >= 0:
+            assert kinds[-1] == (Outcome.RESAMPLED if r.resampled else Outcome.BONUS)
+            assert (Outcome.REJECTED in kinds) == r.resampled
+        assert r.t_draft >= 0 and r.t_verify > 0 and r.t_end >= r.t_start
+    times = [r.t_end for r in rounds]
+    assert times == sorted(times)
+
+
+class NullTok:
+    def decode(self, ids, skip_special_tokens=False):
+        return ""
+
+
+def noisy_copy(model, seed, scale=1.0):
+    """Same architecture, perturbed weights: agrees often, not always."""
+    d = tiny_model(model.config.vocab_size, seed=0, layers=model.config.num_hidden_layers,
+                   init=model.config.initializer_range)
+    d.load_state_dict(model.state_dict())
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for w in d.parameters():
+            w.add_(torch.randn(w.shape, generator=g) * w.std().clamp_min(0.05) * scale)
+    return d
+
+
+def exact_sequence_probs(model, prompt, length, params):
+    """P(sequence) under the warped target, by enumerating all sequences."""
+    V = model.config.vocab_size
+    probs = {}
+    for seq in itertools.product(range(V), repeat=length):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + list(seq)])).logits[0]
+        p = warp(logits[len(prompt) - 1: len(prompt) - 1 + length], params)
+        probs[seq] = float(torch.prod(p[torch.arange(length), torch.tensor(seq)]))
+    return probs
+
+
+def sample_sequences(decode, target, new_proposer, gamma, params, n, *, prompt=LAW_PROMPT, length=3):
+    """n seeded runs of `length` new tokens: the target's exact law, the counts
+    of each sequence, and every run's (rounds, summary)."""
+    exact = exact_sequence_probs(target, prompt, length, params)
+    counts = dict.fromkeys(exact, 0)
+    runs = []
+    for i in range(n):
+        rounds, s = run(decode(target, new_proposer(), NullTok(), prompt, length, gamma, params, seed=i))
+        counts[tuple(s.token_ids)] += 1
+        runs.append((rounds, s))
+    return exact, counts, runs
+
+
+def acceptance(runs):
+    """Accepted / drafted over all runs."""
+    return sum(s.accepted for _, s in runs) / sum(s.drafted for _, s in runs)
+
+
+def chi_square_pvalue(counts, exact, n):
+    """Observed counts against n times the exact law; sequences the law never
+    produces must never occur, rare ones are pooled so every bin expects >= 5."""
+    from scipy.stats import chisquare
+    obs, exp, rest_o, rest_e = [], [], 0, 0.0
+    for seq, pr in exact.items():
+        if pr == 0:
+            assert counts[seq] == 0
+        elif pr * n >= 5:
+            obs.append(counts[seq])
+            exp.append(pr * n)
+        else:
+            rest_o, rest_e = rest_o + counts[seq], rest_e + pr * n
+    if rest_e > 0:
+        obs.append(rest_o)
+        exp.append(rest_e)
+    else:
+        assert rest_o == 0
+    exp = [e * sum(obs) / sum(exp) for e in exp]
+    return chisquare(obs, exp).pvalue
+
+
+def assert_follows_target(counts, exact, n):
+    assert chi_square_pvalue(counts, exact, n) > 1e-3
