@@ -250,3 +250,14 @@ def test_kv_reuse_sequences_follow_target_distribution(params, gamma):
     t = tiny_model(V, seed=10, layers=4, init=0.8)
     exact, counts, _ = sample_sequences(speculative, t, lambda: SharedCacheExitProposer(t, 1), gamma, params, N)
     assert_follows_target(counts, exact, N)
+
+
+def test_draft_size_int8_copy_from_a_bf16_draft(deep, tok):
+    # --precision auto loads the draft in bf16 on a CPU with native bf16: the int8 size must still run
+    from specviz.bench import draft_size
+    pair = SimpleNamespace(**vars(pair_of(deep, tok)), quantize=None)
+    pair.draft = tiny_model(len(tok), seed=1, layers=1).to(torch.bfloat16)
+    drafts = draft_size._drafts(pair, ["draft-int8", "draft-fp32"])
+    assert drafts["draft-fp32"].dtype == torch.float32 and pair.draft.dtype == torch.bfloat16
+    res = draft_size.analyse(pair, ["draft-int8"], [tok.encode(PROMPT)], [2], 6)
+    assert res["sizes"][0]["rows"][0]["speedup"] > 0

@@ -138,16 +138,22 @@ def add_theory(size: dict, plain_tps: float, costs) -> None:
 
 
 def _drafts(pair, sizes) -> dict:
-    """The separate draft in the precisions asked for (int8 made from the fp32 one)."""
+    """The separate draft in the precisions asked for. The int8 copy is made from an fp32 one:
+    torch.ao's dynamic int8 Linear takes fp32 activations only (a bf16 draft, as `--precision auto`
+    loads it on a CPU with native bf16, failed with "expected scalar type Float")."""
+    import copy
+
+    import torch
+
     from ..engine import speed
     out = {}
-    if pair.draft is None:
+    if pair.draft is None or pair.quantize is not None:
         return out
-    fp32 = pair.quantize is None
-    if "draft-fp32" in sizes and fp32:
-        out["draft-fp32"] = pair.draft
+    fp32 = pair.draft if pair.draft.dtype == torch.float32 else copy.deepcopy(pair.draft).float()
+    if "draft-fp32" in sizes:
+        out["draft-fp32"] = fp32
     if "draft-int8" in sizes:
-        out["draft-int8"] = speed.quantize_int8(pair.draft) if fp32 else pair.draft
+        out["draft-int8"] = speed.quantize_int8(fp32)
     return out
 
 
