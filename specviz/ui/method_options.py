@@ -13,7 +13,7 @@ from ..engine.proposers.lookahead import DEFAULT_GUESSES, DEFAULT_WINDOW, MAX_GU
 from ..engine.proposers.tree import DEFAULT_BUDGET, MAX_NODES
 from ..errors import RequestError
 
-TEXT, INT, SLIDER = "text", "int", "slider"  # INT: a number box, blank = the method's default
+TEXT, INT, SLIDER = "text", "int", "slider"  # INT: a whole number typed in a box, blank = the default
 NO_SETTINGS = "This method has no settings beyond γ."
 NOTES = {"rest": "The datastore is the server's, set by its --datastore flag; the page cannot pick files.",
          "heads": "The heads are trained once on the server (python -m specviz.heads train); "
@@ -147,7 +147,9 @@ def _control(spec: OptionSpec, visible: bool):
     if spec.kind == SLIDER:
         return gr.Slider(spec.lo, spec.hi, value=spec.default, step=1, **common)
     if spec.kind == INT:
-        return gr.Number(None, precision=0, minimum=spec.lo, maximum=spec.hi, **common)
+        # a text box, not gr.Number: Number(None, minimum=1) showed 0 in the browser and refused
+        # every run with "Value 0 is less than minimum value 1" (a blank must mean "the default")
+        return gr.Textbox("", placeholder=spec.placeholder or "blank: the default", max_lines=1, **common)
     return gr.Textbox("", placeholder=spec.placeholder, max_lines=1, **common)
 
 
