@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from scipy.stats import chisquare
-from test_decoding import NullTok, check_stream, exact_sequence_probs, run
+from helpers import NullTok, check_stream, exact_sequence_probs, run
 
 from specviz.engine.decoding import baseline, speculative
 from specviz.engine.proposers import make_proposer, method_names
