@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from scipy.stats import chisquare
 from helpers import NullTok, check_stream, exact_sequence_probs, run
+from scipy.stats import chisquare
 
 from specviz.engine.decoding import baseline, speculative
 from specviz.engine.proposers import make_proposer, method_names
