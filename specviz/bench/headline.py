@@ -43,12 +43,21 @@ def _f(x: str) -> float | None:
         return None
 
 
+def _run_key(r: dict) -> tuple:
+    return r["source"], r["prompt_id"], r["repeat"]
+
+
+def plain_by_run(rows: list[dict], key: str) -> dict:
+    """The plain run's `key` per (folder, prompt, repeat): what every other run is divided by."""
+    return {_run_key(r): _f(r[key]) for r in rows if r["variant"] == "plain"}
+
+
 def per_prompt_speedups(rows: list[dict], key: str = "tokens_per_s") -> dict:
     """{(task, variant): {prompt: median over repeats of run / plain run}}."""
-    plain = {(r["source"], r["prompt_id"], r["repeat"]): _f(r[key]) for r in rows if r["variant"] == "plain"}
+    plain = plain_by_run(rows, key)
     acc: dict = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        base = plain.get((r["source"], r["prompt_id"], r["repeat"]))
+        base = plain.get(_run_key(r))
         val = _f(r[key])
         if r["variant"] == "plain" or not base or val is None:
             continue
@@ -126,11 +135,10 @@ def round_overhead(rows: list[dict]) -> dict:
 
 def measured_over_predicted(rows: list[dict]) -> dict:
     """Per γ of the draft sweep: median over runs of decode speedup ÷ verify-aware prediction."""
-    plain = {(r["source"], r["prompt_id"], r["repeat"]): _f(r["decode_tokens_per_s"])
-             for r in rows if r["variant"] == "plain"}
+    plain = plain_by_run(rows, "decode_tokens_per_s")
     by_gamma = defaultdict(list)
     for r in rows:
-        base, pred = plain.get((r["source"], r["prompt_id"], r["repeat"])), _f(r.get("predicted_v"))
+        base, pred = plain.get(_run_key(r)), _f(r.get("predicted_v"))
         if r["family"] == "draft" and base and pred and _f(r["decode_tokens_per_s"]):
             by_gamma[r["variant"].split(":")[1]].append(_f(r["decode_tokens_per_s"]) / base / pred)
     return {g: cell(xs) for g, xs in sorted(by_gamma.items(), key=lambda kv: (kv[0] == "auto", kv[0]))}

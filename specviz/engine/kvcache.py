@@ -22,6 +22,8 @@ import warnings
 
 import torch
 
+from .speed import has_int8
+
 GROW = 512  # positions added when a run outgrows the buffer (a compiled graph then recompiles once)
 # forwards of more new tokens (the prompt) run eagerly: one graph per prompt length otherwise
 COMPILE_MAX_NEW = 32
@@ -162,18 +164,13 @@ def static_forward(model, ids: list[int], cache: StaticKV, keep: int) -> torch.T
     return logits[0, -keep:]
 
 
-def _dynamic_int8(model) -> bool:
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
-    return any(isinstance(m, DynamicInt8Linear) for m in model.modules())
-
-
 def compiled_call(model):
     """The model's forward under torch.compile, built once per model and reused by every run.
     On CUDA, mode "reduce-overhead" replays CUDA graphs (eager batch-1 decoding is launch-bound)."""
     fn = getattr(model, "_specviz_compiled", None)
     if fn is False:  # failed before: eager
         return None
-    if fn is None and _dynamic_int8(model):
+    if fn is None and has_int8(model):
         # torch.ao's dynamic int8 Linear breaks the graph inside every attention block; the resumed
         # frames specialise on layer_idx and hit dynamo's recompile limit (measured on the 0.5B
         # int8 draft: 32 recompiles, then eager anyway, after minutes of compiling)

@@ -70,6 +70,12 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
 
 
+def has_int8(model: torch.nn.Module) -> bool:
+    """Whether quantize_int8 (or an int8 load) swapped any Linear of this model."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
+    return any(isinstance(m, DynamicInt8Linear) for m in model.modules())
+
+
 @torch.inference_mode()
 def warm_up(model: torch.nn.Module) -> None:
     """Run the shapes decoding uses once, untimed: the first forwards of a
