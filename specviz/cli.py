@@ -65,7 +65,7 @@ def load_from_args(args, progress=None, allow_local_paths=True):
         from .hosting.spaces import default_pair
         spec = default_pair()  # on a Space without the embedded packages: the same models from the Hub
     if getattr(args, "engine", "specviz") == "vllm":
-        from .engines.vllm import load_vllm
+        from .hosting.vllm import load_vllm
         return load_vllm(spec, urls=args.vllm_url, device=args.device or "cpu", progress=progress)
     pair = load_pair(spec, device=args.device, progress=progress, quantize=args.quantize,
                      precision=getattr(args, "precision", "auto"))

@@ -22,8 +22,7 @@ from transformers import DynamicCache
 from ...errors import RequestError
 from ..forward import crop_cache, forward_logits
 from ..sampling import warp
-from ..tree_forward import keep_cache_slots, masked_forward
-from ..tree_sampling import frontier_bias
+from ..tree_forward import frontier_bias, keep_cache_slots, masked_forward
 from .base import Proposer, register, target_vocab
 from .options import TEXT, Option, check_options
 
