@@ -253,7 +253,7 @@ def run_specviz(pair, variant: Variant, req, ids: list[int]) -> tuple[RunSummary
 def _run_engine(pair, variant: Variant, prompt: BenchPrompt, ids: list[int], max_new_tokens: int,
                 run: Run) -> dict:
     """Run SpecViz or HF; fills the run's output fields, returns the first-chunk info."""
-    if variant.engine in ("specviz", "vllm"):  # vLLM: a VllmPair, the same events (engines/vllm.py)
+    if variant.engine in ("specviz", "vllm"):  # vLLM: a VllmPair, the same events (hosting/vllm.py)
         method = variant.family if variant.engine == "specviz" and variant.family != "plain" else "draft"
         gamma = "auto" if variant.auto else max(1, variant.gamma)
         req = make_request(prompt.text, method=method, gamma=gamma,
