@@ -184,7 +184,7 @@ def check_tree_options(options: dict) -> dict:
     if shape is not None:
         try:
             parts = shape.replace(",", "-").split("-") if isinstance(shape, str) else list(shape)
-            shape = [int(x) for x in parts if str(x).strip() != ""]
+            shape = [int(x) for x in parts]  # an empty depth ("4--2") is no number: refused
         except (TypeError, ValueError):
             raise RequestError(f"Tree shape must look like 4-2-2-1 (children per depth), got {shape!r}.") \
                 from None
