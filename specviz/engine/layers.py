@@ -18,9 +18,20 @@ import torch
 from ..errors import RequestError
 from . import kvcache
 
+# Architectures whose forward is exactly embed_tokens -> layers -> norm -> lm_head, checked
+# against the model's own forward in tests/test_lossless_arch.py (transformers 5.23, 2026-11-23).
+# Others refuse: their forward may scale on the way (Granite's embedding_multiplier and
+# logits_scaling, Cohere's logit_scale, Gemma 2's soft-capping), which the parts alone miss.
+VERIFIED = ("apertus", "arcee", "bitnet", "gemma", "llama", "mistral", "qwen2", "qwen3")
+
 
 def decoder_parts(model):
-    """(backbone, lm_head) of a Llama-style causal LM, or a clear error."""
+    """(backbone, lm_head) of a verified Llama-style causal LM, or a clear error."""
+    kind = getattr(model.config, "model_type", None)
+    if kind not in VERIFIED:
+        raise RequestError(f"Self-speculation (early exit, layer skip) rebuilds the target's forward "
+                           f"from its parts, checked exact only for {', '.join(VERIFIED)}; this target is "
+                           f"{kind!r} (its own scaling would be missed): pick another method.")
     body = getattr(model, "model", None)
     need = ("embed_tokens", "layers", "norm", "rotary_emb")
     if body is None or not all(hasattr(body, n) for n in need) or not hasattr(model, "lm_head"):
