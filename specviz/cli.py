@@ -233,7 +233,7 @@ def _generate(args, req, pair) -> int:
         sreq = req if req.seed is None else req.__class__(**{**req.__dict__, "seed": req.seed + i})
         results = {m: run_once(pair, sreq, m, ids) for m in modes}
         base = results.get("baseline", (None, None))[1]
-        eq = _greedy_check(pair, sreq, results)
+        eq = _greedy_check(pair, sreq, results, ids)
         failed |= eq is not None and not eq.ok
         for mode, (events, summary) in results.items():
             stats = run_stats(summary, base, getattr(pair, "costs", None)).to_dict() \
@@ -257,13 +257,19 @@ def _generate(args, req, pair) -> int:
     return 1 if failed else 0
 
 
-def _greedy_check(pair, req, results):
-    """Greedy speculative vs plain output: identical, a numerical near-tie, or a bug (engine/equality.py)."""
+def _greedy_check(pair, req, results, ids):
+    """Greedy speculative vs plain output: identical, a numerical near-tie, or a bug
+    (engine/equality.py; an ambiguous flip is recomputed in fp32 on the target)."""
     if not req.sampling.greedy or set(results) != {"baseline", "speculative"}:
         return None
-    from .engine.equality import compare_greedy, output_tokens
+    import torch
+
+    from .engine.equality import compare_greedy, fp32_recompute, output_tokens
+    target = getattr(pair, "target", None)
+    recompute = fp32_recompute(target, ids, results["baseline"][1].token_ids) \
+        if isinstance(target, torch.nn.Module) else None
     return compare_greedy(*(output_tokens(results[m][0]) for m in ("baseline", "speculative")),
-                          str(pair.dtype))
+                          str(pair.dtype), recompute=recompute)
 
 
 def _print_human(mode, events, summary: RunSummary, stats):

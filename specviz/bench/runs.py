@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..engine.equality import near_tie_threshold
+from ..engine.equality import judge
 from ..engine.events import RoundEvent, RunSummary, TokenEvent
 from ..engine.metrics import Stats, run_stats
 from ..request import METHODS, RequestError, make_request
@@ -134,16 +134,15 @@ def check_outputs(runs: list[Run], strict_only: bool = True, precision: str = "f
     (its first repeat); fills run.match / run.first_diff.
 
     Raises OutputMismatch listing every strict (SpecViz) run that differs,
-    unless the difference is a numerical near-tie: both runs' top-2 logit gaps
-    at the first differing token within engine/equality.py's threshold for the
-    target's precision (bf16 verify blocks round differently from single
-    steps). Returns warning lines for near-ties and non-strict (HF) runs."""
+    unless engine/equality.py judges the first difference a numerical near-tie
+    (both runs' tokens top of their own rows and each other's runner-up, both
+    top-2 gaps within rounding of the target's precision). Returns warning
+    lines for near-ties and non-strict (HF) runs."""
     ref: dict[str, Run] = {}
     for r in runs:
         if r.family == "plain" and r.error is None and r.prompt_id not in ref:
             ref[r.prompt_id] = r
     errors, warnings = [], []
-    thr = near_tie_threshold(precision)
     for r in runs:
         if r.error is not None or r.prompt_id not in ref:
             continue
@@ -152,13 +151,16 @@ def check_outputs(runs: list[Run], strict_only: bool = True, precision: str = "f
         r.match, r.first_diff = pos is None, pos
         if pos is None:
             continue
-        gaps = [g[pos] for g in (base_gaps, r.gaps) if pos < len(g) and g[pos] is not None]
-        near = len(gaps) == 2 and pos < min(len(base), len(r.token_ids)) and max(gaps) <= thr
+        eq = None
+        if pos < min(len(base), len(r.token_ids), len(base_gaps), len(r.gaps)):
+            eq = judge(pos, base[pos], r.token_ids[pos], base_gaps[pos], r.gaps[pos], precision)
+        near = eq is not None and eq.verdict == "near-tie"
         what = (f"{r.variant} on {r.prompt_id} (repeat {r.repeat + 1}): first differing position {pos} "
                 f"(baseline token {base[pos] if pos < len(base) else 'END'}, "
                 f"got {r.token_ids[pos] if pos < len(r.token_ids) else 'END'}; "
                 f"lengths {len(base)} vs {len(r.token_ids)}"
-                + (f"; target top-2 logit gap {max(gaps):.3g}, near-tie threshold {thr:g}" if gaps else "")
+                + (f"; target top-2 logit gap {eq.gap:.3g}, near-tie threshold {eq.threshold:.3g}: "
+                   f"{eq.reason}" if eq is not None and eq.gap is not None else "")
                 + ")")
         strict = r.engine == "specviz" and not near
         (errors if strict else warnings).append(("numerical near-tie: " if near else "") + what)

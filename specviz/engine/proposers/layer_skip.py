@@ -21,6 +21,8 @@ def parse_skip(value) -> tuple[int, ...]:
             if not m:
                 raise RequestError(f"Skip layers: {part!r} is not a layer number or range like 4-9.")
             lo, hi = int(m[1]), int(m[2] or m[1])
+            if hi < lo:
+                raise RequestError(f"Skip layers: {part!r} runs backwards (an empty range); write {hi}-{lo}.")
             out.extend(range(lo, hi + 1))
         return tuple(sorted(set(out)))
     try:

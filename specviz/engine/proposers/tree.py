@@ -181,7 +181,7 @@ def parse_shape(shape) -> list[int]:
     """Children per depth: "4-2-2-1" (or a list) -> [4, 2, 2, 1]."""
     try:
         parts = shape.replace(",", "-").split("-") if isinstance(shape, str) else list(shape)
-        shape = [int(x) for x in parts if str(x).strip() != ""]
+        shape = [int(x) for x in parts]  # an empty depth ("4--2") is no number: refused
     except (TypeError, ValueError):
         raise RequestError(f"Tree shape must look like 4-2-2-1 (children per depth), got {shape!r}.") \
             from None
