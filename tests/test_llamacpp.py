@@ -154,3 +154,12 @@ def test_system_info_from_a_real_log():
 def test_a_bad_answer_is_one_clear_error():
     with pytest.raises(lc.LlamaCppError, match="return_tokens"):
         lc.parse_completion({"content": "hi", "timings": {}})
+
+
+def test_speculative_compared_with_llamacpp_plain():
+    from specviz.bench.runs import Run
+    runs = [Run("llamacpp", "llamacpp", "llamacpp", 0, "code", "p", 0, 0, token_ids=[1, 2, 3]),
+            Run("llamacpp-spec:4", "llamacpp-spec", "llamacpp", 4, "code", "p", 0, 1, token_ids=[1, 2, 9]),
+            Run("llamacpp-spec:8", "llamacpp-spec", "llamacpp", 8, "code", "p", 0, 2, token_ids=[1, 2, 3])]
+    assert llamacpp_rows.output_lines(runs) == [
+        "llamacpp-spec:4 on p (repeat 1) differs from llama.cpp plain at position 2 (lengths 3 vs 3)"]
