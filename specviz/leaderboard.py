@@ -20,7 +20,6 @@ No gradio or plotly here: the page (ui/leaderboard.py), the CLI
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Iterator
 
@@ -243,27 +242,15 @@ def new_board(pair, req, keys, options: dict | None = None) -> Board:
 # ------------------------------------------------------------------ the race
 
 
-class _Clock:
-    """What is left of the race's time limit (None: no limit)."""
-
-    def __init__(self, limit: float | None):
-        self.end = time.monotonic() + limit if limit else None
-
-    def left(self) -> float | None:
-        return None if self.end is None else max(0.0, self.end - time.monotonic())
-
-
-def _one(pair, req, ids, side: str, stop, clock: _Clock, warmup: int) -> Iterator:
-    """A warm-up (not recorded), then one run of `side` alone, fair mode, events as they come."""
-    from .race import RaceInfo, race
+def _one(pair, req, ids, side: str, stop, limit: float | None, warmup: int) -> Iterator:
+    """A warm-up (not recorded), then one run of `side` alone, fair mode, events as they come.
+    `limit`: seconds for the timed run (as the server's limit for any run)."""
+    from .race import race
     if warmup > 0:  # first forwards of a shape pay one-time costs the timed run should not
         for _ in race(pair, replace(req, max_new_tokens=min(warmup, req.max_new_tokens)), ids, "fair",
-                      stop=stop, sides=(side,), time_limit=clock.left()):
+                      stop=stop, sides=(side,), time_limit=limit):
             pass
-    if clock.left() == 0.0:
-        raise TimeoutError
-    info = RaceInfo("fair")
-    for _, ev in race(pair, req, ids, "fair", stop=stop, sides=(side,), time_limit=clock.left(), info=info):
+    for _, ev in race(pair, req, ids, "fair", stop=stop, sides=(side,), time_limit=limit):
         yield ev
 
 
@@ -279,27 +266,24 @@ def race_methods(pair, req, prompt_ids: list[int], board: Board, *, stop: thread
     (key, side, event) as they come, with START/END markers around each run.
     A contender that cannot run here (no draft model, untrained heads, out of
     memory) gets its reason in its row and the race goes on; Stop or the time
-    limit leave the rest unrun, with the reason."""
-    clock = _Clock(time_limit)
+    limit (`time_limit` seconds per run, as for any run of the server) end a run
+    where it is ("stopped"); after Stop the rest stay unrun, with the reason."""
     todo = [(PLAIN, req, "baseline")] + [(k, None, "speculative") for k in board.keys]
     for key, kreq, side in todo:
         run = board.runs.get(key)
         if run is not None and run.error:
             continue
-        if stop is not None and stop.is_set() or clock.left() == 0.0:
-            stopped = stop is not None and stop.is_set()
-            why = "stopped before it ran" if stopped else "the time limit was reached"
+        if stop is not None and stop.is_set():
             if run is not None:
-                run.error = why
+                run.error = "stopped before it ran"
             continue
         board.current = key
         yield key, START, None
         try:
-            for ev in _one(pair, kreq or _request(board, key, req), prompt_ids, side, stop, clock, warmup):
+            kreq = kreq or _request(board, key, req)
+            for ev in _one(pair, kreq, prompt_ids, side, stop, time_limit, warmup):
                 board.add(key, ev)
                 yield key, side, ev
-        except TimeoutError:
-            _give_up(board, key, "the time limit was reached")
         except (RequestError, ModelError) as err:
             _give_up(board, key, str(err))
         except Exception as err:  # noqa: BLE001 - out of memory: this row says so; bugs still raise

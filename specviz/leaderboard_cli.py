@@ -38,7 +38,7 @@ def add_args(sub) -> None:
     r.add_argument("--warmup", type=int, default=4,
                    help="new tokens of an unrecorded warm-up run before each timed run (0: none)")
     r.add_argument("--time-limit", type=float, default=None,
-                   help="seconds for the whole race (default: none)")
+                   help="seconds per run (default: none)")
     r.add_argument("--label", default="")
     r.add_argument("--out", default=None, help="save the whole race as one bundle (JSON) the page can show")
     r.add_argument("--json", action="store_true", help="print the rows as one JSON list instead of a table")
