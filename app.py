@@ -118,7 +118,8 @@ def create_app(args):
     else:
         loader = host_loader(notes)
     manager = ModelManager(device=args.device, quantize=getattr(args, "quantize", None),
-                           precision=getattr(args, "precision", None), loader=loader)
+                           precision=getattr(args, "precision", None),
+                           draft_vocab=getattr(args, "draft_vocab", None), loader=loader)
     spec = None
     try:
         spec = initial_spec(args, notes)

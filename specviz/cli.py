@@ -17,6 +17,7 @@ import sys
 from dataclasses import asdict
 
 from .engine import method_info
+from .engine.calibrate import PRECISIONS
 from .engine.events import OUTCOME_ANSI, Outcome, RoundEvent, RunSummary, TokenEvent
 from .engine.metrics import run_stats
 from .errors import exit_code
@@ -33,15 +34,23 @@ def add_pair_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="target model: local directory or Hub id")
     p.add_argument("--draft", default=None, help="draft model: local directory or Hub id")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
-                   help="float type of both models. auto (default): timed at load, cached per pair and "
-                        "machine: bf16 where this CPU runs it natively and it measures faster, fp32 on "
-                        "CPUs without native bf16 and for models under 100M parameters, the GPU's half type")
+    p.add_argument("--precision", choices=list(PRECISIONS), default="auto",
+                   help="what both models run in. fp32/bf16: the exact dequantised weights in that float "
+                        "type. Low-bit weights on a CPU (engine/lowbit.py): w16 fp16 weights, w8 int8 "
+                        "weights, w4 int4 groups of 32, w8a8 int8 weights + 7-bit per-token activations "
+                        "(a different, faster target, shared by plain and speculative). auto (default): "
+                        "timed at load, cached per pair and machine: on a CPU fp32, bf16 where it runs "
+                        "natively, and the low-bit formats; the fastest wins and is named in the output. "
+                        "Models under 100M parameters stay fp32; on a GPU its half type")
     p.add_argument("--quantize", choices=["auto", "none", "int8", "draft-int8"], default="auto",
                    help="CPU only, on top of --precision. draft-int8: dynamic int8 weights for the draft "
                         "only (output unchanged); int8: both models (a different, faster target, for both "
                         "sides; needs --precision auto or fp32); auto (default): int8 joins the draft's "
                         "candidates and the fastest measured wins; none: no int8")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="the draft's output layer keeps the N most frequent tokens of the bundled corpora "
+                        "(lossless: the target verifies over its full vocabulary); 0 keeps all. Default: "
+                        "32768 on a CPU for vocabularies of 65,536 or more")
     p.add_argument("--engine", choices=["specviz", "vllm"], default="specviz",
                    help="vllm: run both sides on vLLM servers (`bash scripts/setup.sh vllm` once), started "
                         "from .venv-vllm, or the ones given with --vllm-url")
@@ -67,7 +76,8 @@ def load_from_args(args, progress=None, allow_local_paths=True):
         from .engines.vllm import load_vllm
         return load_vllm(spec, urls=args.vllm_url, device=args.device or "cpu", progress=progress)
     pair = load_pair(spec, device=args.device, progress=progress, quantize=args.quantize,
-                     precision=getattr(args, "precision", "auto"))
+                     precision=getattr(args, "precision", "auto"),
+                     draft_vocab=getattr(args, "draft_vocab", None))
     apply_cache_args(pair, args)
     return pair
 
