@@ -174,7 +174,7 @@ class Board:
         rows += [self._row(self.runs[k], base) for k in self.keys if self.runs[k].summary is not None]
         rows.sort(key=lambda r: -(r.tokens_per_s or 0.0))
         rows += [Row(k, self.runs[k].entry.label, self._gamma(self.runs[k]), None, None, None, None, None,
-                     None, "–", error=self.runs[k].error or "not run yet")
+                     None, "–", error=self.runs[k].error)
                  for k in self.keys if self.runs[k].summary is None]
         return rows
 

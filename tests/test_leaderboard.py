@@ -195,4 +195,4 @@ def test_table_and_chart_render(greedy):
     assert [k for _, k in pick_choices(board)] == [r.key for r in board.rows() if r.key != PLAIN]
     half = replace(board, runs=dict(board.runs), keys=list(board.keys))
     half.runs["rest"] = replace(board.runs["rest"], events=[], error="")
-    assert "not run yet" in table_html(half)
+    assert "waiting" in table_html(half)

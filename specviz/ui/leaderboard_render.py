@@ -10,6 +10,7 @@ from .charts import BLUE, FONT, GREEN, GRID, VERMILLION
 from .render import esc
 
 WRAP = "style='overflow-x:auto;max-width:100%'"
+LEFT = " style='text-align:left'"
 CHECK = {"identical": ("✓ identical", "sv-good"), "near-tie": ("≈ near-tie", ""),
          "mismatch": ("≠ differs", "sv-bad"), "reference": ("reference", ""),
          "n/a (sampled)": ("n/a (sampled)", "")}
@@ -31,6 +32,8 @@ def _num(x, fmt: str) -> str:
 def _check_cell(row: Row) -> str:
     if row.error:
         return f"<span title='{esc(row.error)}'>not run: {esc(row.error)}</span>"
+    if row.tokens_per_s is None:
+        return "<span style='opacity:.7'>waiting</span>"
     text, cls = CHECK.get(row.identical, (row.identical, ""))
     return f"<span class='{cls}' title='{esc(row.detail)}'>{esc(text)}</span>"
 
@@ -40,7 +43,8 @@ def table_html(board: Board | None) -> str:
         return ("<div class='sv-runinfo' id='sv-lb-empty'><span class='sv-mode'>Tick the methods and press "
                 "<b>Run race</b>: plain decoding runs once, then each method alone; the table fills in as "
                 "each one finishes.</span></div>")
-    head = "".join(f"<th title='{esc(tip)}'>{esc(name)}</th>" for name, tip in HEAD)
+    head = "".join(f"<th title='{esc(tip)}'{LEFT if name in ('method', 'output') else ''}>{esc(name)}</th>"
+                   for name, tip in HEAD)
     body = []
     for i, r in enumerate(board.rows()):
         ran = r.tokens_per_s is not None
@@ -48,8 +52,9 @@ def table_html(board: Board | None) -> str:
         cells = [str(i + 1) if ran else "–", esc(r.label), esc(r.gamma), _num(r.tokens_per_s, "{:.2f}"),
                  _num(r.speedup, "{:.2f}×"), _num(r.tau, "{:.2f}"), _num(r.alpha_hat, "{:.3f}"),
                  _num(r.c, "{:.3f}"), _num(r.v, "{:.2f}")]
-        tds = "".join(f"<td>{c}</td>" if j else f"<th scope='row'>{c}</th>" for j, c in enumerate(cells))
-        body.append(f"<tr data-key='{esc(r.key)}'{style}>{tds}<td style='text-align:left'>{_check_cell(r)}"
+        tds = "".join(f"<td{LEFT if j == 1 else ''}>{c}</td>" if j else f"<th scope='row'>{c}</th>"
+                      for j, c in enumerate(cells))
+        body.append(f"<tr data-key='{esc(r.key)}'{style}>{tds}<td{LEFT}>{_check_cell(r)}"
                     f"</td></tr>")
     return (f"<div {WRAP}><table class='sv-table' id='sv-lb-rows'><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table></div>" + _footnote(board))
