@@ -4,6 +4,7 @@
     python -m specviz trace record ...    record a race as a replayable JSON trace
     python -m specviz trace info FILE...  what traces hold (also: python -m specviz.trace ...)
     python -m specviz race ...            how much running both sides at once distorts the speedup
+    python -m specviz race-methods ...    race several methods on one prompt: the leaderboard
 
 The bench has its own command, python -m specviz.bench. Bad input gives one
 clear line and exit code 2.
@@ -182,6 +183,8 @@ def build_parser(prog: str = "python -m specviz") -> argparse.ArgumentParser:
     _generate_args(sub)
     _trace_args(sub)
     _race_args(sub)
+    from .leaderboard_cli import add_args as race_methods_args
+    race_methods_args(sub)
     return ap
 
 
@@ -364,6 +367,11 @@ def trace_info(args) -> int:
         try:
             tr = load_trace(f)
         except ValueError as e:
+            if "race bundle" in str(e):  # several runs in one file (specviz/race_bundle.py)
+                from .race_bundle import describe as describe_race
+                from .race_bundle import load_bundle
+                print(f"{f}: {describe_race(load_bundle(f))}")
+                continue
             print(f"{f}: {e}", file=sys.stderr)
             return 2
         print(f"{f}: {describe(tr)}")
@@ -419,6 +427,9 @@ def _dispatch(args) -> int:
         return generate(args)
     if args.command == "trace":
         return trace_record(args) if args.trace_command == "record" else trace_info(args)
+    if args.command == "race-methods":
+        from .leaderboard_cli import run
+        return run(args)
     return race_distortion(args)
 
 

@@ -13,6 +13,7 @@ from ..models import PairSpec
 from ..prompts import load_presets
 from ..request import Limits
 from . import inspector, method_options
+from . import leaderboard as board_ui
 from . import replay as replay_ui
 from .handlers import STOP_GRACE, Handlers, pair_choices, session_key
 from .layout import Page, build_page
@@ -67,6 +68,8 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
     stop = page.stop_btn.click(handlers.stop_click, None, None, api_name="stop", queue=False,
                                show_progress="hidden")
     stop.then(None, None, None, cancels=[run_event, submit_event, *replay_events], api_visibility="private")
+    if page.board is not None:  # the "Race all methods" tab
+        board_ui.wire(page.board, handlers, session_key)
 
 
 def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_mode: str = "fair",
