@@ -113,12 +113,13 @@ def create_app(args):
     from specviz.ui.loader import ModelManager
     notes: dict[str, str] = {}
     if getattr(args, "engine", "specviz") == "vllm":
-        from specviz.engines.vllm import vllm_loader
+        from specviz.hosting.vllm import vllm_loader
         loader = vllm_loader(args.vllm_url)
     else:
         loader = host_loader(notes)
     manager = ModelManager(device=args.device, quantize=getattr(args, "quantize", None),
-                           precision=getattr(args, "precision", None), loader=loader)
+                           precision=getattr(args, "precision", None),
+                           draft_vocab=getattr(args, "draft_vocab", None), loader=loader)
     spec = None
     try:
         spec = initial_spec(args, notes)

@@ -90,6 +90,9 @@ def load_trace(source) -> Trace:
     try:
         text = Path(source).read_text() if not str(source).lstrip().startswith("{") else str(source)
         raw = json.loads(text)
+        if raw.get("kind") == "race-methods":  # specviz/race_bundle.py: several runs in one file
+            raise ValueError("this is a race bundle (several methods' runs): show it in the Race all methods "
+                             "tab, or with python -m specviz race-methods --from FILE")
         if raw.get("version") != VERSION:
             raise ValueError(f"unsupported trace version {raw.get('version')!r}")
         events = [(e["side"], event_from_dict(e)) for e in raw["events"]]

@@ -40,7 +40,7 @@ class OutputMismatch(RuntimeError):
 class Variant:
     key: str  # unique, ASCII: "plain", "draft:4", "hf-assisted:4", "hf-assisted:heuristic"
     family: str  # "plain", "hf-greedy", "hf-assisted", "hf-heuristic", or a SpecViz method
-    engine: str  # "specviz" | "hf" | "vllm" (bench/vllm_rows.py)
+    engine: str  # "specviz" | "hf" | "vllm" (bench/vllm_rows.py) | "llamacpp" (bench/llamacpp_rows.py)
     gamma: int = 0  # 0: not applicable (plain, HF greedy, HF heuristic start)
     auto: bool = False  # γ auto: chosen each round from the measured costs (engine/gamma.py)
     options: tuple = ()  # ((name, value), ...): method settings of a --sweep (RunRequest.options)
@@ -64,6 +64,8 @@ class Variant:
             return f"HF assisted γ={self.gamma} stock"
         if self.engine == "vllm":
             return "vLLM plain" if self.family == "vllm" else f"vLLM speculative γ={self.gamma}"
+        if self.engine == "llamacpp":
+            return "llama.cpp plain" if self.family == "llamacpp" else f"llama.cpp speculative γ={self.gamma}"
         extra = "".join(f" {k.split('_')[-1]}={v}" for k, v in self.options)
         return f"SpecViz {self.family} γ={'auto' if self.auto else self.gamma}{extra}"
 
@@ -254,8 +256,10 @@ def run_specviz(pair, variant: Variant, req, ids: list[int]) -> tuple[RunSummary
 
 def _run_engine(pair, variant: Variant, prompt: BenchPrompt, ids: list[int], max_new_tokens: int,
                 run: Run) -> dict:
-    """Run SpecViz or HF; fills the run's output fields, returns the first-chunk info."""
-    if variant.engine in ("specviz", "vllm"):  # vLLM: a VllmPair, the same events (engines/vllm.py)
+    """Run SpecViz, HF or llama.cpp; fills the run's output fields, returns the first-chunk info."""
+    if variant.engine == "llamacpp":  # `pair`: the bench's LlamaCppRows (bench/llamacpp_rows.py)
+        return pair.run(variant, ids, max_new_tokens, run)
+    if variant.engine in ("specviz", "vllm"):  # vLLM: a VllmPair, the same events (hosting/vllm.py)
         method = variant.family if variant.engine == "specviz" and variant.family != "plain" else "draft"
         gamma = "auto" if variant.auto else max(1, variant.gamma)
         req = make_request(prompt.text, method=method, gamma=gamma,
@@ -279,9 +283,11 @@ def measure(pair, variant: Variant, prompt: BenchPrompt, ids: list[int], max_new
     _reset_peak(cuda)
     cpu0 = time.process_time()
     first = _run_engine(pair, variant, prompt, ids, max_new_tokens, run)
-    run.cpu_s = time.process_time() - cpu0
+    # an engine in another process (llama.cpp) reports its own CPU time and peak memory
+    run.cpu_s = first["cpu_s"] if "cpu_s" in first else time.process_time() - cpu0
     run.first_t, run.first_n = first["first_t"], first["first_n"]
-    run.peak_rss_mb = round(_peak_rss_mb(), 1)
+    peak = first["peak_rss_mb"] if "peak_rss_mb" in first else _peak_rss_mb()
+    run.peak_rss_mb = round(peak, 1) if peak is not None else None
     with contextlib.suppress(OSError):
         run.load1 = round(os.getloadavg()[0], 2)
     if cuda:

@@ -13,6 +13,7 @@ from ..models import PairSpec
 from ..prompts import load_presets
 from ..request import Limits
 from . import inspector, method_options
+from . import leaderboard as board_ui
 from . import replay as replay_ui
 from .handlers import STOP_GRACE, Handlers, pair_choices, session_key
 from .layout import Page, build_page
@@ -52,7 +53,7 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
         page.method.change(method_options.on_method, page.method, page.method_options.outputs, **quiet)
         raw_values(*page.method_options.numbers)
     # ZeroGPU on a Space: borrow a GPU per run, for as long as its limits need (else a no-op)
-    run = gpu_decorator(handlers.limits, max_tokens_arg=2)(handlers.run)
+    run = gpu_decorator(handlers.limits, max_tokens_arg=2)(handlers.page_run())
     once = dict(concurrency_limit=1, concurrency_id="generate", trigger_mode="once", show_progress="full",
                 show_progress_on=[page.run_info])
     run_event = page.run_btn.click(run, page.run_inputs, page.run_outputs, api_name="run", **once)
@@ -67,6 +68,8 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
     stop = page.stop_btn.click(handlers.stop_click, None, None, api_name="stop", queue=False,
                                show_progress="hidden")
     stop.then(None, None, None, cancels=[run_event, submit_event, *replay_events], api_visibility="private")
+    if page.board is not None:  # the "Race all methods" tab
+        board_ui.wire(page.board, handlers, session_key)
 
 
 def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_mode: str = "fair",

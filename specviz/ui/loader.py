@@ -17,8 +17,9 @@ from ..models import PairSpec, load_pair
 
 class ModelManager:
     def __init__(self, device: str | None = None, loader=load_pair, quantize: str | None = None,
-                 precision: str | None = None):
+                 precision: str | None = None, draft_vocab: int | None = None):
         self.device = device
+        self.draft_vocab = draft_vocab
         self.quantize = quantize if quantize not in (None, "", "none") else None
         self.precision = precision if precision not in (None, "", "auto") else None
         self._loader = loader
@@ -59,6 +60,8 @@ class ModelManager:
             extra = {"quantize": self.quantize} if self.quantize else {}
             if self.precision:
                 extra["precision"] = self.precision
+            if self.draft_vocab is not None:
+                extra["draft_vocab"] = self.draft_vocab
             with isolation.untimed_work():  # never during a timed step of a fair race
                 pair = self._loader(spec, device=self.device, progress=self._progress, **extra)
         except BaseException as err:  # noqa: BLE001 - shown in the page, the app keeps serving
