@@ -80,6 +80,8 @@ class AdaptiveDraftProposer(DraftModelProposer):
 
     def rollback(self, committed, n_accepted, n_drafted):
         super().rollback(committed, n_accepted, n_drafted)
+        if self.current is None:  # a γ policy (γ = auto) picks each round, not this rule
+            return
         if n_drafted and n_accepted == n_drafted:
             self.current = min(self.max_gamma, self.current + 1)
         elif n_accepted < n_drafted:
