@@ -177,3 +177,31 @@ def test_w8a8_pair_greedy_every_kind_equals_plain(w8a8_pair, method):
     ids = encode_prompt(w8a8_pair.tokenizer, req)
     out = {mode: list(run_events(w8a8_pair, req, mode, ids))[-1].token_ids for mode in ("baseline", "speculative")}
     assert out["speculative"] == out["baseline"]
+
+
+def test_class_default_by_cpu_class():
+    assert cal.class_default(["fp32", "bf16", "w16", "w8a8"], True) == "bf16"
+    assert cal.class_default(["fp32", "w16", "w8a8", "w8", "w4"], False) == "w8a8"
+    assert cal.class_default(["fp32", "w16"], False) == "fp32"
+
+
+def test_a_ranking_that_flips_when_re_timed_falls_back_to_the_class_default(monkeypatch, tok):
+    """Sequential timings under load said w16; interleaved re-timings disagree: a noisy
+    timing must not decide, so the CPU class's default (w8a8 on AVX2) runs."""
+    monkeypatch.setattr(cal, "busy", lambda *a: False)
+    monkeypatch.setattr(cal.lowbit, "available", lambda: ("w16", "w8a8"))
+    first = {None: 0.6, "w16": 0.2, "w8a8": 0.25}
+    again = {None: 0.6, "w16": 0.4, "w8a8": 0.15}
+    seen = set()
+
+    def fake(m, ns, repeats=cal.REPEATS, **kw):
+        fmt = lowbit.lowbit_format(m)
+        table = again if (repeats == 1 and fmt in seen) or (repeats == 1 and len(seen) >= 3) else first
+        seen.add(fmt)
+        return {n: table[fmt] for n in ns}
+    monkeypatch.setattr(cal, "time_forwards", fake)
+    t, _, choice = cal.calibrate(tiny_model(len(tok), seed=0, hidden=64), None, native_bf16=False,
+                                 min_params=0)
+    assert choice.timings["confirm"]["first"] == "w16" and not choice.timings["confirm"]["stable"]
+    assert choice.target == "w8a8" and lowbit.lowbit_format(t) == "w8a8"
+    assert "swapped places" in choice.note
