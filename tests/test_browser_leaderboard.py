@@ -6,7 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from test_browser import ARTIFACTS, TIMEOUT, browser, server  # noqa: F401 - fixtures
+from test_browser import ARTIFACTS, TIMEOUT, server  # noqa: F401 - fixtures (browser: conftest.py)
 
 SHOTS = Path(os.environ.get("SPECVIZ_SHOTS") or ARTIFACTS)
 METHODS = ("draft model", "draft model, auto γ", "token tree", "prompt lookup")

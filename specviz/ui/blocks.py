@@ -53,7 +53,7 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
         page.method.change(method_options.on_method, page.method, page.method_options.outputs, **quiet)
         raw_values(*page.method_options.numbers)
     # ZeroGPU on a Space: borrow a GPU per run, for as long as its limits need (else a no-op)
-    run = gpu_decorator(handlers.limits, max_tokens_arg=2)(handlers.run)
+    run = gpu_decorator(handlers.limits, max_tokens_arg=2)(handlers.page_run())
     once = dict(concurrency_limit=1, concurrency_id="generate", trigger_mode="once", show_progress="full",
                 show_progress_on=[page.run_info])
     run_event = page.run_btn.click(run, page.run_inputs, page.run_outputs, api_name="run", **once)
