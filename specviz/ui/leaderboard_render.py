@@ -104,8 +104,8 @@ def bar_chart(board: Board | None) -> go.Figure:
     rows = rows[::-1]  # plotly draws the first bar at the bottom
     colours = ["#999999" if r.key == PLAIN else VERMILLION if r.identical == "mismatch" else
                (GREEN if (r.speedup or 0) >= 1 else BLUE) for r in rows]
-    fig.add_bar(x=[r.tokens_per_s for r in rows], y=[f"{r.label}" + (f" (γ {r.gamma})" if r.gamma not in
-                                                                      ("–", "") else "") for r in rows],
+    names = [r.label + (f" (γ {r.gamma})" if r.gamma not in ("–", "", "auto") else "") for r in rows]
+    fig.add_bar(x=[r.tokens_per_s for r in rows], y=names,
                 orientation="h", marker_color=colours,
                 text=[f"{r.tokens_per_s:.2f} · {_num(r.speedup, '{:.2f}×')}" for r in rows],
                 textposition="auto", hovertemplate="%{y}: %{x:.2f} tokens/s<extra></extra>")
