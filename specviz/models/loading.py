@@ -142,7 +142,8 @@ def load_stock(ref: str, device: torch.device, dtype: torch.dtype):
 
 def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | None = None,
               progress: Progress | None = None, load_draft: bool = True,
-              quantize: str | None = None, precision: str = "auto") -> ModelPair:
+              quantize: str | None = None, precision: str = "auto", calibration: str = "auto",
+              cache_file: Path | None = None) -> ModelPair:
     """Load target (+ draft) and the target's tokenizer, checking that the vocabularies agree,
     in the precision chosen by measurement on this machine (engine/calibrate.py).
 
@@ -155,7 +156,8 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
     is unchanged, the draft just guesses faster); "auto" adds int8 to the
     draft's candidates and keeps the fastest; "none"/None: no int8.
     The choice, its reason and the measured CostModel land on pair.costs and
-    pair.precision_note; they are cached per pair and machine."""
+    pair.precision_note; they are cached per pair and machine (or in `cache_file`).
+    calibration: engine/calibrate.MODES ("cached": never time anything now)."""
     from ..engine import calibrate
     if quantize not in QUANTIZE:
         raise ModelError(f"unknown quantisation '{quantize}': use int8, draft-int8, auto or none")
@@ -169,7 +171,7 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
         raise ModelError("int8 quantisation is for CPU only")
     half = "fp16" if auto_dtype == torch.float16 else "bf16"
     refs = local_refs(spec, progress)
-    cache_file = calibrate.cache_path(cache_root(), target_ref=refs["target"],
+    cache_file = cache_file or calibrate.cache_path(cache_root(), target_ref=refs["target"],
                                       draft_ref=refs["draft"] if load_draft else None,
                                       precision=precision, quantize=quantize, device=dev.type)
     # a cached float choice loads straight in that type (half the memory and time of fp32 + cast)
@@ -188,7 +190,7 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
     target, draft, choice = calibrate.calibrate(
         target, draft, precision=precision if dtype is None else _precision_of(dtype),
         quantize=quantize, device=dev.type, half=half, cache_file=cache_file, reload=fp32,
-        progress=progress)
+        progress=progress, mode=calibration)
     progress("warming up", 0.95)
     for m in (target, draft):
         if m is not None:
@@ -200,8 +202,10 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
              else f"target {names[choice.target]}, draft {names[choice.draft]}")
     q = "int8" if choice.target == "int8" else ("draft-int8" if choice.draft == "int8" else None)
     dt = next(target.parameters()).dtype if choice.target != "int8" else torch.float32
-    return ModelPair(target, draft, tok, spec, dev, dt, _eos_ids(target, tok), label, q,
+    pair = ModelPair(target, draft, tok, spec, dev, dt, _eos_ids(target, tok), label, q,
                      costs=choice.costs, precision_note=choice.note)
+    pair.calibration = "untimed" if choice.untimed else "noisy" if choice.noisy else ""  # ui/loader.py
+    return pair
 
 
 def _precision_of(dtype: torch.dtype) -> str:

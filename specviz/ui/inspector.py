@@ -176,6 +176,11 @@ def empty_html() -> str:
             "rejected, resampled or bonus) to see p, q and the accept test at its position.</div>")
 
 
+def cleared():
+    """The panel as before any click (a new run or replay started)."""
+    return empty_html(), gr.Plot(value=None, visible=False)
+
+
 def select(sel: str, rounds: list[RoundEvent] | None):
     """(panel html, figure or None) for a click."""
     where = parse(sel)
