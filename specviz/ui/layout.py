@@ -195,7 +195,7 @@ def build_page(*, presets: list[dict], choices: PairChoices, limits: Limits, def
     """The components, inside the caller's `with gr.Blocks()`."""
     first = presets[0]
     gr.HTML(HEADER)
-    gr.HTML(keys_html(stage))  # the keyboard shortcuts (ui/stage.py); shown in stage mode
+    gr.HTML(keys_html(stage), elem_id="sv-keys-block")  # the keyboard shortcuts (ui/stage.py), stage mode
     with gr.Accordion("What am I looking at?", open=not stage, elem_id="sv-explainer"):
         gr.HTML(f"<div class='sv-explainer'>{render.EXPLAINER}</div>")
     parts = dict(status=gr.HTML(render.status_html(status), elem_id="sv-status"))

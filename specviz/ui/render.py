@@ -82,6 +82,10 @@ def tooltip(tok: TokenEvent) -> str:
     lines.append(f"token id {tok.token_id}: {tok.text!r}")
     if tok.round >= 0 and tok.p is None and tok.q is None and tok.u is None:  # vLLM: engine step only
         lines.append("p(x), q(x) and the accept test are not exposed by this engine (vLLM)")
+    elif tok.outcome in (Outcome.ACCEPTED, Outcome.REJECTED) and tok.gap is not None:  # greedy: no u
+        lines.append("greedy: kept only if it is the target's top token (no random draw)")
+        lines.append("kept: the target's top token" if tok.outcome is Outcome.ACCEPTED else
+                     "rejected: the target's top token is another")
     elif tok.outcome in (Outcome.ACCEPTED, Outcome.REJECTED):
         p, q = tok.p, tok.q
         accept = min(1.0, p / q) if (p is not None and q) else None

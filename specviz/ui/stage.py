@@ -73,6 +73,7 @@ CSS = """
   padding: 4px 10px; border-radius: 8px; border: 1px dashed var(--border-color-primary); }
 .sv-keys kbd { font-family: var(--font-mono, monospace); padding: 0 6px; border-radius: 4px;
   border: 1px solid var(--border-color-primary); background: var(--background-fill-secondary); }
+.gradio-container:not(.sv-stage) #sv-keys-block { display: none; }
 .sv-clamp { font-size: 12.5px; color: #D55E00; min-height: 0; }
 .dark .sv-clamp { color: #ff8a4c; }
 .sv-stage .prose.sv-pane { font-size: 22px; line-height: 1.6; max-height: 17em; min-height: 8em; }
