@@ -254,3 +254,11 @@ def test_greedy_inspector_shows_raw_softmax_and_no_u(target, draft, tok):
     assert "no random u" in html and "u = " not in html and "sv-insp-gauge" not in html
     tips = [render.tooltip(t) for r in rounds for t in r.tokens if t.outcome.value in ("accepted", "rejected")]
     assert tips and all("u = " not in t and "greedy" in t for t in tips)
+
+
+def test_draft_size_tab_shows_no_machine_path():
+    from specviz.ui import draft_size
+    assert draft_size.public("python -m x --out /work/benchruns/ds.json --n 2") == "python -m x --out ds.json --n 2"
+    data = draft_size.load_result()
+    if data:
+        assert "/work/" not in draft_size.intro_html(data)
