@@ -102,7 +102,7 @@ def calib_html(status: dict) -> str:
     if state == "done":
         return ("<small class='sv-calib'>✓ Calibrated in the background; the measured precision now "
                 "serves.</small>")
-    if state in ("stopped", "failed"):
+    if state in ("stopped", "failed", "skipped"):
         return (f"<small class='sv-calib'>Background calibration {esc(state)} ({esc(c.get('step') or '')}); "
                 f"runs keep {prec}, not timed.</small>")
     if status.get("calibration") == "untimed":

@@ -168,6 +168,18 @@ class ModelManager:
             )
 
 
+def available_memory() -> float:
+    """Bytes the kernel says can be allocated (inf where /proc/meminfo is missing)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return float("inf")
+
+
 def prewarm(pair, tokens: int = 8) -> None:
     """A short greedy run of each side, untimed: the first run on stage then starts warm
     (allocator, kernels and the tokenizer's caches ready). Best effort."""
@@ -220,8 +232,19 @@ class BackgroundCalibration:
         if self._over():
             raise CalibrationStopped(f"stopped at its {self.m.budget:g} s budget")
 
+    def _room(self) -> bool:
+        """A second copy (and a fp32 reload while casting) must fit in the free memory."""
+        need = 2 * sum(p.numel() * p.element_size() for m in (getattr(self.pair, "target", None),
+                                                              getattr(self.pair, "draft", None))
+                       if m is not None and hasattr(m, "parameters") for p in m.parameters())
+        return need <= 0.9 * available_memory()
+
     def _run(self) -> None:
         from ..engine import calibrate
+        if not self._room():
+            self._set(state="skipped", step="not enough free memory for a second copy of the pair; "
+                                           "`python -m specviz generate` calibrates once and caches it")
+            return
         calibrate.CHECK.set(self.check)  # this thread's context only
         try:
             pair = self.m._loader(self.spec, device=self.m.device, progress=self._progress,
