@@ -16,6 +16,7 @@ import sys
 from dataclasses import asdict
 
 from .engine import method_info
+from .engine.calibrate import PRECISIONS
 from .engine.events import OUTCOME_ANSI, Outcome, RoundEvent, RunSummary, TokenEvent
 from .engine.metrics import run_stats
 from .errors import exit_code
@@ -32,10 +33,14 @@ def add_pair_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="target model: local directory or Hub id")
     p.add_argument("--draft", default=None, help="draft model: local directory or Hub id")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
-                   help="float type of both models. auto (default): timed at load, cached per pair and "
-                        "machine: bf16 where this CPU runs it natively and it measures faster, fp32 on "
-                        "CPUs without native bf16 and for models under 100M parameters, the GPU's half type")
+    p.add_argument("--precision", choices=list(PRECISIONS), default="auto",
+                   help="what both models run in. fp32/bf16: the exact dequantised weights in that float "
+                        "type. Low-bit weights on a CPU (engine/lowbit.py): w16 fp16 weights, w8 int8 "
+                        "weights, w4 int4 groups of 32, w8a8 int8 weights + 7-bit per-token activations "
+                        "(a different, faster target, shared by plain and speculative). auto (default): "
+                        "timed at load, cached per pair and machine: on a CPU fp32, bf16 where it runs "
+                        "natively, and the low-bit formats; the fastest wins and is named in the output. "
+                        "Models under 100M parameters stay fp32; on a GPU its half type")
     p.add_argument("--quantize", choices=["auto", "none", "int8", "draft-int8"], default="auto",
                    help="CPU only, on top of --precision. draft-int8: dynamic int8 weights for the draft "
                         "only (output unchanged); int8: both models (a different, faster target, for both "

@@ -16,6 +16,7 @@ BUSY = cal.busy  # the real one (the fixture below replaces it)
 @pytest.fixture(autouse=True)
 def _quiet_machine(monkeypatch):
     monkeypatch.setattr(cal, "busy", lambda *a: False)  # the test machine's load must not matter
+    monkeypatch.setattr(cal.lowbit, "available", lambda: ())  # low-bit choices: tests/test_lowbit.py
 
 
 def cands(**kw):

@@ -27,9 +27,11 @@ from pathlib import Path
 
 import torch
 
+from . import lowbit
 from .costs import MAX_VERIFY_TOKENS, CostModel
 
-PRECISIONS = ("auto", "fp32", "bf16")
+PRECISIONS = ("auto", "fp32", "bf16", *lowbit.FORMATS)
+LOWBIT = lowbit.FORMATS
 SMALL_MODEL_PARAMS = 100_000_000  # below this auto keeps fp32 and nothing is timed
 CONTEXT = 100  # tokens in the cache while timing: a typical prompt
 CHOICE_N = (1, 5)  # forwards the target choice compares: a plain step and a γ=4 verify
@@ -44,14 +46,14 @@ MODES = ("auto", "cached", "fresh")
 CHECK: contextvars.ContextVar = contextvars.ContextVar("calibration_check", default=None)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8 (dynamic)"}
+NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8 (dynamic)", **lowbit.NAMES}
 
 
 @dataclass
 class Choice:
     """What runs on each side, why, and what it costs."""
 
-    target: str  # "fp32" | "bf16" | "fp16" | "int8"
+    target: str  # "fp32" | "bf16" | "fp16" | "int8" | a low-bit format (lowbit.FORMATS)
     draft: str | None  # same names; None without a draft model
     note: str  # one line for page/CLI/bench/traces, e.g. "target bfloat16 (128 ms/step vs 279 ms fp32 ...)"
     costs: CostModel | None = None
@@ -85,15 +87,22 @@ class Choice:
 
 def candidates(*, precision: str, quantize: str | None, device: str, native_bf16: bool,
                n_target: int, n_draft: int | None, half: str = "bf16",
-               min_params: int = SMALL_MODEL_PARAMS) -> tuple[list[str], list[str]]:
+               min_params: int = SMALL_MODEL_PARAMS,
+               lowbit_candidates: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
     """(target candidates, draft candidates) to time, in timing order.
 
     precision: auto|fp32|bf16 sets the float type of both models; quantize:
     none|auto|draft-int8|int8 adds dynamic int8 (CPU only): int8 = both models,
     draft-int8 = the draft, auto = the draft if it measures fastest.
+    lowbit_candidates: the low-bit formats this CPU runs (lowbit.available());
+    under auto they join the timing; a forced low-bit precision runs alone.
     `half` is the GPU's half type (bf16, or fp16 without bf16 support)."""
     quantize = quantize or "none"
     cpu = device == "cpu"
+    # low-bit weights (engine/lowbit.py) are timed beside the floats on a CPU: which wins
+    # differs by CPU class (AVX2 EPYC: w8a8 174 ms/step, w16 282, fp32 644 for the 1.5B)
+    lowbit_auto = [f for f in lowbit_candidates if f != precision] if precision == "auto" and cpu else []
+    lowbit_target = [f for f in lowbit_auto if f in lowbit.TARGET_AUTO]
     if precision != "auto":
         floats = [precision]
     elif not cpu:
@@ -102,7 +111,7 @@ def candidates(*, precision: str, quantize: str | None, device: str, native_bf16
         floats = ["fp32", "bf16"] if native_bf16 else ["fp32"]
     small_t = n_target < min_params
     target = ["int8"] if quantize == "int8" else (["fp32"] if small_t and precision == "auto" and cpu
-                                                   else floats)
+                                                   else floats + lowbit_target)
     if n_draft is None:
         return target, []
     small_d = n_draft < min_params
@@ -111,7 +120,7 @@ def candidates(*, precision: str, quantize: str | None, device: str, native_bf16
     elif small_d and precision == "auto" and cpu:
         draft = ["fp32"]
     else:
-        draft = (["int8"] if quantize == "auto" and cpu else []) + floats
+        draft = (["int8"] if quantize == "auto" and cpu else []) + floats + lowbit_auto
     return target, draft
 
 
@@ -249,6 +258,10 @@ def convert(model, prec: str, reload=None):
     quantised copy of an fp32 model; fp32 after a lossy cast needs reload()."""
     from . import speed
     have = _dtype_name(model)
+    if prec in LOWBIT:  # quantised from the fp32 weights, which stay intact for other candidates
+        if have != "fp32" or lowbit.lowbit_format(model):
+            model = reload()
+        return lowbit.lowbit_copy(model, prec)
     if prec == "int8":
         if have != "fp32":
             model = reload()
@@ -272,12 +285,16 @@ def _time_target(target, cands, reload, progress) -> tuple[object, str, dict]:
     """Time the target's candidates on the choice shapes, keep the fastest, then its whole curve."""
     timings: dict[str, dict[int, float]] = {}
     if len(cands) > 1:
-        for prec in cands:  # fp32 first: the casts that follow are lossy
+        # fp32 and the low-bit twins (made from fp32) before bf16: its in-place cast is lossy
+        for prec in sorted(cands, key=lambda p: p == "bf16"):
             progress(f"timing the target in {NAMES[prec]}", 0.9)
-            target = convert(target, prec, reload)
-            timings[prec] = time_forwards(target, CHOICE_N)
+            model = convert(target, prec, reload)
+            timings[prec] = time_forwards(model, CHOICE_N)
+            if prec not in LOWBIT:
+                target = model
+            del model  # a low-bit twin is rebuilt if it wins
     chosen = choose_target(timings) if timings else cands[0]
-    if _dtype_name(target) != chosen or chosen == "int8":
+    if _dtype_name(target) != chosen or chosen == "int8" or chosen in LOWBIT:
         target = convert(target, chosen, reload)
     have = timings.get(chosen, {})
     progress(f"measuring verify costs v(k), k = 1..{MAX_VERIFY_TOKENS - 1}", 0.93)
@@ -292,8 +309,10 @@ def _time_draft(draft, cands, reload, progress) -> tuple[object, str, dict[str, 
     models = {}
     for prec in cands:
         progress(f"timing the draft in {NAMES[prec]}", 0.96)
-        if prec == "int8" or (prec != "fp32" and len(cands) > 1):
-            m = convert(draft if prec == "int8" else copy.deepcopy(draft), prec, reload)
+        if prec == "int8" or prec in LOWBIT:  # both make a new model and leave the fp32 one intact
+            m = convert(draft, prec, reload)
+        elif prec != "fp32" and len(cands) > 1:
+            m = convert(copy.deepcopy(draft), prec, reload)
         else:
             m = convert(draft, prec, reload)
         models[prec] = m
@@ -314,7 +333,8 @@ def calibrate(target, draft, *, precision: str = "auto", quantize: str | None = 
     native = machine.native_bf16() if native_bf16 is None else native_bf16
     nt, nd = n_params(target), (n_params(draft) if draft is not None else None)
     tc, dc = candidates(precision=precision, quantize=quantize, device=device, native_bf16=native,
-                        n_target=nt, n_draft=nd, half=half, min_params=min_params)
+                        n_target=nt, n_draft=nd, half=half, min_params=min_params,
+                        lowbit_candidates=lowbit.available() if device == "cpu" else ())
     reload = reload or Loaded(None, None)
     where = "GPU" if device != "cpu" else "CPU"
     cached = load_cached(cache_file) if cache_file and mode != "fresh" else None

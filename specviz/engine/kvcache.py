@@ -22,6 +22,7 @@ import warnings
 
 import torch
 
+from .lowbit import lowbit_format
 from .speed import has_int8
 
 GROW = 512  # positions added when a run outgrows the buffer (a compiled graph then recompiles once)
@@ -170,10 +171,11 @@ def compiled_call(model):
     fn = getattr(model, "_specviz_compiled", None)
     if fn is False:  # failed before: eager
         return None
-    if fn is None and has_int8(model):
+    if fn is None and (has_int8(model) or lowbit_format(model)):
         # torch.ao's dynamic int8 Linear breaks the graph inside every attention block; the resumed
         # frames specialise on layer_idx and hit dynamo's recompile limit (measured on the 0.5B
-        # int8 draft: 32 recompiles, then eager anyway, after minutes of compiling)
+        # int8 draft: 32 recompiles, then eager anyway, after minutes of compiling); the low-bit
+        # Linears call fbgemm/packed kernels dynamo cannot trace either
         model._specviz_compiled = False
         return None
     if fn is None:

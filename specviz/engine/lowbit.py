@@ -1,0 +1,230 @@
+"""Low-bit weights for CPU targets and drafts, row-independent.
+
+Only the weights are quantised; activations stay float, so a token's logits do
+not depend on the other tokens of the same forward (beyond float rounding): no
+per-tensor activation scale as in torch.ao's dynamic int8. Plain and
+speculative decoding share the one low-bit target, so greedy output stays
+identical.
+
+Formats (each a real torch CPU kernel; which is fastest differs by CPU class, so
+calibration times them):
+- w16: fbgemm's fp16 GEMM (`quantized.linear_dynamic_fp16`): fp16 weights,
+  fp32 activations. On a 2-core AVX2 EPYC the 1.5B's MLP shapes ran 19 ms for
+  1..5 rows vs 67..194 ms for fp32 F.linear (flat verify, half the bytes).
+- w8a8: int8 weights (per row) through fbgemm's u8·s8 GEMM, with each token's
+  activations quantised on its own scale to 7 bits (fbgemm's reduce_range): the
+  rows are pre-scaled to integers and padded so fbgemm's per-tensor scale is
+  exactly 1, so no token's rounding depends on another's. 11 ms for 1..5 rows
+  on the same shapes; lossy in the activations too.
+- w4: groups of 32 input weights share an affine (scale, zero) pair,
+  w = s·q + m with q in 0..15: the shape of a GGUF Q4_K sub-block, so weights
+  dequantised from Q4_K come back exactly wherever a group uses codes 0 and 15
+  (`torch._weight_int4pack_mm_for_cpu`).
+- w8: one symmetric scale per output row (`torch._weight_int8pack_mm`).
+w4/w8 take bf16 activations: with fp32 ones torch 2.13 falls back to a
+kernel 10-20x slower (AVX2 EPYC: 208 vs 14 ms for the MLP shapes at M = 1).
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import warnings
+
+import torch
+from torch import nn
+
+FORMATS = ("w16", "w8a8", "w8", "w4")  # weight bits (and activation bits)
+GROUP = 32  # a Q4_K sub-block
+# the names say the activations' type: the greedy near-tie rule (engine/equality.py) reads it
+NAMES = {"w16": "fp16 weights, float32 activations", "w8a8": "int8 weights, 7-bit per-token activations",
+         "w8": "int8 weights, bfloat16 activations", "w4": "int4 g32 weights, bfloat16 activations"}
+# Which formats `auto` may pick for a target. w8a8 rounds every activation to 7 bits, so the
+# float-rounding difference between a verify forward and single steps (attention over 5 vs 1
+# queries) flips a code now and then: measured on the default pair, greedy quicksort differed
+# from plain at token 21 with a top-2 gap of 0.74. Fine for a draft; a target only on request.
+TARGET_AUTO = ("w16", "w8", "w4")
+
+
+# ------------------------------------------------------------ pure quantisers
+
+
+def quantize_int4(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q int32 [N, K] in 0..15, scale [N, K/group], minimum [N, K/group]): w ≈ scale·q + minimum."""
+    n, k = w.shape
+    wg = w.float().reshape(n, k // group, group)
+    lo, hi = wg.amin(-1), wg.amax(-1)
+    scale = (hi - lo) / 15
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = ((wg - lo[..., None]) / safe[..., None]).round().clamp(0, 15).to(torch.int32)
+    return q.reshape(n, k), scale, lo
+
+
+def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor,
+                    group: int = GROUP) -> torch.Tensor:
+    n, k = q.shape
+    return (q.reshape(n, k // group, group).float() * scale[..., None] + lo[..., None]).reshape(n, k)
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int8 [N, K], scale [N]): w ≈ scale·q, symmetric per output row."""
+    scale = w.float().abs().amax(1) / 127
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = (w.float() / safe[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+# ------------------------------------------------------------------ modules
+
+
+class Int4Linear(nn.Module):
+    """y = x Wᵀ + b with W in packed int4 groups (CPU kernel)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype = torch.bfloat16,
+                 group: int = GROUP):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.group = group
+        q, scale, lo = quantize_int4(weight, group)
+        # the kernel computes (q - 8)·s + z, so z = lo + 8·s
+        sz = torch.stack([scale, lo + 8 * scale], -1).transpose(0, 1).contiguous()
+        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(q, 1))
+        self.register_buffer("scales_zeros", sz.to(dtype))
+        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features).to(self.scales_zeros.dtype)
+        y = torch._weight_int4pack_mm_for_cpu(x2, self.packed, self.group, self.scales_zeros)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+class Int8Linear(nn.Module):
+    """y = x Wᵀ + b with W in int8, one scale per output row."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        q, scale = quantize_int8(weight)
+        self.register_buffer("qweight", q)
+        self.register_buffer("scales", scale.to(dtype))
+        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features).to(self.scales.dtype)
+        y = torch._weight_int8pack_mm(x2, self.qweight, self.scales)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+class Fp16Linear(nn.Module):
+    """y = x Wᵀ + b with W in fp16, through fbgemm (fp32 activations and output)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.packed = torch.ops.quantized.linear_prepack_fp16(
+            weight.detach().float(), None if bias is None else bias.detach().float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features).float()
+        y = torch.ops.quantized.linear_dynamic_fp16(x2, self.packed)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+ROW_LEVELS = 63  # fbgemm's reduce_range leaves 128 activation levels: a row spans -63..63
+
+
+class W8A8Linear(nn.Module):
+    """int8 weights, each activation row quantised on its own scale (row-independent)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        w = weight.detach().float()
+        scale = (w.abs().amax(1) / 127).clamp(min=1e-12)
+        with warnings.catch_warnings():  # fbgemm still takes its weights as a quantized tensor
+            warnings.simplefilter("ignore", UserWarning)
+            qw = torch.quantize_per_channel(w, scale.double(), torch.zeros(w.shape[0], dtype=torch.long), 0,
+                                            torch.qint8)
+        self.packed = torch.ops.quantized.linear_prepack(qw, None)
+        self.register_buffer("bias", None if bias is None else bias.detach().float())
+        # one extra row holding -64 and 63 pins the per-tensor range to 127 levels: scale 1, exact
+        pad = torch.zeros(1, self.in_features)
+        pad[0, 0], pad[0, 1 % self.in_features] = -(ROW_LEVELS + 1), ROW_LEVELS
+        self.register_buffer("pad", pad)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features).float()
+        s = x2.abs().amax(1, keepdim=True).clamp(min=1e-12) / ROW_LEVELS
+        y = torch.ops.quantized.linear_dynamic(torch.cat([(x2 / s).round(), self.pad]), self.packed, True)
+        y = y[:-1] * s
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def fits_int4(linear: nn.Linear, group: int = GROUP) -> bool:
+    n, k = linear.weight.shape
+    return k % group == 0 and n % 8 == 0
+
+
+def _low(linear: nn.Linear, fmt: str) -> nn.Module:
+    w, b = linear.weight.data, linear.bias
+    if fmt == "w16":
+        return Fp16Linear(w, b)
+    if fmt == "w8a8":
+        return W8A8Linear(w, b)
+    if fmt == "w4" and fits_int4(linear):
+        return Int4Linear(w, b)
+    return Int8Linear(w, b)
+
+
+def to_lowbit(model: nn.Module, fmt: str, *, head: str | None = None) -> nn.Module:
+    """Swap every nn.Linear of a CPU model for its low-bit twin, in place.
+
+    The output layer uses `head` (default: w8 under w4, as GGUF ships it
+    in Q6_K; the format itself otherwise). Embeddings stay float."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown low-bit format '{fmt}': use {', '.join(FORMATS)}")
+    head = head or ("w8" if fmt == "w4" else fmt)
+    out = model.get_output_embeddings()
+    swaps = [(name, mod) for name, mod in model.named_modules() if type(mod) is nn.Linear]
+    for name, mod in swaps:
+        parent, _, attr = name.rpartition(".")
+        holder = model.get_submodule(parent) if parent else model
+        setattr(holder, attr, _low(mod, head if mod is out else fmt))
+    return model
+
+
+def lowbit_format(model: nn.Module) -> str | None:
+    """'w4' / 'w8' / ... when to_lowbit swapped this model's Linears, else None."""
+    kinds = {type(m) for m in model.modules()}
+    for fmt, cls in (("w4", Int4Linear), ("w8a8", W8A8Linear), ("w16", Fp16Linear), ("w8", Int8Linear)):
+        if cls in kinds:
+            return fmt
+    return None
+
+
+def lowbit_copy(model: nn.Module, fmt: str) -> nn.Module:
+    """A low-bit twin of an fp32 model that shares every non-Linear tensor with it and
+    leaves it intact (calibration times several formats from one fp32 load)."""
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    twin = copy.deepcopy(model, memo=shared)
+    return to_lowbit(twin, fmt)
+
+
+@functools.cache
+def available() -> tuple[str, ...]:
+    """The formats this torch build runs on this CPU (fbgemm is x86 only; the packed
+    int4/int8 kernels need a recent torch)."""
+    probe = nn.Linear(64, 32, bias=False)
+    ok = []
+    for fmt in FORMATS:
+        try:
+            _low(probe, fmt)(torch.zeros(2, 64))
+            ok.append(fmt)
+        except (RuntimeError, AttributeError, NotImplementedError):
+            pass
+    return tuple(ok)
