@@ -89,6 +89,8 @@ CSS = """
 /* layout (issue 21): whitespace tokens carry no underline (indentation read as underscores),
    the recorded-runs text stops before the dropdown's arrow, sliders keep their end labels */
 .sv-target.sv-ws { box-shadow: none; }
+/* a failed run's message is in the run info line: gradio's red "Error" label covered it */
+#sv-runinfo [data-testid="status-tracker"]:has(.error) { display: none !important; }
 #sv-replay-pick input { padding-right: 2.2em; text-overflow: ellipsis; }
 #sv-gamma, #sv-max-new { overflow: visible; min-width: 11em; }
 """
