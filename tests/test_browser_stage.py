@@ -72,6 +72,7 @@ def test_run_button_while_running_and_one_run_per_press(browser, app, monkeypatc
     page.wait_for_timeout(300)
     assert page.locator("#sv-run").is_disabled()
     assert any(w in page.inner_text("#sv-run") for w in ("Running", "queue"))
+    page.wait_for_timeout(900)  # the smooth scroll
     top = page.evaluate("document.querySelector('#sv-runinfo').getBoundingClientRect().top")
     assert 0 <= top <= 720, top  # the run's panes were scrolled into view
     _wait_done(page)

@@ -76,8 +76,8 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
     stop.then(None, None, None, cancels=[run_event, *replay_events], api_visibility="private") \
         .then(handlers.run_ended, None, page.run_btn, **quiet)
     # the busy banner's offer: the selected recorded run, as the replay button plays it
-    page.busy_replay.click(None, None, None, js="() => { document.querySelector('#sv-replay-play')?.click(); "
-                                               "return []; }", api_visibility="private", queue=False)
+    page.busy_replay.click(None, None, None, js="() => { window.svReplay && window.svReplay(); return []; }",
+                           api_visibility="private", queue=False)  # ui/stage.py PAGE_JS
 
 
 def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_mode: str = "fair",

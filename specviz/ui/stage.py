@@ -35,6 +35,14 @@ PAGE_JS = """() => {
     setTimeout(fold, 300); setTimeout(fold, 3000);
   }
   const click = (sel) => { const b = document.querySelector(sel); if (b && !b.disabled) b.click(); };
+  // replay the selected recorded run; the replay section may be folded: open it first
+  window.svReplay = () => {
+    const play = document.querySelector('#sv-replay-play');
+    if (play && play.offsetParent) { play.click(); return; }
+    const head = document.querySelector('#sv-replay .label-wrap');
+    if (head) head.click();
+    setTimeout(() => click('#sv-replay-play'), 500);
+  };
   document.addEventListener('keydown', (e) => {
     const t = e.target;
     if (e.ctrlKey || e.metaKey || e.altKey) return;
@@ -45,7 +53,7 @@ PAGE_JS = """() => {
     const k = e.key.toLowerCase();
     if (k === 'r') click('#sv-run');
     else if (k === 's' || k === 'escape') click('#sv-stop');
-    else if (k === 'p') click('#sv-replay-play');
+    else if (k === 'p') window.svReplay();
     else if (k === 'n') click('#sv-next-preset');
     else return;
     e.preventDefault();
