@@ -128,7 +128,8 @@ def create_app(args):
     else:
         loader = host_loader(notes)
     manager = ModelManager(device=args.device, quantize=getattr(args, "quantize", None),
-                           precision=getattr(args, "precision", None), loader=loader,
+                           precision=getattr(args, "precision", None),
+                           draft_vocab=getattr(args, "draft_vocab", None), loader=loader,
                            calibration="off" if getattr(args, "no_calibrate", False) else "background",
                            calibration_file=getattr(args, "calibration", None),
                            prewarm=getattr(args, "stage", False))

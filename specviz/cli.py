@@ -46,6 +46,10 @@ def add_pair_args(p: argparse.ArgumentParser) -> None:
                         "only (output unchanged); int8: both models (a different, faster target, for both "
                         "sides; needs --precision auto or fp32); auto (default): int8 joins the draft's "
                         "candidates and the fastest measured wins; none: no int8")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="the draft's output layer keeps the N most frequent tokens of the bundled corpora "
+                        "(lossless: the target verifies over its full vocabulary); 0 keeps all. Default: "
+                        "32768 on a CPU for vocabularies of 65,536 or more")
     p.add_argument("--engine", choices=["specviz", "vllm"], default="specviz",
                    help="vllm: run both sides on vLLM servers (`bash scripts/setup.sh vllm` once), started "
                         "from .venv-vllm, or the ones given with --vllm-url")
@@ -71,7 +75,8 @@ def load_from_args(args, progress=None, allow_local_paths=True):
         from .engines.vllm import load_vllm
         return load_vllm(spec, urls=args.vllm_url, device=args.device or "cpu", progress=progress)
     pair = load_pair(spec, device=args.device, progress=progress, quantize=args.quantize,
-                     precision=getattr(args, "precision", "auto"))
+                     precision=getattr(args, "precision", "auto"),
+                     draft_vocab=getattr(args, "draft_vocab", None))
     apply_cache_args(pair, args)
     return pair
 

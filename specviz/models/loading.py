@@ -142,7 +142,8 @@ def load_stock(ref: str, device: torch.device, dtype: torch.dtype):
 
 def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | None = None,
               progress: Progress | None = None, load_draft: bool = True,
-              quantize: str | None = None, precision: str = "auto", calibration: str = "auto",
+              quantize: str | None = None, precision: str = "auto",
+              draft_vocab: int | None = None, calibration: str = "auto",
               cache_file: Path | None = None) -> ModelPair:
     """Load target (+ draft) and the target's tokenizer, checking that the vocabularies agree,
     in the precision chosen by measurement on this machine (engine/calibrate.py).
@@ -157,6 +158,9 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
     draft's candidates and keeps the fastest; "none"/None: no int8.
     The choice, its reason and the measured CostModel land on pair.costs and
     pair.precision_note; they are cached per pair and machine (or in `cache_file`).
+    draft_vocab: the draft's output layer keeps this many most frequent tokens
+    (engine/vocab_trim.py; lossless); 0 keeps all; None: 32,768 on a CPU for
+    vocabularies of 65,536 or more.
     calibration: engine/calibrate.MODES ("cached": never time anything now)."""
     from ..engine import calibrate
     if quantize not in QUANTIZE:
@@ -171,9 +175,12 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
         raise ModelError("int8 quantisation is for CPU only")
     half = "fp16" if auto_dtype == torch.float16 else "bf16"
     refs = local_refs(spec, progress)
+    if draft_vocab is not None and draft_vocab < 0:
+        raise ModelError("the draft vocabulary size must be 0 (all tokens) or positive")
+    draft_key = f"{refs['draft']}#vocab={draft_vocab}" if load_draft else None  # trimming changes c
     cache_file = cache_file or calibrate.cache_path(cache_root(), target_ref=refs["target"],
-                                      draft_ref=refs["draft"] if load_draft else None,
-                                      precision=precision, quantize=quantize, device=dev.type)
+                                                    draft_ref=draft_key, precision=precision,
+                                                    quantize=quantize, device=dev.type)
     # a cached float choice loads straight in that type (half the memory and time of fp32 + cast)
     cached = calibrate.load_cached(cache_file)
     start = {side: calibrate.DTYPES.get(p, torch.float32) if p else None
@@ -185,8 +192,10 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
         progress(f"loading draft {spec.draft}", 0.6)
         draft, tok_draft = _load_one(refs["draft"], dev, dtype or start["draft"] or auto_dtype)
     check_vocab(target, draft, tok, tok_draft)
+    keep = _draft_keep(draft_vocab, draft, tok, dev, _eos_ids(target, tok), progress)
     fp32 = calibrate.Loaded(lambda: _load_one(refs["target"], dev, torch.float32)[0],
-                            lambda: _load_one(refs["draft"], dev, torch.float32)[0])
+                            lambda: _trimmed(_load_one(refs["draft"], dev, torch.float32)[0], keep))
+    draft = _trimmed(draft, keep)
     target, draft, choice = calibrate.calibrate(
         target, draft, precision=precision if dtype is None else _precision_of(dtype),
         quantize=quantize, device=dev.type, half=half, cache_file=cache_file, reload=fp32,
@@ -202,10 +211,31 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
              else f"target {names[choice.target]}, draft {names[choice.draft]}")
     q = "int8" if choice.target == "int8" else ("draft-int8" if choice.draft == "int8" else None)
     dt = next(target.parameters()).dtype if choice.target != "int8" else torch.float32
+    note = choice.note + (f", draft output layer {len(keep):,} of {len(tok):,} tokens" if keep else "")
     pair = ModelPair(target, draft, tok, spec, dev, dt, _eos_ids(target, tok), label, q,
-                     costs=choice.costs, precision_note=choice.note)
+                     costs=choice.costs, precision_note=note)
     pair.calibration = "untimed" if choice.untimed else "noisy" if choice.noisy else ""  # ui/loader.py
     return pair
+
+
+def _draft_keep(draft_vocab, draft, tok, dev, eos, progress) -> list[int] | None:
+    """The token ids the draft's output layer keeps, or None to keep them all."""
+    from ..engine import vocab_trim
+    if draft is None or draft_vocab == 0:
+        return None
+    n = draft_vocab or (vocab_trim.DEFAULT_KEEP if dev.type == "cpu" and len(tok) >= vocab_trim.MIN_VOCAB
+                        else 0)
+    if not n or n >= len(tok):
+        return None
+    progress(f"draft output layer: the {n:,} most frequent tokens", 0.85)
+    return vocab_trim.frequent_tokens(tok, n, always=tuple(eos))
+
+
+def _trimmed(draft, keep):
+    from ..engine import vocab_trim
+    if draft is not None and keep:
+        vocab_trim.trim(draft, keep)
+    return draft
 
 
 def _precision_of(dtype: torch.dtype) -> str:

@@ -42,7 +42,8 @@ def _takes(fn, name: str) -> bool:
 
 class ModelManager:
     def __init__(self, device: str | None = None, loader=load_pair, quantize: str | None = None,
-                 precision: str | None = None, calibration: str = "background",
+                 precision: str | None = None, draft_vocab: int | None = None,
+                 calibration: str = "background",
                  calibration_file: str | Path | None = None, budget: float = BUDGET, prewarm: bool = False):
         self.prewarm = prewarm  # stage mode: one short run of each side before Run is enabled
         self.calibration = calibration if calibration in CALIBRATION else "background"
@@ -51,6 +52,7 @@ class ModelManager:
         self.budget = budget
         self.calib: dict = {}  # the background calibration's state, shown in the page
         self.device = device
+        self.draft_vocab = draft_vocab
         self.quantize = quantize if quantize not in (None, "", "none") else None
         self.precision = precision if precision not in (None, "", "auto") else None
         self._loader = loader
@@ -91,6 +93,8 @@ class ModelManager:
         extra = {"quantize": self.quantize} if self.quantize else {}
         if self.precision:
             extra["precision"] = self.precision
+        if self.draft_vocab is not None:
+            extra["draft_vocab"] = self.draft_vocab
         if _takes(self._loader, "calibration"):
             extra["calibration"] = mode
             if self.calibration_file is not None and spec is self._first:
