@@ -146,7 +146,8 @@ def latest_tree_figure(view) -> go.Figure:
     if rounds:
         return rounds_figure(rounds)
     fig = rounds_figure([])
-    fig.update_layout(height=150, annotations=[])  # one caption, not rounds_figure's under this one
+    fig.update_layout(height=150)
+    fig.layout.annotations = ()  # one caption, not rounds_figure's under this one
     waiting = getattr(view, "method", "") == "tree" and not view.spec.rounds
     return _empty(fig, "waiting for the first round…" if waiting else
                   "token tree: shown for the token-tree method (More settings → draft method)")
