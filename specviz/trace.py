@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from .engine.events import Outcome, RoundEvent, RunSummary, TokenEvent, event_time
+from .engine.sampling import Gap
 from .machine import hardware  # noqa: F401 (traces record it)
 
 VERSION = 1
@@ -25,12 +26,18 @@ def event_to_dict(ev) -> dict:
     kind = {TokenEvent: "token", RoundEvent: "round", RunSummary: "summary"}[type(ev)]
     d = asdict(ev)
     d["type"] = kind
+    for t in [d] if kind == "token" else d.get("tokens") or []:  # a Gap's tokens (engine/equality.py)
+        g = t.get("gap")
+        if isinstance(g, Gap):
+            t["gap"] = [float(g), g.top, g.second, g.top_logit]
     return d
 
 
 def _token(d: dict) -> TokenEvent:
     d = dict(d)
     d["outcome"] = Outcome(d["outcome"])
+    if isinstance(d.get("gap"), list):
+        d["gap"] = Gap(*d["gap"])
     return TokenEvent(**{k: v for k, v in d.items() if k in _names(TokenEvent)})
 
 
@@ -83,6 +90,9 @@ def load_trace(source) -> Trace:
     try:
         text = Path(source).read_text() if not str(source).lstrip().startswith("{") else str(source)
         raw = json.loads(text)
+        if raw.get("kind") == "race-methods":  # specviz/race_bundle.py: several runs in one file
+            raise ValueError("this is a race bundle (several methods' runs): show it in the Race all methods "
+                             "tab, or with python -m specviz race-methods --from FILE")
         if raw.get("version") != VERSION:
             raise ValueError(f"unsupported trace version {raw.get('version')!r}")
         events = [(e["side"], event_from_dict(e)) for e in raw["events"]]

@@ -48,3 +48,62 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# ------------------------------------------------- shared across the session
+# Loading pairs, building the page and launching Chromium cost seconds each on a
+# 2-core machine (the real pair: a minute and ~8 GB); each is made once, on first use.
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(pair_dirs):
+    """The tiny pair loaded as the app loads it (ModelPair, costs calibrated at load).
+    Shared: tests must not change it (a test that sets a cache kind loads its own)."""
+    from specviz.models import load_pair, resolve_pair
+    return load_pair(resolve_pair(None, *pair_dirs), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def real_pair():
+    """load(quantize, precision) -> the embedded default pair (Qwen2.5-Coder 1.5B + 0.5B),
+    loaded once per setting and kept while the next test asks for the same one:
+    one real pair in memory at a time."""
+    held: dict = {}
+
+    def load(quantize="auto", precision="auto"):
+        from specviz.models import PAIRS, load_pair
+        if (quantize, precision) not in held:
+            held.clear()  # ~8 GB: never two at once
+            held[(quantize, precision)] = load_pair(PAIRS["default"], device="cpu", quantize=quantize,
+                                                    precision=precision)
+        return held[(quantize, precision)]
+
+    yield load
+    held.clear()
+
+
+@pytest.fixture(scope="session")
+def inproc_app(tmp_path_factory):
+    """The page built in this process on the tiny pair (tests may monkeypatch the
+    engine and see inside), launched once; as app.py builds it, without
+    --allow-local-paths. Tests must leave its pair loaded."""
+    from browser.server import InProcessApp
+    app = InProcessApp(tmp_path_factory.mktemp("tiny-inproc-shared"))
+    yield app
+    app.close()
+
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for every browser test (test_browser*.py, test_xss.py)."""
+    import os
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=os.environ.get("SPECVIZ_CHROMIUM", "/usr/bin/chromium"),
+                              args=CHROMIUM_ARGS)
+        yield b
+        b.close()

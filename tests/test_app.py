@@ -141,29 +141,10 @@ def test_model_errors_are_shown_and_the_pair_stays(client):
 
 
 @pytest.fixture(scope="module")
-def inproc(tmp_path_factory):
-    """The page built in this process on the tiny pair (so the engine can be
-    monkeypatched), launched without blocking."""
-    from browser.server import free_port
-
-    from specviz.models import resolve_pair
-    from specviz.models.tiny import save_tiny_pair
-    from specviz.ui.blocks import build_demo
-    from specviz.ui.loader import ModelManager
-
-    target, draft = save_tiny_pair(tmp_path_factory.mktemp("tiny"))
-    manager = ModelManager(device="cpu")
-    spec = resolve_pair(None, target, draft)
-    manager.start(spec)
-    assert manager.wait(60), manager.status()
-    demo = build_demo(manager, initial=spec, network=False)
-    demo.queue()
-    port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    try:
-        yield Client(f"http://127.0.0.1:{port}/", verbose=False)
-    finally:
-        demo.close()
+def inproc(inproc_app):
+    """A client of the page built in this process on the tiny pair (so the engine
+    can be monkeypatched): the session's (conftest.py)."""
+    return inproc_app.client()
 
 
 @pytest.mark.parametrize("error", ["cuda", "runtime"])

@@ -20,22 +20,13 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwr
 from browser.server import shared_server  # noqa: E402
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 TIMEOUT = 120_000  # ms
+# `browser`: one Chromium for the session (conftest.py)
 
 
 @pytest.fixture(scope="module")
 def server():
     return shared_server()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 def open_page(browser, server, scheme):

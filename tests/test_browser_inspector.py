@@ -1,7 +1,7 @@
 """The p/q inspector in a real headless Chromium: click a rejected token, the
 panel shows p, q and the residual. Screenshot: test-artifacts/inspector.png."""
 import pytest
-from test_browser import ARTIFACTS, TIMEOUT, browser, open_page, open_replay, run_and_wait, server, set_number  # noqa: F401
+from test_browser import ARTIFACTS, TIMEOUT, open_page, open_replay, run_and_wait, server, set_number  # noqa: F401
 
 
 def _legend(page):

@@ -2,7 +2,7 @@
 test_browser.py for the setup). Screenshots go to test-artifacts/."""
 import re
 
-from test_browser import ARTIFACTS, TIMEOUT, browser, open_page, open_replay, server  # noqa: F401 - fixtures
+from test_browser import ARTIFACTS, TIMEOUT, open_page, open_replay, server  # noqa: F401 - fixtures
 
 from specviz.ui import replay as rp  # noqa: E402
 

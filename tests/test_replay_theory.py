@@ -6,8 +6,6 @@ import threading
 import pytest
 
 from specviz.engine.metrics import best_gamma, expected_tokens_per_round, predicted_speedup
-from specviz.models import load_pair, resolve_pair
-from specviz.models.tiny import save_tiny_pair
 from specviz.race import race
 from specviz.request import encode_prompt, make_request
 from specviz.trace import record, trace_for
@@ -85,9 +83,8 @@ def test_numbers_and_clamping():
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    target, draft = save_tiny_pair(tmp_path_factory.mktemp("tiny-pair"))
-    return load_pair(resolve_pair(None, target, draft), device="cpu")
+def pair(tiny_pair):
+    return tiny_pair  # loaded once per session (conftest.py)
 
 
 def live(pair, req, mode="fair", stop=None):

@@ -2,14 +2,10 @@
 import torch
 
 from specviz.bench.round_profile import ForwardTimer, profile
-from specviz.models import load_pair, resolve_pair
-from specviz.models.tiny import save_tiny_pair
 
 
-def test_profile_splits_forwards_from_the_rest(tmp_path):
-    t, d = save_tiny_pair(tmp_path)
-    pair = load_pair(resolve_pair(target=t, draft=d), device="cpu")
-    r = profile(pair, method="draft", gamma=3, max_new_tokens=12)
+def test_profile_splits_forwards_from_the_rest(tiny_pair):
+    r = profile(tiny_pair, method="draft", gamma=3, max_new_tokens=12)
     assert r["tokens"] == 12 and r["forward_calls"] > 0
     assert 0 < r["forward_s"] < r["decode_s"] and 0 <= r["outside_share"] < 1
     assert "function calls" in r["profile_top"]

@@ -90,8 +90,8 @@ def test_sequences_follow_target_distribution(layers, params, gamma):
 # --- bad input ------------------------------------------------------------------
 
 @pytest.mark.parametrize("options,msg", [
-    ({"exit_layer": 0}, "out of range"), ({"exit_layer": 7}, "this target has 6 layers"),
-    ({"exit_layer": "x"}, "whole number"), ({"exit_layer": -2}, "out of range"),
+    ({"exit_layer": 0}, "of at least 1"), ({"exit_layer": 7}, "this target has 6 layers"),
+    ({"exit_layer": "x"}, "whole number"), ({"exit_layer": -2}, "of at least 1"),
 ])
 def test_bad_exit_layer(deep, tok, options, msg):
     with pytest.raises(RequestError, match=msg):

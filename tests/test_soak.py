@@ -27,12 +27,14 @@ import pytest
 pytest.importorskip("gradio_client")
 psutil = pytest.importorskip("psutil")
 
-from browser.server import InProcessApp, free_port, ready_client, shared_server  # noqa: E402
+from browser.server import free_port, ready_client, shared_server  # noqa: E402
 from gradio_client.utils import Status  # noqa: E402
+
+from specviz.ui import method_options  # noqa: E402
 
 # every input of /run, in order (a raw queue/join must send them all; gradio_client fills defaults)
 FIELDS = ("prompt", "gamma", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "chat_template", "mode",
-          "method", "gamma_auto", "tree_shape", "tree_budget", "window", "guesses", "exit_layer", "skip_layers")
+          "method", "gamma_auto", *method_options.KEYS)  # the method settings: generated, in this order
 GOOD = dict(prompt="def f(x):", gamma=4, max_new_tokens=24, temperature=0.0, top_p=1.0, top_k=0, seed=0,
             chat_template=False, mode="fair", method="draft", gamma_auto=False,
             tree_shape="", tree_budget="", window=4, guesses=2, exit_layer="", skip_layers="")
@@ -285,7 +287,7 @@ def test_operator_limits_from_flags_end_the_run(tmp_path, slow_engine, monkeypat
         demo.close()
 
 
-def test_closed_tab_ends_the_run(tmp_path, slow_engine, monkeypatch):
+def test_closed_tab_ends_the_run(inproc_app, slow_engine, monkeypatch):
     """A browser tab that closes mid-run drops its /queue/data stream; gradio then
     closes the run's generator (GeneratorExit), whose finally sets the stop Event:
     the engines stop stepping and the worker is free."""
@@ -305,39 +307,36 @@ def test_closed_tab_ends_the_run(tmp_path, slow_engine, monkeypatch):
                 rec["closed"] = time.monotonic()
         return events()
 
-    monkeypatch.setattr(blocks, "race", watched_race)
-    app = InProcessApp(tmp_path)
-    try:
-        config = json.load(__import__("urllib.request").request.urlopen(app.url + "config"))
-        fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "run")
-        session = uuid.uuid4().hex[:10]
-        conn = http.client.HTTPConnection("127.0.0.1", app.port, timeout=30)
-        body = json.dumps({"data": list(args(max_new_tokens=400)), "fn_index": fn_index, "session_hash": session,
-                           "event_data": None, "trigger_id": None})
-        conn.request("POST", "/gradio_api/queue/join", body, {"Content-Type": "application/json"})
-        assert conn.getresponse().read()
-        conn.request("GET", f"/gradio_api/queue/data?session_hash={session}")
-        stream = conn.getresponse()
-        while True:  # until the page is streaming and the engines are stepping
-            line = stream.readline()
-            assert line, "the stream ended before the run was streaming"
-            if b"process_generating" in line and slow_engine[0] >= 3:
-                break
-        gone = time.monotonic()
-        conn.sock.close()  # the tab closes
-        conn.close()
-        end = time.monotonic() + 15
-        while races[0]["closed"] is None and time.monotonic() < end:
-            time.sleep(0.05)
-        assert races[0]["closed"] is not None, "the run went on after its client left"
-        assert races[0]["stop"].is_set()
-        assert races[0]["closed"] - gone < 5
-        steps = slow_engine[0]
-        time.sleep(0.5)
-        assert slow_engine[0] == steps, "the engines kept stepping"
-        # the worker is free: a new visitor's run starts and finishes at once
-        monkeypatch.undo()
-        out = app.client().predict(*args(max_new_tokens=8), api_name="/run")
-        assert "identical outputs" in out[INFO]
-    finally:
-        app.close()
+    monkeypatch.setattr(blocks, "race", watched_race)  # looked up at each run: the shared page sees it
+    app = inproc_app
+    config = json.load(__import__("urllib.request").request.urlopen(app.url + "config"))
+    fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "run")
+    session = uuid.uuid4().hex[:10]
+    conn = http.client.HTTPConnection("127.0.0.1", app.port, timeout=30)
+    body = json.dumps({"data": list(args(max_new_tokens=400)), "fn_index": fn_index, "session_hash": session,
+                       "event_data": None, "trigger_id": None})
+    conn.request("POST", "/gradio_api/queue/join", body, {"Content-Type": "application/json"})
+    assert conn.getresponse().read()
+    conn.request("GET", f"/gradio_api/queue/data?session_hash={session}")
+    stream = conn.getresponse()
+    while True:  # until the page is streaming and the engines are stepping
+        line = stream.readline()
+        assert line, "the stream ended before the run was streaming"
+        if b"process_generating" in line and slow_engine[0] >= 3:
+            break
+    gone = time.monotonic()
+    conn.sock.close()  # the tab closes
+    conn.close()
+    end = time.monotonic() + 15
+    while races[0]["closed"] is None and time.monotonic() < end:
+        time.sleep(0.05)
+    assert races[0]["closed"] is not None, "the run went on after its client left"
+    assert races[0]["stop"].is_set()
+    assert races[0]["closed"] - gone < 5
+    steps = slow_engine[0]
+    time.sleep(0.5)
+    assert slow_engine[0] == steps, "the engines kept stepping"
+    # the worker is free: a new visitor's run starts and finishes at once
+    monkeypatch.undo()
+    out = app.client().predict(*args(max_new_tokens=8), api_name="/run")
+    assert "identical outputs" in out[INFO]

@@ -13,7 +13,8 @@ from specviz.engine.decoding import baseline
 from specviz.engine.proposers.tree import TreeDraftProposer, check_tree_options
 from specviz.engine.sampling import SamplingParams, sample
 from specviz.engine.tree_decoding import tree_speculative
-from specviz.engine.tree_sampling import TreeVerdict, children_of, draw_children, tree_bias
+from specviz.engine.tree_forward import tree_bias
+from specviz.engine.tree_sampling import TreeVerdict, children_of, draw_children
 from specviz.errors import RequestError
 from specviz.models.tiny import tiny_model
 from specviz.trace import event_from_dict, event_to_dict

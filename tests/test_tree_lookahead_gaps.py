@@ -4,16 +4,13 @@ import pytest
 import torch
 
 from specviz.engine.events import RoundEvent, RunSummary
-from specviz.models import load_pair, resolve_pair
-from specviz.models.tiny import save_tiny_pair
 from specviz.request import encode_prompt, make_request
 from specviz.runner import run_events
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    t, d = save_tiny_pair(tmp_path_factory.mktemp("gaps"))
-    return load_pair(resolve_pair(target=t, draft=d), device="cpu")
+def pair(tiny_pair):
+    return tiny_pair  # loaded once per session (conftest.py)
 
 
 def _gaps(pair, req, mode):

@@ -1,5 +1,6 @@
-"""The page's "Method settings": one control table (ui/method_options.py), the
-options a run sends, friendly errors for bad values, and options in traces.
+"""The page's "Method settings": controls generated from each method's declared
+options (ui/method_options.py), the options a run sends, friendly errors for bad
+values, and options in traces.
 In process on the tiny pair; no server, no browser."""
 import inspect
 from types import SimpleNamespace
@@ -7,8 +8,8 @@ from types import SimpleNamespace
 import gradio as gr
 import pytest
 
-from specviz.cli import METHOD_FLAGS
-from specviz.engine.proposers import method_names
+from specviz.cli import build_parser, method_flags
+from specviz.engine.proposers import REGISTRY, method_names
 from specviz.trace import load_trace
 from specviz.ui import method_options as mo
 from specviz.ui import render
@@ -20,16 +21,25 @@ REQ = SimpleNamespace(session_hash="opts-test")
 BASE = ("def f(x):", 3, 6, 0.0, 1.0, 0, 0, False, "fair")
 
 
-def test_table_covers_the_cli_flags_but_the_datastore():
-    assert set(mo.KEYS) == set(METHOD_FLAGS) - {"datastore"}  # a visitor never picks a server path
+def test_page_and_cli_come_from_the_declared_options():
+    assert set(mo.KEYS) == set(method_flags()) - {"datastore"}  # a visitor never picks a server path
     assert {o.method for o in mo.OPTIONS} <= set(method_names())
-    assert all(o.info and o.label for o in mo.OPTIONS)
+    assert all(o.option.help and o.option.label for o in mo.OPTIONS)
+    declared = [(m, o.name) for m in method_names() for o in REGISTRY[m].options]
+    assert len(declared) == len(set(declared))  # each declared once
+    text = build_parser().format_help() + build_parser()._subparsers._group_actions[0].choices[
+        "generate"].format_help()
+    assert all(o.flag in text for m, uses in method_flags().items() for _, o in uses)
+    assert "--kv-reuse" not in text  # bench and API only
 
 
-def test_run_handler_takes_the_options_in_table_order():
-    params = list(inspect.signature(Handlers.run).parameters)
+def test_page_run_takes_the_options_positionally_in_key_order(handlers):
+    params = list(inspect.signature(handlers.page_run()).parameters)
     i = params.index("gamma_auto")
-    assert params[i + 1:i + 1 + len(mo.KEYS)] == list(mo.KEYS)
+    assert params[i + 1:] == [*mo.KEYS, "request"]
+    assert mo.as_mapping(range(len(mo.KEYS))) == dict(zip(mo.KEYS, range(len(mo.KEYS)), strict=True))
+    with pytest.raises(TypeError):
+        mo.as_mapping([1])
 
 
 @pytest.mark.parametrize("method, shown", [
@@ -47,14 +57,16 @@ def test_only_the_picked_methods_controls_show(method, shown):
 def test_collect_omits_blanks_types_numbers_and_ignores_other_methods():
     values = dict(tree_shape=" 4-2-2-1 ", tree_budget=12.0, window=5, guesses=3, exit_layer=None,
                   skip_layers="")
-    assert mo.collect("tree", values) == {"tree_shape": "4-2-2-1", "tree_budget": 12}
-    assert type(mo.collect("tree", values)["tree_budget"]) is int
+    assert mo.collect("tree", values) == {"tree_shape": "4-2-2-1", "tree_budget": 12.0}
+    assert REGISTRY["tree"].check_options(mo.collect("tree", values)) == {"tree_shape": [4, 2, 2, 1],
+                                                                           "tree_budget": 12}
+    assert type(REGISTRY["tree"].check_options(mo.collect("tree", values))["tree_budget"]) is int
     assert mo.collect("lookahead", values) == {"window": 5, "guesses": 3}
     assert mo.collect("early-exit", values) == {}
     assert mo.collect("layer-skip", {**values, "skip_layers": "4,6-9"}) == {"skip_layers": "4,6-9"}
     assert mo.collect("draft", values) == {}
-    with pytest.raises(Exception, match="Exit layer L must be a whole number"):
-        mo.collect("early-exit", {"exit_layer": 2.5})
+    with pytest.raises(Exception, match="Exit layer L must be a whole number, got 2.5"):
+        REGISTRY["early-exit"].check_options(mo.collect("early-exit", {"exit_layer": 2.5}))
 
 
 def test_options_text():
@@ -102,14 +114,14 @@ def handlers(tmp_path_factory):
 
 def run(handlers, method, **options):
     values = dict.fromkeys(mo.KEYS) | dict(window=4, guesses=2) | options
-    return list(handlers.run(*BASE, method, False, *(values[k] for k in mo.KEYS), request=REQ))
+    return list(handlers.run(*BASE, method, False, values, request=REQ))
 
 
 @pytest.mark.parametrize("method, options, message", [
     ("tree", dict(tree_shape="4-x"), "Tree shape must look like 4-2-2-1"),
-    ("tree", dict(tree_budget=0), "Tree budget must be between 1 and 64"),
-    ("lookahead", dict(window=0), "Lookahead window must be a whole number between 1 and 16, got 0."),
-    ("early-exit", dict(exit_layer=0), "Exit layer 0 is out of range"),
+    ("tree", dict(tree_budget=0), "Tree budget (nodes) must be a whole number between 1 and 64, got 0."),
+    ("lookahead", dict(window=0), "Lookahead window W must be a whole number between 1 and 16, got 0."),
+    ("early-exit", dict(exit_layer=0), "Exit layer L must be a whole number of at least 1, got 0."),
     ("layer-skip", dict(skip_layers="4,x"), "Skip layers: 'x' is not a layer number"),
     ("early-exit", dict(exit_layer=9), "Exit layer 9 is out of range: this target has 3 layers"),  # at build
     ("layer-skip", dict(skip_layers="0-2"), "That skip set skips all 3 layers"),
@@ -117,9 +129,7 @@ def run(handlers, method, **options):
 def test_bad_value_is_a_friendly_error(handlers, method, options, message):
     outs = []
     with pytest.raises(gr.Error) as info:  # the toast; the page's error box gets the same words
-        for out in handlers.run(*BASE, method, False,
-                                *(({"window": 4, "guesses": 2} | options).get(k) for k in mo.KEYS),
-                                request=REQ):
+        for out in handlers.run(*BASE, method, False, {"window": 4, "guesses": 2} | options, request=REQ):
             outs.append(out)
     assert message in info.value.message
     assert outs and "sv-status-error" in outs[-1][3] and render.esc(message) in outs[-1][3]

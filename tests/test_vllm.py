@@ -10,7 +10,7 @@ import pytest
 from fake_vllm import ACCEPTS, TOKENS, Fake, serve
 
 from specviz import cli
-from specviz.engines.vllm_stream import parse_metrics
+from specviz.hosting.vllm_stream import parse_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -133,7 +133,7 @@ def test_bad_input_one_clear_line(pair_dirs, tmp_path, capsys, monkeypatch, case
             tmp_path, "echo 'INFO starting'; echo \"ValueError: Model architectures ['FooForCausalLM'] are "
                       "not supported for now.\"; exit 1"))
     elif case == "url not answering":
-        from specviz.engines.vllm_server import free_port
+        from specviz.hosting.vllm_server import free_port
         argv += ["--vllm-url", f"http://127.0.0.1:{free_port()}"]
     elif case == "model it cannot serve":
         srv, url = serve(Fake(0, fail_with="The model `x` does not exist."))
@@ -150,7 +150,7 @@ def test_bad_input_one_clear_line(pair_dirs, tmp_path, capsys, monkeypatch, case
 
 
 def test_page_loader_failure_keeps_the_app_up(tmp_path, monkeypatch, pair_dirs):
-    from specviz.engines.vllm import vllm_loader
+    from specviz.hosting.vllm import vllm_loader
     from specviz.models import resolve_pair
     from specviz.ui.loader import ModelManager
     monkeypatch.setenv("SPECVIZ_VLLM_VENV", str(tmp_path / "nowhere"))

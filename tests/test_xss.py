@@ -16,10 +16,7 @@ if not Path(CHROMIUM).exists():
     pytest.skip(f"no Chromium at {CHROMIUM}", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api")
 
-from browser.server import InProcessApp  # noqa: E402
 
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 TIMEOUT = 120_000
 PANES = "#sv-baseline, #sv-speculative"
 # what the visitor types: markup, an entity, a lone surrogate (a half emoji), U+FFFD
@@ -29,21 +26,12 @@ OUTPUT = '<img src=x onerror="window.__xss=3"><script>window.__xss=4</script><b>
 
 
 @pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture(scope="module")
-def app(tmp_path_factory):
+def app(inproc_app):
+    """The session's in-process page (conftest.py); `browser`: the session's Chromium."""
     import torch
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the app server in tests: the browser needs the other core
-    a = InProcessApp(tmp_path_factory.mktemp("tiny-xss"))
-    yield a
-    a.close()
+    yield inproc_app
     torch.set_num_threads(threads)
 
 

@@ -38,8 +38,8 @@ from ..cli import add_pair_args
 from ..errors import RequestError, exit_code
 from ..hosting.bandwidth import bench_lines, weight_bytes
 from ..machine import loadavg
+from . import llamacpp_rows, vllm_rows
 from . import runs as runs_mod
-from . import vllm_rows
 from .plots import write_plots
 from .report import machine_info, report_text, write_csv
 from .runs import RUN_COLUMNS, OutputMismatch, Run, Variant, build_variants, check_outputs, measure
@@ -83,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--methods", help="comma list from: " + ",".join(FAMILIES) + " (plain always runs)")
     ap.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate (greedy and assisted)")
     ap.add_argument("--out", help="output folder (default bench-results/<timestamp>/)")
+    ap.add_argument("--llamacpp-gammas", metavar="N,N",
+                    help="draft n_max of the llama.cpp speculative rows "
+                         "(--methods ...,llamacpp,llamacpp-spec; default: --gamma-other)")
+    ap.add_argument("--llamacpp-threads", type=int, help="threads of the llama.cpp servers (default: ours)")
+    ap.add_argument("--llamacpp-gguf", metavar="TARGET[,DRAFT]",
+                    help="GGUF files for the llama.cpp rows (default: the default pair's own)")
     ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                     help=f"one untimed {WARMUP_TOKENS}-token run per method first (default on)")
     return ap
@@ -101,6 +107,7 @@ class Bench:
     runs: list[Run] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)  # variant key -> error, dropped from later runs
     notes: list[str] = field(default_factory=list)
+    llamacpp: object = None  # LlamaCppRows: the llama.cpp servers (bench/llamacpp_rows.py)
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -166,7 +173,8 @@ def _encode(bench: Bench, prompts: list[BenchPrompt]) -> None:
 def _measure_or_note(bench: Bench, variant: Variant, prompt, ids, max_new_tokens: int, run: Run, when: str):
     """measure(); a failing method (never plain) is noted and dropped from later runs."""
     try:
-        return measure(bench.pair, variant, prompt, ids, max_new_tokens, run)
+        pair = bench.llamacpp if variant.engine == "llamacpp" else bench.pair
+        return measure(pair, variant, prompt, ids, max_new_tokens, run)
     except Exception as e:  # noqa: BLE001 - one broken method must not sink the others
         if variant.family == "plain":
             raise
@@ -206,7 +214,7 @@ def _run_block(bench: Bench, prompt: BenchPrompt, ids: list[int], repeat: int, r
         block.append(run)
     base = next(r for r in block if r.family == "plain")
     for run in block:
-        if run.engine == "specviz" and run.family != "plain" and run.summary is not None:
+        if run.summary is not None and run.summary.mode == "speculative":  # ours and llama.cpp's
             runs_mod.add_stats(run, base.summary, getattr(bench.pair, "costs", None))
     with open(bench.out / "runs.partial.jsonl", "a") as f:  # what a killed bench leaves behind
         for run in block:
@@ -232,8 +240,8 @@ def _check(bench: Bench, precision: str) -> str | None:
     """Greedy outputs against plain: HF differences become notes, a SpecViz one the failure text.
     `precision`: the target's dtype (the near-tie threshold), read before vLLM rows free our pair."""
     for warning in check_outputs(bench.runs, strict_only=False, precision=precision):
-        bench.notes.append(warning if warning.startswith("numerical near-tie")
-                           else "HF or vLLM output differs from plain (numerical near-tie?): " + warning)
+        bench.notes.append(warning if warning.startswith("numerical near-tie") else
+                           "HF, vLLM or llama.cpp output differs from plain (near-tie?): " + warning)
     try:
         check_outputs(bench.runs, precision=precision)
     except OutputMismatch as e:
@@ -260,7 +268,8 @@ def _write(bench: Bench, mismatch: str | None, t_start: float) -> str:
     rows = summarize(bench.runs, variants, bench.settings.tasks)
     per_prompt = summarize(bench.runs, variants, bench.settings.tasks, by_prompt=True)
     _machine_end(bench, t_start)
-    text = report_text(bench.meta, rows, best_lines(rows) + vllm_rows.vs_plain_lines(rows), bench.notes)
+    text = report_text(bench.meta, rows, best_lines(rows) + vllm_rows.vs_plain_lines(rows)
+                       + llamacpp_rows.vs_plain_lines(rows), bench.notes)
     bench.notes += write_plots(bench.out, rows, f" — {bench.meta['machine']['precision']}")
     out = bench.out
     payload = {"meta": bench.meta,
@@ -275,6 +284,25 @@ def _write(bench: Bench, mismatch: str | None, t_start: float) -> str:
     (out / "table.txt").write_text(text + "\n")
     (out / "runs.partial.jsonl").unlink(missing_ok=True)  # bench.json has it all
     return text
+
+
+def _measure_all(bench: Bench, args) -> None:
+    """Warm-up and every block, with the llama.cpp servers (if asked for) up only meanwhile."""
+    bench.llamacpp = llamacpp_rows.start(bench, args, _log)
+    for note in bench.notes:
+        _log("note: " + note)
+    settings = bench.settings
+    n_runs = len(bench.encoded) * len(bench.variants) * settings.repeats
+    _log(f"{len(bench.encoded)} prompts × {len(bench.variants)} methods × {settings.repeats} repeats = "
+         f"{n_runs} runs of {settings.max_new_tokens} tokens")
+    try:
+        if args.warmup:
+            _warm_up(bench)
+        _run_all(bench)
+    finally:
+        if bench.llamacpp is not None:
+            bench.notes += bench.llamacpp.idle_cpu_lines() + llamacpp_rows.output_lines(bench.runs)
+            bench.llamacpp.close()
 
 
 def run_bench(argv: list[str]) -> int:
@@ -296,15 +324,7 @@ def run_bench(argv: list[str]) -> int:
               if m is not None}
     device, precision = bench.pair.target.device, str(bench.pair.dtype)
     _encode(bench, prompts)
-    for note in bench.notes:
-        _log("note: " + note)
-    settings = bench.settings
-    n_runs = len(bench.encoded) * len(bench.variants) * settings.repeats
-    _log(f"{len(bench.encoded)} prompts × {len(bench.variants)} methods × {settings.repeats} repeats = "
-         f"{n_runs} runs of {settings.max_new_tokens} tokens")
-    if args.warmup:
-        _warm_up(bench)
-    _run_all(bench)
+    _measure_all(bench, args)
     bench.notes += bench_lines(device, nbytes, bench.runs)  # --device cuda: steps against the bandwidth limit
     vllm_rows.run_rows(bench, args, _log)
     mismatch = _check(bench, precision)

@@ -44,7 +44,7 @@ def _cell(row: dict, key: str, fmt: str | None) -> str:
         mb = row["cuda_peak_mb"] if row.get("cuda_peak_mb") else row["peak_rss_mb"]
         return number(mb / 1024 if mb else None, "{:.1f}", missing="–")
     if key == "mismatches":
-        if row["engine"] != "hf":
+        if row["engine"] not in ("hf", "llamacpp"):  # other engines' kernels: differences are notes
             return ""
         if not row["mismatches"]:
             return "0"

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..engine.equality import near_tie_threshold
+from ..engine.equality import judge
 from ..engine.events import RoundEvent, RunSummary, TokenEvent
 from ..engine.metrics import Stats, run_stats
 from ..request import METHODS, RequestError, make_request
@@ -40,7 +40,7 @@ class OutputMismatch(RuntimeError):
 class Variant:
     key: str  # unique, ASCII: "plain", "draft:4", "hf-assisted:4", "hf-assisted:heuristic"
     family: str  # "plain", "hf-greedy", "hf-assisted", "hf-heuristic", or a SpecViz method
-    engine: str  # "specviz" | "hf" | "vllm" (bench/vllm_rows.py)
+    engine: str  # "specviz" | "hf" | "vllm" (bench/vllm_rows.py) | "llamacpp" (bench/llamacpp_rows.py)
     gamma: int = 0  # 0: not applicable (plain, HF greedy, HF heuristic start)
     auto: bool = False  # γ auto: chosen each round from the measured costs (engine/gamma.py)
     options: tuple = ()  # ((name, value), ...): method settings of a --sweep (RunRequest.options)
@@ -64,6 +64,8 @@ class Variant:
             return f"HF assisted γ={self.gamma} stock"
         if self.engine == "vllm":
             return "vLLM plain" if self.family == "vllm" else f"vLLM speculative γ={self.gamma}"
+        if self.engine == "llamacpp":
+            return "llama.cpp plain" if self.family == "llamacpp" else f"llama.cpp speculative γ={self.gamma}"
         extra = "".join(f" {k.split('_')[-1]}={v}" for k, v in self.options)
         return f"SpecViz {self.family} γ={'auto' if self.auto else self.gamma}{extra}"
 
@@ -134,16 +136,15 @@ def check_outputs(runs: list[Run], strict_only: bool = True, precision: str = "f
     (its first repeat); fills run.match / run.first_diff.
 
     Raises OutputMismatch listing every strict (SpecViz) run that differs,
-    unless the difference is a numerical near-tie: both runs' top-2 logit gaps
-    at the first differing token within engine/equality.py's threshold for the
-    target's precision (bf16 verify blocks round differently from single
-    steps). Returns warning lines for near-ties and non-strict (HF) runs."""
+    unless engine/equality.py judges the first difference a numerical near-tie
+    (both runs' tokens top of their own rows and each other's runner-up, both
+    top-2 gaps within rounding of the target's precision). Returns warning
+    lines for near-ties and non-strict (HF) runs."""
     ref: dict[str, Run] = {}
     for r in runs:
         if r.family == "plain" and r.error is None and r.prompt_id not in ref:
             ref[r.prompt_id] = r
     errors, warnings = [], []
-    thr = near_tie_threshold(precision)
     for r in runs:
         if r.error is not None or r.prompt_id not in ref:
             continue
@@ -152,13 +153,16 @@ def check_outputs(runs: list[Run], strict_only: bool = True, precision: str = "f
         r.match, r.first_diff = pos is None, pos
         if pos is None:
             continue
-        gaps = [g[pos] for g in (base_gaps, r.gaps) if pos < len(g) and g[pos] is not None]
-        near = len(gaps) == 2 and pos < min(len(base), len(r.token_ids)) and max(gaps) <= thr
+        eq = None
+        if pos < min(len(base), len(r.token_ids), len(base_gaps), len(r.gaps)):
+            eq = judge(pos, base[pos], r.token_ids[pos], base_gaps[pos], r.gaps[pos], precision)
+        near = eq is not None and eq.verdict == "near-tie"
         what = (f"{r.variant} on {r.prompt_id} (repeat {r.repeat + 1}): first differing position {pos} "
                 f"(baseline token {base[pos] if pos < len(base) else 'END'}, "
                 f"got {r.token_ids[pos] if pos < len(r.token_ids) else 'END'}; "
                 f"lengths {len(base)} vs {len(r.token_ids)}"
-                + (f"; target top-2 logit gap {max(gaps):.3g}, near-tie threshold {thr:g}" if gaps else "")
+                + (f"; target top-2 logit gap {eq.gap:.3g}, near-tie threshold {eq.threshold:.3g}: "
+                   f"{eq.reason}" if eq is not None and eq.gap is not None else "")
                 + ")")
         strict = r.engine == "specviz" and not near
         (errors if strict else warnings).append(("numerical near-tie: " if near else "") + what)
@@ -252,8 +256,10 @@ def run_specviz(pair, variant: Variant, req, ids: list[int]) -> tuple[RunSummary
 
 def _run_engine(pair, variant: Variant, prompt: BenchPrompt, ids: list[int], max_new_tokens: int,
                 run: Run) -> dict:
-    """Run SpecViz or HF; fills the run's output fields, returns the first-chunk info."""
-    if variant.engine in ("specviz", "vllm"):  # vLLM: a VllmPair, the same events (engines/vllm.py)
+    """Run SpecViz, HF or llama.cpp; fills the run's output fields, returns the first-chunk info."""
+    if variant.engine == "llamacpp":  # `pair`: the bench's LlamaCppRows (bench/llamacpp_rows.py)
+        return pair.run(variant, ids, max_new_tokens, run)
+    if variant.engine in ("specviz", "vllm"):  # vLLM: a VllmPair, the same events (hosting/vllm.py)
         method = variant.family if variant.engine == "specviz" and variant.family != "plain" else "draft"
         gamma = "auto" if variant.auto else max(1, variant.gamma)
         req = make_request(prompt.text, method=method, gamma=gamma,
@@ -277,9 +283,11 @@ def measure(pair, variant: Variant, prompt: BenchPrompt, ids: list[int], max_new
     _reset_peak(cuda)
     cpu0 = time.process_time()
     first = _run_engine(pair, variant, prompt, ids, max_new_tokens, run)
-    run.cpu_s = time.process_time() - cpu0
+    # an engine in another process (llama.cpp) reports its own CPU time and peak memory
+    run.cpu_s = first["cpu_s"] if "cpu_s" in first else time.process_time() - cpu0
     run.first_t, run.first_n = first["first_t"], first["first_n"]
-    run.peak_rss_mb = round(_peak_rss_mb(), 1)
+    peak = first["peak_rss_mb"] if "peak_rss_mb" in first else _peak_rss_mb()
+    run.peak_rss_mb = round(peak, 1) if peak is not None else None
     with contextlib.suppress(OSError):
         run.load1 = round(os.getloadavg()[0], 2)
     if cuda:

@@ -17,7 +17,8 @@ FULL = dict(tasks="code,chat,grounded", n_prompts="1", max_new_tokens=32,
 TASKS = ("code", "chat", "grounded")
 
 VLLM_FAMILIES = ("vllm", "vllm-spec")  # bench/vllm_rows.py
-FAMILIES = ("plain",) + HF_FAMILIES + tuple(METHODS) + VLLM_FAMILIES
+LLAMACPP_FAMILIES = ("llamacpp", "llamacpp-spec")  # bench/llamacpp_rows.py
+FAMILIES = ("plain",) + HF_FAMILIES + tuple(METHODS) + VLLM_FAMILIES + LLAMACPP_FAMILIES
 CHAT_TASKS = ("chat", "grounded")  # user messages: wrapped in the chat template
 WARMUP_TOKENS = 8
 
@@ -34,6 +35,7 @@ class Settings:
     gamma_other: int  # γ of the other SpecViz methods
     gamma_auto: bool = False  # also run the draft-model method with γ auto ("auto" in --gammas)
     sweeps: dict = field(default_factory=dict)  # {method: {option: [values]}} from --sweep
+    llamacpp_gammas: list = field(default_factory=list)  # draft n_max of the llama.cpp speculative rows
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,9 @@ def resolve_settings(args) -> Settings:
                     repeats=repeats, max_new_tokens=max_new_tokens,
                     gammas=gammas, hf_gammas=_ints(get("hf_gammas"), "--hf-gammas"),
                     gamma_other=args.gamma_other, gamma_auto=gamma_auto,
-                    sweeps=parse_sweeps(getattr(args, "sweep", None)))
+                    sweeps=parse_sweeps(getattr(args, "sweep", None)),
+                    llamacpp_gammas=_ints(getattr(args, "llamacpp_gammas", None) or str(args.gamma_other),
+                                          "--llamacpp-gammas"))
 
 
 def load_prompts(tasks: list[str], counts: dict[str, int] | None,

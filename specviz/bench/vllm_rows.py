@@ -28,8 +28,8 @@ def variants(families: list[str], gamma: int) -> list[Variant]:
 def run_rows(bench, args, log) -> None:
     """Measure the vLLM variants of `bench` (one warm-up, then every prompt ×
     repeat, per variant); appends runs, variants and notes to `bench`."""
-    from ..engines.vllm import load_vllm
     from ..errors import ModelError
+    from ..hosting.vllm import load_vllm
     vs = variants(bench.settings.families, bench.settings.gamma_other)
     if not vs:
         return

@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from .clock import Clock
 from .events import Outcome, RoundEvent, RunSummary, TokenEvent
 from .forward import crop_cache, forward_logits, new_cache, pick
-from .inspect import round_dists
 from .proposers.base import Proposer
 from .sampling import SamplingParams, Verdict, top2_gap, verify, warp
 from .text import TextStream
+from .topk_view import round_dists
 
 
 def check_stop(stop: threading.Event | None) -> bool:
@@ -146,7 +146,7 @@ class _Round:
     info: dict = field(default_factory=dict)  # the proposal's method-specific info, for RoundEvent.info
     q: torch.Tensor | None = None  # (k, V) draft distributions (the inspector's top-k reads them)
     raw: tuple | None = None  # greedy: (target logits, draft logits or None): the inspector's softmax
-    dists: list = field(default_factory=list)  # engine/inspect.py, filled by _inspect
+    dists: list = field(default_factory=list)  # engine/topk_view.py, filled by _inspect
     residual: dict | None = None
 
 

@@ -97,7 +97,7 @@ class RoundEvent:
     target_forwards: int = 0
     prompt_tokens: int = 0  # >0: this forward also read the prompt (round 1): its time is prefill
     info: dict = field(default_factory=dict)  # method-specific, JSON-able (n-gram won, lookup hits, ...)
-    # the p/q inspector (engine/inspect.py): top-k of p and q per position, never the full vocabulary
+    # the p/q inspector (engine/topk_view.py): top-k of p and q per position, never the full vocabulary
     dists: list[dict] = field(default_factory=list)  # rows 0..γ-1: drafted positions; row γ: appended
     residual: dict | None = None  # top-k of norm(max(0, p - q)) at the rejected position, if any
     # tree methods only (JSON-ready, see tree_sampling.describe_tree): node tokens, parents,
@@ -132,7 +132,7 @@ class RunSummary:
     gamma: int = 0
     device: str = "cpu"
     prompt_rounds: int = 0  # rounds whose target forward also read the prompt (timed as prefill)
-    engine: str = "specviz"  # or "vllm" (engines/vllm.py)
+    engine: str = "specviz"  # or "vllm" (hosting/vllm.py)
     unmeasured: list = field(default_factory=list)  # Stats fields this engine cannot measure (n/a, not 0)
     extra: dict = field(default_factory=dict)  # engine-specific facts (vLLM: per-position acceptance)
     gamma_policy: str = ""  # "auto" when a γ policy chose each round (gamma is then its cap)

@@ -124,6 +124,9 @@ def _mask(model, p: int, n: int, kv_len: int, device) -> torch.Tensor | None:
     return blocked.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
+causal_mask = _mask  # engine/layers.py runs a target's layers over the same cache
+
+
 def _call(model, x, pos_ids, mask, cache, keep):
     return model(input_ids=x, position_ids=pos_ids, attention_mask={"full_attention": mask},
                  past_key_values=cache, use_cache=True, logits_to_keep=keep).logits

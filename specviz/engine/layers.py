@@ -16,10 +16,22 @@ from __future__ import annotations
 import torch
 
 from ..errors import RequestError
+from . import kvcache
+
+# Architectures whose forward is exactly embed_tokens -> layers -> norm -> lm_head, checked
+# against the model's own forward in tests/test_lossless_arch.py (transformers 5.23, 2026-11-23).
+# Others refuse: their forward may scale on the way (Granite's embedding_multiplier and
+# logits_scaling, Cohere's logit_scale, Gemma 2's soft-capping), which the parts alone miss.
+VERIFIED = ("apertus", "arcee", "bitnet", "gemma", "llama", "mistral", "qwen2", "qwen3")
 
 
 def decoder_parts(model):
-    """(backbone, lm_head) of a Llama-style causal LM, or a clear error."""
+    """(backbone, lm_head) of a verified Llama-style causal LM, or a clear error."""
+    kind = getattr(model.config, "model_type", None)
+    if kind not in VERIFIED:
+        raise RequestError(f"Self-speculation (early exit, layer skip) rebuilds the target's forward "
+                           f"from its parts, checked exact only for {', '.join(VERIFIED)}; this target is "
+                           f"{kind!r} (its own scaling would be missed): pick another method.")
     body = getattr(model, "model", None)
     need = ("embed_tokens", "layers", "norm", "rotary_emb")
     if body is None or not all(hasattr(body, n) for n in need) or not hasattr(model, "lm_head"):
@@ -52,16 +64,33 @@ def embed(model, ids: list[int]) -> torch.Tensor:
     return decoder_parts(model)[0].embed_tokens(torch.tensor([ids], device=model.device))
 
 
+def _static_mask(model, cache: kvcache.StaticKV, start: int, n: int):
+    """Ready a static cache for n positions from `start` (its buffers, write pointer) and
+    return the mask of its layout: the engine's StaticKV serves these calls as its own."""
+    if not cache.keys:
+        cache.allocate(model)
+    cache.reserve(start + n)
+    cache.pos = start
+    cache.write_pos = torch.arange(start, start + n, device=model.device)
+    kv_len = cache.capacity if cache.full else start + n
+    return kvcache.causal_mask(model, start, n, kv_len, model.device)
+
+
 def run_layers(model, h: torch.Tensor, cache, layers, *, start: int) -> torch.Tensor:
-    """Hidden states (1, n, d) at positions start.. through `layers`, KV-cached."""
+    """Hidden states (1, n, d) at positions start.. through `layers`, KV-cached
+    (a DynamicCache, or the engine's StaticKV when the target runs a static cache)."""
     body = decoder_parts(model)[0]
-    pos = torch.arange(start, start + h.shape[1], device=h.device)[None]
+    n = h.shape[1]
+    pos = torch.arange(start, start + n, device=h.device)[None]
     rope = body.rotary_emb(h, pos)
-    mask = causal_mask(h.shape[1], start, h.dtype, h.device)
+    static = isinstance(cache, kvcache.StaticKV)
+    mask = _static_mask(model, cache, start, n) if static else causal_mask(n, start, h.dtype, h.device)
     for i in layers:
         h = body.layers[i](h, attention_mask=mask, position_ids=pos, past_key_values=cache,
                            use_cache=True, position_embeddings=rope)
         h = h[0] if isinstance(h, tuple) else h  # older releases returned a tuple
+    if static:
+        cache.pos = start + n
     return h
 
 

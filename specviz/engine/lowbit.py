@@ -38,11 +38,12 @@ GROUP = 32  # a Q4_K sub-block
 # the names say the activations' type: the greedy near-tie rule (engine/equality.py) reads it
 NAMES = {"w16": "fp16 weights, float32 activations", "w8a8": "int8 weights, 7-bit per-token activations",
          "w8": "int8 weights, bfloat16 activations", "w4": "int4 g32 weights, bfloat16 activations"}
-# Which formats `auto` may pick for a target. w8a8 rounds every activation to 7 bits, so the
-# float-rounding difference between a verify forward and single steps (attention over 5 vs 1
-# queries) flips a code now and then: measured on the default pair, greedy quicksort differed
-# from plain at token 21 with a top-2 gap of 0.74. Fine for a draft; a target only on request.
-TARGET_AUTO = ("w16", "w8", "w4")
+# Which formats `auto` may pick for a target: all of them. w8a8 rounds every activation to
+# 7 bits, so a 1e-7 difference between a verify forward and single steps would flip a code now
+# and then (greedy quicksort on the default pair differed from plain at token 21, top-2 gap
+# 0.74); to_lowbit gives it row-wise attention (engine/rowwise_attention.py), which makes a
+# verify forward bit-identical to single steps, so that cannot happen.
+TARGET_AUTO = FORMATS
 
 
 # ------------------------------------------------------------ pure quantisers
@@ -195,6 +196,9 @@ def to_lowbit(model: nn.Module, fmt: str, *, head: str | None = None) -> nn.Modu
         parent, _, attr = name.rpartition(".")
         holder = model.get_submodule(parent) if parent else model
         setattr(holder, attr, _low(mod, head if mod is out else fmt))
+    if fmt == "w8a8" and getattr(model.config, "_attn_implementation", None) == "sdpa":
+        from .rowwise_attention import use_rowwise
+        use_rowwise(model)
     return model
 
 

@@ -59,11 +59,28 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.softmax(logits, dim=-1)
 
 
-def top2_gap(logits: torch.Tensor) -> list[float]:
+class Gap(float):
+    """A greedy row's top-1 minus top-2 logit: a plain float to every reader (JSON,
+    charts), which also remembers the two tokens and the top logit, so
+    engine/equality.py can check a differing token against the row that chose it."""
+
+    def __new__(cls, gap: float, top: int, second: int, top_logit: float):
+        g = super().__new__(cls, gap)
+        g.top, g.second, g.top_logit = top, second, top_logit
+        return g
+
+    def __reduce__(self):  # copy/deepcopy/pickle keep the tokens
+        return (Gap, (float(self), self.top, self.second, self.top_logit))
+
+
+def top2_gap(logits: torch.Tensor) -> list[Gap]:
     """Per row of logits (..., V): top-1 minus top-2 logit, in the logits' own
-    precision (a gap of 0.0 in bf16 is an exact tie there)."""
-    top = logits.reshape(-1, logits.shape[-1]).topk(2, dim=-1).values.float()
-    return (top[:, 0] - top[:, 1]).tolist()
+    precision (a gap of 0.0 in bf16 is an exact tie there), with both tokens."""
+    top = logits.reshape(-1, logits.shape[-1]).topk(2, dim=-1)
+    v, i = top.values.float().tolist(), top.indices.tolist()
+    # an exact tie: torch.argmax (the token the run took) is the lower index, topk's order is not fixed
+    return [Gap(a - b, *((t, s) if a > b else sorted((t, s))), a)
+            for (a, b), (t, s) in zip(v, i, strict=True)]
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

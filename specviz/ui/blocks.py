@@ -13,6 +13,7 @@ from ..models import PairSpec
 from ..prompts import load_presets
 from ..request import Limits
 from . import inspector, method_options, stage
+from . import leaderboard as board_ui
 from . import replay as replay_ui
 from .handlers import STOP_GRACE, Handlers, pair_choices, session_key
 from .layout import Page, build_page
@@ -54,7 +55,7 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
         page.method.change(method_options.on_method, page.method, page.method_options.outputs, **quiet)
         raw_values(*page.method_options.numbers)
     # ZeroGPU on a Space: borrow a GPU per run, for as long as its limits need (else a no-op)
-    run = gpu_decorator(handlers.limits, max_tokens_arg=2)(handlers.run)
+    run = gpu_decorator(handlers.limits, max_tokens_arg=2)(handlers.page_run())
     once = dict(concurrency_limit=1, concurrency_id="generate", trigger_mode="once", show_progress="full",
                 show_progress_on=[page.run_info])
     # one run per press: the button disables itself in the browser first (ui/runqueue.py), and
@@ -78,6 +79,8 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
     # the busy banner's offer: the selected recorded run, as the replay button plays it
     page.busy_replay.click(None, None, None, js="() => { window.svReplay && window.svReplay(); return []; }",
                            api_visibility="private", queue=False)  # ui/stage.py PAGE_JS
+    if page.board is not None:  # the "Race all methods" tab
+        board_ui.wire(page.board, handlers, session_key)
 
 
 def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_mode: str = "fair",

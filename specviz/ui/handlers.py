@@ -6,6 +6,7 @@ specviz.race); HTML comes from render.py, figures from charts.py.
 """
 from __future__ import annotations
 
+import inspect
 import os
 import tempfile
 import threading
@@ -246,11 +247,9 @@ class Handlers:
         return req, pair, encode_prompt(pair.tokenizer, req, pair.max_positions, self.limits)
 
     def run(self, prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed, chat_template, mode,
-            method="draft", gamma_auto=False, tree_shape=None, tree_budget=None, window=None, guesses=None,
-            exit_layer=None, skip_layers=None, request: gr.Request = None):
-        # the method settings follow method_options.KEYS (the page's input order; a test checks it)
-        options = dict(tree_shape=tree_shape, tree_budget=tree_budget, window=window, guesses=guesses,
-                       exit_layer=exit_layer, skip_layers=skip_layers)
+            method="draft", gamma_auto=False, options: dict | None = None, request: gr.Request = None):
+        """One race, streamed into the panes. `options`: the method settings by name (the page
+        sends every method's controls; method_options.collect keeps the picked method's)."""
         try:
             req, pair, ids = self._checked(prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed,
                                            chat_template, mode, method, gamma_auto, options)
@@ -262,6 +261,24 @@ class Handlers:
             yield failed_outputs(msg)
             raise gr.Error(render.toast_text(msg), print_exception=not expected(e)) from None
         yield from self._race(req, pair, ids, mode, session_key(request))
+
+    def page_run(self):
+        """`run` as gradio calls it: every input positional (the method settings last, in
+        method_options.KEYS order, made one mapping here), the request injected by its
+        annotation. Gradio reads the signature, so it is spelled out."""
+        settings = [p for p in inspect.signature(self.run).parameters if p not in ("options", "request")]
+        n = len(settings)
+
+        def handler(*values):
+            *inputs, request = values
+            yield from self.run(*inputs[:n], options=method_options.as_mapping(inputs[n:]), request=request)
+
+        P = inspect.Parameter
+        params = [P(name, P.POSITIONAL_OR_KEYWORD) for name in (*settings, *method_options.KEYS)]
+        handler.__signature__ = inspect.Signature(
+            [*params, P("request", P.POSITIONAL_OR_KEYWORD, default=None, annotation=gr.Request)])
+        handler.__annotations__ = {"request": gr.Request}
+        return handler
 
     def _race(self, req, pair, ids, mode: str, key: str):
         """Stream one race into the panes; errors become a message, the server keeps serving."""

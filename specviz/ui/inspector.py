@@ -4,7 +4,7 @@ rejection sampling did at that position.
 Shows the top-k of the target's p and the draft's q as paired bars (the rest of
 the vocabulary as one bar), the drawn u against min(1, p(x)/q(x)) and, for a
 rejection, the residual norm(max(0, p - q)) the resampled token was drawn from.
-Built only from RoundEvent.dists / .residual (engine/inspect.py), so it works
+Built only from RoundEvent.dists / .residual (engine/topk_view.py), so it works
 the same live and in replay.
 
 Click path: token spans carry data-r (round index) and data-i (row: the drafted

@@ -10,6 +10,7 @@ import gradio as gr
 from ..engine.proposers import method_names, method_spec
 from ..request import MAX_GAMMA, Limits
 from . import draft_size, inspector, method_options, render, theory
+from . import leaderboard as board_ui
 from . import replay as replay_ui
 from .charts import all_charts
 from .handlers import PairChoices
@@ -73,6 +74,7 @@ class Page:
     method_options: method_options.Controls | None = None  # per-method settings (ui/method_options.py)
     next_preset: gr.Button | None = None  # the N key (ui/stage.py)
     busy_replay: gr.Button | None = None  # shown with the busy banner: replay a quiet machine's run
+    board: object = None  # the "Race all methods" tab (ui/leaderboard.py)
 
     @property
     def run_inputs(self) -> list:
@@ -214,6 +216,7 @@ def build_page(*, presets: list[dict], choices: PairChoices, limits: Limits, def
     gr.HTML(render.legend_html())
     parts |= _panes_and_charts(first, default_mode)
     live_tab.close()
+    parts["board"] = board_ui.build_tab(first, limits)  # race all methods: the leaderboard
     parts["theory"] = theory.build_tab()
     draft_size.build_tab()  # the committed draft-size analysis (static, docs/draft_size.json)
     parts["timer"] = gr.Timer(0.5, active=status["loading"])

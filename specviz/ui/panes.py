@@ -64,7 +64,7 @@ class PaneStream:
         if side == "baseline" and isinstance(ev, TokenEvent):
             self.base_html += render.token_span(ev)
         elif side == "speculative" and isinstance(ev, RoundEvent):
-            self.spec_html += render.round_html(ev)
+            self.spec_html += render.round_html(ev, self.view.method)
             return True
         return False
 

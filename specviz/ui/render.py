@@ -140,16 +140,16 @@ def baseline_html(tokens: list[TokenEvent]) -> str:
     return "".join(token_span(t) for t in tokens)
 
 
-def round_html(r: RoundEvent) -> str:
-    note = round_note(getattr(r, "info", None) or {})
+def round_html(r: RoundEvent, method: str | None = None) -> str:
+    note = round_note(getattr(r, "info", None) or {}, method)
     # a drafted token's row is its position; an appended one sits after the accepted drafts
     inner = "".join(token_span(t, (r.index, t.position - 1 if t.position > 0 else r.n_accepted), note)
                     for t in r.tokens)
     return f'<span class="sv-round" data-round="{r.index + 1}">{inner}</span>'
 
 
-def speculative_html(rounds: list[RoundEvent]) -> str:
-    return "".join(round_html(r) for r in rounds)
+def speculative_html(rounds: list[RoundEvent], method: str | None = None) -> str:
+    return "".join(round_html(r, method) for r in rounds)
 
 
 def legend_html() -> str:

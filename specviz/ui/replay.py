@@ -86,7 +86,7 @@ def load_for_replay(path) -> Trace:
         view = final_view(tr)
         snap = view.snapshot()
         render.stats_html(snap), render.run_info_html(snap)
-        render.baseline_html(view.base.tokens), render.speculative_html(view.spec.rounds)
+        render.baseline_html(view.base.tokens), render.speculative_html(view.spec.rounds, view.method)
         all_charts(view), latest_tree_figure(view)
     except Exception as e:  # noqa: BLE001 - any malformed content: one readable message
         raise ValueError("not a SpecViz trace: a field has the wrong type or value "

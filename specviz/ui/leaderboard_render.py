@@ -1,0 +1,129 @@
+"""HTML and the bar chart of the "Race all methods" tab, from a leaderboard.Board
+(i.e. from the runs' own events only). No gradio here."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from ..format import number
+from ..leaderboard import PLAIN, Board, Row
+from .charts import BLUE, FONT, GREEN, GRID, VERMILLION
+from .render import esc
+
+WRAP = "style='overflow-x:auto;max-width:100%'"
+LEFT = " style='text-align:left'"
+CHECK = {"identical": ("✓ identical", "sv-good"), "near-tie": ("≈ near-tie", ""),
+         "mismatch": ("≠ differs", "sv-bad"), "reference": ("reference", ""),
+         "n/a (sampled)": ("n/a (sampled)", "")}
+HEAD = [("#", ""), ("method", ""), ("γ", "draft length (auto: chosen each round)"),
+        ("tok/s", "output tokens ÷ seconds on this run's own clock (timed alone)"),
+        ("× plain", "tokens/s ÷ the shared plain baseline's tokens/s"),
+        ("τ", "output tokens per target forward pass"),
+        ("α̂", "expected acceptance: mean Σ min(p, q) over drafted positions"),
+        ("c", "one draft forward ÷ one plain target step (0: no draft model)"),
+        ("v", "one verify pass in plain target steps, measured in this run"),
+        ("output", "greedy: the method's text against plain decoding's, token for token "
+                   "(engine/equality.py)")]
+
+
+def _num(x, fmt: str) -> str:
+    return number(x, fmt, missing="–")
+
+
+def _check_cell(row: Row) -> str:
+    if row.error:
+        return f"<span title='{esc(row.error)}'>not run: {esc(row.error)}</span>"
+    if row.tokens_per_s is None:
+        return "<span style='opacity:.7'>waiting</span>"
+    text, cls = CHECK.get(row.identical, (row.identical, ""))
+    return f"<span class='{cls}' title='{esc(row.detail)}'>{esc(text)}</span>"
+
+
+def table_html(board: Board | None) -> str:
+    if board is None or not (board.baseline or any(r.events for r in board.runs.values())):
+        return ("<div class='sv-runinfo' id='sv-lb-empty'><span class='sv-mode'>Tick the methods and press "
+                "<b>Run race</b>: plain decoding runs once, then each method alone; the table fills in as "
+                "each one finishes.</span></div>")
+    head = "".join(f"<th title='{esc(tip)}'{LEFT if name in ('method', 'output') else ''}>{esc(name)}</th>"
+                   for name, tip in HEAD)
+    body = []
+    for i, r in enumerate(board.rows()):
+        ran = r.tokens_per_s is not None
+        style = " style='font-weight:600'" if r.key == PLAIN else ""
+        cells = [str(i + 1) if ran else "–", esc(r.label), esc(r.gamma), _num(r.tokens_per_s, "{:.2f}"),
+                 _num(r.speedup, "{:.2f}×"), _num(r.tau, "{:.2f}"), _num(r.alpha_hat, "{:.3f}"),
+                 _num(r.c, "{:.3f}"), _num(r.v, "{:.2f}")]
+        tds = "".join(f"<td{LEFT if j == 1 else ''}>{c}</td>" if j else f"<th scope='row'>{c}</th>"
+                      for j, c in enumerate(cells))
+        body.append(f"<tr data-key='{esc(r.key)}'{style}>{tds}<td{LEFT}>{_check_cell(r)}"
+                    f"</td></tr>")
+    return (f"<div {WRAP}><table class='sv-table' id='sv-lb-rows'><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table></div>" + _footnote(board))
+
+
+def _footnote(board: Board) -> str:
+    s = board.settings
+    how = "greedy" if board.greedy else f"sampled at temperature {s.get('temperature')}, seed {s.get('seed')}"
+    return (f"<div class='sv-runinfo'><span class='sv-mode'>{esc(s.get('max_new_tokens'))} new tokens, "
+            f"{how}; "
+            f"every run timed alone on its own clock (fair mode), each number from that run's own events; "
+            f"sorted by tokens/s.</span></div>")
+
+
+def progress_html(board: Board | None, note: str = "", banner: str = "") -> str:
+    if board is None:
+        return (f"<div class='sv-runinfo' id='sv-lb-state'>{banner}<span class='sv-mode'>{esc(note)}</span>"
+                "</div>")
+    done, total = board.done(), board.total
+    if board.current:
+        name = "plain decoding (the shared baseline)" if board.current == PLAIN else \
+            board.runs[board.current].entry.label
+        what = f"running {min(done + 1, total)} of {total}: <b>{esc(name)}</b>, timed alone"
+    else:
+        what = f"{done} of {total} runs done" + (f": {esc(note)}" if note else "")
+    bar = (f"<div class='sv-bar' style='height:6px;border-radius:3px;background:rgba(128,128,128,.2);"
+           f"margin-top:4px'><div style='width:{100 * done / total:.0f}%'></div></div>")
+    return f"<div class='sv-runinfo' id='sv-lb-state'>{banner}<span class='sv-mode'>{what}</span>{bar}</div>"
+
+
+def bar_chart(board: Board | None) -> go.Figure:
+    """Tokens/s of each finished run, fastest on top; the plain baseline in grey."""
+    fig = go.Figure()
+    fig.update_layout(title=dict(text="Tokens/s, each run timed alone", x=0.01, xanchor="left",
+                                 font=dict(size=14)),
+                      height=320, margin=dict(l=8, r=16, t=48, b=40), paper_bgcolor="rgba(0,0,0,0)",
+                      plot_bgcolor="rgba(0,0,0,0)", font=dict(color=FONT, size=12), showlegend=False)
+    fig.update_xaxes(title_text="tokens/s", gridcolor=GRID, zerolinecolor=GRID, linecolor=GRID)
+    fig.update_yaxes(gridcolor=GRID, linecolor=GRID, automargin=True)
+    rows = [r for r in (board.rows() if board is not None else []) if r.tokens_per_s is not None]
+    if not rows:
+        fig.add_annotation(text="the leaderboard's bars appear here", showarrow=False, x=0.5, y=0.5,
+                           xref="paper", yref="paper", font=dict(color=FONT, size=13))
+        fig.update_xaxes(visible=False)
+        fig.update_yaxes(visible=False)
+        return fig
+    rows = rows[::-1]  # plotly draws the first bar at the bottom
+    colours = ["#999999" if r.key == PLAIN else VERMILLION if r.identical == "mismatch" else
+               (GREEN if (r.speedup or 0) >= 1 else BLUE) for r in rows]
+    fig.add_bar(x=[r.tokens_per_s for r in rows], y=[f"{r.label}" + (f" (γ {r.gamma})" if r.gamma not in
+                                                                      ("–", "") else "") for r in rows],
+                orientation="h", marker_color=colours,
+                text=[f"{r.tokens_per_s:.2f} · {_num(r.speedup, '{:.2f}×')}" for r in rows],
+                textposition="auto", hovertemplate="%{y}: %{x:.2f} tokens/s<extra></extra>")
+    fig.update_layout(height=max(220, 70 + 34 * len(rows)))
+    return fig
+
+
+def pick_choices(board: Board | None) -> list[tuple[str, str]]:
+    """The method selector: every run that produced events, in table order."""
+    if board is None:
+        return []
+    return [(f"{r.label} · {_num(r.tokens_per_s, '{:.2f}')} tok/s", r.key) for r in board.rows()
+            if r.key != PLAIN and r.tokens_per_s is not None]
+
+
+def replay_banner(meta: dict, source: str) -> str:
+    return ("<div class='sv-replay-banner' role='status'><b>▶ Recorded race</b> "
+            f"({esc(source)}) on <b>{esc(meta.get('hardware') or 'unknown hardware')}</b>, "
+            f"{esc(str(meta.get('recorded') or '?')[:16].replace('T', ' '))}, "
+            f"{esc(meta.get('pair_label') or meta.get('target') or '?')}, {esc(meta.get('precision') or '?')}"
+            " — <b>not live</b>.</div>")

@@ -1,0 +1,198 @@
+"""Race all methods (specviz/leaderboard.py) on the tiny random pair: every number
+of the table is the run's own, the greedy check, the sort, Stop, the CLI and the
+race bundle's round trip."""
+import json
+import threading
+from dataclasses import replace
+
+import pytest
+
+from specviz.cli import main
+from specviz.engine import datastore as store
+from specviz.engine.events import RoundEvent, RunSummary, TokenEvent
+from specviz.engine.metrics import run_stats
+from specviz.leaderboard import END, PLAIN, START, new_board, parse_keys, race_methods
+from specviz.models import load_pair, resolve_pair
+from specviz.race_bundle import bundle_dict, load_bundle, save_bundle
+from specviz.request import encode_prompt, make_request
+from specviz.trace import load_trace, trace_costs
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+PROMPT = "x = [1, 2, 3]\ny = [1, 2, 3]\nx = ["
+KEYS = ["draft", "auto", "tree", "staged", "lookup", "lookahead", "rest"]
+
+
+@pytest.fixture(scope="module")
+def pair(pair_dirs):
+    mp = pytest.MonkeyPatch()
+    p = load_pair(resolve_pair(None, *pair_dirs), device="cpu")
+    ds = store.from_tokens(p.tokenizer.encode("x = [1, 2, 3]\ny = [1, 2, 3]\n"))  # not the stdlib build
+    mp.setattr(store, "for_tokenizer", lambda tokenizer, path=None: ds)
+    yield p
+    mp.undo()
+
+
+def race(pair, keys=KEYS, temperature=0.0, max_new=16, stop=None, on_event=None):
+    req = make_request(PROMPT, gamma=3, max_new_tokens=max_new, temperature=temperature, seed=3)
+    ids = encode_prompt(pair.tokenizer, req)
+    board = new_board(pair, req, keys)
+    stream = []
+    for item in race_methods(pair, req, ids, board, stop=stop, warmup=2):
+        stream.append(item)
+        if on_event is not None:
+            on_event(*item)
+    return board, stream
+
+
+@pytest.fixture(scope="module")
+def greedy(pair):
+    return race(pair)
+
+
+def test_every_number_is_the_runs_own(greedy):
+    board, stream = greedy
+    rows = board.rows()
+    base = board.base_summary
+    assert [r.key for r in rows if r.key != PLAIN] and rows[0].tokens_per_s is not None
+    assert {r.key for r in rows} == {PLAIN, *KEYS}
+    tps = [r.tokens_per_s for r in rows]
+    assert tps == sorted(tps, reverse=True)  # fastest first
+    plain = next(r for r in rows if r.key == PLAIN)
+    assert plain.tokens_per_s == base.tokens_per_s and plain.speedup == 1.0 and plain.identical == "reference"
+    for r in rows:
+        if r.key == PLAIN:
+            continue
+        s = board.runs[r.key].summary
+        st = run_stats(s, base, trace_costs(board.trace(r.key)))
+        assert (r.tokens_per_s, r.speedup, r.tau, r.alpha_hat, r.c, r.v) == \
+            (s.tokens_per_s, st.speedup, st.tau, st.alpha_hat, st.c, st.verify_cost)
+        assert r.speedup == pytest.approx(s.tokens_per_s / base.tokens_per_s)
+        assert r.n_tokens == s.n_tokens == 16 and not r.error
+        assert r.gamma == ("auto" if r.key == "auto" else "3")
+        # greedy on fp32: every method reproduces plain decoding token for token
+        assert r.identical == "identical", (r.key, r.detail)
+        assert s.token_ids == base.token_ids
+    assert board.runs["auto"].summary.gamma_policy and not board.runs["draft"].summary.gamma_policy
+    assert board.runs["lookup"].summary.method == "lookup" and board.runs["tree"].summary.method == "tree"
+
+
+def test_runs_are_one_at_a_time_baseline_first(greedy):
+    board, stream = greedy
+    marks = [(k, s) for k, s, _ in stream if s in (START, END)]
+    assert marks == [(k, s) for k in [PLAIN, *KEYS] for s in (START, END)]
+    current = None
+    for k, side, _ev in stream:  # every event lies between its own run's START and END
+        if side == START:
+            current = k
+        elif side == END:
+            current = None
+        else:
+            assert k == current and side == ("baseline" if k == PLAIN else "speculative")
+    assert all(isinstance(e, (TokenEvent, RunSummary)) for e in board.baseline)
+    assert all(isinstance(e, (RoundEvent, RunSummary)) for r in board.runs.values() for e in r.events)
+
+
+def test_a_different_output_is_called_a_mismatch(greedy):
+    board, _ = greedy
+    bad = load_bundle(json.dumps(bundle_dict(board)))
+    rounds = [e for e in bad.runs["lookup"].events if isinstance(e, RoundEvent)]
+    tok = next(t for t in rounds[0].tokens if t.in_output)
+    tok.token_id, tok.gap = tok.token_id + 1, None
+    assert bad.row("lookup").identical == "mismatch"
+    assert "bug" in bad.row("lookup").detail
+    assert bad.row("draft").identical == "identical"
+
+
+def test_sampled_race_and_greedy_only_methods(pair):
+    board, _ = race(pair, ["draft", "lookahead"], temperature=0.8, max_new=8)
+    draft = board.row("draft")
+    assert draft.identical == "n/a (sampled)" and draft.tokens_per_s > 0
+    look = board.row("lookahead")
+    assert look.tokens_per_s is None and "greedy only" in look.error
+    assert [r.key for r in board.rows()][-1] == "lookahead"  # no result: last
+
+
+def test_stop_leaves_the_rest_unrun(pair):
+    stop = threading.Event()
+
+    def stop_after_baseline(key, side, ev):
+        if key == PLAIN and side == END:
+            stop.set()
+    board, stream = race(pair, ["draft", "lookup"], stop=stop, on_event=stop_after_baseline)
+    assert board.base_summary is not None
+    assert [board.runs[k].error for k in ("draft", "lookup")] == ["stopped before it ran"] * 2
+    assert [r.key for r in board.rows() if r.tokens_per_s is not None] == [PLAIN]
+
+
+def test_bad_method_names():
+    from specviz.errors import RequestError
+    assert parse_keys("draft, lookup,draft") == ["draft", "lookup"]
+    with pytest.raises(RequestError, match="Unknown method 'nope'"):
+        parse_keys("draft,nope")
+    with pytest.raises(RequestError, match="at least one"):
+        parse_keys([])
+
+
+def test_bundle_round_trip(greedy, tmp_path):
+    from specviz.ui import replay as replay_ui
+    board, _ = greedy
+    path = save_bundle(board, tmp_path / "race.json")
+    back = load_bundle(path)
+    assert [r.to_dict() for r in back.rows()] == [r.to_dict() for r in board.rows()]
+    assert back.meta["kind"] == "race-methods" and back.keys == board.keys
+    for k in KEYS:  # each method unpacks to an ordinary trace that the replay path renders
+        tr = back.trace(k)
+        assert tr.summaries()["speculative"].to_dict() == board.runs[k].summary.to_dict()
+        assert tr.summaries()["baseline"].to_dict() == board.base_summary.to_dict()
+        view = replay_ui.final_view(tr)
+        assert view.finished and view.stats()["speedup"] == pytest.approx(back.row(k).speedup)
+        assert view.identical()["identical"]
+    with pytest.raises(ValueError, match="race bundle"):
+        load_trace(path)  # a bundle is not a single run's trace, and says so
+    with pytest.raises(ValueError, match="not a SpecViz race bundle"):
+        load_bundle(json.dumps({"version": 1, "kind": "race-methods", "meta": {}, "keys": ["x"]}))
+
+
+def cli(capsys, *args):
+    code = main(["race-methods", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_table_bundle_and_errors(capsys, pair_dirs, tmp_path):
+    t, d = pair_dirs
+    out_file = tmp_path / "race.json"
+    code, out, err = cli(capsys, "--target", t, "--draft", d, "--prompt", PROMPT, "--methods", "draft,lookup",
+                         "--max-new-tokens", "10", "--warmup", "1", "--out", str(out_file))
+    assert code == 0, err
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("#"))
+    assert lines[head].split()[:4] == ["#", "method", "γ", "tok/s"]
+    body = lines[head + 1: head + 4]
+    assert len(body) == 3 and all("identical" in b or "reference" in b for b in body)
+    assert any("plain decoding (baseline)" in b for b in body)
+    assert "[1/3] plain decoding" in err and "saved the race" in err
+    board = load_bundle(out_file)
+    assert set(board.runs) == {"draft", "lookup"}
+    code, out, _ = cli(capsys, "--from", str(out_file), "--json")
+    rows = json.loads(out)
+    assert code == 0 and [r["key"] for r in rows] == [r.key for r in board.rows()]
+    code, _, err = cli(capsys, "--target", t, "--draft", d, "--prompt", "x", "--methods", "draft,nope")
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: Unknown method 'nope'")
+    code, _, err = cli(capsys, "--from", str(tmp_path / "missing.json"))
+    assert code == 2 and err.startswith("error:")
+    code, _, err = cli(capsys, "--target", t, "--draft", d, "--prompt", "x", "--max-new-tokens", "0")
+    assert code == 2 and "Max new tokens" in err
+
+
+def test_table_and_chart_render(greedy):
+    from specviz.ui.leaderboard_render import bar_chart, pick_choices, table_html
+    board, _ = greedy
+    html = table_html(board)
+    assert html.count("<tr data-key=") == 1 + len(KEYS) and "✓ identical" in html
+    fig = bar_chart(board)
+    assert list(fig.data[0].x) == [r.tokens_per_s for r in board.rows()][::-1]
+    assert [k for _, k in pick_choices(board)] == [r.key for r in board.rows() if r.key != PLAIN]
+    half = replace(board, runs=dict(board.runs), keys=list(board.keys))
+    half.runs["rest"] = replace(board.runs["rest"], events=[], error="")
+    assert "waiting" in table_html(half)
