@@ -42,6 +42,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--fixed-pair", action="store_true",
                     help="visitors cannot load another model pair from the page (the pair is shared by "
                          "everyone: use this for a public or on-stage server)")
+    ap.add_argument("--no-calibrate", action="store_true",
+                    help="never time the models at start: use the cached calibration, else a safe untimed "
+                         "default (fp32). By default Run is enabled at once and the calibration runs in the "
+                         "background (budget $SPECVIZ_CALIBRATION_BUDGET s, default 300)")
+    ap.add_argument("--calibration", metavar="FILE", default=None,
+                    help="a stored calibration for the start pair (stage machines): used when FILE exists, "
+                         "else this start's measurement is written to it")
+    ap.add_argument("--stage", action="store_true",
+                    help="stage mode for everyone (large type, explainer and settings collapsed, keyboard "
+                         "shortcuts shown); any visitor gets it with ?stage=1")
     limits = ap.add_argument_group("per-run limits for visitors (flags override the environment)")
     for flag, env, kind, default in LIMIT_FLAGS:
         limits.add_argument(flag, type=_positive(kind), default=None, metavar="N",
@@ -119,7 +129,10 @@ def create_app(args):
         loader = host_loader(notes)
     manager = ModelManager(device=args.device, quantize=getattr(args, "quantize", None),
                            precision=getattr(args, "precision", None),
-                           draft_vocab=getattr(args, "draft_vocab", None), loader=loader)
+                           draft_vocab=getattr(args, "draft_vocab", None), loader=loader,
+                           calibration="off" if getattr(args, "no_calibrate", False) else "background",
+                           calibration_file=getattr(args, "calibration", None),
+                           prewarm=getattr(args, "stage", False))
     spec = None
     try:
         spec = initial_spec(args, notes)
@@ -129,7 +142,7 @@ def create_app(args):
         manager.start(spec)
     demo = build_demo(manager, initial=spec, default_mode=args.mode or _default_mode(args),
                       allow_local_paths=args.allow_local_paths, limits=limits_from_args(args),
-                      fixed_pair=getattr(args, "fixed_pair", False))
+                      fixed_pair=getattr(args, "fixed_pair", False), stage_mode=getattr(args, "stage", False))
     demo.queue(default_concurrency_limit=4, max_size=64)
     return demo, manager
 

@@ -38,6 +38,14 @@ def open_page(browser, server, scheme):
     return page, errors
 
 
+def open_replay(page):
+    """The replay section folds once the models are ready (issue 21): open it."""
+    page.wait_for_timeout(1200)  # the first status poll folds it
+    if not page.locator("#sv-replay-play").is_visible():
+        page.locator("#sv-replay .label-wrap").first.click()
+    page.wait_for_selector("#sv-replay-play", state="visible", timeout=TIMEOUT)
+
+
 def set_number(page, elem_id, value):
     box = page.locator(f"#{elem_id} input[type=number]")
     box.fill(str(value))

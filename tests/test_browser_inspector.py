@@ -1,7 +1,7 @@
 """The p/q inspector in a real headless Chromium: click a rejected token, the
 panel shows p, q and the residual. Screenshot: test-artifacts/inspector.png."""
 import pytest
-from test_browser import ARTIFACTS, TIMEOUT, open_page, run_and_wait, server, set_number  # noqa: F401
+from test_browser import ARTIFACTS, TIMEOUT, open_page, open_replay, run_and_wait, server, set_number  # noqa: F401
 
 
 def _legend(page):
@@ -58,6 +58,7 @@ def _sampled_trace(path):
 def test_inspector_in_replay(browser, server, tmp_path):  # noqa: F811
     path = _sampled_trace(tmp_path / "sampled.json")
     page, errors = open_page(browser, server, "light")
+    open_replay(page)
     page.set_input_files("#sv-replay-upload input[type=file]", str(path))
     page.wait_for_timeout(1500)
     page.locator("#sv-replay-speed label", has_text="20×").click()

@@ -2,7 +2,7 @@
 test_browser.py for the setup). Screenshots go to test-artifacts/."""
 import re
 
-from test_browser import ARTIFACTS, TIMEOUT, open_page, server  # noqa: F401 - fixtures
+from test_browser import ARTIFACTS, TIMEOUT, open_page, open_replay, server  # noqa: F401 - fixtures
 
 from specviz.ui import replay as rp  # noqa: E402
 
@@ -27,6 +27,7 @@ def test_replay_then_theory_tab(browser, server):  # noqa: F811
     name = min(traces, key=lambda n: traces[n].summaries()["baseline"].elapsed)
     page, errors = open_page(browser, server, "light")
     # pick the shortest shipped trace and play it fast
+    open_replay(page)
     page.locator("#sv-replay-pick input").click()
     page.get_by_role("option", name=rp.choice_label(name, traces[name])).click()
     page.locator("#sv-replay-speed label", has_text="20×").click()
@@ -79,6 +80,7 @@ def test_live_lookup_run_downloads_and_theory(browser, server, tmp_path):  # noq
     page.click("#sv-run")
     page.wait_for_selector("#sv-runinfo .sv-badge", timeout=TIMEOUT)
     assert "prompt lookup" in page.inner_text("#sv-runinfo")
+    open_replay(page)
     page.wait_for_selector("#sv-dl-trace:not([disabled])", timeout=TIMEOUT)
     with page.expect_download() as dl:
         page.click("#sv-dl-trace")

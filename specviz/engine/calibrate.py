@@ -18,6 +18,7 @@ with injected timings; measure_* touch real models.
 """
 from __future__ import annotations
 
+import contextvars
 import json
 import statistics
 import time
@@ -38,6 +39,12 @@ REPEATS = 3  # median of 3: ~15 s for a first calibration of the default pair on
 CACHE_VERSION = 1
 BUSY_LOAD_PER_CORE = 2.0  # above this 1-minute load per core a calibration is not cached
 
+# auto: the cache, else measure now; cached: the cache, else an untimed default (never times anything,
+# for a page that must be usable at once); fresh: measure and cache, a noisy old entry or none
+MODES = ("auto", "cached", "fresh")
+# called before each timed forward when set (a background calibration's budget and pause, ui/loader.py)
+CHECK: contextvars.ContextVar = contextvars.ContextVar("calibration_check", default=None)
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8 (dynamic)", **lowbit.NAMES}
 
@@ -52,6 +59,15 @@ class Choice:
     costs: CostModel | None = None
     timings: dict = field(default_factory=dict)  # {"target": {prec: {n: s}}, "draft": {prec: s}}
     cached: bool = False
+
+    @property
+    def noisy(self) -> bool:
+        """Measured under load (kept until a quiet measurement replaces it)."""
+        return bool(self.timings.get("noisy"))
+
+    @property
+    def untimed(self) -> bool:
+        return bool(self.timings.get("untimed"))
 
     def to_dict(self) -> dict:
         return {"version": CACHE_VERSION, "target": self.target, "draft": self.draft, "note": self.note,
@@ -215,6 +231,8 @@ def time_forwards(model, ns, *, context: int = CONTEXT, repeats: int = REPEATS) 
         crop_cache(cache, context)
         runs = []
         for _ in range(repeats):
+            if CHECK.get() is not None:
+                CHECK.get()()  # may wait for a run to end, or raise at the budget
             _sync(dev)
             t0 = time.perf_counter()
             model(input_ids=ids[:, context:context + n], past_key_values=cache, use_cache=True,
@@ -347,7 +365,7 @@ def _time_draft(draft, cands, reload, progress) -> tuple[object, str, dict[str, 
 def calibrate(target, draft, *, precision: str = "auto", quantize: str | None = "auto",
               device: str = "cpu", half: str = "bf16", cache_file: Path | None = None,
               reload: Loaded | None = None, progress=None, native_bf16: bool | None = None,
-              min_params: int = SMALL_MODEL_PARAMS):
+              min_params: int = SMALL_MODEL_PARAMS, mode: str = "auto"):
     """(target, draft, Choice): both models in their chosen precision, the
     choice's reason and the measured CostModel. Pairs under min_params are
     not timed (costs None); a cached choice for this pair + machine is reused."""
@@ -360,7 +378,7 @@ def calibrate(target, draft, *, precision: str = "auto", quantize: str | None = 
                         lowbit_candidates=lowbit.available() if device == "cpu" else ())
     reload = reload or Loaded(None, None)
     where = "GPU" if device != "cpu" else "CPU"
-    cached = load_cached(cache_file) if cache_file else None
+    cached = load_cached(cache_file) if cache_file and mode != "fresh" else None
     if cached and cached.target in tc and (draft is None or cached.draft in dc):
         progress(f"precision from the calibration cache: {cached.note}", 0.9)
         target = convert(target, cached.target, reload.target)
@@ -371,6 +389,12 @@ def calibrate(target, draft, *, precision: str = "auto", quantize: str | None = 
         draft = convert(draft, dc[0], reload.draft) if draft is not None else None
         dp = dc[0] if dc else None
         return target, draft, Choice(tc[0], dp, note(tc[0], dp, {}, where))
+    if mode == "cached":  # nothing cached: the first candidates, untimed (fp32; a float draft)
+        dp = next((p for p in dc if p != "int8"), dc[0]) if dc else None
+        target = convert(target, tc[0], reload.target)
+        draft = convert(draft, dp, reload.draft) if draft is not None else None
+        return target, draft, Choice(tc[0], dp, note(tc[0], dp, {}, where) + " (not timed yet)",
+                                     timings={"untimed": True})
     t0 = time.perf_counter()
     target, tp, tt, confirm = _time_target(target, tc, reload.target, progress, class_default(tc, native))
     dp, dt = None, {}
@@ -385,10 +409,12 @@ def calibrate(target, draft, *, precision: str = "auto", quantize: str | None = 
             choice.note += f" (the two fastest swapped places when re-timed: {NAMES[tp]} by class default)"
     choice.timings["seconds"] = round(time.perf_counter() - t0, 1)  # what the calibration itself cost
     choice.timings["load"] = machine.loadavg()
-    if busy():
-        choice.note += f" (measured under load {machine.loadavg()}: noisy, not cached)"
-    elif cache_file:
-        save(cache_file, choice)
+    choice.timings["noisy"] = busy()
+    if choice.noisy:
+        choice.note += f" (measured under load {machine.loadavg()}: noisy)"
+    old = load_cached(cache_file) if cache_file else None
+    if cache_file and (not choice.noisy or old is None or old.noisy):
+        save(cache_file, choice)  # noisy beats nothing; a quiet one replaces it, never the reverse
     return target, draft, choice
 
 

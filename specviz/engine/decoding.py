@@ -145,6 +145,7 @@ class _Round:
     t_end: float
     info: dict = field(default_factory=dict)  # the proposal's method-specific info, for RoundEvent.info
     q: torch.Tensor | None = None  # (k, V) draft distributions (the inspector's top-k reads them)
+    raw: tuple | None = None  # greedy: (target logits, draft logits or None): the inspector's softmax
     dists: list = field(default_factory=list)  # engine/topk_view.py, filled by _inspect
     residual: dict | None = None
 
@@ -152,8 +153,14 @@ class _Round:
 def _inspect(rd: _Round, stream: TextStream, clock: Clock) -> None:
     """The p/q inspector's top-k (a few ms on a 150k vocabulary): page bookkeeping, off the clock."""
     t = clock.now()
-    rd.dists, rd.residual = round_dists(rd.p, rd.q, rd.v.n_accepted, rd.v.resampled,
-                                        text_of=stream.token_text)
+    p, q = rd.p, rd.q
+    if rd.raw is not None:  # greedy: one-hot p and q say nothing; the models' softmax says why
+        p = rd.raw[0].float().softmax(-1)
+        if rd.raw[1]:
+            q = torch.stack([x.float() for x in rd.raw[1]]).softmax(-1)
+            q = pad_to(q.to(p.device), p.shape[-1])
+    rd.dists, rd.residual = round_dists(p, q, rd.v.n_accepted, rd.v.resampled, text_of=stream.token_text,
+                                        raw=rd.raw is not None)
     clock.exclude(clock.now() - t)
 
 
@@ -177,7 +184,7 @@ def _draft_and_verify(target, proposer, committed, cache, g, params, gen, eos, c
     v = verify(drafted, q, p, gen, greedy=params.greedy)
     gaps = top2_gap(logits) if params.greedy else None
     return _Round(prop.tokens, prop.forwards, fed, p, gaps, v, t_start, t_drafted, clock.now(),
-                  info=prop.info, q=q)
+                  info=prop.info, q=q, raw=(logits, prop.raw) if params.greedy else None)
 
 
 def _token_events(rd: _Round, new: list[int], stream: TextStream, r: int) -> list[TokenEvent]:

@@ -42,14 +42,18 @@ def _row(p: torch.Tensor, q: torch.Tensor | None, k: int, text_of) -> dict:
 
 @torch.inference_mode()
 def round_dists(p: torch.Tensor, q: torch.Tensor, n_accepted: int, resampled: bool, *,
-                text_of=str, k: int = TOP_K) -> tuple[list[dict], dict | None]:
+                text_of=str, k: int = TOP_K, raw: bool = False) -> tuple[list[dict], dict | None]:
     """p: (γ+1, V) target, q: (γ, V) draft distributions of one round (as verified);
-    text_of(id) -> the token's text (traces replay without the tokenizer)."""
+    text_of(id) -> the token's text (traces replay without the tokenizer).
+    raw: greedy, p and q are the models' plain softmax (rows say so: "raw": 1)."""
     gamma = q.shape[0]
     p, q = p.float(), q.float()
     dists = [_row(p[i], q[i], k, text_of) for i in range(gamma)] + [_row(p[gamma], None, k, text_of)]
+    if raw:
+        for row in dists:
+            row["raw"] = 1
     res = None
-    if resampled and n_accepted < gamma:
+    if resampled and not raw and n_accepted < gamma:
         r = residual_dist(p[n_accepted], q[n_accepted])
         ids = _top(r, k)
         res = {"pos": n_accepted, "ids": ids, "t": [text_of(i) for i in ids],

@@ -143,7 +143,8 @@ def load_stock(ref: str, device: torch.device, dtype: torch.dtype):
 def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | None = None,
               progress: Progress | None = None, load_draft: bool = True,
               quantize: str | None = None, precision: str = "auto",
-              draft_vocab: int | None = None) -> ModelPair:
+              draft_vocab: int | None = None, calibration: str = "auto",
+              cache_file: Path | None = None) -> ModelPair:
     """Load target (+ draft) and the target's tokenizer, checking that the vocabularies agree,
     in the precision chosen by measurement on this machine (engine/calibrate.py).
 
@@ -156,10 +157,11 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
     is unchanged, the draft just guesses faster); "auto" adds int8 to the
     draft's candidates and keeps the fastest; "none"/None: no int8.
     The choice, its reason and the measured CostModel land on pair.costs and
-    pair.precision_note; they are cached per pair and machine.
+    pair.precision_note; they are cached per pair and machine (or in `cache_file`).
     draft_vocab: the draft's output layer keeps this many most frequent tokens
     (engine/vocab_trim.py; lossless); 0 keeps all; None: 32,768 on a CPU for
-    vocabularies of 65,536 or more."""
+    vocabularies of 65,536 or more.
+    calibration: engine/calibrate.MODES ("cached": never time anything now)."""
     from ..engine import calibrate
     if quantize not in QUANTIZE:
         raise ModelError(f"unknown quantisation '{quantize}': use int8, draft-int8, auto or none")
@@ -176,8 +178,9 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
     if draft_vocab is not None and draft_vocab < 0:
         raise ModelError("the draft vocabulary size must be 0 (all tokens) or positive")
     draft_key = f"{refs['draft']}#vocab={draft_vocab}" if load_draft else None  # trimming changes c
-    cache_file = calibrate.cache_path(cache_root(), target_ref=refs["target"], draft_ref=draft_key,
-                                      precision=precision, quantize=quantize, device=dev.type)
+    cache_file = cache_file or calibrate.cache_path(cache_root(), target_ref=refs["target"],
+                                                    draft_ref=draft_key, precision=precision,
+                                                    quantize=quantize, device=dev.type)
     # a cached float choice loads straight in that type (half the memory and time of fp32 + cast)
     cached = calibrate.load_cached(cache_file)
     start = {side: calibrate.DTYPES.get(p, torch.float32) if p else None
@@ -196,7 +199,7 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
     target, draft, choice = calibrate.calibrate(
         target, draft, precision=precision if dtype is None else _precision_of(dtype),
         quantize=quantize, device=dev.type, half=half, cache_file=cache_file, reload=fp32,
-        progress=progress)
+        progress=progress, mode=calibration)
     progress("warming up", 0.95)
     for m in (target, draft):
         if m is not None:
@@ -209,8 +212,10 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
     q = "int8" if choice.target == "int8" else ("draft-int8" if choice.draft == "int8" else None)
     dt = next(target.parameters()).dtype if choice.target != "int8" else torch.float32
     note = choice.note + (f", draft output layer {len(keep):,} of {len(tok):,} tokens" if keep else "")
-    return ModelPair(target, draft, tok, spec, dev, dt, _eos_ids(target, tok), label, q,
+    pair = ModelPair(target, draft, tok, spec, dev, dt, _eos_ids(target, tok), label, q,
                      costs=choice.costs, precision_note=note)
+    pair.calibration = "untimed" if choice.untimed else "noisy" if choice.noisy else ""  # ui/loader.py
+    return pair
 
 
 def _draft_keep(draft_vocab, draft, tok, dev, eos, progress) -> list[int] | None:

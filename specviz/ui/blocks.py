@@ -12,12 +12,13 @@ from ..hosting.spaces import gpu_decorator
 from ..models import PairSpec
 from ..prompts import load_presets
 from ..request import Limits
-from . import inspector, method_options
+from . import inspector, method_options, stage
 from . import leaderboard as board_ui
 from . import replay as replay_ui
 from .handlers import STOP_GRACE, Handlers, pair_choices, session_key
 from .layout import Page, build_page
 from .loader import ModelManager
+from .runqueue import PRESS_JS, SUBMIT_JS
 
 
 def _as_sent(payload):
@@ -39,14 +40,15 @@ def raw_values(*components):
 def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
     """Every event of the page: status polling, presets, pair loading, run, replay, stop."""
     quiet = dict(api_visibility="private", show_progress="hidden", queue=False)
-    poll_out = [page.status, page.run_btn, page.timer]
+    status_out = [page.status, page.run_btn, page.timer]
+    poll_out = status_out + [page.busy_replay, page.replay.accordion, page.method]
     page.timer.tick(handlers.poll, None, poll_out, **quiet)
     demo.load(handlers.poll, None, poll_out, api_name="status", show_progress="hidden", queue=False)
     page.preset.change(handlers.on_preset, page.preset, [page.prompt, page.gamma, page.max_new, page.chat],
                        **quiet)
     page.pair_pick.change(handlers.on_pair_pick, page.pair_pick, page.custom_row, **quiet)
     page.load_btn.click(handlers.load_pair_click, [page.pair_pick, page.custom_target, page.custom_draft],
-                        poll_out, api_name="load_pair", show_progress="hidden")
+                        status_out, api_name="load_pair", show_progress="hidden")
     # checked (and named) by make_request
     raw_values(page.gamma, page.max_new, page.temperature, page.top_p, page.top_k, page.seed)
     if page.method_options is not None:  # show the picked method's settings; its check_options names bad ones
@@ -56,25 +58,34 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
     run = gpu_decorator(handlers.limits, max_tokens_arg=2)(handlers.page_run())
     once = dict(concurrency_limit=1, concurrency_id="generate", trigger_mode="once", show_progress="full",
                 show_progress_on=[page.run_info])
+    # one run per press: the button disables itself in the browser first (ui/runqueue.py), and
+    # the prompt's Enter presses the button (a second event would queue a second run)
+    page.run_btn.click(handlers.run_pressed, None, [page.run_btn, page.timer], js=PRESS_JS, **quiet)
     run_event = page.run_btn.click(run, page.run_inputs, page.run_outputs, api_name="run", **once)
-    submit_event = page.prompt.submit(run, page.run_inputs, page.run_outputs, api_visibility="private",
-                                      **once)
+    run_event.then(handlers.run_ended, None, page.run_btn, **quiet)
+    page.prompt.submit(None, None, None, js=SUBMIT_JS, api_visibility="private", queue=False)
     replay = replay_ui.ReplayHandlers(page.replay.traces, handlers.records, handlers.sessions, session_key,
                                       STOP_GRACE, handlers.limits.max_seconds)
     inspector.wire(page.spec_pane, page.inspector, session_key)
+    insp_out = [page.inspector["html"], page.inspector["plot"]]
+    for press in (page.run_btn, page.replay.play):  # a new run or replay: no old token stays picked
+        press.click(inspector.cleared, None, insp_out, **quiet)
     replay_events = replay_ui.wire(page.replay, page.theory, replay, page.run_outputs,
-                                   [run_event, submit_event],
-                                   run_triggers=[page.run_btn.click, page.prompt.submit])
+                                   [run_event], run_triggers=[page.run_btn.click])
     stop = page.stop_btn.click(handlers.stop_click, None, None, api_name="stop", queue=False,
                                show_progress="hidden")
-    stop.then(None, None, None, cancels=[run_event, submit_event, *replay_events], api_visibility="private")
+    stop.then(None, None, None, cancels=[run_event, *replay_events], api_visibility="private") \
+        .then(handlers.run_ended, None, page.run_btn, **quiet)
+    # the busy banner's offer: the selected recorded run, as the replay button plays it
+    page.busy_replay.click(None, None, None, js="() => { window.svReplay && window.svReplay(); return []; }",
+                           api_visibility="private", queue=False)  # ui/stage.py PAGE_JS
     if page.board is not None:  # the "Race all methods" tab
         board_ui.wire(page.board, handlers, session_key)
 
 
 def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_mode: str = "fair",
                allow_local_paths: bool = False, limits: Limits | None = None,
-               network: bool | None = None, fixed_pair: bool = False) -> gr.Blocks:
+               network: bool | None = None, fixed_pair: bool = False, stage_mode: bool = False) -> gr.Blocks:
     """The page. fixed_pair: visitors cannot load another model pair (a public
     or on-stage server, where the pair in service is shared by everyone)."""
     limits = limits or Limits.from_env()
@@ -83,7 +94,9 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
                         allow_local_paths=allow_local_paths, fixed_pair=fixed_pair)
     with gr.Blocks(title="SpecViz: speculative decoding, visible and measured") as demo:
         page = build_page(presets=presets, choices=handlers.choices, limits=limits, default_mode=default_mode,
-                          status=manager.status(), allow_local_paths=allow_local_paths, fixed_pair=fixed_pair)
+                          status=manager.status(), allow_local_paths=allow_local_paths, fixed_pair=fixed_pair,
+                          stage=stage_mode)
         wire(demo, page, handlers)
+        stage.wire(demo, page, presets, stage_mode)  # ?stage=1 / --stage, the keys (ui/stage.py)
     demo.specviz_records = handlers.records  # read by specviz.bench.ui_overhead
     return demo

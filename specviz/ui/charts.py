@@ -23,11 +23,14 @@ FONT = "#8c8c8c"
 def _layout(fig: go.Figure, title: str, xaxis: str, yaxis: str, **kw) -> go.Figure:
     fig.update_layout(
         title=dict(text=title, x=0.01, xanchor="left", font=dict(size=14)),
-        height=270, margin=dict(l=48, r=12, t=58, b=40),
+        height=300, margin=dict(l=48, r=34, t=40, b=40),
         paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)",
         font=dict(color=FONT, size=12),
-        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0,
+        # under the plot: above it the legend wrapped onto the title (issue 21); the toolbar
+        # stands upright at the right edge instead of over the title
+        legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0.0,
                     bgcolor="rgba(0,0,0,0)", font=dict(size=11)),
+        modebar=dict(orientation="v", bgcolor="rgba(0,0,0,0)"),
         hovermode="x unified", **kw)
     fig.update_xaxes(title_text=xaxis, gridcolor=GRID, zerolinecolor=GRID, linecolor=GRID)
     fig.update_yaxes(title_text=yaxis, gridcolor=GRID, zerolinecolor=GRID, linecolor=GRID)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from pathlib import Path
 
 RESULT = Path(__file__).resolve().parents[2] / "docs" / "draft_size.json"
@@ -17,8 +18,13 @@ def load_result(path: Path = RESULT) -> dict | None:
         return None
 
 
+def public(command: str) -> str:
+    """A command as visitors see it: no folder of the machine it ran on (/work/x/out.json -> out.json)."""
+    return re.sub(r"(?<![\w.])(?:~|/)[^\s/]*(?:/[^\s/]+)*/(?=[^\s/]+)", "", command)
+
+
 def intro_html(data: dict) -> str:
-    cmds = "".join(f"<li><code>{html.escape(i['command'])}</code> ({html.escape(i['date'])}, "
+    cmds = "".join(f"<li><code>{html.escape(public(i['command']))}</code> ({html.escape(i['date'])}, "
                    f"load {html.escape(str(i['load_before']))} → {html.escape(str(i['load_after']))})</li>"
                    for i in data.get("invocations", []))
     return ("<p>How acceptance α and speedup change with γ and with the draft's cost: the target's own "

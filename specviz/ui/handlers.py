@@ -21,10 +21,11 @@ from ..models import PairSpec, available_pairs, resolve_pair
 from ..race import MODES, RaceInfo, race
 from ..request import Limits, RequestError, encode_prompt, make_request
 from ..trace import record, trace_for
-from . import inspector, method_options, render
+from . import busy, inspector, method_options, render
 from . import replay as replay_ui
 from .loader import ModelManager
-from .panes import PaneStream, message_outputs
+from .panes import PaneStream, failed_outputs
+from .runqueue import RunQueue
 from .state import RunView
 
 UI_INTERVAL = 0.25  # seconds between page updates while a run streams (≤ 4/s)
@@ -108,6 +109,12 @@ class Sessions:
         return True
 
 
+def expected(err: BaseException) -> bool:
+    """A visitor's mistake or running out of memory: one line in the log, no traceback (bugs keep theirs)."""
+    from ..errors import is_oom
+    return isinstance(err, (RequestError, ModelError)) or is_oom(err)
+
+
 def session_key(request: gr.Request | None) -> str:
     # a plain HTTP API call may come without a session: give it a key of its own, so
     # that two such callers never share a Stop flag or a recorded run
@@ -134,10 +141,50 @@ class Handlers:
     fixed_pair: bool = False
     sessions: Sessions = field(default_factory=Sessions)
     records: replay_ui.Records = field(default_factory=replay_ui.Records)  # each session's latest run
+    queue: RunQueue = field(default_factory=RunQueue)  # who pressed Run, who runs (ui/runqueue.py)
+    _ready_seen: set = field(default_factory=set)  # sessions whose replay section was collapsed once
+
+    def status_line(self, status: dict) -> tuple[str, str]:
+        """(status box with the calibration's line, the busy banner's reason)."""
+        busy.METER.sample()
+        line = busy.calib_html(status) if status["ready"] else ""
+        reason = busy.busy_reason(status) if status["ready"] else ""
+        return render.status_html(status, line) + busy.busy_html(reason), reason
 
     def poll(self, request: gr.Request = None):
-        status = self.manager.status(session_key(request))
-        return render.status_html(status), button_state(status), gr.Timer(active=status["loading"])
+        """Status, Run button, timer, the busy banner's replay offer, the replay section (collapsed
+        once the models are ready, once per session: a visitor may open it again)."""
+        key = session_key(request)
+        status = self.manager.status(key)
+        html, reason = self.status_line(status)
+        btn = self.queue.button(key, status["ready"]) if status["ready"] or self.queue.busy(key) else None
+        running = self.queue.busy(key)
+        calibrating = (status.get("calib") or {}).get("state") == "running"
+        every = 0.5 if status["loading"] else 1.0 if (running or calibrating) else 5.0
+        fold = methods = gr.skip()
+        if status["ready"] and key not in self._ready_seen:
+            self._ready_seen.add(key)
+            fold, methods = gr.Accordion(open=False), gr.Radio(choices=self.method_choices())
+        return (html, btn or button_state(status), gr.Timer(value=every, active=True),
+                gr.Button(visible=bool(reason)), fold, methods)
+
+    def method_choices(self) -> list:
+        from .layout import method_choices
+        try:
+            from ..heads.store import heads_dir
+            trained = (heads_dir(self.manager.pair) / "heads.pt").is_file()
+        except Exception:  # noqa: BLE001 - no pair, or a target the heads cannot read: not offered
+            trained = False
+        return method_choices(trained)
+
+    def run_pressed(self, request: gr.Request = None):
+        key = session_key(request)
+        self.queue.press(key)
+        return gr.Button(value=self.queue.label(key) or "Running…", interactive=False), gr.Timer(1.0)
+
+    def run_ended(self, request: gr.Request = None):
+        self.queue.end(session_key(request))
+        return button_state(self.manager.status(session_key(request)))
 
     def on_preset(self, name):
         preset = next((p for p in self.presets if p["name"] == name), None)
@@ -207,12 +254,12 @@ class Handlers:
             req, pair, ids = self._checked(prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed,
                                            chat_template, mode, method, gamma_auto, options)
         except RequestError as e:
-            yield message_outputs(str(e))
+            yield failed_outputs(str(e))
             raise gr.Error(render.toast_text(e), print_exception=False) from None
         except Exception as e:  # noqa: BLE001 - e.g. a tokenizer refusing odd input: say so, keep serving
             msg = run_error_text(e)
-            yield message_outputs(msg)
-            raise gr.Error(render.toast_text(msg), print_exception=True) from None
+            yield failed_outputs(msg)
+            raise gr.Error(render.toast_text(msg), print_exception=not expected(e)) from None
         yield from self._race(req, pair, ids, mode, session_key(request))
 
     def page_run(self):
@@ -236,6 +283,7 @@ class Handlers:
     def _race(self, req, pair, ids, mode: str, key: str):
         """Stream one race into the panes; errors become a message, the server keeps serving."""
         stop, done = self.sessions.begin(key)
+        self.queue.start(key)
         stream = panes = None
         try:
             view = RunView(req.gamma, req.temperature, mode, req.prompt, req.chat_template)
@@ -271,8 +319,8 @@ class Handlers:
                 view.error = msg
                 yield panes.outputs(charts=True)
             else:
-                yield message_outputs(msg)
-            raise gr.Error(render.toast_text(msg), print_exception=True) from None
+                yield failed_outputs(msg)
+            raise gr.Error(render.toast_text(msg), print_exception=not expected(err)) from None
         finally:
             # however the run ends (done, error, Stop, or gradio closing this generator
             # on a cancel or a closed tab: GeneratorExit), the engines stop and the
@@ -281,6 +329,7 @@ class Handlers:
             if stream is not None:
                 stream.close()
             self.sessions.end(key, done)
+            self.queue.end(key)
 
     def stop_click(self, request: gr.Request):
         # ask the engines to stop at their next step and wait a little so the

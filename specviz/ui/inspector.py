@@ -93,7 +93,8 @@ def figure(rnd: RoundEvent, i: int) -> go.Figure:
     """Paired bars of p and q (and the residual at a rejection) over the kept ids + one rest bar."""
     fig = go.Figure()
     row, res = _rows(rnd, i)
-    _layout(fig, f"Round {rnd.index + 1}, position {i + 1}: target p, draft q", "token", "probability")
+    what = "raw softmax p and q (greedy)" if (row or {}).get("raw") else "target p, draft q"
+    _layout(fig, f"Round {rnd.index + 1}, position {i + 1}: {what}", "token", "probability")
     if row is None:
         fig.add_annotation(text="this run was recorded without the inspector's distributions",
                            showarrow=False, font=dict(color=FONT))
@@ -147,7 +148,9 @@ def panel_html(rnd: RoundEvent, i: int, tok) -> str:
     if tok is not None:
         head += f" · clicked <code>{esc(repr(tok.text))}</code> ({esc(tok.outcome.value)})"
     lines = [head]
-    if i < len(rnd.draft_ids):
+    if i < len(rnd.draft_ids) and (row or {}).get("raw"):
+        lines.append(_greedy_line(rnd, i, row))
+    elif i < len(rnd.draft_ids):
         x = rnd.draft_ids[i]
         p, q = rnd.p[i], rnd.q[i]
         u = rnd.u[i] if i < len(rnd.u) else None
@@ -166,14 +169,33 @@ def panel_html(rnd: RoundEvent, i: int, tok) -> str:
         lines.append(f"appended token #{rnd.appended_id}: {how}")
     if row is None:
         lines.append("<i>This run was recorded before the inspector kept the distributions.</i>")
-    elif res is None and i < len(rnd.draft_ids) and i == rnd.n_accepted:
+    elif res is None and i < len(rnd.draft_ids) and i == rnd.n_accepted and not row.get("raw"):
         lines.append("<i>No residual here.</i>")
     return "<div class='sv-insp'>" + "<br>".join(x for x in lines if x) + "</div>"
+
+
+def _greedy_line(rnd: RoundEvent, i: int, row: dict) -> str:
+    """Greedy: the test is deterministic (kept iff the draft's token is the target's top token);
+    p and q shown are the models' raw softmax, so the bars say why the draft guessed as it did."""
+    x = rnd.draft_ids[i]
+    probs = dict(zip(row["ids"], row["p"], strict=False))
+    qs = dict(zip(row["ids"], row.get("q") or [], strict=False))
+    verdict = ("not tested: an earlier draft was rejected" if i > rnd.n_accepted else
+               "accepted: it is the target's top token" if i < rnd.n_accepted else
+               "rejected: the target's top token is another")
+    return (f"drafted token #{x}: greedy, so no random u: {verdict}. Raw softmax at this position: "
+            f"p(x) = {number(probs.get(x), '{:.4f}')}, q(x) = {number(qs.get(x), '{:.4f}')} "
+            "(at temperature 0 both laws are one-hot: every bar would be 0 or 1).")
 
 
 def empty_html() -> str:
     return ("<div class='sv-insp sv-placeholder'>Click any token in the speculative pane (accepted, "
             "rejected, resampled or bonus) to see p, q and the accept test at its position.</div>")
+
+
+def cleared():
+    """The panel as before any click (a new run or replay started)."""
+    return empty_html(), gr.Plot(value=None, visible=False)
 
 
 def select(sel: str, rounds: list[RoundEvent] | None):

@@ -14,12 +14,21 @@ from . import leaderboard as board_ui
 from . import replay as replay_ui
 from .charts import all_charts
 from .handlers import PairChoices
+from .stage import keys_html
 from .state import RunView
 from .tree_view import latest_tree_figure
 
 # every registered method (engine/proposers/): draft-model methods first, then by their menu order
 METHOD_CHOICES = [(f"{method_spec(m).label}: {method_spec(m).description}", m)
                   for m in sorted(method_names(), key=lambda m: not method_spec(m).needs_draft)]
+TRAINED_ONLY = ("heads",)  # offered once the loaded pair has them trained (handlers.method_choices)
+
+
+def method_choices(trained: bool = False) -> list[tuple[str, str]]:
+    """The methods a visitor can run now: Medusa heads only when trained (a visitor cannot train them)."""
+    return [c for c in METHOD_CHOICES if trained or c[1] not in TRAINED_ONLY]
+
+
 MODE_CHOICES = [
     ("fair: each side timed alone (honest speedup)", "fair"),
     ("parallel: both at once (shares the hardware)", "parallel"),
@@ -63,6 +72,8 @@ class Page:
     theory: object  # theory.build_tab()'s components
     inspector: dict | None = None  # ui/inspector.py build()'s components
     method_options: method_options.Controls | None = None  # per-method settings (ui/method_options.py)
+    next_preset: gr.Button | None = None  # the N key (ui/stage.py)
+    busy_replay: gr.Button | None = None  # shown with the busy banner: replay a quiet machine's run
     board: object = None  # the "Race all methods" tab (ui/leaderboard.py)
 
     @property
@@ -85,22 +96,23 @@ def _prompt_column(presets: list[dict]) -> dict:
         prompt = gr.Textbox(first["prompt"], label="Prompt", lines=5, max_lines=14,
                             info="Text the model continues (or answers, with the chat template on)",
                             elem_id="sv-prompt")
-    return dict(preset=preset, prompt=prompt)
+        next_preset = gr.Button("Next preset (N)", size="sm", elem_id="sv-next-preset")
+    return dict(preset=preset, prompt=prompt, next_preset=next_preset)
 
 
 def _settings_column(first: dict, limits: Limits, default_mode: str, ready: bool) -> dict:
     with gr.Column(scale=2):
-        with gr.Row():
+        with gr.Row():  # two sliders a row: three cut their end labels and scrolled sideways
             gamma = gr.Slider(1, MAX_GAMMA, value=first["gamma"], step=1, label="γ (draft length)",
-                              info="Draft guesses per round", elem_id="sv-gamma")
-            gamma_auto = gr.Checkbox(False, label="auto γ", elem_id="sv-gamma-auto",
-                                     info="Each round, the γ with the most expected tokens/s from this "
-                                          "machine's measured costs and the running α̂")
+                              info="Draft guesses per round", elem_id="sv-gamma", min_width=180)
             max_new = gr.Slider(1, limits.max_new_tokens,
                                 value=min(first["max_new_tokens"], limits.max_new_tokens),
                                 step=1, label="Max new tokens", info="Budget for each side",
-                                elem_id="sv-max-new")
+                                elem_id="sv-max-new", min_width=180)
         with gr.Row():
+            gamma_auto = gr.Checkbox(False, label="auto γ", elem_id="sv-gamma-auto",
+                                     info="Each round, the γ with the most expected tokens/s from this "
+                                          "machine's measured costs and the running α̂")
             temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature",
                                     info="0 = greedy (identical outputs)")
             seed = gr.Number(0, precision=0, minimum=0, label="Seed", info="Same seed, same run")
@@ -117,7 +129,7 @@ def _settings_column(first: dict, limits: Limits, default_mode: str, ready: bool
 
 
 def _more_settings(first: dict) -> dict:
-    with gr.Accordion("More settings: sampling, draft method", open=False):
+    with gr.Accordion("More settings: sampling, draft method", open=False, elem_id="sv-more"):
         with gr.Row():
             top_p = gr.Slider(0.01, 1.0, value=1.0, step=0.01, label="Top-p",
                               info="Keep the smallest set of tokens with this much probability (1 = off)")
@@ -125,7 +137,7 @@ def _more_settings(first: dict) -> dict:
                               info="Keep only the k most likely tokens (0 = off)")
             chat = gr.Checkbox(first["chat_template"], label="Use the chat template",
                                info="Wrap the prompt as a user message (instruct models)")
-        method = gr.Radio(METHOD_CHOICES, value="draft", label="Where the guesses come from",
+        method = gr.Radio(method_choices(), value="draft", label="Where the guesses come from",
                           info="Every method is verified the same way, so the output law stays the target's",
                           elem_id="sv-method")
         opts = method_options.build("draft")  # tree shape, lookahead W and G, exit layer, skip set
@@ -133,7 +145,7 @@ def _more_settings(first: dict) -> dict:
 
 
 def _pair_section(choices: PairChoices, allow_local_paths: bool, fixed_pair: bool) -> dict:
-    with gr.Accordion("Model pair", open=False):
+    with gr.Accordion("Model pair", open=False, elem_id="sv-pair"):
         gr.Markdown("The pair is shared by everyone using this server. Loading another one takes "
                     "a while; the current pair serves until the new one is ready.")
         with gr.Row():
@@ -181,13 +193,16 @@ def _panes_and_charts(first: dict, default_mode: str) -> dict:
 
 
 def build_page(*, presets: list[dict], choices: PairChoices, limits: Limits, default_mode: str,
-               status: dict, allow_local_paths: bool, fixed_pair: bool) -> Page:
+               status: dict, allow_local_paths: bool, fixed_pair: bool, stage: bool = False) -> Page:
     """The components, inside the caller's `with gr.Blocks()`."""
     first = presets[0]
     gr.HTML(HEADER)
-    with gr.Accordion("What am I looking at?", open=True):
+    gr.HTML(keys_html(stage), elem_id="sv-keys-block")  # the keyboard shortcuts (ui/stage.py), stage mode
+    with gr.Accordion("What am I looking at?", open=not stage, elem_id="sv-explainer"):
         gr.HTML(f"<div class='sv-explainer'>{render.EXPLAINER}</div>")
     parts = dict(status=gr.HTML(render.status_html(status), elem_id="sv-status"))
+    parts["busy_replay"] = gr.Button("▶ Replay a run recorded on a quiet machine", visible=False, size="sm",
+                                     elem_id="sv-busy-replay")
     # two tabs: the live demo (the layout below, entered without re-indenting it) and
     # the theory explorer (ui/theory.py)
     live_tab = contextlib.ExitStack()

@@ -32,6 +32,16 @@ def message_outputs(message: str) -> list:
     return out
 
 
+def failed_outputs(message: str, view: RunView | None = None) -> list:
+    """A run that failed (or never started): the message, panes cleared, every
+    side "failed", empty charts; nothing of the previous run stays on screen."""
+    view = view or RunView(1, 0.0, "")
+    view.error = message
+    out = PaneStream(view).outputs(charts=True)
+    out[0] = out[1] = "<span class='sv-placeholder'>run failed: see the message above</span>"
+    return out
+
+
 class PaneStream:
     def __init__(self, view: RunView, head: str = "", chart_every: float = 0.5, ui_interval: float = 0.25,
                  banner: str = "", settle: float = 0.0, guard=None):

@@ -82,6 +82,10 @@ def tooltip(tok: TokenEvent) -> str:
     lines.append(f"token id {tok.token_id}: {tok.text!r}")
     if tok.round >= 0 and tok.p is None and tok.q is None and tok.u is None:  # vLLM: engine step only
         lines.append("p(x), q(x) and the accept test are not exposed by this engine (vLLM)")
+    elif tok.outcome in (Outcome.ACCEPTED, Outcome.REJECTED) and tok.gap is not None:  # greedy: no u
+        lines.append("greedy: kept only if it is the target's top token (no random draw)")
+        lines.append("kept: the target's top token" if tok.outcome is Outcome.ACCEPTED else
+                     "rejected: the target's top token is another")
     elif tok.outcome in (Outcome.ACCEPTED, Outcome.REJECTED):
         p, q = tok.p, tok.q
         accept = min(1.0, p / q) if (p is not None and q) else None
@@ -114,6 +118,8 @@ def token_span(tok: TokenEvent, where: tuple[int, int] | None = None, note: str 
         text = text.replace("\r\n", "\n").replace("\n", NL_SYMBOL)
     elif text.strip("\n") == "":
         classes.append("sv-nl")  # newline-only token: CSS shows a faint ↵ (not copied)
+    elif text.strip() == "":
+        classes.append("sv-ws")  # indentation: no per-token underline (it read as underscores)
     tip = tooltip(tok) + (f"\n{note}" if note else "")
     # where = (round index, row): the inspector's click target (ui/inspector.py)
     data = (f' data-r="{int(where[0])}" data-i="{int(where[1])}" data-o="{tok.outcome.value}"'
@@ -204,14 +210,8 @@ def stats_html(snap: dict) -> str:
         f"<tr><th scope='row'>{name}</th>{_cell(bv)}{_cell(sv)}</tr>"
         for (name, bv), (_, sv) in zip(side_rows(base), side_rows(spec), strict=True))
     st = snap["stats"]
-    spd = st.get("speedup")
+    spd, sub = _speedup_text(snap)
     spd_cls = "" if spd is None else (" sv-good" if spd >= 1 else " sv-bad")
-    pv, pl = st.get("predicted_v"), st.get("predicted")
-    sub = (f"predicted {number(pv, '{:.2f}×')} with the measured verify cost · "
-           f"{number(pl, '{:.2f}×')} by Leviathan (v = 1)" if pv is not None else
-           f"predicted {number(pl, '{:.2f}×')} by Leviathan (v = 1)" if pl is not None else
-           "predicted –: no draft step timed yet (c unknown)" if st.get("alpha_hat") is not None else
-           "predicted –")
     big = (f"<div class='sv-speedup{spd_cls}' title='speculative tokens/s ÷ baseline tokens/s'>"
            f"<span class='sv-speedup-num'>{number(spd, '{:.2f}×')}</span>"
            f"<span class='sv-speedup-label'>measured speedup</span>"
@@ -226,6 +226,27 @@ def stats_html(snap: dict) -> str:
         + f"<tbody>{rows}</tbody></table>"
         + f"<div class='sv-chips'>{chips}{curve}</div></div>"
     )
+
+
+HOLD_ROUNDS = 2  # round 1 also reads the prompt: its speedup swung to 5.82x on a busy machine (issue 21)
+
+
+def _speedup_text(snap: dict) -> tuple[float | None, str]:
+    """(measured speedup or None while held back, the line under it)."""
+    st = snap["stats"]
+    if snap.get("error"):
+        return None, "run failed"
+    if (st.get("rounds") or 0) < HOLD_ROUNDS and not snap.get("finished"):
+        return None, f"shown after {HOLD_ROUNDS} rounds (round 1 also reads the prompt)"
+    pv, pl = st.get("predicted_v"), st.get("predicted")
+    sub = (f"predicted {number(pv, '{:.2f}×')} with the measured verify cost · "
+           f"{number(pl, '{:.2f}×')} by Leviathan (v = 1)" if pv is not None else
+           f"predicted {number(pl, '{:.2f}×')} by Leviathan (v = 1)" if pl is not None else
+           "no prediction: the chain formula (1 − α̂^(γ+1)) / (1 − α̂) does not describe a token tree"
+           if snap.get("tree") else
+           "predicted –: no draft step timed yet (c unknown)" if st.get("alpha_hat") is not None else
+           "predicted –")
+    return st.get("speedup"), sub
 
 
 def _unknown(x, fmt: str) -> str:
@@ -334,8 +355,9 @@ def run_info_html(snap: dict) -> str:
     return "<div class='sv-runinfo'>" + " ".join(parts) + "</div>"
 
 
-def status_html(status: dict) -> str:
-    """Model loading status: progress while loading, error text, or the ready pair."""
+def status_html(status: dict, extra: str = "") -> str:
+    """Model loading status: progress while loading, error text, or the ready pair
+    (`extra`: a line under it, e.g. the background calibration's state)."""
     def box(kind: str, role: str, dot: str, body: str) -> str:
         return (f"<div class='sv-status sv-status-{kind}' role='{role}'>"
                 f"<span class='sv-dot sv-dot-{dot}'></span>{body}</div>")
@@ -354,6 +376,8 @@ def status_html(status: dict) -> str:
                 if status.get("precision_note") else ""))
     if status.get("note"):
         ready += f"<br><small class='sv-pair-note'>{esc(status['note'])}</small>"
+    if extra:
+        ready += "<br>" + extra
     if err:
         return box("error", "alert", "bad", f"{esc(err)}<br>Still using: {ready}")
     return box("ready", "status", "ok", ready)
@@ -463,4 +487,5 @@ CSS = """
 
 
 def page_css() -> str:
-    return CSS + "\n" + _outcome_css()
+    from .stage import CSS as STAGE_CSS
+    return CSS + "\n" + _outcome_css() + STAGE_CSS

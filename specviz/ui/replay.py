@@ -316,6 +316,7 @@ class ReplayBox:
     dl_json: gr.DownloadButton
     dl_csv: gr.DownloadButton
     info: gr.HTML
+    accordion: gr.Accordion | None = None  # collapsed once the models are ready (ui/handlers.poll)
 
 
 def build_section() -> ReplayBox:
@@ -323,7 +324,7 @@ def build_section() -> ReplayBox:
     traces = shipped()
     choices = [(choice_label(n, t), n) for n, t in traces.items()]
     first = choices[0][1] if choices else None
-    with gr.Accordion("Replay a recorded run · download yours", open=True, elem_id="sv-replay"):
+    with gr.Accordion("Replay a recorded run · download yours", open=True, elem_id="sv-replay") as acc:
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
                 pick = gr.Dropdown(choices, value=first, label="Recorded runs",
@@ -344,7 +345,7 @@ def build_section() -> ReplayBox:
                        "<div class='sv-runinfo'><span class='sv-mode'>No recorded runs shipped.</span></div>",
                        elem_id="sv-replay-info")
         gr.HTML(f"<div class='sv-runinfo'><span class='sv-mode'>{NOTE}</span></div>")
-    return ReplayBox(traces, pick, speed, upload, play, stop, dl_json, dl_csv, info)
+    return ReplayBox(traces, pick, speed, upload, play, stop, dl_json, dl_csv, info, acc)
 
 
 @dataclass

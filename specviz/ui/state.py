@@ -167,7 +167,14 @@ class RunView:
         spec = self.spec.partial_summary()
         spec.method = self.method
         spec.unmeasured = list(self.unmeasured) or spec.unmeasured  # n/a, never 0 (run_stats blanks them)
+        if self.is_tree and "predicted" not in spec.unmeasured:  # the chain formula does not fit a tree
+            spec.unmeasured = [*spec.unmeasured, "predicted"]
         return spec
+
+    @property
+    def is_tree(self) -> bool:
+        """A token-tree run (engine/tree_decoding.py): no chain prediction, ever."""
+        return self.method == "tree" or any(getattr(r, "tree", None) for r in self.spec.rounds[:1])
 
     def stats(self) -> dict:
         spec = self._spec_summary()
@@ -201,9 +208,10 @@ class RunView:
 
     def snapshot(self) -> dict:
         def side(v: SideView) -> dict:
+            state = "failed" if self.error and v.summary is None else v.state
             return dict(n_tokens=v.n_tokens, elapsed=v.elapsed, tokens_per_s=v.tokens_per_s,
-                        target_forwards=v.target_forwards, state=v.state)
+                        target_forwards=v.target_forwards, state=state)
         return dict(baseline=side(self.base), speculative=side(self.spec), stats=self.stats(),
                     identical=self.identical(), finished=self.finished, greedy=self.greedy,
                     mode=self.mode, clock=self.clock, note=self.note, method=self.method,
-                    options=self.options, error=self.error)
+                    options=self.options, error=self.error, tree=self.is_tree)

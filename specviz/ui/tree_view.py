@@ -147,6 +147,7 @@ def latest_tree_figure(view) -> go.Figure:
         return rounds_figure(rounds)
     fig = rounds_figure([])
     fig.update_layout(height=150)
+    fig.layout.annotations = ()  # one caption, not rounds_figure's under this one
     waiting = getattr(view, "method", "") == "tree" and not view.spec.rounds
     return _empty(fig, "waiting for the first round…" if waiting else
                   "token tree: shown for the token-tree method (More settings → draft method)")

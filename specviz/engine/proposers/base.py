@@ -22,6 +22,9 @@ class Proposal:
     q: torch.Tensor  # (len(tokens), V) distributions the tokens were drawn from
     forwards: int = 0  # draft-model forward passes spent
     info: dict = field(default_factory=dict)  # method-specific, JSON-able; copied to RoundEvent.info
+    # greedy runs: the draft's raw logits per token (its warped q is one-hot); the p/q inspector
+    # shows their softmax, taken off the clock (engine/decoding._inspect)
+    raw: list | None = None
 
 
 class Proposer:

@@ -37,9 +37,10 @@ class DraftModelProposer(Proposer):
     def propose(self, committed, gamma, params, generator, eos_ids):
         # feed what the cache has not seen: 1 token, or 2 after a bonus round
         feed = committed[self.cache.get_seq_length():]
-        tokens, qs = [], []
+        tokens, qs, raw = [], [], []
         for _ in range(gamma):
             logits = self._logits(feed)[-1]
+            raw.append(logits)  # a reference: the inspector's greedy softmax, computed off the clock
             q = warp(logits, params)
             x = pick(q, params, generator)
             tokens.append(x)
@@ -51,7 +52,7 @@ class DraftModelProposer(Proposer):
             if self.confidence is not None and float(logits.float().softmax(-1).max()) < self.confidence:
                 break
             feed = [x]
-        return Proposal(tokens, torch.stack(qs), forwards=len(tokens))
+        return Proposal(tokens, torch.stack(qs), forwards=len(tokens), raw=raw if params.greedy else None)
 
     def rollback(self, committed, n_accepted, n_drafted):
         # the cache holds a prefix of what was fed; keep what is still committed,

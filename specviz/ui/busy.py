@@ -1,0 +1,112 @@
+"""Is this machine busy, and where is the calibration: the lines under the status.
+
+A Space on shared CPU, or a laptop running other work, makes every timing on
+the page unreliable (issue 21: a busy 2-core machine swung round 1's speedup to
+5.82×). The page says so plainly and offers a replay recorded on a quiet
+machine. "Busy" is the CPU time other processes took over the last few seconds
+(/proc/stat minus this process), so our own runs never count; without /proc it
+falls back to the 1-minute load per core. The calibration's own noise (a
+cached measurement taken under load) counts too.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from .render import esc
+
+BUSY_SHARE = 0.5  # others use at least half of all cores: timings are unreliable
+MIN_INTERVAL = 2.0  # seconds between two readings of /proc
+
+
+def _read_proc() -> tuple[float, float] | None:
+    """(all CPU seconds used by anyone, seconds used by this process) since boot."""
+    try:
+        with open("/proc/stat") as f:
+            vals = [float(x) for x in f.readline().split()[1:]]
+        with open("/proc/self/stat") as f:
+            own = f.read().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    used = sum(vals) - vals[3] - (vals[4] if len(vals) > 4 else 0)  # minus idle and iowait
+    return used / tick, (float(own[11]) + float(own[12])) / tick  # utime + stime
+
+
+class CpuMeter:
+    """Cores used by other processes, averaged between two readings."""
+
+    def __init__(self, read=_read_proc, cores: int | None = None, clock=time.monotonic):
+        self._read, self._clock = read, clock
+        self.cores = cores or os.cpu_count() or 1
+        self._lock = threading.Lock()
+        self._last: tuple[float, tuple[float, float]] | None = None
+        self.others: float | None = None  # cores' worth used by other processes
+
+    def sample(self) -> float | None:
+        with self._lock:
+            now = self._clock()
+            if self._last is not None and now - self._last[0] < MIN_INTERVAL:
+                return self.others
+            got = self._read()
+            if got is None:
+                try:
+                    self.others = os.getloadavg()[0]
+                except OSError:
+                    self.others = None
+                return self.others
+            if self._last is not None:
+                dt = now - self._last[0]
+                used, own = got[0] - self._last[1][0], got[1] - self._last[1][1]
+                self.others = max(0.0, (used - own) / dt)
+            self._last = (now, got)
+            return self.others
+
+    def busy(self) -> bool:
+        return self.others is not None and self.others >= BUSY_SHARE * self.cores
+
+
+METER = CpuMeter()
+
+
+def busy_reason(status: dict, meter: CpuMeter = METER) -> str:
+    """Why timings are unreliable now, or ""."""
+    if meter.busy():
+        return (f"other programs use {meter.others:.1f} of this machine's {meter.cores} cores")
+    if status.get("calibration") == "noisy" and (status.get("calib") or {}).get("state") != "done":
+        return "the timing calibration was measured while the machine was busy"
+    return ""
+
+
+def busy_html(reason: str) -> str:
+    if not reason:
+        return ""
+    return ("<div class='sv-status sv-status-warning sv-busy' role='alert' id='sv-busy-banner'>"
+            "<span class='sv-dot sv-dot-warning'></span><b>This machine is busy</b> "
+            f"({esc(reason)}): tokens/s, speedups, c and v measured now are unreliable. "
+            "A replay of a run recorded on a quiet machine shows the true timings.</div>")
+
+
+def calib_html(status: dict) -> str:
+    """One line: the background calibration's state, or the untimed default in service."""
+    c = status.get("calib") or {}
+    prec = esc(status.get("precision") or "")
+    state = c.get("state")
+    if state == "running":
+        left = max(0.0, (c.get("budget") or 0) - (c.get("elapsed") or 0))
+        return ("<small class='sv-calib'>⏱ Calibrating timings in the background: "
+                f"{esc(c.get('step') or '')} "
+                f"({c.get('elapsed', 0):.0f} s, at most {left:.0f} s more). Runs use {prec} meanwhile "
+                "(a safe default, not timed yet).</small>")
+    if state == "done":
+        return ("<small class='sv-calib'>✓ Calibrated in the background; the measured precision now "
+                "serves.</small>")
+    if state in ("stopped", "failed", "skipped"):
+        return (f"<small class='sv-calib'>Background calibration {esc(state)} ({esc(c.get('step') or '')}); "
+                f"runs keep {prec}, not timed.</small>")
+    if status.get("calibration") == "untimed":
+        why = " (--no-calibrate)" if status.get("calibration_mode") == "off" else ""
+        return (f"<small class='sv-calib'>Precision {prec} is a safe default, not timed on this "
+                f"machine{why}.</small>")
+    return ""

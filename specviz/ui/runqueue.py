@@ -1,0 +1,86 @@
+"""The Run button while runs queue: "⏳ queue 2 of 3", then "Running…", disabled
+throughout, and "▶ Run" again when the visitor's run ended (issue 21: the
+button said "▶ Run" and stayed enabled, and a keyboard run plus a click queued
+two runs).
+
+Runs go one at a time (concurrency_id "generate"); gradio serves them first
+come, first served, so the order in which sessions pressed Run is the queue.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import gradio as gr
+
+RUN = "▶ Run"
+RUNNING = "Running…"
+STALE = 3600.0  # a press whose run never started (tab closed in the queue) is forgotten after this
+
+# runs in the browser before the press reaches the server: the button is disabled
+# at once (a second click or Enter cannot queue a second run) and the run's panes
+# scroll into view when they are off screen
+PRESS_JS = """() => {
+  const b = document.querySelector('#sv-run');
+  if (b) { b.disabled = true; b.textContent = 'Running…'; }
+  const info = document.querySelector('#sv-runinfo');
+  if (info) {
+    const r = info.getBoundingClientRect();
+    if (r.top < 0 || r.top > window.innerHeight * 0.6)
+      info.scrollIntoView({behavior: 'smooth', block: 'start'});
+  }
+  return [];
+}"""
+# the prompt's Enter presses the button (one event, so trigger_mode="once" guards both)
+SUBMIT_JS = """() => { const b = document.querySelector('#sv-run');
+  if (b && !b.disabled) b.click(); return []; }"""
+
+
+class RunQueue:
+    """Which sessions pressed Run and wait, and which one runs."""
+
+    def __init__(self, clock=time.monotonic):
+        self._lock = threading.Lock()
+        self._waiting: dict[str, float] = {}  # session -> when it pressed (insertion order = queue order)
+        self._running: set[str] = set()
+        self._clock = clock
+
+    def press(self, key: str) -> None:
+        with self._lock:
+            self._waiting.setdefault(key, self._clock())
+
+    def start(self, key: str) -> None:
+        with self._lock:
+            self._waiting.pop(key, None)
+            self._running.add(key)
+
+    def end(self, key: str) -> None:
+        with self._lock:
+            self._waiting.pop(key, None)
+            self._running.discard(key)
+
+    def busy(self, key: str) -> bool:
+        with self._lock:
+            return key in self._waiting or key in self._running
+
+    def label(self, key: str) -> str | None:
+        """The button's text for this session, None when it has no run."""
+        with self._lock:
+            now = self._clock()
+            for k in [k for k, t in self._waiting.items() if now - t > STALE]:
+                del self._waiting[k]
+            if key in self._running:
+                return RUNNING
+            if key not in self._waiting:
+                return None
+            order = list(self._waiting)
+            ahead = len(self._running) + order.index(key)
+            total = len(self._running) + len(order)
+            return f"⏳ queue {ahead + 1} of {total}" if ahead else RUNNING
+
+    def button(self, key: str, ready: bool):
+        """The Run button for this session, or None to leave it to the loading state."""
+        text = self.label(key)
+        if text is not None:
+            return gr.Button(value=text, interactive=False)
+        return gr.Button(value=RUN, interactive=True) if ready else None

@@ -1,0 +1,122 @@
+"""Stage mode and the page's keyboard: `?stage=1` (any visitor) or `app.py --stage`
+(everyone). Large type in the panes and numbers (read from the back of a hall
+at 1280×720), the explainer and settings collapsed, the keyboard shortcuts on
+the page, and a replay one key away if anything goes wrong.
+
+The keys work on every page, outside text fields: R run, S or Esc stop,
+P replay the selected recorded run, N next preset. The same script tells a
+visitor when a typed γ or token budget was out of range and got clamped
+(issue 21: 99 became 16 without a word).
+"""
+from __future__ import annotations
+
+KEYS = (("R", "run"), ("S / Esc", "stop"), ("P", "replay a recorded run"), ("N", "next preset"))
+
+
+def keys_html(stage: bool) -> str:
+    keys = " · ".join(f"<kbd>{k}</kbd> {what}" for k, what in KEYS)
+    return (f"<div class='sv-keys' id='sv-keys' style='display:{'flex' if stage else 'none'}'>"
+            f"<b>Keys</b> {keys}</div>")
+
+
+# runs once in the browser at page load (demo.load js): stage mode, the keys, the clamp notes
+PAGE_JS = """() => {
+  const forced = %(forced)s;
+  const stage = forced || new URLSearchParams(location.search).get('stage') === '1';
+  const root = document.querySelector('.gradio-container') || document.body;
+  if (stage) {
+    root.classList.add('sv-stage');
+    const keys = document.querySelector('#sv-keys');
+    if (keys) keys.style.display = 'flex';
+    // fold the explainer and the settings: the panes and numbers fill the screen
+    const fold = () => document.querySelectorAll('#sv-explainer, #sv-more, #sv-replay, #sv-pair')
+      .forEach(acc => { const b = acc.querySelector('button.label-wrap, .label-wrap');
+        if (b && b.classList.contains('open')) b.click(); });
+    setTimeout(fold, 300); setTimeout(fold, 3000);
+  }
+  const click = (sel) => { const b = document.querySelector(sel); if (b && !b.disabled) b.click(); };
+  // replay the selected recorded run; the replay section may be folded: open it first
+  window.svReplay = () => {
+    const play = document.querySelector('#sv-replay-play');
+    if (play && play.offsetParent) { play.click(); return; }
+    const head = document.querySelector('#sv-replay .label-wrap');
+    if (head) head.click();
+    setTimeout(() => click('#sv-replay-play'), 500);
+  };
+  document.addEventListener('keydown', (e) => {
+    const t = e.target;
+    if (e.ctrlKey || e.metaKey || e.altKey) return;
+    if (t && (t.isContentEditable || ['INPUT', 'TEXTAREA', 'SELECT'].includes(t.tagName))) {
+      if (e.key === 'Escape') t.blur();
+      return;
+    }
+    const k = e.key.toLowerCase();
+    if (k === 'r') click('#sv-run');
+    else if (k === 's' || k === 'escape') click('#sv-stop');
+    else if (k === 'p') window.svReplay();
+    else if (k === 'n') click('#sv-next-preset');
+    else return;
+    e.preventDefault();
+  });
+  // a number typed outside a slider's range: the slider clamps it, say so under it
+  document.addEventListener('change', (e) => {
+    const box = e.target;
+    const block = box && box.closest && box.closest('#sv-gamma, #sv-max-new');
+    if (!block || box.type !== 'number') return;
+    const range = block.querySelector('input[type=range]');
+    const lo = Number(range ? range.min : box.min), hi = Number(range ? range.max : box.max);
+    const typed = Number(box.value);
+    let note = block.querySelector('.sv-clamp');
+    if (!note) { note = document.createElement('div'); note.className = 'sv-clamp'; block.appendChild(note); }
+    if (Number.isFinite(typed) && (typed < lo || typed > hi)) {
+      const name = block.id === 'sv-gamma' ? 'γ' : 'max new tokens';
+      note.textContent = `${name} must be ${lo}–${hi}: ${typed} was set to ${typed < lo ? lo : hi}`;
+    } else { note.textContent = ''; }
+  }, true);
+  return [];
+}"""
+
+CSS = """
+.sv-keys { display: flex; flex-wrap: wrap; gap: 4px 14px; align-items: center; font-size: 14px;
+  padding: 4px 10px; border-radius: 8px; border: 1px dashed var(--border-color-primary); }
+.sv-keys kbd { font-family: var(--font-mono, monospace); padding: 0 6px; border-radius: 4px;
+  border: 1px solid var(--border-color-primary); background: var(--background-fill-secondary); }
+.gradio-container:not(.sv-stage) #sv-keys-block { display: none; }
+.sv-clamp { font-size: 12.5px; color: #D55E00; min-height: 0; }
+.dark .sv-clamp { color: #ff8a4c; }
+.sv-stage .prose.sv-pane { font-size: 22px; line-height: 1.6; max-height: 17em; min-height: 8em; }
+.sv-stage .sv-pane-title { font-size: 19px; }
+.sv-stage .sv-speedup-num { font-size: 3.4em; }
+.sv-stage .sv-speedup-label, .sv-stage .sv-speedup-sub { font-size: 15px; }
+.sv-stage .sv-table { font-size: 18px; }
+.sv-stage .sv-chip { font-size: 17px; }
+.sv-stage .sv-runinfo, .sv-stage .sv-badge { font-size: 17px; }
+.sv-stage .sv-keys { font-size: 17px; }
+.sv-stage .sv-legend { font-size: 15px; }
+.sv-stage .sv-header p { display: none; }
+/* layout (issue 21): whitespace tokens carry no underline (indentation read as underscores),
+   the recorded-runs text stops before the dropdown's arrow, sliders keep their end labels */
+.sv-target.sv-ws { box-shadow: none; }
+/* a failed run's message is in the run info line: gradio's red "Error" label covered it */
+#sv-runinfo [data-testid="status-tracker"]:has(.error) { display: none !important; }
+#sv-replay-pick input { padding-right: 2.2em; text-overflow: ellipsis; }
+#sv-gamma, #sv-max-new { overflow: visible; min-width: 11em; }
+"""
+
+
+def next_preset(presets: list[dict]):
+    """The N key: the preset after the selected one (its .change fills the prompt)."""
+    import gradio as gr
+    names = [p["name"] for p in presets]
+
+    def pick(current):
+        i = names.index(current) if current in names else -1
+        return gr.Dropdown(value=names[(i + 1) % len(names)])
+    return pick
+
+
+def wire(demo, page, presets: list[dict], stage: bool) -> None:
+    demo.load(None, None, None, js=PAGE_JS % {"forced": "true" if stage else "false"},
+              api_visibility="private", queue=False)
+    page.next_preset.click(next_preset(presets), page.preset, page.preset, api_visibility="private",
+                           queue=False, show_progress="hidden")

@@ -1,0 +1,179 @@
+"""Issue 21 in a real headless Chromium, on the tiny pair built in this process:
+ready at once while the calibration runs in the background, the busy banner
+and its replay, the Run button while a run goes (one run per press), a failed
+run that leaves nothing stale, and stage mode (?stage=1) with its keys.
+Screenshots: test-artifacts/stage-*.png."""
+import threading
+
+import pytest
+from browser.server import InProcessApp, free_port
+from test_browser import ARTIFACTS, TIMEOUT  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    a = InProcessApp(tmp_path_factory.mktemp("stage-app"))
+    yield a
+    a.close()
+
+
+def _open(browser, app, query="", size=(1280, 720), scheme="light"):  # noqa: F811
+    page = browser.new_page(viewport={"width": size[0], "height": size[1]}, color_scheme=scheme)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{app.url}?__theme={scheme}{'&' + query if query else ''}")
+    page.wait_for_selector("#sv-run:not([disabled])", timeout=TIMEOUT)
+    page.wait_for_timeout(1200)  # the first status poll (folds the replay section)
+    return page, errors
+
+
+def _wait_done(page):
+    page.wait_for_selector("#sv-runinfo .sv-badge", timeout=TIMEOUT)
+    page.wait_for_timeout(500)
+
+
+def test_stage_mode_large_type_keys_and_one_key_run(browser, app):  # noqa: F811
+    page, errors = _open(browser, app, "stage=1")
+    assert page.evaluate("document.querySelector('.gradio-container').classList.contains('sv-stage')")
+    assert page.locator("#sv-keys").is_visible()
+    assert "R" in page.inner_text("#sv-keys") and "next preset" in page.inner_text("#sv-keys")
+    assert not page.locator("#sv-explainer .sv-explainer").is_visible()  # explainer folded
+    size = page.evaluate("parseFloat(getComputedStyle(document.querySelector("
+                         "'#sv-speculative.prose, #sv-speculative .prose, .prose.sv-pane')).fontSize)")
+    assert size >= 20, size
+    before = page.input_value("#sv-preset input")
+    page.keyboard.press("n")  # next preset
+    page.wait_for_function(f"document.querySelector('#sv-preset input').value !== {before!r}", timeout=TIMEOUT)
+    page.locator("#sv-max-new input[type=number]").fill("24")
+    page.locator("#sv-max-new input[type=number]").press("Enter")
+    page.locator("body").click(position={"x": 5, "y": 5})
+    page.keyboard.press("r")  # run
+    page.wait_for_function("document.querySelector('#sv-run').disabled", timeout=10_000)
+    _wait_done(page)
+    page.wait_for_function("!document.querySelector('#sv-run').disabled", timeout=TIMEOUT)
+    assert "Run" in page.inner_text("#sv-run")
+    assert page.locator("#sv-speculative .sv-tok").count() > 0
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "stage-1280x720.png"))
+    assert not errors, errors
+    page.close()
+
+
+def test_run_button_while_running_and_one_run_per_press(browser, app, monkeypatch):  # noqa: F811
+    from specviz.ui import handlers
+    calls, real = [], handlers.race
+    monkeypatch.setattr(handlers, "race", lambda *a, **k: calls.append(1) or real(*a, **k))
+    page, errors = _open(browser, app)
+    assert not page.locator("#sv-replay-play").is_visible()  # replay section folded once ready
+    page.locator("#sv-max-new input[type=number]").fill("200")
+    page.locator("#sv-max-new input[type=number]").press("Enter")
+    page.click("#sv-run")
+    page.locator("#sv-prompt textarea").press("Shift+Enter")  # the keyboard run: must not queue a second
+    page.locator("#sv-prompt textarea").press("Enter")
+    page.wait_for_timeout(300)
+    assert page.locator("#sv-run").is_disabled()
+    assert any(w in page.inner_text("#sv-run") for w in ("Running", "queue"))
+    page.wait_for_timeout(2500)  # the smooth scroll (slow on a loaded machine)
+    top = page.evaluate("document.querySelector('#sv-runinfo').getBoundingClientRect().top")
+    assert 0 <= top <= 720, top  # the run's panes were scrolled into view
+    _wait_done(page)
+    page.wait_for_function("!document.querySelector('#sv-run').disabled", timeout=TIMEOUT)
+    page.wait_for_timeout(1500)
+    assert len(calls) == 1, calls
+    assert not errors, errors
+    page.close()
+
+
+def test_failed_run_clears_panes_and_inspector(browser, app):  # noqa: F811
+    page, errors = _open(browser, app)
+    page.locator("#sv-max-new input[type=number]").fill("24")
+    page.locator("#sv-max-new input[type=number]").press("Enter")
+    page.click("#sv-run")
+    _wait_done(page)
+    page.locator("#sv-speculative .sv-tok[data-r]").first.click()
+    page.wait_for_function("document.querySelector('#sv-insp-html').innerText.includes('Round')",
+                           timeout=TIMEOUT)
+    page.fill("#sv-prompt textarea", "   ")
+    page.click("#sv-run")
+    page.wait_for_function("document.querySelector('#sv-stats').innerText.includes('failed')", timeout=TIMEOUT)
+    stats = page.inner_text("#sv-stats")
+    assert "waiting" not in stats and stats.count("failed") >= 2
+    assert "run failed" in page.inner_text("#sv-speculative") and "run failed" in page.inner_text("#sv-baseline")
+    assert "prompt is empty" in page.inner_text("#sv-runinfo")
+    label = page.locator("#sv-runinfo .error")
+    assert label.count() == 0 or not label.first.is_visible()  # no red "Error" over the message
+    assert "Click any token" in page.inner_text("#sv-insp-html")  # the old token is not shown
+    page.close()
+    assert not errors, errors
+
+
+def test_clamped_gamma_is_said(browser, app):  # noqa: F811
+    page, errors = _open(browser, app)
+    box = page.locator("#sv-gamma input[type=number]")
+    box.fill("99")
+    box.press("Enter")
+    page.wait_for_selector("#sv-gamma .sv-clamp", timeout=10_000)
+    assert "99 was set to 16" in page.inner_text("#sv-gamma .sv-clamp")
+    page.close()
+
+
+def test_busy_banner_offers_a_replay(browser, app, monkeypatch):  # noqa: F811
+    from specviz.ui import busy
+    monkeypatch.setattr(busy.METER, "sample", lambda: 1.6)
+    monkeypatch.setattr(busy.METER, "others", 1.6)
+    monkeypatch.setattr(busy.METER, "cores", 2)
+    page, errors = _open(browser, app, size=(1600, 1000))
+    page.wait_for_selector("#sv-busy-banner", timeout=TIMEOUT)
+    assert "unreliable" in page.inner_text("#sv-busy-banner")
+    offer = page.locator("#sv-busy-replay")
+    assert offer.is_visible()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "stage-busy-1600x1000.png"))
+    offer.click()
+    page.wait_for_selector(".sv-replay-banner", timeout=TIMEOUT)
+    page.close()
+    assert not errors, errors
+
+
+def test_run_enabled_while_calibrating_in_background(browser, tmp_path):  # noqa: F811
+    from specviz.models import load_pair, resolve_pair
+    from specviz.models.tiny import save_tiny_pair
+    from specviz.ui.blocks import build_demo
+    from specviz.ui.loader import ModelManager
+    from specviz.ui.render import page_css
+
+    release = threading.Event()
+
+    def loader(spec, device=None, progress=None, calibration="auto", **kw):
+        pair = load_pair(spec, device="cpu")
+        if calibration == "cached":
+            pair.calibration = "untimed"
+            return pair
+        progress("timing the target in bfloat16", 0.9)
+        release.wait(120)
+        return pair
+
+    target, draft = save_tiny_pair(tmp_path)
+    spec = resolve_pair(None, target, draft)
+    manager = ModelManager(loader=loader)
+    manager.start(spec)
+    demo = build_demo(manager, initial=spec, network=False)
+    demo.queue()
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, css=page_css())
+    try:
+        page = browser.new_page(viewport={"width": 1280, "height": 720})
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.wait_for_selector("#sv-run:not([disabled])", timeout=TIMEOUT)
+        page.wait_for_function("document.querySelector('#sv-status').innerText.includes('Calibrating')",
+                               timeout=TIMEOUT)
+        assert "timing the target in bfloat16" in page.inner_text("#sv-status")
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "stage-calibrating.png"))
+        release.set()
+        page.wait_for_function("document.querySelector('#sv-status').innerText.includes('Calibrated')",
+                               timeout=TIMEOUT)
+        page.close()
+    finally:
+        release.set()
+        demo.close()
