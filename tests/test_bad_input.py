@@ -18,7 +18,7 @@ pytest.importorskip("gradio_client")
 from browser.server import InProcessApp, ready_client, shared_server  # noqa: E402
 
 from specviz.ui import method_options  # noqa: E402
-from specviz.ui.layout import METHOD_CHOICES  # noqa: E402
+from specviz.ui.layout import METHOD_CHOICES, TRAINED_ONLY  # noqa: E402
 
 # inputs of /run, in order
 FIELDS = ("prompt", "gamma", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "chat_template", "mode",
@@ -77,13 +77,13 @@ API_CASES = [
     ("max_new_tokens", 0, "Max new tokens must be between 1 and 512, got 0."),
     ("max_new_tokens", 100000, "Max new tokens must be between 1 and 512, got 100000."),
     ("max_new_tokens", "ten", "Max new tokens must be a whole number, got 'ten'."),
-    ("seed", -1, "Seed must be at least 0, got -1."),
+    ("seed", -1, "Seed must be between 0 and 2^63 - 1, got -1."),
     ("seed", 1.5, "Seed must be a whole number, got 1.5."),
     ("seed", "abc", "Seed must be a whole number, got 'abc'."),
     ("mode", "warp-speed", "gradio:Value: 'warp-speed' (type: <class 'str'>) is not in the list of choices: "
                            "['fair', 'parallel']"),
     ("method", "magic", "gradio:Value: 'magic' (type: <class 'str'>) is not in the list of choices: "
-                        + str([v for _, v in METHOD_CHOICES])),  # every registered method
+                        + str([v for _, v in METHOD_CHOICES if v not in TRAINED_ONLY])),  # what can run
 ]
 
 
@@ -321,7 +321,7 @@ CLI_CASES = [
     (["--prompt", "x", "--top-k", "-5"], "error: Top-k must be between 0 and 1000, got '-5'."),
     (["--prompt", "x", "--top-k", "many"], "error: Top-k must be a whole number, got 'many'."),
     (["--prompt", "x", "--max-new-tokens", "0"], "error: Max new tokens must be between 1 and 512, got '0'."),
-    (["--prompt", "x", "--seed", "-1"], "error: Seed must be at least 0, got '-1'."),
+    (["--prompt", "x", "--seed", "-1"], "error: Seed must be between 0 and 2^63 - 1, got '-1'."),
     (["--prompt", "x", "--gamma", "1e9"], "error: γ (draft length) must be between 1 and 16, got '1e9'."),
     (["--prompt", "x", "--num-samples", "0"], "error: --num-samples must be at least 1."),
     (["--prompt", "x", "--method", "magic"], "error: argument --method: invalid choice: 'magic'"),
