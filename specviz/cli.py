@@ -320,6 +320,17 @@ def _print_stats(s: RunSummary, stats: dict) -> None:
 # ------------------------------------------------------------------- trace
 
 
+def preset_settings(args) -> tuple[str, int, bool]:
+    """(prompt, γ, chat template) from the flags, each falling back to --preset's value."""
+    preset = _preset(args.preset)
+    prompt = args.prompt if args.prompt is not None else preset.get("prompt")
+    if prompt is None:
+        raise RequestError("give --prompt or --preset")
+    gamma = args.gamma if args.gamma is not None else preset.get("gamma", 4)
+    chat = args.chat if args.chat is not None else preset.get("chat_template", False)
+    return prompt, gamma, chat
+
+
 def _preset(name: str | None) -> dict:
     if not name:
         return {}
@@ -336,12 +347,7 @@ def trace_record(args) -> int:
 
     from .race import on_engine_thread, race
     from .trace import describe, record, trace_for
-    preset = _preset(args.preset)
-    prompt = args.prompt if args.prompt is not None else preset.get("prompt")
-    if prompt is None:
-        raise RequestError("give --prompt or --preset")
-    gamma = args.gamma if args.gamma is not None else preset.get("gamma", 4)
-    chat = args.chat if args.chat is not None else preset.get("chat_template", False)
+    prompt, gamma, chat = preset_settings(args)
     req = make_request(prompt, method=args.method, gamma=gamma, max_new_tokens=args.max_new_tokens,
                        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                        chat_template=chat, options=method_options(args))
@@ -351,7 +357,7 @@ def trace_record(args) -> int:
     if args.warmup > 0:
         for _ in race(pair, replace(req, max_new_tokens=args.warmup), ids, args.mode):
             pass
-    tr = trace_for(req, pair, args.mode, args.label or preset.get("name") or prompt[:40])
+    tr = trace_for(req, pair, args.mode, args.label or _preset(args.preset).get("name") or prompt[:40])
     for side, ev in record(race(pair, req, ids, args.mode), tr):
         if isinstance(ev, RunSummary):
             print(f"{side}: {ev.n_tokens} tokens in {ev.elapsed:.2f} s ({ev.tokens_per_s:.2f} tokens/s), "

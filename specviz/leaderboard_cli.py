@@ -77,15 +77,9 @@ def _width(text: str) -> int:
 
 
 def _request(args):
-    from .cli import _preset, method_options
-    from .errors import RequestError
+    from .cli import method_options, preset_settings
     from .request import make_request
-    preset = _preset(args.preset)
-    prompt = args.prompt if args.prompt is not None else preset.get("prompt")
-    if prompt is None:
-        raise RequestError("give --prompt or --preset")
-    gamma = args.gamma if args.gamma is not None else preset.get("gamma", 4)
-    chat = args.chat if args.chat is not None else preset.get("chat_template", False)
+    prompt, gamma, chat = preset_settings(args)
     return make_request(prompt, method="draft", gamma=gamma, max_new_tokens=args.max_new_tokens,
                         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                         chat_template=chat), method_options(args)

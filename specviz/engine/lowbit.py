@@ -33,6 +33,8 @@ import warnings
 import torch
 from torch import nn
 
+from .rowwise_attention import use_rowwise
+
 FORMATS = ("w16", "w8a8", "w8", "w4")  # weight bits (and activation bits)
 GROUP = 32  # a Q4_K sub-block
 # the names say the activations' type: the greedy near-tie rule (engine/equality.py) reads it
@@ -197,7 +199,6 @@ def to_lowbit(model: nn.Module, fmt: str, *, head: str | None = None) -> nn.Modu
         holder = model.get_submodule(parent) if parent else model
         setattr(holder, attr, _low(mod, head if mod is out else fmt))
     if fmt == "w8a8" and getattr(model.config, "_attn_implementation", None) == "sdpa":
-        from .rowwise_attention import use_rowwise
         use_rowwise(model)
     return model
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import tempfile
 import time
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ModelError
+from .vllm_server import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 SETUP_HINT = "run `bash scripts/setup.sh llamacpp` (builds llama-server into .llamacpp/)"
@@ -121,12 +121,6 @@ def process_peak_mb(pid: int) -> float | None:
 # ------------------------------------------------------------------ servers
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def server_command(binary: str, target: str, port: int, threads: int, draft: str | None = None,
                    n_max: int = 0, n_min: int = 0) -> list[str]:
     """One slot, no prompt cache; with a draft: draft-simple speculative decoding, n_max drafts per
@@ -152,7 +146,7 @@ class Server:
     info: dict = field(default_factory=dict)
 
     def start(self, timeout: float = START_TIMEOUT_S) -> None:
-        port = _free_port()
+        port = free_port()
         cmd = [*self.cmd]
         cmd[cmd.index("--port") + 1] = str(port)
         self.cmd, self.url = cmd, f"http://127.0.0.1:{port}"
@@ -204,13 +198,7 @@ class Server:
         return process_peak_mb(self.proc.pid) if self.proc else None
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.proc = None
         if self.log is not None:
             self.log.unlink(missing_ok=True)

@@ -86,14 +86,19 @@ class Server:
     extra: dict = field(default_factory=dict)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.proc = None
+
+
+def stop_process(proc: subprocess.Popen | None) -> None:
+    """Terminate a server process, killing it after 30 s (vLLM and llama.cpp servers alike)."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _log_reason(log: Path | None) -> str:
