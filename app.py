@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 
-from specviz.cli import add_pair_args
+from specviz.flags import add_pair_args
 from specviz.models import ModelError, resolve_pair
 from specviz.race import DEFAULT_MODE, MODES
 from specviz.request import Limits

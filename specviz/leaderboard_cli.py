@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
+from .flags import add_method_args, add_pair_args, load_from_args, method_options, preset_settings
 from .format import number
 from .leaderboard import DEFAULT_KEYS, END, PLAIN, START, Board, all_keys, new_board, race_methods
 
@@ -19,7 +20,6 @@ COLUMNS = ("#", "method", "γ", "tok/s", "× plain", "τ", "α̂", "c", "v", "to
 
 
 def add_args(sub) -> None:
-    from .cli import add_method_args, add_pair_args
     r = sub.add_parser("race-methods", help="race several methods on one prompt (one shared plain baseline, "
                                             "each method timed alone) and print the leaderboard")
     add_pair_args(r)
@@ -77,7 +77,6 @@ def _width(text: str) -> int:
 
 
 def _request(args):
-    from .cli import method_options, preset_settings
     from .request import make_request
     prompt, gamma, chat = preset_settings(args)
     return make_request(prompt, method="draft", gamma=gamma, max_new_tokens=args.max_new_tokens,
@@ -101,7 +100,6 @@ def run(args) -> int:
     keys = parse_keys(args.methods)  # bad names fail before minutes of loading
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
-    from .cli import load_from_args
     from .race import on_engine_thread
     from .request import encode_prompt
     print("loading the model pair…", file=sys.stderr)

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 from .engine.proposers import method_names, method_spec
 from .engine.sampling import SamplingParams
+from .engine.theory import MAX_GAMMA
 from .errors import RequestError
 
 METHODS = method_names()  # every proposer registered in engine/proposers/
-MAX_GAMMA = 16
 AUTO_GAMMA = "auto"  # γ chosen each round from the measured costs (engine/gamma.py)
 PROMPT_CHARS_PER_TOKEN = 32  # a prompt longer than this many characters per allowed token is refused unread
 

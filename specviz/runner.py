@@ -6,7 +6,9 @@ so they share the exact same engine calls.
 from __future__ import annotations
 
 from .engine.decoding import baseline, speculative
-from .engine.proposers import make_proposer, target_vocab  # noqa: F401 (re-exported)
+from .engine.gamma import make_policy
+from .engine.proposers import make_proposer, method_spec, target_vocab  # noqa: F401 (re-exported)
+from .engine.proposers.lookahead import lookahead
 from .engine.tree_decoding import tree_speculative
 from .errors import RequestError
 from .request import RunRequest
@@ -21,11 +23,15 @@ def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], *, stop=
     if mode == "baseline":
         return baseline(pair.target, pair.tokenizer, prompt_ids, **common)
     if mode == "speculative":
+        # the verifier is chosen by the method's declared kind (engine/proposers/base.py); same events
         prop = make_proposer(pair, req.method, req)
-        if getattr(prop, "tree", False):  # a token tree: verified in one forward (engine/tree_decoding.py)
-            return tree_speculative(pair.target, prop, pair.tokenizer, prompt_ids, gamma=req.gamma, **common)
-        if hasattr(prop, "decode"):  # a method with its own loop (lookahead): same arguments, same events
-            return prop.decode(pair.target, pair.tokenizer, prompt_ids, gamma=req.gamma, **common)
+        kind = method_spec(req.method).kind
+        if kind == "tree":  # γ is the tree depth
+            return tree_speculative(pair.target, prop, pair.tokenizer, prompt_ids, depth=req.gamma, **common)
+        if kind == "jacobi":  # γ set the proposer's n-gram length; greedy only: no seed
+            common.pop("seed")
+            return lookahead(pair.target, prop, pair.tokenizer, prompt_ids, **common)
+        # γ is the draft length, or the auto policy's cap
         return speculative(pair.target, prop, pair.tokenizer, prompt_ids,
                            gamma=req.gamma, policy=gamma_policy(pair, req), **common)
     raise RequestError(f"Unknown mode {mode!r}.")
@@ -41,7 +47,5 @@ def gamma_policy(pair, req: RunRequest):
     """The auto-γ policy for `req` on `pair` (None: the proposer's own γ)."""
     if not req.gamma_auto:
         return None
-    from .engine.gamma import make_policy
-    from .engine.proposers import method_spec
     return make_policy(getattr(pair, "costs", None), needs_draft=method_spec(req.method).needs_draft,
                        max_gamma=req.gamma)

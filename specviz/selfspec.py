@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache
 
 from .engine.layers import layers_forward, n_layers
-from .engine.metrics import expected_tokens_per_round
+from .engine.theory import ALPHA_MAX, best_gamma, speedup
 
 VERSION = 1
 GAMMAS = tuple(range(1, 9))
@@ -30,15 +30,10 @@ GAMMAS = tuple(range(1, 9))
 
 # ------------------------------------------------------------------ theory
 
-def theory_speedup(alpha: float, gamma: int, c: float, v: float) -> float:
-    """Verify-cost-aware Leviathan: (1 − α^{γ+1}) / ((1 − α)(γc + v(γ)))."""
-    return expected_tokens_per_round(alpha, gamma) / (gamma * c + v)
-
-
 def theory_best(alpha: float, c: float, verify_cost, gammas=GAMMAS) -> tuple[int, float]:
-    """(γ, predicted speedup) maximising the theory; verify_cost(γ) = v(γ)."""
-    g = max(gammas, key=lambda g: theory_speedup(alpha, g, c, verify_cost(g)))
-    return g, theory_speedup(alpha, g, c, verify_cost(g))
+    """(γ in 1..max(gammas), predicted speedup) maximising the theory; verify_cost(γ) = v(γ)."""
+    g = best_gamma(alpha, c, verify_cost, max_gamma=max(gammas))
+    return g, speedup(alpha, g, c, verify_cost(g))
 
 
 # ------------------------------------------------------------ measurements
@@ -125,7 +120,7 @@ def _rank(pair, candidates, ids_list, step, verify_cost):
     for key, layers in candidates:
         alpha = agreement(pair.target, ids_list, layers)
         c = step(pair.target, layers) / plain
-        g, pred = theory_best(min(alpha, 0.999), c, verify_cost)
+        g, pred = theory_best(min(alpha, ALPHA_MAX), c, verify_cost)
         rows.append(dict(key=key, layers=len(layers), alpha_hat=round(alpha, 4), c=round(c, 4),
                          gamma=g, predicted=round(pred, 4)))
     return rows, plain
@@ -226,7 +221,7 @@ def reuse_probe(pair, exit_layer: int, gammas=(1, 2, 4, 8), step=step_seconds) -
 
 
 def cache_file(pair):
-    from .models import cache_root
+    from .paths import cache_root
     return cache_root() / "selfspec" / f"{pair_key(pair)}.json"
 
 
@@ -260,7 +255,7 @@ def main(argv=None) -> int:
     default pair (or --target/--draft), print the results (JSON) and cache them."""
     import argparse
 
-    from .cli import add_pair_args, load_from_args
+    from .flags import add_pair_args, load_from_args
     ap = argparse.ArgumentParser(prog="python -m specviz.selfspec", description=main.__doc__)
     add_pair_args(ap)
     ap.add_argument("--force", action="store_true", help="recalibrate even if cached")

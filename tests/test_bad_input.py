@@ -18,7 +18,7 @@ pytest.importorskip("gradio_client")
 from browser.server import InProcessApp, ready_client, shared_server  # noqa: E402
 
 from specviz.ui import method_options  # noqa: E402
-from specviz.ui.layout import METHOD_CHOICES, TRAINED_ONLY  # noqa: E402
+from specviz.ui.method_options import METHOD_CHOICES, TRAINED_ONLY  # noqa: E402
 
 # inputs of /run, in order
 FIELDS = ("prompt", "gamma", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "chat_template", "mode",

@@ -7,8 +7,9 @@ from specviz.engine import calibrate as cal
 from specviz.engine.costs import CostModel
 from specviz.engine.equality import compare_greedy
 from specviz.engine.events import Outcome, TokenEvent
-from specviz.engine.gamma import AutoGamma, FixedGamma, best_gamma, expected_rate, make_policy
+from specviz.engine.gamma import AutoGamma, FixedGamma, make_policy
 from specviz.engine.sampling import Gap
+from specviz.engine.theory import ALPHA_MAX, best_gamma
 
 BIG, DRAFT = 1_500_000_000, 500_000_000
 BUSY = cal.busy  # the real one (the fixture below replaces it)
@@ -123,9 +124,11 @@ def flat_costs(c=0.15, slope=0.0):
     return CostModel(0.128, tuple(t[n] for n in range(1, 18)), draft_step_s=0.128 * c)
 
 
-def test_expected_rate_is_leviathan_at_v1():
-    from specviz.engine.metrics import predicted_speedup
-    assert expected_rate(0.7, 4, 0.1, 1.0) == pytest.approx(predicted_speedup(0.7, 4, 0.1))
+def test_auto_gamma_is_the_theory_best_gamma_with_alpha_clamped():
+    flat = flat_costs().verify_cost
+    policy = AutoGamma(0.1, flat, s=5.0, n=5.0)  # α̂ = 1 is clamped to ALPHA_MAX
+    assert policy.next_gamma(16) == best_gamma(ALPHA_MAX, 0.1, flat)
+    assert policy.next_gamma(3) == best_gamma(ALPHA_MAX, 0.1, flat, max_gamma=3)
 
 
 def test_best_gamma_follows_verify_cost():

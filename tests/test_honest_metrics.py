@@ -5,9 +5,11 @@ import pytest
 from specviz.engine.costs import CostModel
 from specviz.engine.decoding import baseline, speculative
 from specviz.engine.events import RunSummary
-from specviz.engine.metrics import best_gamma, predicted_speedup, run_stats, v_at, verify_curve
+from specviz.engine.metrics import run_stats
 from specviz.engine.proposers import DraftModelProposer, PromptLookupProposer
 from specviz.engine.sampling import SamplingParams
+from specviz.engine.theory import best_gamma, v_at, verify_curve
+from specviz.engine.theory import speedup as predicted_speedup
 from specviz.ui import render
 from specviz.ui.state import RunView
 
@@ -91,7 +93,7 @@ def test_draft_free_method_has_c_zero_even_in_round_one():
 def test_verify_aware_best_gamma_is_shorter():
     curve = verify_curve(_costs())
     # at α̂ 0.8, c 0.05 Leviathan's best γ is long; a verify cost growing by 0.2 steps per draft shortens it
-    lev, aware = best_gamma(0.8, 0.05), best_gamma(0.8, 0.05, curve=curve)
+    lev, aware = best_gamma(0.8, 0.05), best_gamma(0.8, 0.05, curve)
     assert aware < lev
     assert max(range(1, 17), key=lambda g: predicted_speedup(0.8, g, 0.05, curve[g])) == aware
 

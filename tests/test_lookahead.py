@@ -9,8 +9,8 @@ from transformers import DynamicCache
 
 from specviz.engine.decoding import baseline
 from specviz.engine.events import Outcome
-from specviz.engine.lookahead_decoding import forward_masked, keep_positions, lookahead
-from specviz.engine.proposers.lookahead import Layout, LookaheadProposer, build_mask, positions
+from specviz.engine.forward import bias_of, keep_cache_slots, masked_forward
+from specviz.engine.proposers.lookahead import Layout, LookaheadProposer, build_mask, lookahead, positions
 from specviz.engine.sampling import SamplingParams
 from specviz.errors import RequestError
 from specviz.request import make_request
@@ -48,11 +48,12 @@ def test_masked_forward_matches_plain_forward(target):
     allowed = torch.zeros(7, 7, dtype=torch.bool)
     allowed[:4, :4] = torch.tril(torch.ones(4, 4, dtype=torch.bool))
     allowed[4:, 4:] = torch.tril(torch.ones(3, 3, dtype=torch.bool))
-    logits = forward_masked(target, a + b, cache, list(range(6, 10)) + list(range(6, 9)), allowed)
+    logits = masked_forward(target, cache, ids=a + b, positions=list(range(6, 10)) + list(range(6, 9)),
+                            bias=bias_of(allowed, 6), keep=7)
     torch.testing.assert_close(logits[:4], full[6:10], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(logits[4:], full[6:9], rtol=1e-5, atol=1e-5)
     # keep branch b only: the cache equals a plain one of prefix + b
-    keep_positions(cache, list(range(6)) + [10, 11, 12])
+    keep_cache_slots(cache, prefix=6, slots=[10, 11, 12])
     plain = DynamicCache()
     target(ids[:, :9], past_key_values=plain, use_cache=True)
     for la, lb in zip(cache.layers, plain.layers, strict=True):
@@ -66,7 +67,7 @@ def test_greedy_lookahead_equals_baseline(tok, target, ngram, window, guesses, p
     ids = tok.encode(prompt)
     _, base = run(baseline(target, tok, ids, 50, GREEDY))
     prop = LookaheadProposer(ngram=ngram, window=window, max_guesses=guesses)
-    rounds, spec = run(lookahead(target, prop, tok, ids, 50, ngram - 1, GREEDY))
+    rounds, spec = run(lookahead(target, prop, tok, ids, 50, GREEDY))
     assert spec.token_ids == base.token_ids and spec.text == base.text
     check_stream(rounds, spec)
     assert spec.target_forwards == spec.rounds < 50
@@ -79,7 +80,7 @@ def test_greedy_lookahead_equals_baseline(tok, target, ngram, window, guesses, p
 def test_lookahead_accepts_guesses(tok, target):
     ids = tok.encode(PROMPTS[0])
     rounds, spec = run(lookahead(target, LookaheadProposer(ngram=4, window=6, max_guesses=5), tok, ids,
-                                 60, 3, GREEDY))
+                                 60, GREEDY))
     assert spec.accepted > 5 and spec.rounds < 45  # the tiny model loops: n-grams pay
     assert any(r.info["won"] >= 0 for r in rounds)
 
@@ -89,7 +90,7 @@ def test_eos_and_budget_inside_a_guess(tok, target, ngram, window):
     ids = tok.encode(PROMPTS[0])
     _, full = run(baseline(target, tok, ids, 60, GREEDY))
     rounds, spec = run(lookahead(target, LookaheadProposer(ngram=ngram, window=window, max_guesses=4),
-                                 tok, ids, 60, ngram - 1, GREEDY))
+                                 tok, ids, 60, GREEDY))
     # an end inside an accepted guess: pick a token that the run accepted mid-guess
     inside = [(r, t) for r in rounds for t in r.tokens if t.outcome is Outcome.ACCEPTED]
     assert inside, "needs accepted guess tokens"
@@ -97,13 +98,13 @@ def test_eos_and_budget_inside_a_guess(tok, target, ngram, window):
     eos = full.token_ids[pos]
     _, base = run(baseline(target, tok, ids, 60, GREEDY, eos_ids=[eos]))
     prop = LookaheadProposer(ngram=ngram, window=window, max_guesses=4)
-    rounds, spec = run(lookahead(target, prop, tok, ids, 60, ngram - 1, GREEDY, eos_ids=[eos]))
+    rounds, spec = run(lookahead(target, prop, tok, ids, 60, GREEDY, eos_ids=[eos]))
     assert spec.token_ids == base.token_ids and spec.stop_reason == base.stop_reason == "eos"
     check_stream(rounds, spec)
     for max_new in range(1, 30, 3):
         _, base = run(baseline(target, tok, ids, max_new, GREEDY))
         prop = LookaheadProposer(ngram=ngram, window=window, max_guesses=4)
-        rounds, spec = run(lookahead(target, prop, tok, ids, max_new, ngram - 1, GREEDY))
+        rounds, spec = run(lookahead(target, prop, tok, ids, max_new, GREEDY))
         assert spec.token_ids == base.token_ids and len(spec.token_ids) == max_new
         check_stream(rounds, spec)
 
@@ -112,7 +113,7 @@ def test_sampling_is_refused(tok, target):
     with pytest.raises(RequestError, match="greedy only"):
         make_request("hi", method="lookahead", temperature=0.7)
     with pytest.raises(RequestError, match="greedy only"):
-        list(lookahead(target, LookaheadProposer(), tok, tok.encode("ab"), 5, 3, SamplingParams(1.0)))
+        list(lookahead(target, LookaheadProposer(), tok, tok.encode("ab"), 5, SamplingParams(1.0)))
 
 
 @pytest.mark.parametrize("opts", [{"window": 0}, {"window": "x"}, {"guesses": 99}, {"guesses": 1.5}])
@@ -141,7 +142,7 @@ def test_winning_ngram_reaches_trace_page_and_cli_summary(tok, target):
     from specviz.trace import event_from_dict, event_to_dict
     from specviz.ui.render import round_html
     ids = tok.encode(PROMPTS[0])
-    rounds, _ = run(lookahead(target, LookaheadProposer(ngram=4, window=6, max_guesses=5), tok, ids, 60, 3,
+    rounds, _ = run(lookahead(target, LookaheadProposer(ngram=4, window=6, max_guesses=5), tok, ids, 60,
                               GREEDY))
     won = next(r for r in rounds if r.info["won"] >= 0)
     back = event_from_dict(json.loads(json.dumps(event_to_dict(won))))

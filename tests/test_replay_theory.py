@@ -5,7 +5,9 @@ import threading
 
 import pytest
 
-from specviz.engine.metrics import best_gamma, expected_tokens_per_round, predicted_speedup
+from specviz.engine.theory import best_gamma
+from specviz.engine.theory import expected_tokens as expected_tokens_per_round
+from specviz.engine.theory import speedup as predicted_speedup
 from specviz.race import race
 from specviz.request import encode_prompt, make_request
 from specviz.trace import record, trace_for

@@ -122,8 +122,9 @@ def fake_step(model, layers, n_tokens=1):
 
 
 def test_theory_matches_leviathan_with_unit_verify():
-    from specviz.engine.metrics import predicted_speedup
-    assert selfspec.theory_speedup(0.7, 4, 0.2, 1.0) == pytest.approx(predicted_speedup(0.7, 4, 0.2))
+    from specviz.engine.theory import speedup
+    assert selfspec.theory_best(0.7, 0.2, lambda g: 1.0)[1] == pytest.approx(
+        max(speedup(0.7, g, 0.2) for g in range(1, 9)))
     g, s = selfspec.theory_best(0.9, 0.05, lambda g: 1.0)
     assert g == 8 and s > 3  # a cheap, good draft wants a long γ
     assert selfspec.theory_best(0.3, 0.8, lambda g: 1.0)[0] == 1

@@ -228,7 +228,7 @@ def test_theory_text_follows_the_v_mode():
 
 
 def test_medusa_heads_offered_only_when_trained():
-    from specviz.ui.layout import method_choices
+    from specviz.ui.method_options import method_choices
     assert "heads" not in [v for _, v in method_choices(False)]
     assert "heads" in [v for _, v in method_choices(True)]
 

@@ -218,7 +218,8 @@ def test_the_chi_square_test_catches_a_broken_acceptance(monkeypatch):
 def test_tree_forward_equals_one_forward_per_path(impl):
     """A custom 4D mask + position ids through a DynamicCache (transformers
     passes 4D masks through unchanged) gives each node its path's logits."""
-    from specviz.engine.tree_forward import keep_cache_slots, tree_forward_logits
+    from specviz.engine.forward import keep_cache_slots
+    from specviz.engine.tree_forward import tree_forward_logits
     from specviz.engine.tree_sampling import depths_of
     m = tiny_model(50, seed=0, layers=3)
     m.config._attn_implementation = impl

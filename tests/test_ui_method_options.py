@@ -8,8 +8,9 @@ from types import SimpleNamespace
 import gradio as gr
 import pytest
 
-from specviz.cli import build_parser, method_flags
+from specviz.cli import build_parser
 from specviz.engine.proposers import REGISTRY, method_names
+from specviz.flags import method_flags
 from specviz.trace import load_trace
 from specviz.ui import method_options as mo
 from specviz.ui import render

@@ -34,8 +34,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..cli import add_pair_args
 from ..errors import RequestError, exit_code
+from ..flags import add_pair_args
 from ..hosting.bandwidth import bench_lines, weight_bytes
 from ..machine import loadavg
 from . import llamacpp_rows, vllm_rows
@@ -133,7 +133,7 @@ def _estimate(warm: dict[str, Run], n_tokens: int) -> float:
 def _load(bench: Bench, args, argv: list[str], t_start: float) -> None:
     import transformers
 
-    from ..cli import load_from_args
+    from ..flags import load_from_args
     transformers.logging.set_verbosity_error()
     _log(f"loading the pair (load average {loadavg()}) ...")
     bench.pair = pair = load_from_args(args, progress=lambda msg, frac: _log(f"  [{frac:4.0%}] {msg}"))

@@ -25,14 +25,14 @@ import sys
 import time
 from pathlib import Path
 
-from ..cli import add_pair_args, load_from_args
 from ..engine.decoding import baseline, speculative
 from ..engine.layers import n_layers
 from ..engine.proposers import make_proposer, method_names
 from ..engine.sampling import SamplingParams
+from ..engine.theory import ALPHA_MAX, speedup
 from ..errors import ModelError, RequestError
+from ..flags import add_pair_args, load_from_args
 from ..machine import hardware, loadavg
-from ..selfspec import theory_speedup
 
 GREEDY = SamplingParams(temperature=0)
 EXIT_LAYERS = (4, 8, 12, 16, 20, 24)
@@ -130,7 +130,7 @@ def add_theory(size: dict, plain_tps: float, costs) -> None:
     for r in rows:
         r["speedup"] = r["tps"] / plain_tps if r["tps"] else None
         v = costs.verify_cost(r["gamma"]) if costs is not None else (r["v"] or 1.0)
-        r["theory"] = theory_speedup(min(alpha_hat, 0.999), r["gamma"], c, v)
+        r["theory"] = speedup(min(alpha_hat, ALPHA_MAX), r["gamma"], c, v)
     size.update(alpha_hat=alpha_hat, c=c, plain_tps=plain_tps,
                 v_source="pair.costs" if costs is not None else "measured in-run",
                 measured_best=max(rows, key=lambda r: r["speedup"] or 0)["gamma"],

@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     ap.add_argument("--method", default="draft")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    from ..cli import add_pair_args, load_from_args
+    from ..flags import add_pair_args, load_from_args
     add_pair_args(ap)  # the same pair, precision, int8 and cache flags as the bench and the CLI
     args = ap.parse_args(argv)
     pair = load_from_args(args)

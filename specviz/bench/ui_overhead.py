@@ -31,7 +31,7 @@ import statistics
 import sys
 import time
 
-from ..cli import add_pair_args, load_from_args
+from ..flags import add_pair_args, load_from_args
 from ..race import race
 from ..request import encode_prompt, make_request
 

@@ -241,7 +241,7 @@ def load(path) -> Datastore:
 
 
 def default_path(tokenizer) -> Path:
-    from ..models import cache_root
+    from ..paths import cache_root
     return cache_root() / "datastores" / f"rest-{tokenizer_key(tokenizer)}-d{DEPTH}.npz"
 
 

@@ -14,30 +14,15 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
-import torch.nn.functional as F
 
 from .clock import Clock
-from .events import Outcome, RoundEvent, RunSummary, TokenEvent
-from .forward import crop_cache, forward_logits, new_cache, pick
-from .proposers.base import Proposer
+from .events import Outcome, RoundEvent, RunSummary, TokenEvent, commit_round, round_tokens
+from .forward import crop_cache, forward_logits, pick
+from .proposers.base import ChainProposer
+from .rounds import check_stop, cut_at_eos, drive_rounds, new_summary, pad_to, run_state
 from .sampling import SamplingParams, Verdict, top2_gap, verify, warp
 from .text import TextStream
 from .topk_view import round_dists
-
-
-def check_stop(stop: threading.Event | None) -> bool:
-    return stop is not None and stop.is_set()
-
-
-def pad_to(q: torch.Tensor, vocab: int) -> torch.Tensor:
-    # a draft with a smaller output layer proposes nothing past its size
-    return F.pad(q, (0, vocab - q.shape[-1])) if q.shape[-1] < vocab else q
-
-
-def _run_state(model, tokenizer, eos_ids, seed, clock):
-    """What every run starts with: the EOS set, its generator, clock, KV cache and text stream."""
-    return (frozenset(eos_ids), make_generator(model.device, seed), clock or Clock(model.device),
-            new_cache(model), TextStream(tokenizer))
 
 
 @torch.inference_mode()
@@ -53,7 +38,7 @@ def baseline(
     clock: Clock | None = None,
 ) -> Iterator[TokenEvent | RunSummary]:
     """Plain KV-cached autoregressive decoding of the target."""
-    eos, gen, clock, cache, stream = _run_state(model, tokenizer, eos_ids, seed, clock)
+    eos, gen, clock, cache, stream = run_state(model, tokenizer, eos_ids, seed, clock)
     out: list[int] = []
     feed = list(prompt_ids)
     forwards, prefill, reason = 0, 0.0, "max_new_tokens"
@@ -80,54 +65,6 @@ def baseline(
         elapsed=clock.now(), prefill=prefill, target_forwards=forwards, stop_reason=reason,
         device=str(model.device),
     )
-
-
-def new_summary(method: str, gamma: int, device, **extra) -> RunSummary:
-    """A speculative run's summary before its first round; finish_run closes it."""
-    return RunSummary(mode="speculative", method=method, token_ids=[], text="", n_tokens=0,
-                      elapsed=0.0, prefill=0.0, target_forwards=0, stop_reason="max_new_tokens",
-                      gamma=gamma, device=str(device), **extra)
-
-
-def cut_at_eos(new: list[int], eos, remaining: int) -> tuple[list[int], bool]:
-    """A round's new tokens and whether they hit EOS: EOS or the budget can end
-    the output inside a round, as in plain decoding."""
-    for i, x in enumerate(new):
-        if x in eos:
-            return new[: i + 1][:remaining], True
-    return new[:remaining], False
-
-
-def drive_rounds(s: RunSummary, stream: TextStream, clock: Clock, max_new_tokens: int,
-                 stop: threading.Event | None, one_round) -> Iterator[RoundEvent | RunSummary]:
-    """The loop of every speculative engine: one_round(r, remaining) -> RoundEvent
-    while tokens are due, until a stop or EOS (s.stop_reason); the summary last."""
-    r = 0
-    while len(s.token_ids) < max_new_tokens:
-        if check_stop(stop):
-            s.stop_reason = "stopped"
-            break
-        yield one_round(r, max_new_tokens - len(s.token_ids))
-        r += 1
-        if s.stop_reason == "eos":
-            break
-    yield finish_run(s, stream, clock)
-
-
-def finish_run(s: RunSummary, stream: TextStream, clock: Clock) -> RunSummary:
-    """Close a speculative run's summary: the last event of every speculative engine."""
-    s.n_tokens = len(s.token_ids)
-    s.text = stream.final()
-    s.elapsed = clock.now()
-    return s
-
-
-def make_generator(device, seed):
-    if seed is None:
-        return None
-    g = torch.Generator(device=device)
-    g.manual_seed(seed)
-    return g
 
 
 @dataclass
@@ -173,9 +110,8 @@ def _draft_and_verify(target, proposer, committed, cache, g, params, gen, eos, c
     prop = proposer.propose(committed, g, params, gen, eos)
     t_drafted = clock.now()
     k = len(prop.tokens)
-    verify_logits = getattr(proposer, "verify_logits", None)
-    if verify_logits is not None:  # the proposer already ran part of the target on its drafts
-        logits = verify_logits(fed, prop.tokens, k + 1)
+    if proposer.supplies_verify_logits:  # the proposer already ran part of the target on its drafts
+        logits = proposer.verify_logits(fed, prop.tokens, k + 1)
     else:
         logits = forward_logits(target, fed + prop.tokens, cache, k + 1)
     p = warp(logits, params)
@@ -189,39 +125,18 @@ def _draft_and_verify(target, proposer, committed, cache, g, params, gen, eos, c
 
 def _token_events(rd: _Round, new: list[int], stream: TextStream, r: int) -> list[TokenEvent]:
     """The round's tokens in display order: accepted, then rejected + resampled, or bonus."""
-    v, t, gap = rd.v, rd.t_end, (lambda i: rd.gaps[i] if rd.gaps else None)
+    v, gap = rd.v, (lambda i: rd.gaps[i] if rd.gaps else None)
     appended = len(new) == v.n_accepted + 1
-    tokens = [TokenEvent(x, stream.push(x), Outcome.ACCEPTED, t, r, i + 1,
-                         p=v.p_x[i], q=v.q_x[i], u=v.u[i], gap=gap(i))
-              for i, x in enumerate(new[:-1] if appended else new)]
+    accepted = [(x, dict(p=v.p_x[i], q=v.q_x[i], u=v.u[i], gap=gap(i)))
+                for i, x in enumerate(new[:-1] if appended else new)]
+    rejected = last = None
     if appended:
         j = v.n_accepted
         if v.resampled:
-            tokens.append(TokenEvent(rd.tokens[j], stream.token_text(rd.tokens[j]), Outcome.REJECTED,
-                                     t, r, j + 1, p=v.p_x[j], q=v.q_x[j], u=v.u[j], gap=gap(j)))
+            rejected = (rd.tokens[j], j + 1, dict(p=v.p_x[j], q=v.q_x[j], u=v.u[j], gap=gap(j)))
         kind = Outcome.RESAMPLED if v.resampled else Outcome.BONUS
-        tokens.append(TokenEvent(v.token, stream.push(v.token), kind, t, r, 0,
-                                 p=float(rd.p[j, v.token]), gap=gap(j)))
-    return tokens
-
-
-def _account(s: RunSummary, rd: _Round) -> int:
-    """Add the round to the run's totals; returns how many prompt tokens its forward read."""
-    k = len(rd.tokens)
-    s.target_forwards += 1
-    s.rounds += 1
-    s.drafted += k
-    s.accepted += rd.v.n_accepted
-    prompt_tokens = len(rd.fed) - 1
-    if prompt_tokens:
-        s.prefill = rd.t_end
-        s.prompt_rounds += 1  # its draft forwards count with the prefill too
-    else:
-        s.draft_forwards += rd.forwards
-        s.draft_time += rd.t_drafted - rd.t_start
-        s.verify_time += rd.t_end - rd.t_drafted
-    s.overlap_sum += sum(rd.v.overlap)
-    return prompt_tokens
+        last = (v.token, kind, dict(p=float(rd.p[j, v.token]), gap=gap(j)))
+    return round_tokens(stream, rd.t_end, r, accepted, rejected, last)
 
 
 def _round_event(rd: _Round, s: RunSummary, r: int, appended: bool, tokens, prompt_tokens) -> RoundEvent:
@@ -240,7 +155,7 @@ def _round_event(rd: _Round, s: RunSummary, r: int, appended: bool, tokens, prom
 @torch.inference_mode()
 def speculative(
     target,
-    proposer: Proposer,
+    proposer: ChainProposer,
     tokenizer,
     prompt_ids: list[int],
     max_new_tokens: int,
@@ -259,14 +174,14 @@ def speculative(
     policy: an optional γ policy (engine/gamma.py) that picks each round's γ
     (at most `gamma`) and learns from each verdict; without one the proposer
     decides (fixed γ, or its own adaptive rule)."""
-    eos, gen, clock, cache, stream = _run_state(target, tokenizer, eos_ids, seed, clock)
+    eos, gen, clock, cache, stream = run_state(target, tokenizer, eos_ids, seed, clock)
     committed = list(prompt_ids)
     s = new_summary(proposer.name, gamma, target.device, gamma_policy=getattr(policy, "name", ""))
     # the target reads the prompt in round 1, together with the first drafts:
     # one forward fewer than a separate prefill (HF assisted generation does the
     # same). Round 1 therefore counts as prefill, not in the draft/verify split.
     proposer.reset(prompt_ids)  # the draft's prefill, not in draft_forwards
-    if hasattr(proposer, "attach_target_cache"):  # self-speculation drafts in the target's cache
+    if proposer.reads_target_cache:  # self-speculation drafts in the target's cache
         proposer.attach_target_cache(cache)
 
     def one_round(r: int, remaining: int) -> RoundEvent:
@@ -277,15 +192,16 @@ def speculative(
         _inspect(rd, stream, clock)
         new, hit_eos = cut_at_eos(rd.tokens[: rd.v.n_accepted] + [rd.v.token], eos, remaining)
         committed.extend(new)
-        s.token_ids += new
         crop_cache(cache, len(committed) - 1)
         proposer.rollback(committed, rd.v.n_accepted, len(rd.tokens))
         if policy is not None:
             policy.observe(rd.v.overlap, rd.v.n_accepted)
         tokens = _token_events(rd, new, stream, r)
-        prompt_tokens = _account(s, rd)
-        if hit_eos:
-            s.stop_reason = "eos"
+        prompt_tokens = len(rd.fed) - 1
+        commit_round(s, new, drafted=len(rd.tokens), accepted=rd.v.n_accepted, draft_forwards=rd.forwards,
+                     overlap_sum=sum(rd.v.overlap), prompt_tokens=prompt_tokens,
+                     t_draft=rd.t_drafted - rd.t_start, t_verify=rd.t_end - rd.t_drafted, t_end=rd.t_end,
+                     hit_eos=hit_eos)
         return _round_event(rd, s, r, len(new) == rd.v.n_accepted + 1, tokens, prompt_tokens)
 
     yield from drive_rounds(s, stream, clock, max_new_tokens, stop, one_round)

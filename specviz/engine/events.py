@@ -152,6 +152,55 @@ class RunSummary:
         return d
 
 
+def commit_round(s: RunSummary, new: list[int], *, drafted: int, accepted: int, draft_forwards: int,
+                 overlap_sum: float, prompt_tokens: int, t_draft: float, t_verify: float, t_end: float,
+                 hit_eos: bool = False) -> None:
+    """The one ledger: add a verified round to its run's books. Every engine commits its
+    rounds here, and the page (ui/state.py) replays the RoundEvents through it (book_round)
+    instead of recounting. A round whose forward also read the prompt (prompt_tokens > 0)
+    is timed as prefill, not in the draft/verify split."""
+    s.token_ids += new
+    s.target_forwards += 1
+    s.rounds += 1
+    s.drafted += drafted
+    s.accepted += accepted
+    if prompt_tokens:
+        s.prefill = t_end
+        s.prompt_rounds += 1  # its draft forwards count with the prefill too
+    else:
+        s.draft_forwards += draft_forwards
+        s.draft_time += t_draft
+        s.verify_time += t_verify
+    s.overlap_sum += overlap_sum
+    if hit_eos:
+        s.stop_reason = "eos"
+
+
+def round_tokens(stream, t: float, r: int, accepted: list[tuple[int, dict]],
+                 rejected: tuple[int, int, dict] | None, appended: tuple[int, Outcome, dict] | None,
+                 ) -> list[TokenEvent]:
+    """A round's TokenEvents in display order, for every engine: the accepted drafts
+    (positions 1..), the first rejected draft (x, position, fields; shown struck, not in
+    the text), then the target's own token (resampled or bonus, position 0).
+    `stream` is the run's TextStream; fields are TokenEvent's p, q, u, gap."""
+    tokens = [TokenEvent(x, stream.push(x), Outcome.ACCEPTED, t, r, i + 1, **f)
+              for i, (x, f) in enumerate(accepted)]
+    if rejected is not None:
+        x, pos, f = rejected
+        tokens.append(TokenEvent(x, stream.token_text(x), Outcome.REJECTED, t, r, pos, **f))
+    if appended is not None:
+        x, kind, f = appended
+        tokens.append(TokenEvent(x, stream.push(x), kind, t, r, 0, **f))
+    return tokens
+
+
+def book_round(s: RunSummary, ev: RoundEvent) -> None:
+    """Commit a RoundEvent to a summary being rebuilt from events (the page's running totals)."""
+    commit_round(s, [t.token_id for t in ev.tokens if t.in_output], drafted=ev.gamma,
+                 accepted=ev.n_accepted, draft_forwards=ev.draft_forwards, overlap_sum=sum(ev.overlap),
+                 prompt_tokens=ev.prompt_tokens, t_draft=ev.t_draft, t_verify=ev.t_verify, t_end=ev.t_end)
+
+
 def event_time(ev) -> float:
     """When an event became visible, in seconds on its run's clock."""
     if isinstance(ev, TokenEvent):

@@ -62,3 +62,42 @@ def new_cache(model, capacity: int = 1024):
         return DynamicCache()
     fn = kvcache.compiled_call(model) if compiled else None
     return kvcache.StaticKV(capacity, full=masked, compiled=fn)
+
+
+def masked_forward(model, cache, *, ids: list[int], positions: list[int], bias: torch.Tensor,
+                   keep: int) -> torch.Tensor:
+    """One KV-cached forward with explicit positions and an additive 4D bias
+    (0 = attend, dtype min = blocked); float logits of the last `keep` inputs.
+
+    transformers 5.x (checked on 5.23: masking_utils._preprocess_mask_arguments)
+    passes a 4D attention mask through unchanged, and Qwen2/Llama take explicit
+    position_ids, so tree and lookahead forwards need no patching."""
+    dev = model.device
+    dtype = next(model.parameters()).dtype
+    out = model(input_ids=torch.tensor([ids], device=dev), attention_mask=bias.to(dev, dtype),
+                position_ids=torch.tensor([positions], device=dev), past_key_values=cache,
+                use_cache=True, logits_to_keep=keep)
+    return out.logits[0, -keep:].float()
+
+
+def bias_of(allowed: torch.Tensor, n_past: int, dtype=torch.float32) -> torch.Tensor:
+    """(1, 1, n, n_past + n) additive bias: every new token sees the cache, and
+    new token j where allowed[i, j]."""
+    n = allowed.shape[0]
+    ok = torch.ones(n, n_past + n, dtype=torch.bool)
+    ok[:, n_past:] = allowed
+    bias = torch.zeros(n, n_past + n, dtype=dtype)
+    bias.masked_fill_(~ok, torch.finfo(dtype).min)
+    return bias[None, None]
+
+
+def keep_cache_slots(cache, *, prefix: int, slots: list[int]) -> None:
+    """Keep the first `prefix` cache positions followed by positions `slots`
+    (absolute, increasing), and drop everything else: rejected nodes and guesses go."""
+    idx = torch.tensor(list(range(prefix)) + list(slots), dtype=torch.long)
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+            continue
+        i = idx.to(layer.keys.device)
+        layer.keys = layer.keys.index_select(-2, i)
+        layer.values = layer.values.index_select(-2, i)

@@ -1,8 +1,7 @@
 """Measured statistics of a run and the theory that predicts them.
 
-Everything measured is computed from events (RunSummary / RoundEvent); the
-theory functions take α, γ, c (and v, the verify cost) and return what the
-analysis predicts.
+Everything measured is computed from events (RunSummary / RoundEvent); what
+the analysis predicts from α, γ, c and v(γ) comes from theory.py.
 
 Names (the page, the CLI and the docs use the same two):
   α̂  expected acceptance = mean over drafted positions of Σ_x min(p(x), q(x)):
@@ -17,58 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .events import RunSummary
-
-MAX_GAMMA = 16
-
-
-def expected_tokens_per_round(alpha: float, gamma: float) -> float:
-    """E[tokens per verify] = (1 - α^{γ+1}) / (1 - α)."""
-    if alpha >= 1.0:
-        return gamma + 1.0
-    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
-
-
-def predicted_speedup(alpha: float, gamma: float, c: float, v: float = 1.0) -> float:
-    """(1 - α^{γ+1}) / ((1 - α)(γc + v)); v = 1 is Leviathan et al.'s assumption
-    that verifying γ+1 tokens costs one plain target step."""
-    return expected_tokens_per_round(alpha, gamma) / (gamma * c + v)
-
-
-def verify_curve(costs=None, v_measured: float | None = None, gamma: float | None = None):
-    """v(k) for k = 0..MAX_GAMMA drafts, in plain target steps, or None.
-
-    From the CostModel measured at load when there is one; else a line through
-    v(0) = 1 (a plain step) and the run's own measured verify cost at its mean γ
-    (a one-point fit: label it as such). A measured v ≤ 1 (timing noise, a GPU
-    with spare compute) gives the flat curve v(k) = v."""
-    if costs is not None:
-        return [1.0] + [costs.verify_cost(k) for k in range(1, MAX_GAMMA + 1)]
-    if v_measured is None or not gamma or v_measured <= 0:
-        return None
-    if v_measured <= 1.0:
-        return [v_measured] * (MAX_GAMMA + 1)
-    slope = (v_measured - 1.0) / gamma
-    return [1.0 + slope * k for k in range(MAX_GAMMA + 1)]
-
-
-def v_at(curve, gamma: float) -> float:
-    """v(γ) on a curve indexed by k = 0..16, linear between integer γ."""
-    g = min(max(gamma, 0.0), len(curve) - 1)
-    lo = int(g)
-    hi = min(lo + 1, len(curve) - 1)
-    return curve[lo] + (curve[hi] - curve[lo]) * (g - lo)
-
-
-def best_gamma(alpha: float, c: float, max_gamma: int = MAX_GAMMA, curve=None) -> int:
-    """γ that maximises the predicted speedup (with v(γ) from `curve` when given)."""
-    def s(g):
-        return predicted_speedup(alpha, g, c, v_at(curve, g) if curve else 1.0)
-    return max(range(1, max_gamma + 1), key=s)
+from .proposers import REGISTRY
+from .theory import best_gamma, v_at, verify_curve
+from .theory import speedup as predicted
 
 
 def uses_draft_model(method: str) -> bool | None:
     """From the method registry; None for a method it does not know."""
-    from .proposers import REGISTRY
     spec = REGISTRY.get(method)
     return spec.needs_draft if spec is not None else None
 
@@ -149,12 +103,12 @@ def run_stats(spec: RunSummary, base: RunSummary | None = None, costs=None) -> S
     v_basis = "calibration" if costs is not None else ("this run (linear through v(0)=1)" if curve else "")
     pred = pred_v = best = best_lev = None
     if alpha_hat is not None and c is not None and g:
-        pred = predicted_speedup(alpha_hat, g, c)
+        pred = predicted(alpha_hat, g, c)
         best_lev = best_gamma(alpha_hat, c)
         best = best_lev
         if curve:
-            pred_v = predicted_speedup(alpha_hat, g, c, v_at(curve, g))
-            best = best_gamma(alpha_hat, c, curve=curve)
+            pred_v = predicted(alpha_hat, g, c, v_at(curve, g))
+            best = best_gamma(alpha_hat, c, curve)
     st = Stats(alpha, alpha_hat, tau, c, t_d, step if step else verify, speedup, pred, best, v,
                gamma_mean=g, predicted_v=pred_v, best_gamma_leviathan=best_lev, c_basis=c_basis,
                v_basis=v_basis, v_curve=curve)

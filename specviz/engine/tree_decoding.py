@@ -16,12 +16,13 @@ import torch
 from transformers import DynamicCache
 
 from .clock import Clock
-from .decoding import cut_at_eos, drive_rounds, make_generator, new_summary, pad_to
-from .events import Outcome, RoundEvent, RunSummary, TokenEvent
-from .forward import crop_cache
+from .events import Outcome, RoundEvent, RunSummary, commit_round, round_tokens
+from .forward import crop_cache, keep_cache_slots
+from .proposers.base import TreeProposer
+from .rounds import cut_at_eos, drive_rounds, make_generator, new_summary, pad_to
 from .sampling import SamplingParams, overlap, top2_gap, warp
 from .text import TextStream
-from .tree_forward import keep_cache_slots, tree_forward_logits
+from .tree_forward import tree_forward_logits
 from .tree_sampling import accept_greedy, accept_sampled, depths_of, describe_tree
 
 
@@ -51,31 +52,28 @@ def _node_stats(prop, p, q):
 def _round_tokens(stream, prop, v, new, n_path, appended, p, p_x, q_x, r, t, gaps):
     """TokenEvents of a round in display order: path, first rejected child, appended.
     A node's token was chosen at its parent's row (row 0: the last committed token)."""
-    tokens = []
     gap = (lambda row: gaps[row]) if gaps else (lambda row: None)
-    for i in range(n_path):
-        node = v.path[i]
-        tokens.append(TokenEvent(new[i], stream.push(new[i]), Outcome.ACCEPTED, t, r, i + 1,
-                                 p=p_x[node], q=q_x[node], gap=gap(prop.parents[node] + 1)))
+    accepted = [(new[i], dict(p=p_x[node], q=q_x[node], gap=gap(prop.parents[node] + 1)))
+                for i, node in enumerate(v.path[:n_path])]
+    rejected = last = None
     if appended:
-        last = v.path[-1] if v.path else -1
-        rej = next((c for c in v.tested if prop.parents[c] == last), None) if v.resampled else None
+        parent = v.path[-1] if v.path else -1
+        rej = next((c for c in v.tested if prop.parents[c] == parent), None) if v.resampled else None
         if rej is not None:
-            tokens.append(TokenEvent(prop.tokens[rej], stream.token_text(prop.tokens[rej]),
-                                     Outcome.REJECTED, t, r, len(v.path) + 1, p=p_x[rej], q=q_x[rej]))
+            rejected = (prop.tokens[rej], len(v.path) + 1, dict(p=p_x[rej], q=q_x[rej]))
         row = (v.path[-1] + 1) if v.path else 0
         kind = Outcome.RESAMPLED if v.resampled else Outcome.BONUS
-        tokens.append(TokenEvent(v.token, stream.push(v.token), kind, t, r, 0, p=float(p[row, v.token]),
-                                 gap=gap(row)))
-    return tokens
+        last = (v.token, kind, dict(p=float(p[row, v.token]), gap=gap(row)))
+    return round_tokens(stream, t, r, accepted, rejected, last)
 
 
 @torch.inference_mode()
-def tree_speculative(target, proposer, tokenizer, prompt_ids: list[int], max_new_tokens: int, gamma: int,
-                     params: SamplingParams, eos_ids=(), seed: int | None = None,
+def tree_speculative(target, proposer: TreeProposer, tokenizer, prompt_ids: list[int], max_new_tokens: int,
+                     depth: int, params: SamplingParams, eos_ids=(), seed: int | None = None,
                      stop: threading.Event | None = None,
                      clock: Clock | None = None) -> Iterator[RoundEvent | RunSummary]:
-    """Tree speculation; γ is the tree depth (see proposers/tree.py)."""
+    """Tree speculation; `depth` is the deepest tree level (the page's γ; see proposers/tree.py).
+    The summary's gamma records it."""
     eos = frozenset(eos_ids)
     gen = make_generator(target.device, seed)
     clock = clock or Clock(target.device)
@@ -83,27 +81,23 @@ def tree_speculative(target, proposer, tokenizer, prompt_ids: list[int], max_new
     stream = TextStream(tokenizer)
     # Leviathan's chain formula does not model a tree (on the default pair it predicted 0.94× for a
     # 16-node tree that measured 1.83×): no prediction or best γ is shown; τ is the tree's measure
-    s = new_summary(proposer.name, gamma, target.device, unmeasured=["predicted"])
+    s = new_summary(proposer.name, depth, target.device, unmeasured=["predicted"])
     committed = list(prompt_ids)
     proposer.reset(prompt_ids)
 
     def one_round(r: int, remaining: int) -> RoundEvent:
         t_start = clock.now()
-        prop = proposer.propose_tree(committed, min(gamma, max(1, remaining - 1)), params, gen, eos)
+        prop = proposer.propose(committed, min(depth, max(1, remaining - 1)), params, gen, eos)
         t_drafted = clock.now()
         n_prefix = len(committed)
         fed = committed[cache.get_seq_length():]
         p, v, q, gaps = _verify(target, cache, fed, prop, params, gen)
         t_end = clock.now()
-        s.target_forwards += 1
         # EOS or the budget can end the output inside the path
         new, ended = cut_at_eos([prop.tokens[i] for i in v.path] + [v.token], eos, remaining)
-        if ended:
-            s.stop_reason = "eos"
         n_path = min(len(v.path), len(new))
         appended = len(new) == len(v.path) + 1
         committed.extend(new)
-        s.token_ids += new
         keep_cache_slots(cache, prefix=n_prefix, slots=[n_prefix + i for i in v.path[:n_path]])
         crop_cache(cache, len(committed) - 1)
         proposer.rollback_tree(committed, v.path[:n_path])
@@ -111,6 +105,9 @@ def tree_speculative(target, proposer, tokenizer, prompt_ids: list[int], max_new
         q_x, p_x, ov = _node_stats(prop, p, q)
         tokens = _round_tokens(stream, prop, v, new, n_path, appended, p, p_x, q_x, r, t_end, gaps)
         texts = [stream.token_text(x) for x in prop.tokens + [v.token]]
+        commit_round(s, new, drafted=len(prop.tokens), accepted=n_path, draft_forwards=prop.forwards,
+                     overlap_sum=sum(ov), prompt_tokens=len(fed) - 1, t_draft=t_drafted - t_start,
+                     t_verify=t_end - t_drafted, t_end=t_end, hit_eos=ended)
         return _round_event(s, r, prop, v, tokens, q_x, p_x, ov, appended, n_path, len(fed) - 1,
                             t_start, t_drafted, t_end, len(s.token_ids), texts)
 
@@ -119,19 +116,8 @@ def tree_speculative(target, proposer, tokenizer, prompt_ids: list[int], max_new
 
 def _round_event(s, r, prop, v, tokens, q_x, p_x, ov, appended, n_path, prompt_tokens,
                  t_start, t_drafted, t_end, total, texts) -> RoundEvent:
-    """Update the run totals and build the round's event (with its tree record)."""
+    """The round's event (with its tree record), after commit_round booked it."""
     k = len(prop.tokens)
-    s.rounds += 1
-    s.drafted += k
-    s.accepted += n_path
-    if prompt_tokens:
-        s.prefill = t_end
-        s.prompt_rounds += 1
-    else:
-        s.draft_forwards += prop.forwards
-        s.draft_time += t_drafted - t_start
-        s.verify_time += t_end - t_drafted
-    s.overlap_sum += sum(ov)
     tree = describe_tree(prop.tokens, prop.parents, q_x, p_x, v, v.token if appended else -1,
                          texts=texts[:-1], appended_text=texts[-1])
     tree["path"] = tree["path"][:n_path]

@@ -100,7 +100,7 @@ def frequent_tokens(tokenizer, keep: int = DEFAULT_KEEP, texts: list[str] | None
 
 def _cached_counts(tokenizer) -> dict[int, int]:
     """Token counts of the bundled corpora, counted once per tokenizer (~20 s) and cached."""
-    from ..models import cache_root
+    from ..paths import cache_root
     from .datastore import tokenizer_key
     path = cache_root() / "vocab" / f"freq-{tokenizer_key(tokenizer)}.json"
     try:

@@ -14,7 +14,7 @@ from ..errors import ModelError, RequestError
 
 
 def _parser() -> argparse.ArgumentParser:
-    from ..cli import add_pair_args
+    from ..flags import add_pair_args
     ap = argparse.ArgumentParser(prog="python -m specviz.heads", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["train", "info"])
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
         return 2
     if args.quantize == "auto":
         args.quantize = "none"  # train on the target's own float weights
-    from ..cli import load_from_args
+    from ..flags import load_from_args
     from . import store
     try:
         pair = load_from_args(args)

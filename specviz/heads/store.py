@@ -33,7 +33,7 @@ def heads_key(pair) -> str:
 
 
 def heads_dir(pair) -> Path:
-    from ..models import cache_root
+    from ..paths import cache_root
     return cache_root() / "heads" / heads_key(pair)
 
 

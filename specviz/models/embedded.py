@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from ..errors import ModelError
+from ..paths import cache_root
 
 if TYPE_CHECKING:
     from .registry import PairSpec
@@ -69,10 +70,6 @@ def _module(package: str) -> str:
 def model_name(ref: str) -> str:
     """'embedded:<name>' -> '<name>'."""
     return ref[len(EMBEDDED_PREFIX):]
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("SPECVIZ_CACHE") or Path.home() / ".cache" / "specviz").expanduser()
 
 
 def _cache_dir(model: str) -> Path:

@@ -169,13 +169,12 @@ class Handlers:
                 gr.Button(visible=bool(reason)), fold, methods)
 
     def method_choices(self) -> list:
-        from .layout import method_choices
         try:
             from ..heads.store import heads_dir
             trained = (heads_dir(self.manager.pair) / "heads.pt").is_file()
         except Exception:  # noqa: BLE001 - no pair, or a target the heads cannot read: not offered
             trained = False
-        return method_choices(trained)
+        return method_options.method_choices(trained)
 
     def run_pressed(self, request: gr.Request = None):
         key = session_key(request)

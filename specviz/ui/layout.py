@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from ..engine.proposers import method_names, method_spec
 from ..request import MAX_GAMMA, Limits
 from . import draft_size, inspector, method_options, render, theory
 from . import leaderboard as board_ui
@@ -17,17 +16,6 @@ from .handlers import PairChoices
 from .stage import keys_html
 from .state import RunView
 from .tree_view import latest_tree_figure
-
-# every registered method (engine/proposers/): draft-model methods first, then by their menu order
-METHOD_CHOICES = [(f"{method_spec(m).label}: {method_spec(m).description}", m)
-                  for m in sorted(method_names(), key=lambda m: not method_spec(m).needs_draft)]
-TRAINED_ONLY = ("heads",)  # offered once the loaded pair has them trained (handlers.method_choices)
-
-
-def method_choices(trained: bool = False) -> list[tuple[str, str]]:
-    """The methods a visitor can run now: Medusa heads only when trained (a visitor cannot train them)."""
-    return [c for c in METHOD_CHOICES if trained or c[1] not in TRAINED_ONLY]
-
 
 MODE_CHOICES = [
     ("fair: each side timed alone (honest speedup)", "fair"),
@@ -137,7 +125,7 @@ def _more_settings(first: dict) -> dict:
                               info="Keep only the k most likely tokens (0 = off)")
             chat = gr.Checkbox(first["chat_template"], label="Use the chat template",
                                info="Wrap the prompt as a user message (instruct models)")
-        method = gr.Radio(method_choices(), value="draft", label="Where the guesses come from",
+        method = gr.Radio(method_options.method_choices(), value="draft", label="Where the guesses come from",
                           info="Every method is verified the same way, so the output law stays the target's",
                           elem_id="sv-method")
         opts = method_options.build("draft")  # tree shape, lookahead W and G, exit layer, skip set

@@ -9,10 +9,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..engine.proposers import REGISTRY, method_names
+from ..engine.proposers import REGISTRY, method_names, method_spec
 from ..engine.proposers.options import TEXT, Option, blank
 
 NO_SETTINGS = "This method has no settings beyond γ."
+
+# every registered method (engine/proposers/): draft-model methods first, then by their menu order
+METHOD_CHOICES = [(f"{method_spec(m).label}: {method_spec(m).description}", m)
+                  for m in sorted(method_names(), key=lambda m: not method_spec(m).needs_draft)]
+TRAINED_ONLY = ("heads",)  # offered once the loaded pair has them trained (handlers.method_choices)
+
+
+def method_choices(trained: bool = False) -> list[tuple[str, str]]:
+    """The methods a visitor can run now: Medusa heads only when trained (a visitor cannot train them)."""
+    return [c for c in METHOD_CHOICES if trained or c[1] not in TRAINED_ONLY]
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from ..engine.events import RoundEvent, RunSummary, TokenEvent
+from ..engine.events import RoundEvent, RunSummary, TokenEvent, book_round
 from ..engine.metrics import run_stats
 
 
@@ -20,11 +20,26 @@ class SideView:
     rounds: list[RoundEvent] = field(default_factory=list)  # speculative rounds
     summary: RunSummary | None = None
     t: float = 0.0  # latest event time on this side's clock
-    # running sums over rounds (speculative)
-    draft_time: float = 0.0
-    verify_time: float = 0.0
-    draft_forwards: int = 0
-    overlap_sum: float = 0.0
+    # running totals over rounds (speculative), booked by the engine's own ledger (events.commit_round)
+    books: RunSummary = field(default_factory=lambda: RunSummary(
+        mode="speculative", method="", token_ids=[], text="", n_tokens=0, elapsed=0.0, prefill=0.0,
+        target_forwards=0, stop_reason="running"))
+
+    @property
+    def draft_time(self) -> float:
+        return self.books.draft_time
+
+    @property
+    def verify_time(self) -> float:
+        return self.books.verify_time
+
+    @property
+    def draft_forwards(self) -> int:
+        return self.books.draft_forwards
+
+    @property
+    def overlap_sum(self) -> float:
+        return self.books.overlap_sum
 
     @property
     def n_tokens(self) -> int:
@@ -74,7 +89,7 @@ class SideView:
             drafted=last.total_drafted if last else 0, accepted=last.total_accepted if last else 0,
             draft_time=self.draft_time, verify_time=self.verify_time, draft_forwards=self.draft_forwards,
             overlap_sum=self.overlap_sum, gamma=max((r.gamma for r in self.rounds), default=0),
-            prompt_rounds=sum(1 for r in self.rounds if r.prompt_tokens))
+            prompt_rounds=self.books.prompt_rounds)
 
     def _prefill(self) -> float:
         if not self.rounds:
@@ -123,11 +138,7 @@ class RunView:
             view.t = max(view.t, ev.t)
         elif isinstance(ev, RoundEvent):
             view.rounds.append(ev)
-            if not ev.prompt_tokens:  # round 1 also read the prompt: that is prefill
-                view.draft_time += ev.t_draft
-                view.verify_time += ev.t_verify
-                view.draft_forwards += ev.draft_forwards
-            view.overlap_sum += sum(ev.overlap)
+            book_round(view.books, ev)  # round 1 also read the prompt: the ledger books it as prefill
             view.t = max(view.t, ev.t_end)
         elif isinstance(ev, RunSummary):
             view.summary = ev

@@ -14,13 +14,12 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from ..engine.metrics import best_gamma, expected_tokens_per_round, predicted_speedup, v_at
+from ..engine.theory import MAX_GAMMA, best_gamma, expected_tokens, speedup, v_at
 from ..format import number
-from ..request import MAX_GAMMA
 from .charts import BLUE, FONT, GREEN, GRID, ORANGE, VERMILLION, _layout
 from .render import esc
 
-ALPHA_MAX = 0.99
+ALPHA_END = 0.99  # the page's α slider and curves stop here (theory.ALPHA_MAX clamps auto γ)
 ALPHAS = [round(i / 100, 2) for i in range(0, 100)]  # 0.00 … 0.99
 GAMMAS = list(range(1, MAX_GAMMA + 1))
 DEFAULTS = dict(alpha=0.7, gamma=4, c=0.2)
@@ -63,7 +62,7 @@ class Measured:
 
 
 def _clamp(alpha: float, gamma: int, c: float) -> tuple[float, int, float]:
-    alpha = min(max(float(alpha or 0.0), 0.0), ALPHA_MAX)
+    alpha = min(max(float(alpha or 0.0), 0.0), ALPHA_END)
     gamma = min(max(int(round(float(gamma or 1))), 1), MAX_GAMMA)
     c = min(max(float(c or 0.0), 0.0), 1.0)
     return alpha, gamma, c
@@ -74,7 +73,7 @@ V_MODES = ["v = 1 (Leviathan)", "measured v curve"]
 
 def speed(alpha: float, gamma: int, c: float, curve=None) -> float:
     """Predicted speedup with v(γ) from `curve` (measured), or v = 1 without one."""
-    return predicted_speedup(alpha, gamma, c, v_at(curve, gamma) if curve else 1.0)
+    return speedup(alpha, gamma, c, v_at(curve, gamma) if curve else 1.0)
 
 
 def break_even_alpha(gamma: int, c: float, curve=None) -> float | None:
@@ -109,8 +108,8 @@ def gamma_figure(alpha: float, gamma: int, c: float, measured: Measured | None =
     fig = go.Figure()
     _layout(fig, f"Over γ, at α = {alpha:.2f}, c = {c:.2f}", "γ (draft tokens per round)", "")
     speeds = [speed(alpha, g, c, curve) for g in GAMMAS]
-    tokens = [expected_tokens_per_round(alpha, g) for g in GAMMAS]
-    best = best_gamma(alpha, c, MAX_GAMMA, curve=curve)
+    tokens = [expected_tokens(alpha, g) for g in GAMMAS]
+    best = best_gamma(alpha, c, curve)
     fig.add_hline(y=1.0, line=dict(color=FONT, width=1, dash="dot"))
     fig.add_scatter(x=GAMMAS, y=tokens, name="E[tokens per round]", yaxis="y2", mode="lines",
                     line=dict(color=GREEN, width=2, dash="dash"),
@@ -148,7 +147,7 @@ def alpha_figure(alpha: float, gamma: int, c: float, measured: Measured | None =
     fig = go.Figure()
     _layout(fig, f"Over α, at γ = {gamma}, c = {c:.2f}", "α (acceptance rate)", "")
     fig.add_hline(y=1.0, line=dict(color=FONT, width=1, dash="dot"))
-    fig.add_scatter(x=ALPHAS, y=[expected_tokens_per_round(a, gamma) for a in ALPHAS], yaxis="y2",
+    fig.add_scatter(x=ALPHAS, y=[expected_tokens(a, gamma) for a in ALPHAS], yaxis="y2",
                     name="E[tokens per round]", mode="lines", line=dict(color=GREEN, width=2, dash="dash"),
                     hovertemplate="%{y:.2f} tokens<extra>E[tokens/round]</extra>")
     fig.add_scatter(x=ALPHAS, y=[speed(a, gamma, c, curve) for a in ALPHAS], name="predicted speedup",
@@ -169,7 +168,7 @@ def alpha_figure(alpha: float, gamma: int, c: float, measured: Measured | None =
                         line=dict(color=VERMILLION, width=1.5, dash="dot"),
                         hovertemplate="%{y:.2f}×<extra>theory at the run's γ, c</extra>")
         if measured.speedup is not None:
-            fig.add_scatter(x=[min(measured.alpha_hat, ALPHA_MAX)], y=[measured.speedup],
+            fig.add_scatter(x=[min(measured.alpha_hat, ALPHA_END)], y=[measured.speedup],
                             name=f"measured: {measured.speedup:.2f}× at α̂ {measured.alpha_hat:.2f}",
                             mode="markers", marker=dict(symbol="diamond", size=13, color=VERMILLION,
                                                         line=dict(color="white", width=1)),
@@ -193,10 +192,10 @@ def figures(alpha, gamma, c, measured: dict | Measured | None = None, vmode: str
 def numbers_html(alpha: float, gamma: int, c: float, curve=None) -> str:
     """The theory at the sliders' values, in words and numbers (v(γ) from `curve` when given)."""
     alpha, gamma, c = _clamp(alpha, gamma, c)
-    e = expected_tokens_per_round(alpha, gamma)
+    e = expected_tokens(alpha, gamma)
     v = v_at(curve, gamma) if curve else 1.0
     s = speed(alpha, gamma, c, curve)
-    best = best_gamma(alpha, c, MAX_GAMMA, curve=curve)
+    best = best_gamma(alpha, c, curve)
     even = break_even_alpha(gamma, c, curve)
     cls = " sv-good" if s >= 1 else " sv-bad"
     even_txt = ("speculation pays off at any α" if even == 0 else
@@ -283,7 +282,7 @@ def build_tab() -> TheoryTab:
     with gr.Tab("Theory explorer", id="theory", elem_id="sv-tab-theory"):
         gr.HTML(FORMULA)
         with gr.Row():
-            alpha = gr.Slider(0.0, ALPHA_MAX, value=DEFAULTS["alpha"], step=0.01, label="α (acceptance rate)",
+            alpha = gr.Slider(0.0, ALPHA_END, value=DEFAULTS["alpha"], step=0.01, label="α (acceptance rate)",
                               info="Chance that the target keeps a drafted token", elem_id="sv-th-alpha")
             gamma = gr.Slider(1, MAX_GAMMA, value=DEFAULTS["gamma"], step=1, label="γ (draft length)",
                               info="Guesses per round", elem_id="sv-th-gamma")
@@ -325,7 +324,7 @@ def use_run(measured):
     m = Measured.from_dict(measured)
     if m is None:
         return gr.skip(), gr.skip(), gr.skip()
-    return min(round(m.alpha_hat, 2), ALPHA_MAX), m.gamma, min(round(m.c, 2), 1.0)
+    return min(round(m.alpha_hat, 2), ALPHA_END), m.gamma, min(round(m.c, 2), 1.0)
 
 
 def wire(tab: TheoryTab) -> None:

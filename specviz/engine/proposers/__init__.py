@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from ...errors import RequestError
 from .base import REGISTRY, MethodSpec, Proposal, Proposer, register, target_vocab
 
 __all__ = ["Proposal", "Proposer", "MethodSpec", "register", "make_proposer", "method_names",
@@ -26,7 +27,6 @@ def method_names() -> tuple[str, ...]:
 
 
 def method_spec(method: str) -> MethodSpec:
-    from ...errors import RequestError
     if method not in REGISTRY:
         raise RequestError(f"Unknown method {method!r}: choose one of {', '.join(method_names())}.")
     return REGISTRY[method]

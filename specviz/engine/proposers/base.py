@@ -1,14 +1,27 @@
-"""Where draft tokens come from. One small interface, several proposers.
+"""Where draft tokens come from: the proposer contract, and the method registry.
 
-A proposer is told the committed sequence (prompt + output so far), returns up
-to γ tokens together with the distributions q they were drawn from, and is then
-told how much of the sequence survived verification so it can roll back.
-The speculative engine does not care which proposer it talks to.
+A round is propose → verify → commit. A proposer only proposes: it is told the
+committed sequence (prompt + output so far), returns up to γ tokens (a chain) or
+a token tree, with the distributions q they were drawn from, and is then told
+what survived verification so it can roll back. Which verifier reads its
+proposal is the method's declared kind (MethodSpec.kind), never guessed from
+the proposer's attributes:
+
+  "chain"   ChainProposer, verified by engine/decoding.py (modified rejection sampling);
+  "tree"    TreeProposer, verified by engine/tree_decoding.py (one forward, tree mask);
+  "jacobi"  lookahead: its proposer holds the Jacobi window and the n-gram pool,
+            and its verifier loop lives in the same file (proposers/lookahead.py).
+
+Optional capabilities a chain proposer declares (class attributes, default off):
+  reads_target_cache     attach_target_cache(cache) is called once per run: the
+                         proposer drafts in (or reads) the target's KV cache;
+  supplies_verify_logits verify_logits(fed, tokens, keep) replaces the engine's
+                         target forward (it already ran part of the target).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Literal, Protocol
 
 import torch
 
@@ -27,8 +40,52 @@ class Proposal:
     raw: list | None = None
 
 
+class ChainProposer(Protocol):
+    """What the chain verifier (engine/decoding.py) calls, in this order per run:
+    reset once, then per round next_gamma, propose, (verify_logits), rollback."""
+
+    name: str
+    reads_target_cache: bool
+    supplies_verify_logits: bool
+
+    def reset(self, prompt_ids: list[int]) -> int: ...
+    def next_gamma(self, requested: int) -> int: ...
+    def propose(self, committed: list[int], gamma: int, params: SamplingParams,
+                generator: torch.Generator | None, eos_ids: frozenset[int]) -> Proposal: ...
+    def rollback(self, committed: list[int], n_accepted: int, n_drafted: int) -> None: ...
+    def attach_target_cache(self, cache) -> None: ...
+    def verify_logits(self, fed: list[int], tokens: list[int], keep: int) -> torch.Tensor: ...
+
+
+class TreeProposer(Protocol):
+    """What the tree verifier (engine/tree_decoding.py) calls: propose a tree of at
+    most `depth` levels (proposers/tree.py TreeProposal), then keep the accepted path."""
+
+    name: str
+
+    def reset(self, prompt_ids: list[int]) -> int: ...
+    def propose(self, committed: list[int], depth: int, params: SamplingParams,
+                generator: torch.Generator | None, eos_ids: frozenset[int]): ...
+    def rollback_tree(self, committed: list[int], path: list[int]) -> None: ...
+
+
+class JacobiProposer(Protocol):
+    """What the Jacobi verifier (lookahead() in proposers/lookahead.py) calls: the
+    round's layout (Jacobi levels + pool guesses), then the newest level's outputs."""
+
+    name: str
+
+    def reset(self, prompt_ids: list[int]) -> int: ...
+    def propose(self, fed: int, last: int): ...
+    def advance(self, new_level: list[int]) -> int: ...
+
+
 class Proposer:
+    """Defaults for a ChainProposer: fixed γ, no rollback state, no capabilities."""
+
     name = "base"
+    reads_target_cache = False
+    supplies_verify_logits = False
 
     def reset(self, prompt_ids: list[int]) -> int:
         """Start a new sequence. Returns forward passes spent (prefill)."""
@@ -44,6 +101,17 @@ class Proposer:
 
     def rollback(self, committed: list[int], n_accepted: int, n_drafted: int) -> None:
         """Verification kept `committed` (now including the appended token)."""
+
+    def attach_target_cache(self, cache) -> None:
+        """Only called when reads_target_cache is declared."""
+
+    def verify_logits(self, fed: list[int], tokens: list[int], keep: int) -> torch.Tensor:
+        """Only called when supplies_verify_logits is declared."""
+        raise NotImplementedError
+
+
+Kind = Literal["chain", "tree", "jacobi"]
+KINDS = ("chain", "tree", "jacobi")
 
 
 def target_vocab(model) -> int:
@@ -73,6 +141,7 @@ class MethodSpec:
         """`options` validated and normalised; RequestError in the visitor's words."""
         out = check_options(self.options, options)
         return self.finish(out) if self.finish is not None else out
+    kind: Kind = "chain"  # which verifier reads its proposals (see the module doc)
 
 
 REGISTRY: dict[str, MethodSpec] = {}
@@ -81,6 +150,9 @@ REGISTRY: dict[str, MethodSpec] = {}
 def register(name: str, label: str, **spec):
     """Decorator for a builder `(pair, req) -> Proposer`: makes `name` a method everywhere
     (`spec`: the other MethodSpec fields)."""
+    if spec.get("kind", "chain") not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, not {spec['kind']!r}")
+
     def deco(build):
         REGISTRY[name] = MethodSpec(name, label, build, **spec)
         return build

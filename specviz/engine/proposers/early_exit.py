@@ -74,6 +74,9 @@ class SharedCacheExitProposer(Proposer):
     >= L for all of them, from the hidden states the draft kept. The engine
     lends its cache (attach_target_cache) and calls verify_logits."""
 
+    reads_target_cache = True
+    supplies_verify_logits = True
+
     model: torch.nn.Module
     exit_layer: int
     vocab_size: int | None = None

@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...errors import RequestError
+from ...heads import store
+from ...heads.model import head_logits
 from ..forward import forward_logits, pick
 from ..sampling import warp
 from .base import Proposal, Proposer, register, target_vocab
@@ -36,6 +39,9 @@ def final_norm(model):
 
 @dataclass
 class HeadsProposer(Proposer):
+    reads_target_cache = True
+    supplies_verify_logits = True
+
     model: torch.nn.Module
     heads: torch.nn.Module  # specviz.heads.model.Heads
     vocab_size: int
@@ -57,7 +63,6 @@ class HeadsProposer(Proposer):
         if self.h is None or gamma < 1:  # round 1: no state yet, the prompt's forward makes one
             return Proposal([], torch.zeros(0, self.vocab_size), forwards=0,
                             info={"heads": self.heads.k, "head_ms": 0.0})
-        from ...heads.model import head_logits
         t0 = time.perf_counter()
         k = min(gamma, self.heads.k)
         logits = head_logits(self.heads, self.model.get_output_embeddings(), self.h[None])[:k, 0]
@@ -92,8 +97,6 @@ class HeadsProposer(Proposer):
           description="K trained heads on the target's last hidden state propose the next K tokens "
                       "(train once: python -m specviz.heads train)")
 def _build_heads(pair, req=None):
-    from ...errors import RequestError
-    from ...heads import store
     if final_norm(pair.target) is None:
         raise RequestError("Medusa heads need a decoder with a final norm (model.norm); this target "
                            "has another layout.")

@@ -20,16 +20,31 @@ POOL_FROM_PROMPT option). Greedy only: the lossless sampling variant is not
 built, so temperature > 0 is refused.
 
 Settings: γ = N-1 (the guess length), `window` W, `guesses` G.
-This file holds the state and the mask; engine/lookahead_decoding.py the loop.
+This file holds the state, the mask and the method's verifier loop (its kind is
+"jacobi": runner.py calls lookahead() for it). One target forward per round reads
+the fed tokens, the Jacobi window and the pool's guesses under a 4D mask
+(forward.masked_forward; checked exactly against a plain causal forward on a tiny
+Qwen2). Afterwards the cache keeps the fed tokens and the winning guess's accepted
+tokens (gathered; their keys were computed at their true positions seeing only
+committed tokens), nothing else. Same event stream as speculative().
 """
 from __future__ import annotations
 
 import random
+import threading
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
+from transformers import DynamicCache
 
 from ...errors import RequestError
+from ..clock import Clock
+from ..events import Outcome, RoundEvent, RunSummary, commit_round, round_tokens
+from ..forward import bias_of, keep_cache_slots, masked_forward
+from ..rounds import cut_at_eos, drive_rounds, new_summary
+from ..sampling import SamplingParams, top2_gap
+from ..text import TextStream
 from .base import Proposer, register
 from .options import Option
 
@@ -122,7 +137,9 @@ class LookaheadProposer(Proposer):
     def candidates(self, last: int) -> list[list[int]]:
         return [list(g) for g in self.pool.get(last, [])[: self.max_guesses]]
 
-    def layout(self, fed: int, last: int) -> Layout:
+    def propose(self, fed: int, last: int) -> Layout:
+        """This round's proposal: the Jacobi levels and the pool's guesses for `last`,
+        laid out after `fed` committed tokens (the JacobiProposer contract)."""
         return Layout(fed, len(self.levels), self.window, self.candidates(last))
 
     def advance(self, new_level: list[int]) -> int:
@@ -141,12 +158,101 @@ class LookaheadProposer(Proposer):
     def pool_size(self) -> int:
         return sum(len(v) for v in self.pool.values())
 
-    def decode(self, target, tokenizer, prompt_ids, max_new_tokens, gamma, params, eos_ids=(),
-               seed=None, stop=None, clock=None):
-        """This method's own loop (runner dispatches here instead of speculative())."""
-        from ..lookahead_decoding import lookahead
-        return lookahead(target, self, tokenizer, prompt_ids, max_new_tokens, gamma, params, eos_ids,
-                         seed, stop, clock)
+
+def best_guess(argmax: torch.Tensor, lay: Layout, first: int) -> tuple[int, int, list[int]]:
+    """Greedy verification: (winning guess or -1, tokens accepted, per-guess accepted).
+    `first` is the target's token after the last committed one."""
+    per = []
+    for g, guess in enumerate(lay.guesses):
+        k, want = 0, first
+        while k < len(guess) and guess[k] == want:
+            want = int(argmax[lay.guess(g, k)])
+            k += 1
+        per.append(k)
+    if not per or max(per) == 0:
+        return (0 if per else -1), 0, per
+    g = max(range(len(per)), key=lambda i: (per[i], -i))
+    return g, per[g], per
+
+
+def _new_level(argmax: torch.Tensor, lay: Layout) -> list[int]:
+    top = lay.levels - 1
+    return [int(argmax[lay.la(top, j)]) for j in range(lay.window)]
+
+
+def _round_tokens(stream, guess, k, new, appended, t_end, r, gaps):
+    """Display order: accepted guess tokens, the first wrong one (struck), the target's token.
+    gaps[j]: the target's top-2 logit gap where it chose new[j] (the bench's near-tie check)."""
+    kept = new[:-1] if appended else new[:k]
+    accepted = [(x, dict(p=1.0, q=1.0, gap=gaps[i])) for i, x in enumerate(kept)]
+    rejected = last = None
+    if appended:
+        if k < len(guess):
+            rejected = (guess[k], k + 1, dict(p=0.0, q=1.0))
+        kind = Outcome.RESAMPLED if k < len(guess) else Outcome.BONUS
+        last = (new[-1], kind, dict(p=1.0, gap=gaps[len(new) - 1]))
+    return round_tokens(stream, t_end, r, accepted, rejected, last)
+
+
+@torch.inference_mode()
+def lookahead(target, prop: LookaheadProposer, tokenizer, prompt_ids: list[int], max_new_tokens: int,
+              params: SamplingParams, eos_ids=(), stop: threading.Event | None = None,
+              clock: Clock | None = None) -> Iterator[RoundEvent | RunSummary]:
+    """The Jacobi verifier loop. Its guess length N-1 and levels are the proposer's
+    (prop.ngram, built from the request's γ); greedy only, so no seed."""
+    if not params.greedy:
+        raise RequestError(GREEDY_ONLY)
+    eos = frozenset(eos_ids)
+    clock = clock or Clock(target.device)
+    cache = DynamicCache()
+    stream = TextStream(tokenizer)
+    s = new_summary(prop.name, prop.ngram - 1, target.device)
+    committed = list(prompt_ids)
+    prop.reset(prompt_ids)
+    yield from drive_rounds(s, stream, clock, max_new_tokens, stop, lambda r, remaining: _round(
+        target, prop, cache, committed, stream, s, eos, remaining, r, clock))
+
+
+def _round(target, prop, cache, committed, stream, s, eos, remaining, r, clock) -> RoundEvent:
+    t_start = clock.now()
+    past = cache.get_seq_length()
+    fed = committed[past:]
+    lay = prop.propose(len(fed), committed[-1])
+    ids = fed + [x for lv in prop.levels for x in lv] + [x for g in lay.guesses for x in g]
+    allowed = build_mask(lay)
+    pos = positions(lay, len(committed) - 1)
+    t_drafted = clock.now()
+    bias = bias_of(allowed, past, next(target.parameters()).dtype)
+    logits = masked_forward(target, cache, ids=ids, positions=pos, bias=bias, keep=len(ids))
+    argmax = logits.argmax(-1)
+    first = int(argmax[lay.fed - 1])
+    won, k, per = best_guess(argmax, lay, first)
+    guess = lay.guesses[won] if won >= 0 else []
+    gaps = top2_gap(logits[[lay.fed - 1] + [lay.guess(won, i) for i in range(k)]])
+    chain = [first] + [int(argmax[lay.guess(won, i)]) for i in range(k)]  # target's tokens
+    new, ended = cut_at_eos(guess[:k] + [chain[k]], eos, remaining)
+    collected = prop.advance(_new_level(argmax, lay))
+    keep_cache_slots(cache, prefix=past + len(fed),
+                     slots=[past + lay.guess(won, i) for i in range(min(k, len(new)))])
+    t_end = clock.now()
+    appended = len(new) == k + 1
+    committed += new
+    tokens = _round_tokens(stream, guess, k, new, appended, t_end, r, gaps)
+    prompt_tokens = len(fed) - 1 if r == 0 else 0
+    ok = [1.0 if i < k else 0.0 for i in range(len(guess))]
+    commit_round(s, new, drafted=len(guess), accepted=min(k, len(new)), draft_forwards=0,
+                 overlap_sum=sum(ok), prompt_tokens=prompt_tokens, t_draft=t_drafted - t_start,
+                 t_verify=t_end - t_drafted, t_end=t_end, hit_eos=ended)
+    info = {"guesses": lay.guesses, "won": won if k else -1, "accepted_per_guess": per,
+            "window": lay.window, "levels": lay.levels, "ngram": prop.ngram, "pool": prop.pool_size,
+            "collected": collected, "input_tokens": len(ids)}
+    return RoundEvent(
+        index=r, gamma=len(guess), draft_ids=guess, q=[1.0] * len(guess), p=ok,
+        u=[], overlap=ok, n_accepted=min(k, len(new)), appended_id=new[-1] if appended else -1,
+        resampled=appended and k < len(guess), t_start=t_start, t_draft=t_drafted - t_start,
+        t_verify=t_end - t_drafted, t_end=t_end, draft_forwards=0, tokens=tokens,
+        total_tokens=len(s.token_ids), total_drafted=s.drafted, total_accepted=s.accepted,
+        target_forwards=s.target_forwards, prompt_tokens=prompt_tokens, info=info)
 
 
 OPTIONS = (
@@ -160,7 +266,7 @@ OPTIONS = (
 
 
 def summarize(infos: list[dict]) -> dict:
-    """Run totals of the rounds' info (RoundEvent.info, written by lookahead_decoding)."""
+    """Run totals of the rounds' info (RoundEvent.info, written by lookahead() above)."""
     won = [i for i in infos if i["won"] >= 0]
     return {"ngram_rounds_won": len(won),
             "ngram_tokens_won": sum(max(i["accepted_per_guess"]) for i in won),
@@ -184,14 +290,14 @@ GREEDY_ONLY = ("Lookahead decoding here is greedy only (its lossless sampling va
 
 
 @register("lookahead", "lookahead (Jacobi n-grams)", order=6, options=OPTIONS, greedy_only=True,
-          summarize=summarize, round_note=round_note,
+          summarize=summarize, round_note=round_note, kind="jacobi",
           description="no draft model: a Jacobi window collects n-grams; pool guesses are verified in the "
                       "same target forward (greedy only)")
 def _build_lookahead(pair, req=None):
     if req is not None and req.temperature > 0:
         raise RequestError(GREEDY_ONLY)
     opts = req.options if req is not None else {}
-    # γ = N-1; γ "auto" (a draft-model setting) falls back to N = 5
-    gamma = req.gamma if req is not None and not getattr(req, "gamma_auto", False) else 4
-    return LookaheadProposer(ngram=gamma + 1, window=opts.get("window") or DEFAULT_WINDOW,
+    # the page's γ is the guess length N-1; γ "auto" (a draft-model setting) falls back to N = 5
+    guess_len = req.gamma if req is not None and not getattr(req, "gamma_auto", False) else 4
+    return LookaheadProposer(ngram=guess_len + 1, window=opts.get("window") or DEFAULT_WINDOW,
                              max_guesses=opts.get("guesses") or DEFAULT_GUESSES)

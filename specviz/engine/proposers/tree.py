@@ -20,9 +20,9 @@ import torch
 from transformers import DynamicCache
 
 from ...errors import RequestError
-from ..forward import crop_cache, forward_logits
+from ..forward import crop_cache, forward_logits, keep_cache_slots, masked_forward
 from ..sampling import warp
-from ..tree_forward import frontier_bias, keep_cache_slots, masked_forward
+from ..tree_forward import frontier_bias
 from .base import Proposer, register, target_vocab
 from .options import TEXT, Option, check_options
 
@@ -75,7 +75,6 @@ class TreeDraftProposer(Proposer):
     shape: tuple[int, ...] | None = None  # static children per depth; None: dynamic
     budget: int = DEFAULT_BUDGET
     name: str = "tree"
-    tree: bool = True  # the runner sends tree proposers to tree_decoding
     cache: DynamicCache | None = field(default=None, repr=False)
 
     def reset(self, prompt_ids: list[int]) -> int:
@@ -90,7 +89,7 @@ class TreeDraftProposer(Proposer):
         # greedy ranks children by the plain softmax (the warped greedy q is one-hot)
         return logits.float().softmax(-1) if params.greedy else warp(logits, params)
 
-    def propose_tree(self, committed, depth, params, generator, eos_ids) -> TreeProposal:
+    def propose(self, committed, depth, params, generator, eos_ids) -> TreeProposal:
         feed = committed[self.cache.get_seq_length():]
         t = _Tree()
         t.rows[-1] = self._row(forward_logits(self.model, feed, self.cache, 1)[-1], params)
@@ -214,6 +213,7 @@ def check_tree_options(options: dict) -> dict:
 
 
 @register("tree", "token tree", needs_draft=True, order=10, options=OPTIONS, finish=_budget_default,
+          kind="tree",
           description="the draft grows several branches (γ = depth), the target checks them all in one pass")
 def _build_tree(pair, req=None):
     if pair.draft is None:
