@@ -5,6 +5,9 @@ so they share the exact same engine calls.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+from types import SimpleNamespace
+
 from .engine.decoding import baseline, speculative
 from .engine.gamma import make_policy
 from .engine.proposers import make_proposer, method_spec, target_vocab  # noqa: F401 (re-exported)
@@ -12,6 +15,7 @@ from .engine.proposers.lookahead import lookahead
 from .engine.tree_decoding import tree_speculative
 from .errors import RequestError
 from .request import RunRequest
+from .selfspec import resolve_options
 
 
 def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], *, stop=None, clock=None):
@@ -24,7 +28,7 @@ def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], *, stop=
         return baseline(pair.target, pair.tokenizer, prompt_ids, **common)
     if mode == "speculative":
         # the verifier is chosen by the method's declared kind (engine/proposers/base.py); same events
-        prop = make_proposer(pair, req.method, req)
+        prop = build_proposer(pair, req.method, req)
         kind = method_spec(req.method).kind
         if kind == "tree":  # γ is the tree depth
             return tree_speculative(pair.target, prop, pair.tokenizer, prompt_ids, depth=req.gamma, **common)
@@ -35,6 +39,14 @@ def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], *, stop=
         return speculative(pair.target, prop, pair.tokenizer, prompt_ids,
                            gamma=req.gamma, policy=gamma_policy(pair, req), **common)
     raise RequestError(f"Unknown mode {mode!r}.")
+
+
+def build_proposer(pair, method: str, req=None):
+    """The method's proposer, its calibrated options (self-speculation's layer choice)
+    resolved first: builders receive values, the engine never calibrates."""
+    options = resolve_options(pair, method, getattr(req, "options", None))
+    return make_proposer(pair, method, replace(req, options=options) if req is not None
+                         else SimpleNamespace(options=options))
 
 
 def side_pair(pair, side: str):

@@ -250,6 +250,22 @@ def default_skip_layers(pair) -> tuple[int, ...]:
     return tuple(cached(pair, "layer-skip", calibrate_skip_layers)["skip_layers"])
 
 
+# the option each self-speculative method leaves to calibration, and who chooses it
+CALIBRATED = {"early-exit": ("exit_layer", default_exit_layer),
+              "layer-skip": ("skip_layers", default_skip_layers)}
+
+
+def resolve_options(pair, method: str, options: dict | None) -> dict:
+    """`options` with what calibration chooses filled in (cached per pair and machine),
+    so a proposer's builder always receives resolved values and never calibrates."""
+    options = dict(options or {})
+    if method in CALIBRATED:
+        name, choose = CALIBRATED[method]
+        if options.get(name) in (None, ""):
+            options[name] = choose(pair)
+    return options
+
+
 def main(argv=None) -> int:
     """python -m specviz.selfspec [--force] [--probe L]: calibrate both methods on the
     default pair (or --target/--draft), print the results (JSON) and cache them."""

@@ -10,10 +10,6 @@ ROOT = Path(__file__).resolve().parent.parent / "specviz"
 
 # function-level imports that still close a cycle (importer, imported): each goes when its issue lands
 DEFERRED = {
-    # building early-exit / layer-skip without a layer choice runs the self-speculation calibration,
-    # which runs the engine: issue 19 item 5 (calibration above the engine) removes these
-    ("specviz.engine.proposers.early_exit", "specviz.selfspec"),
-    ("specviz.engine.proposers.layer_skip", "specviz.selfspec"),
     ("specviz.hosting.vllm_server", "specviz.hosting.vllm_stream"),  # the vLLM engine's two halves
 }
 

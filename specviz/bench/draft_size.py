@@ -88,6 +88,9 @@ def resolve_size(pair, name: str, drafts: dict):
 def run_size(pair, method, options, prompts, gammas, n_new, plain_outs, step_s):
     """One size over every γ and prompt: α, α̂, τ, c, v(γ), tokens/s per γ."""
     from types import SimpleNamespace
+
+    from ..selfspec import resolve_options
+    options = resolve_options(pair, method, options)  # an empty skip set: the calibrated one
     rows = []
     for g in gammas:
         acc = dict(tokens=0.0, sec=0.0, drafted=0, accepted=0, overlap=0.0, rounds=0, n=0,

@@ -196,7 +196,7 @@ def build_variants(pair, settings: Settings, notes: list[str]) -> list[Variant]:
         if method not in families:
             continue
         try:
-            runner.make_proposer(pair, method)
+            runner.build_proposer(pair, method)
         except RequestError as e:
             notes.append(f"method {method!r} skipped: {e}")
             continue

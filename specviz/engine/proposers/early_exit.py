@@ -161,9 +161,9 @@ def _build_early_exit(pair, req=None):
     decoder_parts(pair.target)
     options = check_exit_options(dict(getattr(req, "options", None) or {}))
     exit_layer = options.get("exit_layer")
-    if exit_layer is None:
-        from ...selfspec import default_exit_layer
-        exit_layer = default_exit_layer(pair)
+    if exit_layer is None:  # specviz.selfspec.resolve_options chooses it above the engine (runner.py)
+        raise RequestError("early-exit needs an exit layer: set exit_layer, or run it through "
+                           "specviz.runner, which calibrates one for this pair.")
     layers, vocab = exit_layers(pair.target, exit_layer), target_vocab(pair.target)
     if options["kv_reuse"]:
         return SharedCacheExitProposer(pair.target, len(layers), vocab_size=vocab)

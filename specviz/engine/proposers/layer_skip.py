@@ -74,8 +74,8 @@ def kept_layers(model, skip) -> tuple[int, ...]:
 def _build_layer_skip(pair, req=None):
     decoder_parts(pair.target)
     skip = check_skip_options(dict(getattr(req, "options", None) or {})).get("skip_layers")
-    if skip is None:
-        from ...selfspec import default_skip_layers
-        skip = default_skip_layers(pair)
+    if skip is None:  # specviz.selfspec.resolve_options chooses it above the engine (runner.py)
+        raise RequestError("layer-skip needs a skip set: set skip_layers, or run it through "
+                           "specviz.runner, which calibrates one for this pair.")
     return LayerSubsetProposer(pair.target, kept_layers(pair.target, skip),
                                vocab_size=target_vocab(pair.target), name="layer-skip")
