@@ -130,7 +130,7 @@ def test_compile_failure_falls_back_to_eager(tok, models, layout):
     with pytest.warns(UserWarning, match="running eagerly"):
         forward_logits(target, [5], cache, 1)
     assert new_cache(target).compiled is None  # not tried again for this model
-    del target._specviz_compiled
+    kvcache.runtime(target).compiled = None
     layout("static", full=True)
     assert tokens(baseline(target, tok, tok.encode(PROMPT), 12, GREEDY))[:2] == ref
 
@@ -139,4 +139,4 @@ def test_dynamic_int8_models_are_not_compiled():
     m = torch.nn.Sequential(torch.nn.Linear(8, 8))
     q = torch.ao.quantization.quantize_dynamic(m, {torch.nn.Linear}, dtype=torch.qint8)
     q.device = torch.device("cpu")
-    assert kvcache.compiled_call(q) is None and q._specviz_compiled is False
+    assert kvcache.compiled_call(q) is None and kvcache.runtime(q).compiled is False

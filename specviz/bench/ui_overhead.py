@@ -50,14 +50,14 @@ def headless(pair, req, ids) -> tuple[dict, float]:
     return sums, time.perf_counter() - t
 
 
-def through_ui(client, demo, req) -> tuple[dict, float, int]:
+def through_ui(client, records, req) -> tuple[dict, float, int]:
     t = time.perf_counter()
     job = client.submit(req.prompt, req.gamma, req.max_new_tokens, req.temperature, req.top_p, req.top_k,
                         req.seed, req.chat_template, "fair", req.method, api_name="/run")
     updates = sum(1 for _ in job)  # every streamed update reaches this client
     job.result()
     wall = time.perf_counter() - t
-    return demo.specviz_records.latest().summaries(), wall, updates
+    return records.latest().summaries(), wall, updates
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,11 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     from ..ui import handlers
     from ..ui.blocks import build_demo
     from ..ui.loader import ModelManager
+    from ..ui.replay import Records
     pair = on_engine_thread(load_from_args, args)  # load where the race decodes
     manager = ModelManager(loader=lambda spec, **_: pair)
     manager.start(pair.spec)
     manager.wait()
-    demo = build_demo(manager, initial=pair.spec)
+    records = Records()
+    demo = build_demo(manager, initial=pair.spec, records=records)
     demo.queue(default_concurrency_limit=4)
     port = _free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     try:
-        through_ui(client, demo, req)  # untimed: first request pays gradio's set-up
+        through_ui(client, records, req)  # untimed: first request pays gradio's set-up
         kinds = ("headless", "ui") + (("ui-no-settle",) if args.compare_settle else ())
         settle = handlers.SETTLE
         for rep in range(args.repeats):
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                     updates = 0
                 else:
                     handlers.SETTLE = settle if how == "ui" else 0.0
-                    sums, wall, updates = through_ui(client, demo, req)
+                    sums, wall, updates = through_ui(client, records, req)
                     handlers.SETTLE = settle
                 spec, base = sums["speculative"], sums["baseline"]
                 rows.append({"repeat": rep, "how": how, "spec_tok_s": spec.tokens_per_s,

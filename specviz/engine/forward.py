@@ -46,13 +46,15 @@ def set_cache(model, kind: str = "dynamic", *, compile: bool = False, masked: bo
         raise ValueError(f"cache must be one of {CACHES}, not {kind!r}")
     if kind == "static" and not kvcache.supported(model):
         kind, compile = "dynamic", False
-    model._specviz_cache = (kind, compile, compile if masked is None else masked)
+    rt = kvcache.runtime(model)
+    rt.cache, rt.compile, rt.masked = kind, compile, compile if masked is None else masked
     return kind + (" + compile" if compile else "")
 
 
 def cache_kind(model) -> tuple[str, bool, bool]:
     """(kind, compiled, masked layout)"""
-    return getattr(model, "_specviz_cache", ("dynamic", False, False))
+    rt = kvcache.runtime(model)
+    return rt.cache, rt.compile, rt.masked
 
 
 def new_cache(model, capacity: int = 1024):

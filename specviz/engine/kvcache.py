@@ -19,11 +19,36 @@ the transformers versions we support (5.17 .. 5.23) only ever call
 from __future__ import annotations
 
 import warnings
+import weakref
+from dataclasses import dataclass
 
 import torch
 
 from .lowbit import lowbit_format
 from .speed import has_int8
+
+
+@dataclass
+class Runtime:
+    """What SpecViz keeps per loaded model: the KV cache every engine builds for it
+    (forward.set_cache) and its compiled forward. Held beside the model, in a weak
+    map, never as attributes stuck onto a torch module we don't own."""
+
+    cache: str = "dynamic"
+    compile: bool = False
+    masked: bool = False  # attend over the whole buffer under a mask (the compiled layout)
+    compiled: object = None  # None: not built yet; False: cannot compile (eager); else the compiled call
+
+
+_RUNTIME: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def runtime(model) -> Runtime:
+    """The model's Runtime (a fresh default one the first time)."""
+    rt = _RUNTIME.get(model)
+    if rt is None:
+        rt = _RUNTIME[model] = Runtime()
+    return rt
 
 GROW = 512  # positions added when a run outgrows the buffer (a compiled graph then recompiles once)
 # forwards of more new tokens (the prompt) run eagerly: one graph per prompt length otherwise
@@ -160,7 +185,7 @@ def static_forward(model, ids: list[int], cache: StaticKV, keep: int) -> torch.T
             # the failed call wrote nothing past what the eager call rewrites: run eagerly from now on
             warnings.warn(f"torch.compile failed ({type(err).__name__}: {err}); running eagerly",
                           stacklevel=2)
-            cache.compiled, model._specviz_compiled = None, False
+            cache.compiled, runtime(model).compiled = None, False
             logits = _call(model, x, pos_ids[None], mask, cache, keep)
     else:
         logits = _call(model, x, pos_ids[None], mask, cache, keep)
@@ -171,7 +196,7 @@ def static_forward(model, ids: list[int], cache: StaticKV, keep: int) -> torch.T
 def compiled_call(model):
     """The model's forward under torch.compile, built once per model and reused by every run.
     On CUDA, mode "reduce-overhead" replays CUDA graphs (eager batch-1 decoding is launch-bound)."""
-    fn = getattr(model, "_specviz_compiled", None)
+    fn = runtime(model).compiled
     if fn is False:  # failed before: eager
         return None
     if fn is None and (has_int8(model) or lowbit_format(model)):
@@ -179,7 +204,7 @@ def compiled_call(model):
         # frames specialise on layer_idx and hit dynamo's recompile limit (measured on the 0.5B
         # int8 draft: 32 recompiles, then eager anyway, after minutes of compiling); the low-bit
         # Linears call fbgemm/packed kernels dynamo cannot trace either
-        model._specviz_compiled = False
+        runtime(model).compiled = False
         return None
     if fn is None:
         # target and draft share _call's code object, so their graphs share one recompile budget
@@ -188,5 +213,5 @@ def compiled_call(model):
         setattr(cfg, name, max(getattr(cfg, name), 32))
         mode = "reduce-overhead" if model.device.type == "cuda" else None
         fn = torch.compile(_call, mode=mode, dynamic=None)
-        model._specviz_compiled = fn
+        runtime(model).compiled = fn
     return fn

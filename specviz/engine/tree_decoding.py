@@ -108,24 +108,16 @@ def tree_speculative(target, proposer: TreeProposer, tokenizer, prompt_ids: list
         commit_round(s, new, drafted=len(prop.tokens), accepted=n_path, draft_forwards=prop.forwards,
                      overlap_sum=sum(ov), prompt_tokens=len(fed) - 1, t_draft=t_drafted - t_start,
                      t_verify=t_end - t_drafted, t_end=t_end, hit_eos=ended)
-        return _round_event(s, r, prop, v, tokens, q_x, p_x, ov, appended, n_path, len(fed) - 1,
-                            t_start, t_drafted, t_end, len(s.token_ids), texts)
+        tree = describe_tree(prop.tokens, prop.parents, q_x, p_x, v, v.token if appended else -1,
+                             texts=texts[:-1], appended_text=texts[-1])
+        tree["path"] = tree["path"][:n_path]
+        return RoundEvent(
+            index=r, gamma=len(prop.tokens), draft_ids=list(prop.tokens), q=q_x, p=p_x, u=list(v.u),
+            overlap=ov, n_accepted=n_path, appended_id=v.token if appended else -1,
+            resampled=v.resampled and appended, t_start=t_start, t_draft=t_drafted - t_start,
+            t_verify=t_end - t_drafted, t_end=t_end, draft_forwards=prop.forwards, tokens=tokens,
+            total_tokens=len(s.token_ids), total_drafted=s.drafted, total_accepted=s.accepted,
+            target_forwards=s.target_forwards, prompt_tokens=len(fed) - 1, tree=tree)
 
     yield from drive_rounds(s, stream, clock, max_new_tokens, stop, one_round)
 
-
-def _round_event(s, r, prop, v, tokens, q_x, p_x, ov, appended, n_path, prompt_tokens,
-                 t_start, t_drafted, t_end, total, texts) -> RoundEvent:
-    """The round's event (with its tree record), after commit_round booked it."""
-    k = len(prop.tokens)
-    tree = describe_tree(prop.tokens, prop.parents, q_x, p_x, v, v.token if appended else -1,
-                         texts=texts[:-1], appended_text=texts[-1])
-    tree["path"] = tree["path"][:n_path]
-    return RoundEvent(
-        index=r, gamma=k, draft_ids=list(prop.tokens), q=q_x, p=p_x, u=list(v.u), overlap=ov,
-        n_accepted=n_path, appended_id=v.token if appended else -1, resampled=v.resampled and appended,
-        t_start=t_start, t_draft=t_drafted - t_start, t_verify=t_end - t_drafted, t_end=t_end,
-        draft_forwards=prop.forwards, tokens=tokens, total_tokens=total, total_drafted=s.drafted,
-        total_accepted=s.accepted, target_forwards=s.target_forwards, prompt_tokens=prompt_tokens,
-        tree=tree,
-    )

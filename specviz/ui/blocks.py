@@ -85,18 +85,21 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
 
 def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_mode: str = "fair",
                allow_local_paths: bool = False, limits: Limits | None = None,
-               network: bool | None = None, fixed_pair: bool = False, stage_mode: bool = False) -> gr.Blocks:
+               network: bool | None = None, fixed_pair: bool = False, stage_mode: bool = False,
+               records: replay_ui.Records | None = None) -> gr.Blocks:
     """The page. fixed_pair: visitors cannot load another model pair (a public
-    or on-stage server, where the pair in service is shared by everyone)."""
+    or on-stage server, where the pair in service is shared by everyone). records:
+    where each session's latest run is kept (the UI-overhead bench passes its own to read)."""
     limits = limits or Limits.from_env()
     presets = load_presets()
     handlers = Handlers(manager, limits, presets, pair_choices(initial, network),
                         allow_local_paths=allow_local_paths, fixed_pair=fixed_pair)
+    if records is not None:
+        handlers.records = records
     with gr.Blocks(title="SpecViz: speculative decoding, visible and measured") as demo:
         page = build_page(presets=presets, choices=handlers.choices, limits=limits, default_mode=default_mode,
                           status=manager.status(), allow_local_paths=allow_local_paths, fixed_pair=fixed_pair,
                           stage=stage_mode)
         wire(demo, page, handlers)
         stage.wire(demo, page, presets, stage_mode)  # ?stage=1 / --stage, the keys (ui/stage.py)
-    demo.specviz_records = handlers.records  # read by specviz.bench.ui_overhead
     return demo
