@@ -129,10 +129,10 @@ def test_unavailable_method_is_skipped_with_a_note(pair_dirs, tmp_path, monkeypa
     from specviz.request import RequestError
     real = runner.make_proposer
 
-    def no_lookup(pair, method):
+    def no_lookup(pair, method, req=None):
         if method == "lookup":
             raise RequestError("Unknown method 'lookup'.")
-        return real(pair, method)
+        return real(pair, method, req)
 
     monkeypatch.setattr(runner, "make_proposer", no_lookup)
     rc = bench.main(_args(pair_dirs, tmp_path, "--no-hf", "--gammas", "2", "--methods", "plain,draft,lookup",

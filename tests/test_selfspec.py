@@ -17,6 +17,7 @@ from specviz.engine.sampling import SamplingParams
 from specviz.errors import RequestError
 from specviz.models.tiny import tiny_model
 from specviz.request import make_request
+from specviz.runner import build_proposer
 
 GREEDY = SamplingParams(temperature=0)
 PROMPT = "def quicksort(arr): arr arr"
@@ -164,8 +165,11 @@ def test_skip_calibration_and_cache(deep, tok, monkeypatch, tmp_path):
     assert len(calls) == 1
     selfspec.cache_file(pair).write_text("{not json")
     assert selfspec.default_exit_layer(pair) == 2 and len(calls) == 2
-    prop = make_proposer(pair, "early-exit", make_request(PROMPT, method="early-exit"))
+    # the runner resolves the layer above the engine; the builder alone asks for one
+    prop = build_proposer(pair, "early-exit", make_request(PROMPT, method="early-exit"))
     assert prop.exit_layer == 2
+    with pytest.raises(RequestError, match="needs an exit layer"):
+        make_proposer(pair, "early-exit", make_request(PROMPT, method="early-exit"))
 
 
 def test_real_calibration_runs_on_tiny(deep, tok):
