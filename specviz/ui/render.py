@@ -441,6 +441,7 @@ CSS = """
   font-size: 13px; font-variant-numeric: tabular-nums; cursor: help; }
 .sv-runinfo { display: flex; flex-wrap: wrap; gap: 8px; align-items: center; font-size: 13px;
               min-height: 1.5em; }
+#sv-runinfo { scroll-margin-top: 8px; }  /* scrolled to on Run (ui/runqueue.py) */
 .sv-badge { padding: 3px 10px; border-radius: 999px; font-weight: 600; }
 .sv-badge-ok { background: rgba(0,158,115,.18); border: 1px solid #009E73; }
 .sv-badge-diff { background: rgba(213,94,0,.15); border: 1px solid #D55E00; }

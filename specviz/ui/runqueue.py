@@ -19,15 +19,24 @@ STALE = 3600.0  # a press whose run never started (tab closed in the queue) is f
 
 # runs in the browser before the press reaches the server: the button is disabled
 # at once (a second click or Enter cannot queue a second run) and the run's panes
-# scroll into view when they are off screen
+# scroll into view when they are off screen, now and again when the run's first
+# output lands (a focus or caret back in the prompt since, or a wait in the queue,
+# scrolls them away; issue 21: 902 px below the top at 1280x720)
 PRESS_JS = """() => {
   const b = document.querySelector('#sv-run');
   if (b) { b.disabled = true; b.textContent = 'Running…'; }
-  const info = document.querySelector('#sv-runinfo');
-  if (info) {
-    const r = info.getBoundingClientRect();
-    if (r.top < 0 || r.top > window.innerHeight * 0.6)
+  const show = () => {
+    const info = document.querySelector('#sv-runinfo');
+    const r = info && info.getBoundingClientRect();
+    if (r && (r.top < 0 || r.top > window.innerHeight * 0.6))
       info.scrollIntoView({behavior: 'smooth', block: 'start'});
+  };
+  show();
+  if (window.svRunLands) window.svRunLands.disconnect();
+  const pane = document.querySelector('#sv-speculative');
+  if (pane) {
+    window.svRunLands = new MutationObserver(() => { window.svRunLands.disconnect(); show(); });
+    window.svRunLands.observe(pane, {childList: true, characterData: true, subtree: true});
   }
   return [];
 }"""

@@ -84,6 +84,16 @@ CSS = """
 .gradio-container:not(.sv-stage) #sv-keys-block { display: none; }
 .sv-clamp { font-size: 12.5px; color: #D55E00; min-height: 0; }
 .dark .sv-clamp { color: #ff8a4c; }
+/* layout (issue 21): whitespace tokens carry no underline (indentation read as underscores),
+   the recorded-runs text stops before the dropdown's arrow, sliders keep their end labels */
+.sv-target.sv-ws { box-shadow: none; }
+/* a failed run's message is in the run info line: gradio's red "Error" label covered it */
+#sv-runinfo [data-testid="status-tracker"]:has(.error) { display: none !important; }
+#sv-replay-pick input { padding-right: 2.2em; text-overflow: ellipsis; }
+#sv-gamma, #sv-max-new { overflow: visible; min-width: 11em; }
+"""
+# large type for a hall, written `.sv-stage X` and scoped by staged() below
+STAGE_RULES = """
 .sv-stage .prose.sv-pane { font-size: 22px; line-height: 1.6; max-height: 17em; min-height: 8em; }
 .sv-stage .sv-pane-title { font-size: 19px; }
 .sv-stage .sv-speedup-num { font-size: 3.4em; }
@@ -94,14 +104,19 @@ CSS = """
 .sv-stage .sv-keys { font-size: 17px; }
 .sv-stage .sv-legend { font-size: 15px; }
 .sv-stage .sv-header p { display: none; }
-/* layout (issue 21): whitespace tokens carry no underline (indentation read as underscores),
-   the recorded-runs text stops before the dropdown's arrow, sliders keep their end labels */
-.sv-target.sv-ws { box-shadow: none; }
-/* a failed run's message is in the run info line: gradio's red "Error" label covered it */
-#sv-runinfo [data-testid="status-tracker"]:has(.error) { display: none !important; }
-#sv-replay-pick input { padding-right: 2.2em; text-overflow: ellipsis; }
-#sv-gamma, #sv-max-new { overflow: visible; min-width: 11em; }
 """
+# gradio repeats every custom rule scoped as `.gradio-container.gradio-container-<version> .contain X`,
+# three classes over X, and .sv-stage sits on .gradio-container itself, outside .contain: so
+# `.sv-stage X` lost to the scoped copy of the plain `X` rule (13.5 px panes on stage). Scoped as
+# deep, a stage rule ties it and wins as the later rule (page_css puts this CSS last).
+STAGE_SCOPE = ".gradio-container.sv-stage .contain "
+
+
+def staged(rules: str) -> str:
+    return rules.replace(".sv-stage ", STAGE_SCOPE)
+
+
+CSS += staged(STAGE_RULES)
 
 
 def next_preset(presets: list[dict]):
