@@ -1,17 +1,15 @@
 """The import graph of specviz/ (read from the source, nothing imported): no
 cycles among module-level imports, and none through imports hidden inside
-functions either, but for the few edges listed in DEFERRED with the reason they
-are still there. A new cycle, or an import moved into a function to dodge one,
+functions either, but for edges listed in DEFERRED with the reason they are
+still there (none since 2026-11-23). A new cycle, or an import moved into a function to dodge one,
 fails here."""
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "specviz"
 
-# function-level imports that still close a cycle (importer, imported): each goes when its issue lands
-DEFERRED = {
-    ("specviz.hosting.vllm_server", "specviz.hosting.vllm_stream"),  # the vLLM engine's two halves
-}
+# function-level imports that still close a cycle (importer, imported), each with its reason: none left
+DEFERRED: set[tuple[str, str]] = set()
 
 
 def modules() -> dict[str, tuple[Path, bool]]:

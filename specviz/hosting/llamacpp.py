@@ -126,7 +126,10 @@ def server_command(binary: str, target: str, port: int, threads: int, draft: str
     """One slot, no prompt cache; with a draft: draft-simple speculative decoding, n_max drafts per
     round (p_min 0: the draft never stops early, a fixed γ like ours)."""
     cmd = [binary, "-m", target, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-           "-tb", str(threads), "-c", str(CTX), "-np", "1", "--cache-ram", "0", "--no-webui", "--metrics"]
+           "-tb", str(threads), "-c", str(CTX), "-np", "1", "--cache-ram", "0", "--no-webui", "--metrics",
+           # its CPU features (system_info) are logged from verbosity 4 only (llama-server 0.5.0, built from
+           # the llama-cpp-python 0.3.36 sdist); that level adds ~1 log line per token, not per op
+           "-lv", "4"]
     if draft:
         cmd += ["-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", str(n_max),
                 "--spec-draft-n-min", str(n_min), "--spec-draft-p-min", "0", "-td", str(threads),

@@ -158,15 +158,3 @@ def start_server(model: str, *, name: str, spec_config: dict | None = None, devi
                      min(0.95, (time.monotonic() - t0) / 150))
         time.sleep(0.5)
 
-
-def read_only_servers(urls) -> list[Server]:
-    """Servers at `urls`, each classified plain or speculative (γ) by its /metrics."""
-    from .vllm_stream import read_counters
-    out = []
-    for url in urls:
-        url = url.rstrip("/")
-        model = served_model(url)
-        c = read_counters(url)
-        gamma = c.gamma if c is not None and c.present else 0
-        out.append(Server(url, model, gamma, "speculative" if gamma else ""))
-    return out

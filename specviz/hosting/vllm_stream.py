@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-from .vllm_server import VllmError, get_text
+from .vllm_server import Server, VllmError, get_text, served_model
 
 # vLLM V1 counters (vllm/v1/spec_decode/metrics.py); Prometheus adds _total
 DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -136,3 +136,15 @@ def _http_message(e) -> str:
         return msg.get("message", str(msg)) if isinstance(msg, dict) else str(msg)
     except Exception:  # noqa: BLE001 - the status line is still a message
         return f"HTTP {e.code} {e.reason}"
+
+
+def read_only_servers(urls) -> list[Server]:
+    """Servers at `urls`, each classified plain or speculative (γ) by its /metrics."""
+    out = []
+    for url in urls:
+        url = url.rstrip("/")
+        model = served_model(url)
+        c = read_counters(url)
+        gamma = c.gamma if c is not None and c.present else 0
+        out.append(Server(url, model, gamma, "speculative" if gamma else ""))
+    return out
