@@ -156,6 +156,23 @@ def test_w8a8_verify_forward_is_bit_identical_to_single_steps(tok, cache):
     assert torch.equal(verify, steps)
 
 
+@pytest.mark.skipif("w8a8" not in FORMATS, reason="no fbgemm")
+def test_w8a8_first_verify_reads_the_prompt_as_plain_prefill_does(tok):
+    """A run's first verify feeds prompt + drafts; a prompt past the row-wise limit got its KV
+    in another shape than plain's prefill. On the default pair (chat preset, 44-token prompt)
+    greedy draft and lookahead then differed at token 12; with the prompt read apart
+    (forward.context_apart) they are identical. Here: the first verify row equals plain's."""
+    from specviz.engine import forward
+    from specviz.engine.rowwise_attention import ROWWISE_MAX
+    model = lowbit.to_lowbit(tiny_model(len(tok), seed=0, layers=3, hidden=128), "w8a8")
+    prompt, drafts = [3 + i % 50 for i in range(ROWWISE_MAX + 9)], [7, 8, 9, 10]
+    plain_cache, spec_cache = forward.new_cache(model), forward.new_cache(model)
+    plain = forward.forward_logits(model, prompt, plain_cache, 1)
+    verify = forward.forward_logits(model, prompt + drafts, spec_cache, len(drafts) + 1)
+    assert torch.equal(verify[:1], plain)
+    assert spec_cache.get_seq_length() == len(prompt) + len(drafts)
+
+
 @pytest.fixture(scope="module")
 def w8a8_pair(tmp_path_factory):
     from specviz.models import load_pair, resolve_pair
@@ -166,14 +183,16 @@ def w8a8_pair(tmp_path_factory):
 
 @pytest.mark.skipif("w8a8" not in FORMATS, reason="no fbgemm")
 @pytest.mark.parametrize("method", ["draft", "tree", "lookahead", "staged", "early-exit"])
-def test_w8a8_pair_greedy_every_kind_equals_plain(w8a8_pair, method):
+@pytest.mark.parametrize("prompt", ["def add(a, b):\n    return a + b\n",
+                                    "def add(a, b):\n    return a + b\n" * 6])  # past the row-wise limit
+def test_w8a8_pair_greedy_every_kind_equals_plain(w8a8_pair, method, prompt):
     """Chain, tree and Jacobi masks: each attention row gathers exactly the keys its
-    one-token step would see, so greedy output is plain's on a w8a8 target."""
+    one-token step would see, and a long prompt is read as plain reads it, so greedy
+    output is plain's on a w8a8 target."""
     from specviz.request import encode_prompt, make_request
     from specviz.runner import run_events
     assert lowbit.lowbit_format(w8a8_pair.target) == "w8a8"
-    req = make_request("def add(a, b):\n    return a + b\n", method=method, gamma=3, max_new_tokens=24,
-                       temperature=0.0)
+    req = make_request(prompt, method=method, gamma=3, max_new_tokens=24, temperature=0.0)
     ids = encode_prompt(w8a8_pair.tokenizer, req)
     out = {mode: list(run_events(w8a8_pair, req, mode, ids))[-1].token_ids for mode in ("baseline", "speculative")}
     assert out["speculative"] == out["baseline"]

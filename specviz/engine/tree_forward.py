@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .forward import masked_forward
+from .forward import context_apart, masked_forward
 
 
 def ancestor_matrix(parents: list[int]) -> torch.Tensor:
@@ -67,6 +67,7 @@ def tree_forward_logits(model, cache, *, fed: list[int], tokens: list[int], pare
     is that of the last fed token plus its depth. Returns float logits of the
     last `keep` inputs. The cache grows by len(fed) + len(tokens) entries.
     """
+    fed = context_apart(model, cache, fed, 1)  # row-exact targets: the prompt as plain decoding reads it
     n_past = cache.get_seq_length()
     root = n_past + len(fed) - 1  # position of the last committed token
     pos = list(range(n_past, n_past + len(fed))) + [root + d for d in depths]

@@ -41,7 +41,7 @@ from transformers import DynamicCache
 from ...errors import RequestError
 from ..clock import Clock
 from ..events import Outcome, RoundEvent, RunSummary, commit_round, round_tokens
-from ..forward import bias_of, keep_cache_slots, masked_forward
+from ..forward import bias_of, context_apart, keep_cache_slots, masked_forward
 from ..rounds import cut_at_eos, drive_rounds, new_summary
 from ..sampling import SamplingParams, top2_gap
 from ..text import TextStream
@@ -215,8 +215,9 @@ def lookahead(target, prop: LookaheadProposer, tokenizer, prompt_ids: list[int],
 
 def _round(target, prop, cache, committed, stream, s, eos, remaining, r, clock) -> RoundEvent:
     t_start = clock.now()
+    whole = committed[cache.get_seq_length():]  # the prompt in round 1, then the last token
+    fed = context_apart(target, cache, whole, 1)  # row-exact targets: the prompt as plain decoding reads it
     past = cache.get_seq_length()
-    fed = committed[past:]
     lay = prop.propose(len(fed), committed[-1])
     ids = fed + [x for lv in prop.levels for x in lv] + [x for g in lay.guesses for x in g]
     allowed = build_mask(lay)
@@ -238,7 +239,7 @@ def _round(target, prop, cache, committed, stream, s, eos, remaining, r, clock) 
     appended = len(new) == k + 1
     committed += new
     tokens = _round_tokens(stream, guess, k, new, appended, t_end, r, gaps)
-    prompt_tokens = len(fed) - 1 if r == 0 else 0
+    prompt_tokens = len(whole) - 1 if r == 0 else 0
     ok = [1.0 if i < k else 0.0 for i in range(len(guess))]
     commit_round(s, new, drafted=len(guess), accepted=min(k, len(new)), draft_forwards=0,
                  overlap_sum=sum(ok), prompt_tokens=prompt_tokens, t_draft=t_drafted - t_start,
