@@ -21,7 +21,10 @@ def pick(probs: torch.Tensor, params: SamplingParams, generator) -> int:
 
 def forward_logits(model, ids: list[int], cache, keep: int) -> torch.Tensor:
     """One KV-cached forward of `ids`; returns float logits of the last `keep` positions."""
-    ids = context_apart(model, cache, ids, keep)
+    return _forward(model, context_apart(model, cache, ids, keep), cache, keep)
+
+
+def _forward(model, ids: list[int], cache, keep: int) -> torch.Tensor:
     if isinstance(cache, kvcache.StaticKV):
         return kvcache.static_forward(model, ids, cache, keep)
     x = torch.tensor([ids], device=model.device)
@@ -38,7 +41,7 @@ def context_apart(model, cache, ids: list[int], keep: int) -> list[int]:
     n = len(ids) - keep
     if n <= 0 or not is_rowwise(model):
         return ids
-    forward_logits(model, ids[:n], cache, 1)
+    _forward(model, ids[:n], cache, 1)  # one call for the whole context, as plain decoding's prefill
     return ids[n:]
 
 
