@@ -60,3 +60,14 @@ def test_click_names_the_clicked_token_and_replay_registry():
     tr = type("T", (), {"events": [("baseline", object()), ("speculative", _round())]})()
     inspector.put_trace("session-x", tr)
     assert inspector.select("0:1:rejected", inspector.LATEST.get("session-x"))[1] is not None
+
+
+def test_a_round_without_distributions_says_why():
+    """A token-tree round keeps node p/q in the tree view, not top-k rows: the inspector says so
+    (it said "recorded before the inspector kept the distributions" for a live tree run)."""
+    from dataclasses import replace
+    rnd = replace(_round(), dists=[], residual=None)
+    assert "recorded before" in inspector.missing(rnd)
+    tree = replace(rnd, tree={"tokens": [11], "parents": [-1]})
+    assert "token-tree view" in inspector.missing(tree)
+    assert "token-tree view" in str(inspector.figure(tree, 0).layout.annotations[0].text)

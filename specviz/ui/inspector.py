@@ -89,6 +89,13 @@ def _label(text: str, tid: int) -> str:
     return esc(f"{shown} #{tid}")  # plotly reads a little HTML in labels: escape it
 
 
+def missing(rnd: RoundEvent) -> str:
+    """Why a round has no top-k distributions to show."""
+    if rnd.tree:  # the tree engine keeps each node's p(x) and q(x), shown in the token-tree view
+        return "a token-tree round: each node's p and q are in the token-tree view below"
+    return "this run was recorded before the inspector kept the distributions"
+
+
 def figure(rnd: RoundEvent, i: int) -> go.Figure:
     """Paired bars of p and q (and the residual at a rejection) over the kept ids + one rest bar."""
     fig = go.Figure()
@@ -96,7 +103,7 @@ def figure(rnd: RoundEvent, i: int) -> go.Figure:
     what = "raw softmax p and q (greedy)" if (row or {}).get("raw") else "target p, draft q"
     _layout(fig, f"Round {rnd.index + 1}, position {i + 1}: {what}", "token", "probability")
     if row is None:
-        fig.add_annotation(text="this run was recorded without the inspector's distributions",
+        fig.add_annotation(text=missing(rnd),
                            showarrow=False, font=dict(color=FONT))
         return fig
     ids = list(row["ids"]) + [x for x in (res or {}).get("ids", []) if x not in row["ids"]]
@@ -168,7 +175,7 @@ def panel_html(rnd: RoundEvent, i: int, tok) -> str:
                "drawn from p: every draft was accepted, the target adds one more")
         lines.append(f"appended token #{rnd.appended_id}: {how}")
     if row is None:
-        lines.append("<i>This run was recorded before the inspector kept the distributions.</i>")
+        lines.append(f"<i>No top-k distributions: {missing(rnd)}.</i>")
     elif res is None and i < len(rnd.draft_ids) and i == rnd.n_accepted and not row.get("raw"):
         lines.append("<i>No residual here.</i>")
     return "<div class='sv-insp'>" + "<br>".join(x for x in lines if x) + "</div>"
