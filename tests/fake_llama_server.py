@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
+
+from fake_http import QuietHandler
 
 TOKENS = [10 + (i % 40) for i in range(256)]  # what every completion generates
 ACCEPTS = [3, 1, 0, 2, 4, 4, 0, 1]  # drafts accepted per verification step (capped at n_max)
@@ -55,18 +57,7 @@ class Fake:
 
 
 def handler(fake: Fake):
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def _send(self, code, body, ctype="application/json"):
-            data = body.encode()
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class H(QuietHandler):
         def do_GET(self):
             if self.path == "/health":
                 self._send(200, json.dumps({"status": "ok"}))

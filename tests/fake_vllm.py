@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
+
+from fake_http import QuietHandler
 
 # the tokens every completion produces and, for a speculative server, the
 # number of drafts accepted at each step after the prefill step
@@ -54,18 +56,7 @@ class Fake:
 
 
 def handler(fake: Fake):
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def _send(self, code, body, ctype="application/json"):
-            data = body.encode()
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class H(QuietHandler):
         def do_GET(self):
             if self.path == "/health":
                 self._send(200, "")
