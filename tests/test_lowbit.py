@@ -228,3 +228,14 @@ def test_a_ranking_that_flips_when_re_timed_falls_back_to_the_class_default(monk
     assert choice.timings["confirm"]["first"] == "w16" and not choice.timings["confirm"]["stable"]
     assert choice.target == "w8a8" and lowbit.lowbit_format(t) == "w8a8"
     assert "swapped places" in choice.note
+
+
+@pytest.mark.skipif("w8a8" not in FORMATS, reason="no fbgemm")
+def test_early_exit_on_a_w8a8_target_keeps_its_own_cache(w8a8_pair):
+    """Sharing the target's cache reads prompt + drafts through the upper layers in one call:
+    on the default pair's w8a8 target greedy differed from plain at γ 2 (64-token prompts)."""
+    from specviz.engine.proposers import make_proposer
+    from specviz.engine.proposers.early_exit import LayerSubsetProposer
+    from specviz.request import make_request
+    req = make_request("hi", method="early-exit", options={"exit_layer": 1, "kv_reuse": True})
+    assert type(make_proposer(w8a8_pair, "early-exit", req)) is LayerSubsetProposer

@@ -15,6 +15,7 @@ from transformers import DynamicCache
 from ...errors import RequestError
 from ..forward import crop_cache, pick
 from ..layers import decoder_parts, embed, layers_forward, logits_of, n_layers, run_layers
+from ..rowwise_attention import is_rowwise
 from ..sampling import warp
 from .base import Proposal, Proposer, register, target_vocab
 from .options import FLAG, Option, check_options
@@ -165,6 +166,9 @@ def _build_early_exit(pair, req=None):
         raise RequestError("early-exit needs an exit layer: set exit_layer, or run it through "
                            "specviz.runner, which calibrates one for this pair.")
     layers, vocab = exit_layers(pair.target, exit_layer), target_vocab(pair.target)
-    if options["kv_reuse"]:
+    # a row-exact target (w8a8) gets its own draft cache: sharing the target's cache makes the upper
+    # layers read the prompt and drafts in one call, in another shape than plain's prefill, which
+    # flipped 7-bit codes (default pair, 64-token prompts, exit layer 8: greedy differed at γ 2)
+    if options["kv_reuse"] and not is_rowwise(pair.target):
         return SharedCacheExitProposer(pair.target, len(layers), vocab_size=vocab)
     return LayerSubsetProposer(pair.target, layers, vocab_size=vocab, name="early-exit")
