@@ -266,3 +266,4 @@ def test_draft_size_tab_shows_no_machine_path():
     data = draft_size.load_result()
     if data:
         assert "/work/" not in draft_size.intro_html(data)
+        assert data["prompts"] >= 5 and data["max_new_tokens"] >= 64  # issue 21: not 1 prompt × 16 tokens
