@@ -224,7 +224,7 @@ def rounds_csv(tr: Trace) -> str:
                     f(ev.t_verify), f(ev.t_end), ev.draft_forwards, ev.total_tokens, ev.total_drafted,
                     ev.total_accepted, f(ev.n_accepted / ev.gamma if ev.gamma else None, 4),
                     f(ev.total_accepted / ev.total_drafted if ev.total_drafted else None, 4),
-                    f(view.spec.overlap_sum / ev.total_drafted if ev.total_drafted else None, 4),
+                    f(view.spec.books.overlap_sum / ev.total_drafted if ev.total_drafted else None, 4),
                     ev.target_forwards, f(ev.total_tokens / ev.t_end if ev.t_end > 0 else None, 4), base_n,
                     f(measured, 4), f(predicted, 4), f(predicted_v, 4), " ".join(map(str, ev.draft_ids))])
     return buf.getvalue()

@@ -26,22 +26,6 @@ class SideView:
         target_forwards=0, stop_reason="running"))
 
     @property
-    def draft_time(self) -> float:
-        return self.books.draft_time
-
-    @property
-    def verify_time(self) -> float:
-        return self.books.verify_time
-
-    @property
-    def draft_forwards(self) -> int:
-        return self.books.draft_forwards
-
-    @property
-    def overlap_sum(self) -> float:
-        return self.books.overlap_sum
-
-    @property
     def n_tokens(self) -> int:
         if self.summary is not None:
             return self.summary.n_tokens
@@ -87,8 +71,9 @@ class SideView:
             elapsed=self.t, prefill=self._prefill(),
             target_forwards=self.target_forwards, stop_reason="running", rounds=len(self.rounds),
             drafted=last.total_drafted if last else 0, accepted=last.total_accepted if last else 0,
-            draft_time=self.draft_time, verify_time=self.verify_time, draft_forwards=self.draft_forwards,
-            overlap_sum=self.overlap_sum, gamma=max((r.gamma for r in self.rounds), default=0),
+            draft_time=self.books.draft_time, verify_time=self.books.verify_time,
+            draft_forwards=self.books.draft_forwards, overlap_sum=self.books.overlap_sum,
+            gamma=max((r.gamma for r in self.rounds), default=0),
             prompt_rounds=self.books.prompt_rounds)
 
     def _prefill(self) -> float:
