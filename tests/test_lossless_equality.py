@@ -20,7 +20,7 @@ GREEDY = SamplingParams(0.0)
 MODELS = {"tiny": (96, 3), "real-vocab": (151_936, 2)}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 BUGS = ("runner-up", "off-by-one row", "wrong residual")
-PROMPTS, NEW, GAMMA = 4, 16, 4
+PROMPTS, NEW, GAMMA = 6, 16, 4
 
 
 class Tok:
@@ -82,7 +82,8 @@ def inject(bug: str | None, mp) -> None:
                                "wrong residual": verify_wrong_residual}[bug])
 
 
-def verdicts(model: str, dtype: str, bug: str | None, mp) -> list[str]:
+def verdicts(model: str, dtype: str, bug: str | None, mp) -> list[tuple[str, list[int]]]:
+    """Per prompt: the verdict, and the speculative run's output ids."""
     torch.set_num_threads(1)
     target, draft = pair(model, dtype)
     inject(bug, mp)
@@ -90,27 +91,43 @@ def verdicts(model: str, dtype: str, bug: str | None, mp) -> list[str]:
     out = []
     for s in range(PROMPTS):
         prompt = torch.randint(0, vocab, (8,), generator=torch.Generator().manual_seed(s)).tolist()
-        base, bs = run(dec.baseline(target, Tok(), prompt, NEW, GREEDY))
-        spec, _ = run(dec.speculative(target, DraftModelProposer(draft), Tok(), prompt, NEW, GAMMA, GREEDY))
+        base, _ = run(dec.baseline(target, Tok(), prompt, NEW, GREEDY))
+        spec, ss = run(dec.speculative(target, DraftModelProposer(draft), Tok(), prompt, NEW, GAMMA, GREEDY))
         eq = compare_greedy(output_tokens(base), output_tokens(spec), str(target.dtype),
-                            recompute=fp32_recompute(target, prompt, bs.token_ids))
-        out.append(eq.verdict)
+                            recompute=fp32_recompute(target, prompt))
+        out.append((eq.verdict, ss.token_ids))
     return out
+
+
+_CLEAN = {}
+
+
+def clean(model: str, dtype: str, mp) -> list[tuple[str, list[int]]]:
+    if (model, dtype) not in _CLEAN:
+        _CLEAN[model, dtype] = verdicts(model, dtype, None, mp)
+    return _CLEAN[model, dtype]
 
 
 @pytest.mark.parametrize("model", list(MODELS))
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("bug", BUGS)
 def test_injected_bug_is_reported_as_a_bug(bug, dtype, model, monkeypatch):
+    """Wherever the bug changed the speculative output, the verdict is "mismatch";
+    on a prompt where it never acted (output identical to the clean run's, e.g. no
+    draft was the target's runner-up) the run is the clean run and keeps its verdict,
+    an honest near-tie included (seen on native bf16, 2026-11-25)."""
+    want = clean(model, dtype, monkeypatch)
     got = verdicts(model, dtype, bug, monkeypatch)
-    assert "near-tie" not in got, got
-    assert got.count("mismatch") >= PROMPTS // 2, got  # the bug shows, and is called one
+    acted = [g[1] != w[1] for g, w in zip(got, want, strict=True)]
+    # every bug acts somewhere (runner-up is rarest: 1 of 8 prompts on real-vocab native bf16)
+    assert any(acted), (got, want)
+    assert [g[0] for g in got] == ["mismatch" if a else w[0] for a, w in zip(acted, want, strict=True)]
 
 
 @pytest.mark.parametrize("model", list(MODELS))
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_no_bug_is_never_called_one(dtype, model, monkeypatch):
-    assert "mismatch" not in verdicts(model, dtype, None, monkeypatch)
+    assert "mismatch" not in [v for v, _ in clean(model, dtype, monkeypatch)]
 
 
 # ------------------------------------------------------------------ the rule itself
@@ -155,9 +172,9 @@ def test_fp32_recompute_decides_an_ambiguous_flip():
     spec = [tok(77, Gap(0.01, 77, 9, 3.0))]
     row = torch.zeros(100)
     row[9], row[77] = 3.0, 2.995  # fp32 agrees: a true near-tie
-    assert compare_greedy(base, spec, "bfloat16", recompute=lambda i: row).verdict == "near-tie"
+    assert compare_greedy(base, spec, "bfloat16", recompute=lambda ids: row[None]).verdict == "near-tie"
     row[77] = 2.5  # fp32: 77 is far below the top, the speculative side's row was wrong
-    eq = compare_greedy(base, spec, "bfloat16", recompute=lambda i: row)
+    eq = compare_greedy(base, spec, "bfloat16", recompute=lambda ids: row[None])
     assert eq.verdict == "mismatch" and "fp32" in eq.message()
 
 
@@ -168,3 +185,24 @@ def test_gap_stays_a_float_for_json_and_traces():
     assert json.loads(json.dumps({"g": g})) == {"g": 0.25}
     c = copy.deepcopy(g)
     assert (c, c.top, c.second, c.top_logit) == (0.25, 3, 4, 7.5)
+
+
+def test_a_bug_after_a_near_tie_is_still_a_bug():
+    """Issue 26: an honest flip first, then the injected runner-up acceptance:
+    the flip is excused, the later token is not."""
+    tie_b, tie_s = tok(9, Gap(0.01, 9, 77, 3.0)), tok(77, Gap(0.01, 77, 9, 3.0))
+    base = [tok(1, Gap(1.0, 1, 2, 3.0)), tie_b, tok(4, Gap(2.0, 4, 5, 3.0))]
+    spec = [tok(1, Gap(1.0, 1, 2, 3.0)), tie_s, tok(6, Gap(2.0, 6, 8, 3.0))]
+    assert compare_greedy(base, spec, "bfloat16").verdict == "near-tie"
+    spec[2] = tok(8, Gap(2.0, 6, 8, 3.0))  # the runner-up of its own row
+    eq = compare_greedy(base, spec, "bfloat16")
+    assert eq.verdict == "mismatch" and eq.position == 2 and "after a near-tie at token 1" in eq.message()
+    # with an fp32 recompute: a later token its own row ranks top, but fp32 does not (a wrong row)
+    spec[2] = tok(6, Gap(2.0, 6, 8, 3.0))
+    rows = torch.zeros(3, 100)
+    rows[0, 1], rows[1, 9], rows[1, 77] = 3.0, 3.0, 2.995
+    rows[2, 6], rows[2, 8] = 3.0, 1.0
+    assert compare_greedy(base, spec, "bfloat16", recompute=lambda ids: rows).verdict == "near-tie"
+    rows[2, 5] = 4.0  # fp32 puts another token on top there
+    eq = compare_greedy(base, spec, "bfloat16", recompute=lambda ids: rows)
+    assert eq.verdict == "mismatch" and "fp32" in eq.reason and eq.position == 2

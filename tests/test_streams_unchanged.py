@@ -1,14 +1,26 @@
 """Seeded event streams of every method, replayed against streams recorded from
 main on 2026-11-23 at 110fe2f (before the round pipeline of issue 19): token ids, each
 token's outcome and display order, per-round drafted/accepted counts, the run's
-totals, and a digest of the rounded p/q/u, inspector rows, tree records and
-method info. Times are left out (they are measured, never equal).
+totals, and the p/q/u, inspector rows, tree records and method info. Times are
+left out (they are measured, never equal).
+
+What is machine-independent is compared exactly: token ids, outcomes, round
+structure, and the shape of every record (which fields, which token ids, in
+which order). The floats are not: fp32 kernels sum in another order on another
+CPU class (AVX2 vs AVX-512: the same streams, floats apart by ~1e-7, and a
+4-digit rounding of them flipped a digest in 19 of 114 streams). So the floats
+are kept as a few weighted sums (FLOAT_SIGNATURE) and compared within FLOAT_TOL:
+rounding moves them by ~1e-6, a change of behaviour (another p, q or u anywhere)
+by far more. Checked on 2026-11-25 on an Intel Xeon with AVX-512-bf16/AMX and
+under ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 (tests/test_portable.py
+runs this file under the emulated class too).
 
 Re-record (only when a change of behaviour is intended, and say so in the commit):
     SPECVIZ_RECORD_STREAMS=1 python3 -m pytest tests/test_streams_unchanged.py
 """
 import hashlib
 import json
+import math
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -31,7 +43,8 @@ FIXTURES = Path(__file__).parent / "fixtures" / "streams"
 RECORD = os.environ.get("SPECVIZ_RECORD_STREAMS") == "1"
 PROMPT = "def f(arr): arr arr = arr"
 N = 16  # new tokens per run
-DIGITS = 4
+FLOAT_SIGNATURE = 6  # weighted sums of the floats, each with its own fixed random weights
+FLOAT_TOL = 1e-3  # per sum, scaled by max(1, sum of |x| / 1000)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -92,18 +105,34 @@ CASES = _cases()
 OPTIONS = {"early-exit": {"exit_layer": 1}, "layer-skip": {"skip_layers": "1"}}
 
 
-def _round(x):
+def _split(x, floats: list):
+    """The record with every float taken out (into `floats`, in order) as "f"."""
     if isinstance(x, float):
-        return round(x, DIGITS)
+        floats.append(x)
+        return "f"
     if isinstance(x, dict):
-        return {k: _round(v) for k, v in x.items() if not k.endswith("_ms")}  # REST lookup times
+        return {k: _split(v, floats) for k, v in x.items() if not k.endswith("_ms")}  # REST lookup times
     if isinstance(x, (list, tuple)):
-        return [_round(v) for v in x]
+        return [_split(v, floats) for v in x]
     return x
 
 
 def _digest(obj) -> str:
-    return hashlib.sha1(json.dumps(_round(obj), sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def signature(floats: list[float]) -> list[float]:
+    """[count of non-finite values, then FLOAT_SIGNATURE weighted sums of the finite ones]."""
+    x = torch.tensor([f for f in floats if math.isfinite(f)], dtype=torch.float64)
+    w = torch.rand(FLOAT_SIGNATURE, len(x), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    return [float(len(floats) - len(x))] + (w + 0.5).matmul(x).tolist()
+
+
+def _floats_match(got: list[float], want: list[float]) -> bool:
+    if len(got) != len(want) or got[0] != want[0]:
+        return False
+    scale = max(1.0, max(abs(v) for v in want) / 1000)
+    return all(abs(a - b) <= FLOAT_TOL * scale for a, b in zip(got[1:], want[1:], strict=True))
 
 
 def _token(t: TokenEvent) -> list:
@@ -130,8 +159,11 @@ def stream(events) -> dict:
                    stop_reason=s.stop_reason, rounds=s.rounds, drafted=s.drafted, accepted=s.accepted,
                    target_forwards=s.target_forwards, draft_forwards=s.draft_forwards,
                    prompt_rounds=s.prompt_rounds, gamma=s.gamma, gamma_policy=s.gamma_policy,
-                   unmeasured=list(s.unmeasured), overlap_sum=round(s.overlap_sum, DIGITS))
-    out = {"summary": summary, "rounds": rounds, "digest": _digest(floats)}
+                   unmeasured=list(s.unmeasured))
+    floats.append(s.overlap_sum)
+    values: list[float] = []
+    shape = _split(floats, values)
+    out = {"summary": summary, "rounds": rounds, "shape": _digest(shape), "floats": signature(values)}
     if tokens:
         out["tokens"] = tokens
     return out
@@ -221,4 +253,7 @@ def test_stream_unchanged(world, file, name, cfg):
     assert got.get("tokens") == want.get("tokens")
     for i, (a, b) in enumerate(zip(got["rounds"], want["rounds"], strict=True)):
         assert a == b, f"round {i}"
-    assert got == want
+    assert got["shape"] == want["shape"], "the records' fields or token ids changed"
+    assert _floats_match(got["floats"], want["floats"]), (got["floats"], want["floats"])
+    assert got["eos_ids"] == want["eos_ids"]
+    assert set(got) == set(want)

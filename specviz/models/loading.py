@@ -36,6 +36,7 @@ class ModelPair:
     quantize: str | None = None  # None, "int8" (both models) or "draft-int8"
     costs: CostModel | None = None  # measured plain step, v(k), draft step (engine/calibrate.py)
     precision_note: str = ""  # what runs and why, e.g. "target bfloat16 (128 ms/step vs 279 ms fp32 ...)"
+    choice: object = None  # the calibration's Choice (engine/calibrate.py): what was timed, what won
 
     @property
     def has_chat_template(self) -> bool:
@@ -214,6 +215,7 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
     note = choice.note + (f", draft output layer {len(keep):,} of {len(tok):,} tokens" if keep else "")
     pair = ModelPair(target, draft, tok, spec, dev, dt, _eos_ids(target, tok), label, q,
                      costs=choice.costs, precision_note=note)
+    pair.choice = choice
     pair.calibration = "untimed" if choice.untimed else "noisy" if choice.noisy else ""  # ui/loader.py
     return pair
 
