@@ -154,29 +154,14 @@ def _generate(args, req, pair) -> int:
     failed = False
     for i in range(args.num_samples):
         sreq = req if req.seed is None else req.__class__(**{**req.__dict__, "seed": req.seed + i})
-        results = {m: run_once(pair, sreq, m, ids) for m in modes}
-        base = results.get("baseline", (None, None))[1]
-        eq = _greedy_check(pair, sreq, results, ids)
-        failed |= eq is not None and not eq.ok
-        for mode, (events, summary) in results.items():
-            stats = run_stats(summary, base, getattr(pair, "costs", None)).to_dict() \
-                if mode == "speculative" else None
-            if stats is not None and method_info.summarize(events, sreq.method):
-                stats["method_info"] = method_info.summarize(events, sreq.method)
-            if args.json:
-                obj = {"sample": i, "mode": mode, "seed": sreq.seed, "token_ids": summary.token_ids,
-                       "text": summary.text, "stats": {**summary.to_dict(), **(stats or {})},
-                       "precision": pair.precision, "precision_note": pair.precision_note,
-                       "gamma": sreq.gamma_label}
-                obj["stats"].pop("token_ids"), obj["stats"].pop("text")
-                if mode == "speculative":
-                    obj["rounds"] = [_round_dict(r) for r in events]
-                    obj["greedy_equality"] = asdict(eq) if eq is not None else None
-                print(json.dumps(obj), flush=True)
-            else:
-                _print_human(mode, events, summary, stats)
-        if eq is not None and not args.json:
-            print(f"greedy check: {eq.message()}")
+        results = {}
+        for mode in modes:  # each row as soon as its run ends: a run stopped later keeps what finished
+            results[mode] = run_once(pair, sreq, mode, ids)
+            eq = _greedy_check(pair, sreq, results, ids) if mode == "speculative" else None
+            failed |= eq is not None and not eq.ok
+            _report(args, pair, sreq, i, mode, *results[mode], results.get("baseline", (None, None))[1], eq)
+            if eq is not None and not args.json:
+                print(f"greedy check: {eq.message()}")
     return 1 if failed else 0
 
 
@@ -192,6 +177,24 @@ def _greedy_check(pair, req, results, ids):
     recompute = fp32_recompute(target, ids) if isinstance(target, torch.nn.Module) else None
     return compare_greedy(*(output_tokens(results[m][0]) for m in ("baseline", "speculative")),
                           str(pair.dtype), recompute=recompute)
+
+
+def _report(args, pair, sreq, i: int, mode: str, events, summary: RunSummary, base, eq) -> None:
+    """One finished run: a JSON row (--json) or the human report."""
+    costs = getattr(pair, "costs", None)
+    stats = run_stats(summary, base, costs).to_dict() if mode == "speculative" else None
+    if stats is not None and method_info.summarize(events, sreq.method):
+        stats["method_info"] = method_info.summarize(events, sreq.method)
+    if not args.json:
+        return _print_human(mode, events, summary, stats)
+    obj = {"sample": i, "mode": mode, "seed": sreq.seed, "token_ids": summary.token_ids,
+           "text": summary.text, "stats": {**summary.to_dict(), **(stats or {})},
+           "precision": pair.precision, "precision_note": pair.precision_note, "gamma": sreq.gamma_label}
+    obj["stats"].pop("token_ids"), obj["stats"].pop("text")
+    if mode == "speculative":
+        obj["rounds"] = [_round_dict(r) for r in events]
+        obj["greedy_equality"] = asdict(eq) if eq is not None else None
+    print(json.dumps(obj), flush=True)
 
 
 def _print_human(mode, events, summary: RunSummary, stats):

@@ -45,14 +45,33 @@ def run_error_text(err: BaseException) -> str:
     return f"The run failed: {first_line(err)}. The app is still running; try again or change the settings."
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`timeout`, `kill`, a supervisor), raised in the main thread like Ctrl-C."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated
+
+
 def exit_code(command: Callable[[], int]) -> int:
     """Run a command-line entry point: a visitor's mistake, a stop or running out of memory become
-    one line on stderr and an exit code (2, 130, 1); bugs still raise with their traceback."""
+    one line on stderr and an exit code (2, 130, 1); bugs still raise with their traceback.
+    SIGTERM stops like Ctrl-C: `finally` blocks run (vLLM / llama.cpp servers a run started are
+    shut down, not left holding memory) and the reason is printed (a `timeout` around
+    `generate --engine vllm` used to end it with no row and no line)."""
+    import signal
+    import threading
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _on_sigterm) if main else None
     try:
         return command()
     except (RequestError, ModelError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("stopped: terminated (SIGTERM) before the run finished; rows already printed are complete",
+              file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("stopped", file=sys.stderr)
         return 130
@@ -61,6 +80,9 @@ def exit_code(command: Callable[[], int]) -> int:
             raise
         print(f"error: out of memory. {OOM_ADVICE}", file=sys.stderr)
         return 1
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, before)
 
 
 def free_memory() -> None:

@@ -20,8 +20,10 @@ ACCEPTS = [3, 1, 0, 2, 3, 3, 0, 1]
 
 
 class Fake:
-    def __init__(self, gamma: int = 0, model: str = "fake-model", fail_with: str | None = None):
+    def __init__(self, gamma: int = 0, model: str = "fake-model", fail_with: str | None = None,
+                 die_after: int | None = None):
         self.gamma, self.model, self.fail_with = gamma, model, fail_with
+        self.die_after = die_after  # chunks sent before the stream ends with no [DONE] (a dead engine)
         self.drafts = self.draft_tokens = self.accepted = 0
         self.per_pos = [0] * gamma
         self.requests: list[dict] = []
@@ -78,6 +80,8 @@ def handler(fake: Fake):
             self.end_headers()
             chunks = fake.chunks(body["max_tokens"])
             for j, ids in enumerate(chunks):
+                if j == fake.die_after:
+                    return
                 last = j == len(chunks) - 1
                 obj = {"choices": [{"index": 0, "text": "", "token_ids": ids,
                                     "finish_reason": "length" if last else None}]}

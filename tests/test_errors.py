@@ -43,3 +43,25 @@ def test_both_mains_share_the_mapping(monkeypatch, capsys, main, target, err, co
     assert main(["generate", "--prompt", "hi"] if main is cli.main else []) == code
     err_text = capsys.readouterr().err
     assert len(err_text.splitlines()) == 1 and "Traceback" not in err_text
+
+
+def test_sigterm_stops_a_command_with_one_line(capsys):
+    """`timeout` around a CLI run (issue 26: `generate --engine vllm` ended with no row and no
+    line): SIGTERM stops like Ctrl-C, `finally` blocks run, and one line says so."""
+    import os
+    import signal
+    import time
+
+    from specviz.errors import exit_code
+    cleaned = []
+
+    def command():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+            return 0
+        finally:
+            cleaned.append(True)  # e.g. the vLLM servers this run started are shut down
+    assert exit_code(command) == 143 and cleaned
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("stopped: terminated (SIGTERM)")

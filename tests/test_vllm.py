@@ -121,6 +121,7 @@ def test_starts_its_own_servers_from_the_vllm_env(pair_dirs, tmp_path, capsys, m
     ("url not answering", "does not answer"),
     ("model it cannot serve", "vLLM refused the request: The model `x` does not exist."),
     ("no plain server", "no plain (no speculative_config) vLLM server"),
+    ("engine dies mid-run", "closed the stream before the run finished"),
 ])
 def test_bad_input_one_clear_line(pair_dirs, tmp_path, capsys, monkeypatch, case, message):
     argv = [*pair_args(pair_dirs), "--prompt", "x", "--max-new-tokens", "5", "--mode", "both", "--engine", "vllm"]
@@ -138,12 +139,16 @@ def test_bad_input_one_clear_line(pair_dirs, tmp_path, capsys, monkeypatch, case
     elif case == "model it cannot serve":
         srv, url = serve(Fake(0, fail_with="The model `x` does not exist."))
         argv += ["--vllm-url", url]
+    elif case == "engine dies mid-run":
+        (srv, url), (srv2, url2) = serve(Fake(0, die_after=2)), serve(Fake(3))
+        argv += ["--vllm-url", url, "--vllm-url", url2]
     else:
         srv, url = serve(Fake(3))
         argv += ["--vllm-url", url]
     code, out, err = run_cli(capsys, *argv)
-    if srv:
-        srv.shutdown()
+    for s in (srv, locals().get("srv2")):
+        if s:
+            s.shutdown()
     assert code == 2 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err

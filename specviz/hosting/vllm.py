@@ -24,7 +24,7 @@ from ..engine.events import Outcome, RoundEvent, RunSummary, TokenEvent
 from ..engine.text import TextStream
 from ..errors import RequestError
 from ..models import PairSpec
-from .vllm_server import Server, VllmError, start_server, vllm_python
+from .vllm_server import Server, VllmError, log_reason, start_server, vllm_python
 from .vllm_stream import read_counters, read_only_servers, stream_completion
 
 ENGINE = "vllm"
@@ -130,6 +130,9 @@ def _events(pair: VllmPair, req, mode: str, prompt_ids, stop, clock):
             if stop is not None and stop.is_set():
                 build.reason = "stopped"
                 break
+    except VllmError as e:
+        why = f" ({log_reason(server.log)}; log: {server.log})" if server.log else ""
+        raise VllmError(f"{e}{why}") from None
     finally:
         chunks.close()  # closes the connection: vLLM aborts the request
     after = read_counters(server.url) if mode == "speculative" else None

@@ -101,7 +101,7 @@ def stop_process(proc: subprocess.Popen | None) -> None:
             proc.wait()
 
 
-def _log_reason(log: Path | None) -> str:
+def log_reason(log: Path | None) -> str:
     """The line of a failed server's log that says why (the last error), else its last line."""
     try:
         lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
@@ -142,7 +142,7 @@ def start_server(model: str, *, name: str, spec_config: dict | None = None, devi
     while True:
         if proc.poll() is not None:
             server.proc = None
-            raise VllmError(f"the vLLM server for {model} did not start: {_log_reason(log)} (log: {log})")
+            raise VllmError(f"the vLLM server for {model} did not start: {log_reason(log)} (log: {log})")
         try:
             get_text(server.url + "/health", timeout=2)
             return server

@@ -104,7 +104,7 @@ def stream_completion(base_url: str, model: str, prompt_ids: list[int], *, max_t
         why = getattr(e, "reason", e)
         raise VllmError(f"the vLLM server at {base_url} does not answer ({why})") from None
     with resp:
-        for raw in resp:
+        for raw in _lines(resp, base_url):
             line = raw.decode("utf-8", "replace").strip()
             if not line.startswith("data:"):
                 continue
@@ -114,6 +114,18 @@ def stream_completion(base_url: str, model: str, prompt_ids: list[int], *, max_t
             chunk = _chunk(json.loads(data), time.perf_counter())
             if chunk is not None:
                 yield chunk
+    raise VllmError(f"the vLLM server at {base_url} closed the stream before the run finished "
+                    "(no [DONE]): its engine stopped; its log says why")
+
+
+def _lines(resp, base_url: str):
+    """The response's lines; a connection the server drops mid-run (its engine died) is one line."""
+    import http.client
+    try:
+        yield from resp
+    except (OSError, http.client.HTTPException) as e:
+        raise VllmError(f"the vLLM server at {base_url} stopped answering mid-run "
+                        f"({type(e).__name__}: {e}); its log says why") from None
 
 
 def _chunk(obj: dict, t: float) -> Chunk | None:
