@@ -3,6 +3,7 @@ check, end-of-sequence ids, the speed setup (int8 draft, small-M linear) and
 load errors in words a visitor understands."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -135,6 +136,18 @@ def _load_one(ref: str, device: torch.device, dtype: torch.dtype):
     return model, tok
 
 
+def _loader(dev: torch.device, lean: bool | None):
+    """_load_one, then the lean Llama-family swap (engine/lean.py) unless lean is False
+    (None: SPECVIZ_LEAN=0 turns it off)."""
+    from ..engine.lean import make_lean
+    on = lean if lean is not None else os.environ.get("SPECVIZ_LEAN", "1") != "0"
+
+    def load(ref: str, dtype: torch.dtype):
+        model, tok = _load_one(ref, dev, dtype)
+        return (make_lean(model) if on else model), tok
+    return load
+
+
 def load_stock(ref: str, device: torch.device, dtype: torch.dtype):
     """A model as `from_pretrained` gives it: no speed patch, no quantisation
     (the bench's "as shipped" reference)."""
@@ -145,7 +158,7 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
               progress: Progress | None = None, load_draft: bool = True,
               quantize: str | None = None, precision: str = "auto",
               draft_vocab: int | None = None, calibration: str = "auto",
-              cache_file: Path | None = None) -> ModelPair:
+              cache_file: Path | None = None, lean: bool | None = None) -> ModelPair:
     """Load target (+ draft) and the target's tokenizer, checking that the vocabularies agree,
     in the precision chosen by measurement on this machine (engine/calibrate.py).
 
@@ -162,7 +175,9 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
     draft_vocab: the draft's output layer keeps this many most frequent tokens
     (engine/vocab_trim.py; lossless); 0 keeps all; None: 32,768 on a CPU for
     vocabularies of 65,536 or more.
-    calibration: engine/calibrate.MODES ("cached": never time anything now)."""
+    calibration: engine/calibrate.MODES ("cached": never time anything now).
+    lean: fuse the Llama family's q/k/v and gate/up projections (engine/lean.py); None: on
+    unless SPECVIZ_LEAN=0."""
     from ..engine import calibrate
     if quantize not in QUANTIZE:
         raise ModelError(f"unknown quantisation '{quantize}': use int8, draft-int8, auto or none")
@@ -186,16 +201,17 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
     cached = calibrate.load_cached(cache_file)
     start = {side: calibrate.DTYPES.get(p, torch.float32) if p else None
              for side, p in (("target", cached and cached.target), ("draft", cached and cached.draft))}
+    load = _loader(dev, lean)
     progress(f"loading target {spec.target}", 0.0)
-    target, tok = _load_one(refs["target"], dev, dtype or start["target"] or auto_dtype)
+    target, tok = load(refs["target"], dtype or start["target"] or auto_dtype)
     draft = tok_draft = None
     if load_draft:
         progress(f"loading draft {spec.draft}", 0.6)
-        draft, tok_draft = _load_one(refs["draft"], dev, dtype or start["draft"] or auto_dtype)
+        draft, tok_draft = load(refs["draft"], dtype or start["draft"] or auto_dtype)
     check_vocab(target, draft, tok, tok_draft)
     keep = _draft_keep(draft_vocab, draft, tok, dev, _eos_ids(target, tok), progress)
-    fp32 = calibrate.Loaded(lambda: _load_one(refs["target"], dev, torch.float32)[0],
-                            lambda: _trimmed(_load_one(refs["draft"], dev, torch.float32)[0], keep))
+    fp32 = calibrate.Loaded(lambda: load(refs["target"], torch.float32)[0],
+                            lambda: _trimmed(load(refs["draft"], torch.float32)[0], keep))
     draft = _trimmed(draft, keep)
     target, draft, choice = calibrate.calibrate(
         target, draft, precision=precision if dtype is None else _precision_of(dtype),

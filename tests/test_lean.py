@@ -1,0 +1,92 @@
+"""Issue 27: the lean Llama-family block (engine/lean.py) — fused q/k/v and gate/up swapped
+into the transformers skeleton. Same logits as the stock model (fp32 and every low-bit
+format), greedy speculative identical to plain, and sampling follows the target (χ²)."""
+import copy
+
+import pytest
+import torch
+from helpers import acceptance, assert_follows_target, noisy_copy, run, sample_sequences
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specviz.engine import lowbit
+from specviz.engine.decoding import baseline, speculative
+from specviz.engine.lean import FusedAttention, FusedMLP, is_lean, make_lean
+from specviz.engine.proposers import DraftModelProposer
+from specviz.engine.sampling import SamplingParams
+from specviz.models.tiny import tiny_model
+
+GREEDY = SamplingParams(0.0)
+
+
+def tiny_llama(vocab=96, seed=0):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    return LlamaForCausalLM(cfg).eval().requires_grad_(False)
+
+
+class Tok:
+    def decode(self, ids, skip_special_tokens=False):
+        return ""
+
+
+@pytest.mark.parametrize("build", [lambda: tiny_model(96, seed=0, layers=3), tiny_llama], ids=["qwen2", "llama"])
+@pytest.mark.parametrize("fmt", [None, *lowbit.available()])
+def test_same_logits_as_the_stock_model(build, fmt):
+    stock = build()
+    lean = make_lean(copy.deepcopy(stock))
+    assert is_lean(lean) and all(isinstance(layer.self_attn, FusedAttention) and isinstance(layer.mlp, FusedMLP)
+                                 for layer in lean.model.layers)
+    if fmt:
+        stock, lean = lowbit.to_lowbit(stock, fmt), lowbit.to_lowbit(lean, fmt)
+    ids = torch.randint(0, 96, (1, 10), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(lean(ids).logits, stock(ids).logits, rtol=1e-5, atol=1e-5)
+        assert torch.equal(lean.generate(ids, max_new_tokens=8, do_sample=False),
+                           stock.generate(ids, max_new_tokens=8, do_sample=False))
+
+
+def test_other_architectures_are_left_alone():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    m = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2))
+    assert make_lean(m) is m and not is_lean(m)
+
+
+@pytest.mark.parametrize("fmt", [None, "w8a8"])
+def test_greedy_speculative_equals_plain(fmt):
+    target = make_lean(tiny_model(96, seed=0, layers=3))
+    draft = make_lean(noisy_copy(tiny_model(96, seed=0, layers=3), seed=1, scale=0.3))
+    if fmt:
+        if fmt not in lowbit.available():
+            pytest.skip(f"{fmt} does not run on this CPU")
+        target, draft = lowbit.to_lowbit(target, fmt), lowbit.to_lowbit(draft, fmt)
+    for s in range(3):
+        prompt = torch.randint(0, 96, (8,), generator=torch.Generator().manual_seed(s)).tolist()
+        _, base = run(baseline(target, Tok(), prompt, 24, GREEDY))
+        _, spec = run(speculative(target, DraftModelProposer(draft), Tok(), prompt, 24, 4, GREEDY))
+        assert spec.token_ids == base.token_ids
+
+
+def test_sequences_follow_target_distribution():
+    V, N = 4, 1500
+    t = make_lean(tiny_model(V, seed=10, layers=2, init=0.8))
+    d = make_lean(noisy_copy(tiny_model(V, seed=10, layers=2, init=0.8), 0))
+    exact, counts, runs = sample_sequences(speculative, t, lambda: DraftModelProposer(d), 2,
+                                           SamplingParams(temperature=1.0), N)
+    assert 0.05 < acceptance(runs) < 0.95
+    assert_follows_target(counts, exact, N)
+
+
+def test_step_profile_splits_a_step():
+    """bench/step_profile.py on a tiny model: the matmuls are timed inside real steps and the
+    bytes read count one row of the input embedding table."""
+    from specviz.bench.step_profile import profile_side, report, step_bytes
+    from specviz.hosting.bandwidth import weight_bytes
+    m = make_lean(tiny_model(500, seed=0, layers=2, hidden=64))
+    emb = m.get_input_embeddings().weight
+    assert step_bytes(m) == weight_bytes(m) - emb.numel() * 4 + emb.shape[1] * 4
+    r = profile_side(m, context=8, steps=6)
+    assert r["matmul_calls"] == 2 * 4 + 1  # qkv, o, gate_up, down per layer; the output layer
+    assert 0 < r["matmul_ms"] < r["step_ms"] and r["other_ms"] == pytest.approx(r["step_ms"] - r["matmul_ms"])
+    lines = report({"target": r}, sum_gbs=10.0)
+    assert lines[2].startswith("| target |") and lines[2].endswith("% |")
