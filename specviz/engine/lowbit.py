@@ -44,7 +44,11 @@ NAMES = {"w16": "fp16 weights, float32 activations", "w8a8": "int8 weights, 7-bi
 # 7 bits, so a 1e-7 difference between a verify forward and single steps would flip a code now
 # and then (greedy quicksort on the default pair differed from plain at token 21, top-2 gap
 # 0.74); to_lowbit gives it row-wise attention (engine/rowwise_attention.py), which makes a
-# verify forward bit-identical to single steps, so that cannot happen.
+# verify forward bit-identical to single steps, so that cannot happen. Every format gets it:
+# each low-bit Linear is row-exact (8 rows at once = 8 single rows, bit for bit, all four formats),
+# but w4/w8 round activations to bf16 and their logits to bf16 steps (0.125 at |logit| 20), so
+# a 1e-7 attention difference flipped greedy ties on an AVX-512 Xeon (w4 target, 2026-11-25:
+# 3 of 21 bench runs differed from plain at an exact bf16 tie).
 TARGET_AUTO = FORMATS
 
 
@@ -198,8 +202,8 @@ def to_lowbit(model: nn.Module, fmt: str, *, head: str | None = None) -> nn.Modu
         parent, _, attr = name.rpartition(".")
         holder = model.get_submodule(parent) if parent else model
         setattr(holder, attr, _low(mod, head if mod is out else fmt))
-    if fmt == "w8a8" and getattr(model.config, "_attn_implementation", None) == "sdpa":
-        use_rowwise(model)
+    if getattr(model.config, "_attn_implementation", None) == "sdpa":
+        use_rowwise(model)  # every format: see TARGET_AUTO
     return model
 
 
