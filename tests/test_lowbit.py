@@ -134,15 +134,19 @@ def test_calibration_picks_and_names_the_fastest_low_bit_target(monkeypatch, tok
                                   "300 ms w16 on this CPU)")
 
 
-@pytest.mark.skipif("w8a8" not in FORMATS, reason="no fbgemm")
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("lean", [False, True], ids=["stock", "lean"])
 @pytest.mark.parametrize("cache", ["dynamic", "static", "static-full"])
-def test_w8a8_verify_forward_is_bit_identical_to_single_steps(tok, cache):
-    """w8a8 rounds activations to 7 bits, so a 1e-7 difference between a verify forward
-    and single steps could flip a code; row-wise attention makes them bit-identical."""
+def test_verify_forward_is_bit_identical_to_single_steps(tok, cache, lean, fmt):
+    """w8a8 rounds activations to 7 bits, w4/w8 to bf16 (and their logits come in bf16 steps), so
+    a 1e-7 difference between a verify forward and single steps could flip a code or a tie;
+    row-wise attention makes them bit-identical, for every low-bit format, fused or not."""
     from specviz.engine import kvcache
     from specviz.engine.forward import forward_logits, new_cache
+    from specviz.engine.lean import make_lean
     from specviz.engine.rowwise_attention import is_rowwise
-    model = lowbit.to_lowbit(tiny_model(len(tok), seed=0, layers=3, hidden=128), "w8a8")
+    base = tiny_model(len(tok), seed=0, layers=3, hidden=128)
+    model = lowbit.to_lowbit(make_lean(base) if lean else base, fmt)
     assert is_rowwise(model)
     ids = list(range(3, 40))
 
