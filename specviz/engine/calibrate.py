@@ -258,6 +258,8 @@ def convert(model, prec: str, reload=None):
     quantised copy of an fp32 model; fp32 after a lossy cast needs reload()."""
     from . import speed
     have = _dtype_name(model)
+    if prec in LOWBIT and lowbit.lowbit_format(model) == prec:
+        return model  # converted at load (a cached choice)
     if prec in LOWBIT:  # quantised from the fp32 weights, which stay intact for other candidates
         if have != "fp32" or lowbit.lowbit_format(model):
             model = reload()

@@ -44,7 +44,7 @@ def cat_linear(parts: list[nn.Linear]) -> nn.Linear:
     if has_bias:
         out.bias.data = torch.cat([p.bias.data if p.bias is not None else
                                    w.new_zeros(p.out_features) for p in parts])
-    return out
+    return out.requires_grad_(any(p.weight.requires_grad for p in parts))
 
 
 class FusedMLP(nn.Module):

@@ -142,9 +142,16 @@ def _loader(dev: torch.device, lean: bool | None):
     from ..engine.lean import make_lean
     on = lean if lean is not None else os.environ.get("SPECVIZ_LEAN", "1") != "0"
 
-    def load(ref: str, dtype: torch.dtype):
+    def load(ref: str, dtype: torch.dtype, lowbit_fmt: str | None = None):
+        from ..engine import lowbit
         model, tok = _load_one(ref, dev, dtype)
-        return (make_lean(model) if on else model), tok
+        model = make_lean(model) if on else model
+        if lowbit_fmt in lowbit.FORMATS and dev.type == "cpu":
+            # a cached low-bit choice: convert now, before the next model loads, so the two fp32
+            # checkpoints are never mapped at once (peak RSS 14.9 -> N GB on the default pair)
+            model = lowbit.to_lowbit(model, lowbit_fmt)
+            _own_memory(model)
+        return model, tok
     return load
 
 
@@ -197,13 +204,13 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
     cache_file = cache_file or calibrate.cache_path(cache_root(), target_ref=refs["target"],
                                                     draft_ref=draft_key, precision=precision,
                                                     quantize=quantize, device=dev.type)
-    # a cached float choice loads straight in that type (half the memory and time of fp32 + cast)
-    cached = calibrate.load_cached(cache_file)
+    cached = calibrate.load_cached(cache_file)  # a cached float choice loads straight in that type
     start = {side: calibrate.DTYPES.get(p, torch.float32) if p else None
              for side, p in (("target", cached and cached.target), ("draft", cached and cached.draft))}
     load = _loader(dev, lean)
     progress(f"loading target {spec.target}", 0.0)
-    target, tok = load(refs["target"], dtype or start["target"] or auto_dtype)
+    target, tok = load(refs["target"], dtype or start["target"] or auto_dtype,
+                       cached.target if cached and calibration != "fresh" and dtype is None else None)
     draft = tok_draft = None
     if load_draft:
         progress(f"loading draft {spec.draft}", 0.6)
