@@ -90,3 +90,12 @@ def test_step_profile_splits_a_step():
     assert 0 < r["matmul_ms"] < r["step_ms"] and r["other_ms"] == pytest.approx(r["step_ms"] - r["matmul_ms"])
     lines = report({"target": r}, sum_gbs=10.0)
     assert lines[2].startswith("| target |") and lines[2].endswith("% |")
+
+
+@pytest.mark.parametrize("fmt", [f for f in ("w8a8", "w16") if f in lowbit.available()])
+def test_step_bytes_count_prepacked_weights(fmt):
+    from specviz.bench.step_profile import step_bytes
+    m = tiny_model(500, seed=0, layers=2, hidden=64)
+    fp32 = step_bytes(m)
+    low = step_bytes(lowbit.to_lowbit(copy.deepcopy(m), fmt))
+    assert 0.2 * fp32 < low < 0.6 * fp32  # int8 or fp16 weights, not nothing

@@ -57,11 +57,16 @@ class _MatmulClock:
 def step_bytes(model) -> int:
     """Weight bytes one decoding step reads: every tensor once, the input embedding table
     one row (unless it is also the output layer, which reads it whole)."""
+    from ..engine import lowbit
     from ..hosting.bandwidth import weight_bytes
     emb = model.get_input_embeddings().weight
     out = model.get_output_embeddings()
     tied = out is not None and getattr(out, "weight", None) is emb
-    return weight_bytes(model) - (0 if tied else emb.numel() * emb.element_size() - emb[0].nbytes)
+    # fbgemm's prepacked weights are opaque objects, not tensors: int8 + a scale per row, or fp16
+    packed = sum(m.in_features * m.out_features + 4 * m.out_features if isinstance(m, lowbit.W8A8Linear)
+                 else 2 * m.in_features * m.out_features for m in model.modules()
+                 if isinstance(m, (lowbit.W8A8Linear, lowbit.Fp16Linear)))
+    return weight_bytes(model) + packed - (0 if tied else emb.numel() * emb.element_size() - emb[0].nbytes)
 
 
 @torch.inference_mode()
