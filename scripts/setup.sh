@@ -7,6 +7,7 @@
 #   scripts/setup.sh llamacpp   llama-server built from the llama.cpp source vendored in the
 #                           llama-cpp-python sdist, into .llamacpp/ (or $SPECVIZ_LLAMACPP), for the
 #                           bench's llama.cpp rows; AVX2 baseline unless SPECVIZ_LLAMACPP_CMAKE says otherwise
+#                           (SPECVIZ_LLAMACPP_CMAKE=avx512: AVX-512 without AMX)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -26,6 +27,11 @@ if [ "${1:-}" = llamacpp ]; then
   SPEC=${SPECVIZ_LLAMACPP_SPEC:-llama-cpp-python==0.3.36}
   # portable AVX2 build (no -march=native): the CPU class of most cloud VMs and laptops
   FLAGS=${SPECVIZ_LLAMACPP_CMAKE:--DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF}
+  # avx512: AVX-512 (+VBMI, VNNI, BF16) without AMX. -DGGML_NATIVE=ON on an AMX Xeon VM built the
+  # AMX kernels and llama-server crashed (SIGSEGV) on its first forward (2026-11-25)
+  [ "$FLAGS" = avx512 ] && FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+-DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
+-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
   mkdir -p "$DIR/dl"
   if [ ! -f "$DIR/src/CMakeLists.txt" ]; then
     # the sdist only: pip builds nothing here (build deps as wheels, for its metadata step)
