@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CLASS_SENSITIVE = ["tests/test_streams_unchanged.py", "tests/test_lossless_equality.py"]
+# compiled kernels too: inductor's default cache mixed classes and a compiled run emitted garbage
+CLASS_SENSITIVE = ["tests/test_streams_unchanged.py", "tests/test_lossless_equality.py",
+                   "tests/test_kvcache.py::test_compiled_speculative_equals_dynamic"]
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
@@ -26,3 +28,18 @@ def test_class_sensitive_tests_pass_under_emulated_avx2():
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CLASS_SENSITIVE],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+
+
+def test_compiled_kernels_are_cached_per_cpu_class(monkeypatch):
+    import torch
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from specviz.engine.kvcache import _inductor_cache_per_class
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    _inductor_cache_per_class()
+    got = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    assert got.startswith(os.path.abspath(default_cache_dir())) and got.endswith(
+        torch.backends.cpu.get_cpu_capability())
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/mine")  # a user's choice stays
+    _inductor_cache_per_class()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/mine"

@@ -207,6 +207,7 @@ def compiled_call(model):
         runtime(model).compiled = False
         return None
     if fn is None:
+        _inductor_cache_per_class()
         # target and draft share _call's code object, so their graphs share one recompile budget
         cfg = torch._dynamo.config
         name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
@@ -215,3 +216,20 @@ def compiled_call(model):
         fn = torch.compile(_call, mode=mode, dynamic=None)
         runtime(model).compiled = fn
     return fn
+
+
+def _inductor_cache_per_class() -> None:
+    """Compiled kernels cached per CPU class. Inductor's default cache (/tmp/torchinductor_<user>)
+    did not tell classes apart: kernels compiled on an AVX-512 Xeon, reused in a run under
+    ATEN_CPU_CAPABILITY=avx2, made a compiled greedy run emit token 0 after its first token
+    (tests/test_kvcache.py, 2026-11-25); in a cache of their own per class they were right.
+    A cache directory the user set is left alone (importing transformers already set the
+    variable to the default, so the default is what is compared)."""
+    import os
+
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    default = os.path.abspath(default_cache_dir())
+    if os.path.abspath(os.environ.get("TORCHINDUCTOR_CACHE_DIR", default)) != default:
+        return
+    tag = f"{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}".replace("+", "_")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(default, tag)
