@@ -227,7 +227,10 @@ def _inductor_cache_per_class() -> None:
     variable to the default, so the default is what is compared)."""
     import os
 
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # another torch layout: leave inductor's choice alone
+        return
     default = os.path.abspath(default_cache_dir())
     if os.path.abspath(os.environ.get("TORCHINDUCTOR_CACHE_DIR", default)) != default:
         return

@@ -89,7 +89,9 @@ class FusedAttention(nn.Module):
         q, k = self._rotary(q, k, cos, sin)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
-        attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, self._eager)
+        impl = self.config._attn_implementation
+        attend = ALL_ATTENTION_FUNCTIONS.get_interface(impl, self._eager) if hasattr(
+            ALL_ATTENTION_FUNCTIONS, "get_interface") else ALL_ATTENTION_FUNCTIONS.get(impl, self._eager)
         out, weights = attend(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling,
                               sliding_window=self.sliding_window, **kwargs)
         return self.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
