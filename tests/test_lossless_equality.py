@@ -206,3 +206,12 @@ def test_a_bug_after_a_near_tie_is_still_a_bug():
     rows[2, 5] = 4.0  # fp32 puts another token on top there
     eq = compare_greedy(base, spec, "bfloat16", recompute=lambda ids: rows)
     assert eq.verdict == "mismatch" and "fp32" in eq.reason and eq.position == 2
+
+
+def test_fp32_recompute_runs_only_when_a_verdict_needs_it():
+    """The recompute upcasts the whole target: an obvious bug must not pay for it."""
+    def never(ids):
+        raise AssertionError("recomputed for a verdict the records already settle")
+    base = [tok(9, Gap(0.5, 9, 77, 3.0))]
+    spec = [tok(77, Gap(0.5, 77, 9, 3.0))]  # a gap beyond bf16 rounding at |top| 3
+    assert compare_greedy(base, spec, "bfloat16", recompute=never).verdict == "mismatch"

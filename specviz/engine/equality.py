@@ -38,6 +38,7 @@ numbers, and FACTOR is the one constant to revisit.)
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -109,10 +110,12 @@ def output_tokens(events) -> list[TokenEvent]:
 Recompute = Callable[[list[int]], "torch.Tensor | None"]
 
 
-def judge(pos: int, b: int, s: int, gb, gs, precision: str, row: torch.Tensor | None = None) -> Equality:
+def judge(pos: int, b: int, s: int, gb, gs, precision: str,
+          fp32_row: Callable[[], "torch.Tensor | None"] | None = None) -> Equality:
     """A near-tie or a bug, at the first position where baseline token b and
-    speculative token s differ; gb, gs: each run's Gap there; row: the target's
-    fp32 logits at that position, or None (see the module docstring)."""
+    speculative token s differ; gb, gs: each run's Gap there; fp32_row(): the
+    target's fp32 logits at that position, or None, asked for only when the
+    records leave it open (see the module docstring)."""
     def verdict(v: str, reason: str, thr: float = 0.0) -> Equality:
         return Equality(v, pos, b, s, gb, gs, thr, reason)
     if not (isinstance(gb, Gap) and isinstance(gs, Gap)):
@@ -124,6 +127,7 @@ def judge(pos: int, b: int, s: int, gb, gs, precision: str, row: torch.Tensor | 
     if max(gb, gs) > thr:
         return verdict("mismatch", "a gap beyond rounding", thr)
     swapped = gb.second == s and gs.second == b
+    row = fp32_row() if fp32_row is not None else None
     if row is None:
         return verdict("near-tie", "the top two swapped", thr) if swapped else \
             verdict("mismatch", "the tokens are not each other's runner-up", thr)
@@ -176,6 +180,19 @@ def _after_tie(tie: Equality, base: list[TokenEvent], spec: list[TokenEvent], pr
     return tie
 
 
+def _first_difference(i: int, base: list[TokenEvent], spec: list[TokenEvent], precision: str,
+                      recompute: Recompute | None) -> Equality:
+    """Rules 1-6 at the first differing position i."""
+    low = recompute is not None and _dtype_name(precision) in LOW_PRECISION
+
+    @functools.cache
+    def rows():  # one fp32 forward over the speculative run's tokens, only if a verdict needs it
+        return recompute([t.token_id for t in spec]) if low else None
+    eq = judge(i, base[i].token_id, spec[i].token_id, base[i].gap, spec[i].gap, precision,
+               lambda: None if rows() is None else rows()[i])
+    return eq if eq.verdict == "mismatch" else _after_tie(eq, base, spec, precision, rows())
+
+
 def compare_greedy(base: list[TokenEvent], spec: list[TokenEvent], precision: str = "float32",
                    recompute: Recompute | None = None) -> Equality:
     """Compare two greedy outputs token by token (see the module docstring).
@@ -183,10 +200,7 @@ def compare_greedy(base: list[TokenEvent], spec: list[TokenEvent], precision: st
     predicting ids[j] (fp32_recompute builds one), or None."""
     for i, (b, s) in enumerate(zip(base, spec, strict=False)):
         if b.token_id != s.token_id:
-            low = recompute is not None and _dtype_name(precision) in LOW_PRECISION
-            rows = recompute([t.token_id for t in spec]) if low else None
-            eq = judge(i, b.token_id, s.token_id, b.gap, s.gap, precision, None if rows is None else rows[i])
-            return eq if eq.verdict == "mismatch" else _after_tie(eq, base, spec, precision, rows)
+            return _first_difference(i, base, spec, precision, recompute)
     if len(base) != len(spec):  # one stopped early with the same prefix: nothing numerical explains that
         i = min(len(base), len(spec))
         return Equality("mismatch", i, reason="one run stopped early")

@@ -4,6 +4,7 @@ load errors in words a visitor understands."""
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -148,7 +149,7 @@ def _loader(dev: torch.device, lean: bool | None):
         model = make_lean(model) if on else model
         if lowbit_fmt in lowbit.FORMATS and dev.type == "cpu":
             # a cached low-bit choice: convert now, before the next model loads, so the two fp32
-            # checkpoints are never mapped at once (peak RSS 14.9 -> N GB on the default pair)
+            # checkpoints are never mapped at once (peak RSS of a load 14.9 -> 12.5 GB on the default pair)
             model = lowbit.to_lowbit(model, lowbit_fmt)
             _own_memory(model)
         return model, tok
@@ -237,20 +238,26 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
     dt = next(target.parameters()).dtype if choice.target != "int8" else torch.float32
     note = choice.note + (f", draft output layer {len(keep):,} of {len(tok):,} tokens" if keep else "")
     pair = ModelPair(target, draft, tok, spec, dev, dt, _eos_ids(target, tok), label, q,
-                     costs=choice.costs, precision_note=note)
-    pair.choice = choice
+                     costs=choice.costs, precision_note=note, choice=choice)
     pair.calibration = "untimed" if choice.untimed else "noisy" if choice.noisy else ""  # ui/loader.py
     return pair
 
 
+_OWNED: weakref.WeakSet = weakref.WeakSet()  # models _own_memory already copied
+
+
 def _own_memory(model) -> None:
-    """Copy what a CPU model kept from its checkpoint out of the checkpoint's file mapping.
+    """Copy what a CPU model kept from its checkpoint out of the checkpoint's file mapping,
+    once per model (a target converted at load is not copied again at the end).
     from_pretrained maps safetensors files; a tensor left as loaded (the fp32 embedding table
     beside low-bit Linears) keeps the whole file mapped, and every page the conversion read
     counts as the process's memory: 9.5 GB RSS for a pair holding 2.8 GB of tensors, 2026-11-25."""
+    if model in _OWNED:
+        return
     for t in (*model.parameters(), *model.buffers()):
         if t.device.type == "cpu":
             t.data = t.data.clone()
+    _OWNED.add(model)
 
 
 def _draft_keep(draft_vocab, draft, tok, dev, eos, progress) -> list[int] | None:
