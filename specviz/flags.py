@@ -67,11 +67,15 @@ def load_from_args(args, progress=None, allow_local_paths=True):
 
 
 def apply_cache_args(pair, args) -> str:
-    """--cache/--compile onto both models (baseline, verify and draft use the same kind)."""
+    """--cache/--compile onto both models (baseline, verify and draft use the same kind), except
+    that the default (dynamic) leaves a draft step load compiled (engine/draft_compile.py)."""
     from .engine.forward import set_cache
     compile = getattr(args, "compile", False)
     kind = "static" if compile else getattr(args, "cache", "dynamic")
-    used = [set_cache(m, kind, compile=compile) for m in (pair.target, pair.draft) if m is not None]
+    step = getattr(pair, "draft_step", None)
+    keep = step is not None and step.compiled and kind == "dynamic"  # the draft's measured compiled step
+    used = [set_cache(m, kind, compile=compile) for m in (pair.target, pair.draft)
+            if m is not None and not (keep and m is pair.draft)]
     return used[0]
 
 

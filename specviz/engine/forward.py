@@ -81,7 +81,7 @@ def new_cache(model, capacity: int = 1024):
     if kind == "dynamic":
         return DynamicCache()
     fn = kvcache.compiled_call(model) if compiled else None
-    return kvcache.StaticKV(capacity, full=masked, compiled=fn)
+    return kvcache.StaticKV(capacity, full=masked, compiled=fn, rows=kvcache.runtime(model).rows)
 
 
 def masked_forward(model, cache, *, ids: list[int], positions: list[int], bias: torch.Tensor,

@@ -25,7 +25,13 @@ from dataclasses import dataclass
 import torch
 
 from .lowbit import lowbit_format
+from .rowwise_attention import NAME as ROWWISE
 from .speed import has_int8
+
+GROW = 512  # positions added when a run outgrows the buffer (a compiled graph then recompiles once)
+# forwards of more new tokens (the prompt) run eagerly: one graph per prompt length otherwise
+COMPILE_MAX_NEW = 32
+TRACEABLE = ("w4", "w8")  # low-bit formats whose kernels are aten ops dynamo traces (engine/lowbit.py)
 
 
 @dataclass
@@ -38,6 +44,8 @@ class Runtime:
     compile: bool = False
     masked: bool = False  # attend over the whole buffer under a mask (the compiled layout)
     compiled: object = None  # None: not built yet; False: cannot compile (eager); else the compiled call
+    rows: int = COMPILE_MAX_NEW  # forwards of at most this many new tokens run compiled
+    dynamic: bool | None = None  # torch.compile's `dynamic` (True: one shape-generic graph)
 
 
 _RUNTIME: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -50,9 +58,6 @@ def runtime(model) -> Runtime:
         rt = _RUNTIME[model] = Runtime()
     return rt
 
-GROW = 512  # positions added when a run outgrows the buffer (a compiled graph then recompiles once)
-# forwards of more new tokens (the prompt) run eagerly: one graph per prompt length otherwise
-COMPILE_MAX_NEW = 32
 
 
 def supported(model) -> bool:
@@ -60,7 +65,8 @@ def supported(model) -> bool:
     cfg = model.config
     impl = getattr(cfg, "_attn_implementation", None) or "eager"
     types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
-    return types == {"full_attention"} and impl in ("sdpa", "eager")
+    # row-wise attention (engine/rowwise_attention.py) is SDPA row by row; it reads float masks too
+    return types == {"full_attention"} and impl in ("sdpa", "eager", ROWWISE)
 
 
 class StaticKV:
@@ -69,10 +75,12 @@ class StaticKV:
     is_compileable = True
     is_sliding = False
 
-    def __init__(self, capacity: int = 1024, *, full: bool = False, compiled=None):
+    def __init__(self, capacity: int = 1024, *, full: bool = False, compiled=None,
+                 rows: int = COMPILE_MAX_NEW):
         self.capacity = capacity
         self.full = full
         self.compiled = compiled  # torch.compile'd forward, or None
+        self.rows = rows  # forwards of at most this many new tokens take the compiled call
         self.pos = 0  # positions held
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
@@ -128,10 +136,12 @@ class StaticKV:
 
 
 def _static_address(*tensors) -> None:
-    # fixed data pointers: CUDA graphs replay without copying the buffers (as transformers' StaticLayer)
+    # fixed data pointers: CUDA graphs replay without copying the buffers (as transformers' StaticLayer);
+    # on a CPU nothing replays, and a static address would make a grown buffer recompile the graph
     if not torch.compiler.is_compiling():
         for t in tensors:
-            torch._dynamo.mark_static_address(t)
+            if t.is_cuda:
+                torch._dynamo.mark_static_address(t)
 
 
 def _mask(model, p: int, n: int, kv_len: int, device) -> torch.Tensor | None:
@@ -178,7 +188,7 @@ def static_forward(model, ids: list[int], cache: StaticKV, keep: int) -> torch.T
     mask = _mask(model, p, n, kv_len, dev)
     cache.write_pos = pos_ids
     # the prompt's forward (p == 0) runs eagerly: a graph per prompt length is not worth compiling
-    if cache.compiled is not None and p > 0 and n <= COMPILE_MAX_NEW:
+    if cache.compiled is not None and p > 0 and n <= cache.rows:
         try:
             logits = _compiled_step(cache.compiled, model, x, pos_ids[None], mask, cache, keep)
         except Exception as err:  # a backend that cannot compile this model (e.g. int8 weights)
@@ -199,11 +209,11 @@ def compiled_call(model):
     fn = runtime(model).compiled
     if fn is False:  # failed before: eager
         return None
-    if fn is None and (has_int8(model) or lowbit_format(model)):
+    if fn is None and (has_int8(model) or lowbit_format(model) not in (None, *TRACEABLE)):
         # torch.ao's dynamic int8 Linear breaks the graph inside every attention block; the resumed
         # frames specialise on layer_idx and hit dynamo's recompile limit (measured on the 0.5B
-        # int8 draft: 32 recompiles, then eager anyway, after minutes of compiling); the low-bit
-        # Linears call fbgemm/packed kernels dynamo cannot trace either
+        # int8 draft: 32 recompiles, then eager anyway, after minutes of compiling); w8a8 and w16
+        # call fbgemm's prepacked kernels, which dynamo cannot trace either
         runtime(model).compiled = False
         return None
     if fn is None:
@@ -213,7 +223,7 @@ def compiled_call(model):
         name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
         setattr(cfg, name, max(getattr(cfg, name), 32))
         mode = "reduce-overhead" if model.device.type == "cuda" else None
-        fn = torch.compile(_call, mode=mode, dynamic=None)
+        fn = torch.compile(_call, mode=mode, dynamic=runtime(model).dynamic)
         runtime(model).compiled = fn
     return fn
 

@@ -39,6 +39,7 @@ class ModelPair:
     costs: CostModel | None = None  # measured plain step, v(k), draft step (engine/calibrate.py)
     precision_note: str = ""  # what runs and why, e.g. "target bfloat16 (128 ms/step vs 279 ms fp32 ...)"
     choice: object = None  # the calibration's Choice (engine/calibrate.py): what was timed, what won
+    draft_step: object = None  # engine/draft_compile.DraftStep: the draft's step, eager or compiled
 
     @property
     def has_chat_template(self) -> bool:
@@ -225,11 +226,7 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
         target, draft, precision=precision if dtype is None else _precision_of(dtype),
         quantize=quantize, device=dev.type, half=half, cache_file=cache_file, reload=fp32,
         progress=progress, mode=calibration)
-    progress("warming up", 0.95)
-    for m in (m for m in (target, draft) if m is not None):
-        _own_memory(m)
-        speed.warm_up(m)
-    progress("models ready", 1.0)
+    costs, step = _warm(target, draft, choice.costs, progress)
     names = calibrate.NAMES
     label = (f"{names[choice.target]}" + (", both models" if choice.target == "int8" else "")
              if choice.draft in (None, choice.target)
@@ -237,10 +234,29 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
     q = "int8" if choice.target == "int8" else ("draft-int8" if choice.draft == "int8" else None)
     dt = next(target.parameters()).dtype if choice.target != "int8" else torch.float32
     note = choice.note + (f", draft output layer {len(keep):,} of {len(tok):,} tokens" if keep else "")
+    note += f"; {step.note()}" if step else ""
     pair = ModelPair(target, draft, tok, spec, dev, dt, _eos_ids(target, tok), label, q,
-                     costs=choice.costs, precision_note=note, choice=choice)
+                     costs=costs, precision_note=note, choice=choice, draft_step=step)
     pair.calibration = "untimed" if choice.untimed else "noisy" if choice.noisy else ""  # ui/loader.py
     return pair
+
+
+def _warm(target, draft, costs, progress):
+    """Own the weights, run each model's shapes once, and compile the draft's step where that
+    measures faster (engine/draft_compile.py); -> (costs with the draft step that will run, DraftStep)."""
+    from dataclasses import replace
+
+    from ..engine import draft_compile
+    progress("warming up", 0.95)
+    for m in (m for m in (target, draft) if m is not None):
+        _own_memory(m)
+        speed.warm_up(m)
+    step = draft_compile.compile_draft(draft, progress)
+    if step is not None and step.compiled and costs is not None and costs.draft_step_s is not None:
+        costs = replace(costs, draft_step_s=step.compiled_ms / 1e3,
+                        notes={**costs.notes, "draft_step": step.note()})
+    progress("models ready", 1.0)
+    return costs, step
 
 
 _OWNED: weakref.WeakSet = weakref.WeakSet()  # models _own_memory already copied

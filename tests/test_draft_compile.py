@@ -1,0 +1,106 @@
+"""The draft's one-token step under torch.compile (engine/draft_compile.py): only a CPU low-bit
+draft whose kernels trace, kept only when measured faster, and the target never: greedy
+speculative output stays plain greedy's, and a sampled run stays the target's distribution
+(the draft's q is whatever the compiled step computed, recorded as such)."""
+import pytest
+import torch
+
+from specviz.engine import draft_compile, kvcache, lowbit
+from specviz.engine.decoding import baseline, speculative
+from specviz.engine.forward import cache_kind, new_cache, set_cache
+from specviz.engine.lean import make_lean
+from specviz.engine.proposers import DraftModelProposer
+from specviz.engine.sampling import SamplingParams
+from specviz.models.tiny import tiny_model
+
+GREEDY = SamplingParams(temperature=0)
+PROMPT = "def quicksort(arr): arr arr arr"
+
+
+def tokens(gen):
+    *events, summary = list(gen)
+    return summary.token_ids, events
+
+
+@pytest.fixture(scope="module")
+def pair(tok):
+    target = lowbit.to_lowbit(make_lean(tiny_model(len(tok), seed=0, layers=3, hidden=128)), "w4")
+    draft = lowbit.to_lowbit(make_lean(tiny_model(len(tok), seed=1, layers=1, hidden=128)), "w4")
+    return target, draft
+
+
+def test_compiled_draft_keeps_greedy_identical(tok, pair):
+    target, draft = pair
+    ids = tok.encode(PROMPT)
+    plain, _ = tokens(baseline(target, tok, ids, 24, GREEDY))
+    step = draft_compile.compile_draft(draft, keep="compiled")
+    try:
+        assert step.compiled and step.compiled_ms > 0 and step.eager_ms > 0, step
+        cache = new_cache(draft)
+        assert cache.compiled is not None and cache.rows == 1  # one-token steps only
+        assert cache_kind(target) == ("dynamic", False, False)  # the target stays eager
+        out, events = tokens(speculative(target, DraftModelProposer(draft), tok, ids, 24, 3, GREEDY))
+        assert out == plain
+        assert "compiled" in step.note() and "eager" in step.note()
+    finally:
+        set_cache(draft, "dynamic")
+        kvcache.runtime(draft).rows, kvcache.runtime(draft).dynamic = kvcache.COMPILE_MAX_NEW, None
+
+
+def test_slower_compiled_step_is_not_kept(tok, pair, monkeypatch):
+    _, draft = pair
+    times = iter([10.0, 0.0, 12.0])  # eager, the compiling call, compiled
+    monkeypatch.setattr(draft_compile, "step_ms", lambda m, steps=8: next(times))
+    step = draft_compile.compile_draft(draft)
+    assert step == draft_compile.DraftStep(False, 10.0, 12.0, step.compile_s)
+    assert cache_kind(draft)[0] == "dynamic" and kvcache.runtime(draft).rows == kvcache.COMPILE_MAX_NEW
+
+
+def test_what_is_never_compiled(tok, monkeypatch):
+    fp32 = tiny_model(len(tok), seed=1, layers=1)
+    assert draft_compile.unwanted(fp32) == "its weight format does not trace"
+    assert draft_compile.compile_draft(None) is None
+    w4 = lowbit.to_lowbit(tiny_model(len(tok), seed=1, layers=1, hidden=64), "w4")
+    assert draft_compile.unwanted(w4) is None
+    monkeypatch.setenv(draft_compile.ENV, "0")
+    step = draft_compile.compile_draft(w4)
+    assert not step.compiled and step.compiled_ms is None and "SPECVIZ_DRAFT_COMPILE=0" in step.note()
+    if "w8a8" in lowbit.FORMATS:  # fbgemm's prepacked kernels do not trace
+        monkeypatch.delenv(draft_compile.ENV)
+        w8a8 = lowbit.to_lowbit(tiny_model(len(tok), seed=1, layers=1, hidden=64), "w8a8")
+        assert draft_compile.unwanted(w8a8) == "its weight format does not trace"
+
+
+def test_cli_default_cache_keeps_a_compiled_draft(tok):
+    from types import SimpleNamespace
+
+    from specviz.flags import apply_cache_args
+    target, draft = tiny_model(len(tok), seed=0, layers=1), tiny_model(len(tok), seed=1, layers=1)
+    set_cache(draft, "static", compile=True, masked=False)
+    pair = SimpleNamespace(target=target, draft=draft,
+                           draft_step=draft_compile.DraftStep(True, 20.0, 10.0, 1.0))
+    assert apply_cache_args(pair, SimpleNamespace(cache="dynamic", compile=False)) == "dynamic"
+    assert cache_kind(draft) == ("static", True, False)
+    apply_cache_args(pair, SimpleNamespace(cache="static", compile=False))  # asked for: both
+    assert cache_kind(draft) == ("static", False, False) == cache_kind(target)
+
+
+def test_compiled_draft_step_logits_are_close(tok, pair):
+    """The compiled step computes the same function (rounding aside)."""
+    _, draft = pair
+    ids = list(range(3, 40))
+    eager = kvcache.StaticKV(64)
+    ref = [kvcache.static_forward(draft, ids[:30], eager, 1)]
+    ref += [kvcache.static_forward(draft, [t], eager, 1) for t in ids[30:]]
+    set_cache(draft, "static", compile=True, masked=False)
+    rt = kvcache.runtime(draft)
+    rt.rows, rt.dynamic = 1, True
+    try:
+        with torch.inference_mode():
+            cache = new_cache(draft)
+            got = [kvcache.static_forward(draft, ids[:30], cache, 1)]
+            got += [kvcache.static_forward(draft, [t], cache, 1) for t in ids[30:]]
+        torch.testing.assert_close(torch.stack(got), torch.stack(ref), rtol=0.05, atol=0.05)
+    finally:
+        set_cache(draft, "dynamic")
+        rt.rows, rt.dynamic = kvcache.COMPILE_MAX_NEW, None
