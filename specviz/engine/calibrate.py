@@ -34,9 +34,12 @@ PRECISIONS = ("auto", "fp32", "bf16", *lowbit.FORMATS)
 LOWBIT = lowbit.FORMATS
 SMALL_MODEL_PARAMS = 100_000_000  # below this auto keeps fp32 and nothing is timed
 CONTEXT = 100  # tokens in the cache while timing: a typical prompt
-CHOICE_N = (1, 5)  # forwards the target choice compares: a plain step and a γ=4 verify
+PROMPT_N = 64  # a prompt's forward, as the target choice times it
+# forwards the target choice compares: a plain step, a γ=4 verify and a prompt (see _score)
+CHOICE_N = (1, 5, PROMPT_N)
+PROMPT_SPREAD = 32  # a request's prompt read is paid once for ~32 (plain step + verify) pairs
 REPEATS = 3  # median of 3: ~15 s for a first calibration of the default pair on 2 cores
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: the target choice counts the prompt's forward (2026-11-25)
 BUSY_LOAD_PER_CORE = 2.0  # above this 1-minute load per core a calibration is not cached
 
 # auto: the cache, else measure now; cached: the cache, else an untimed default (never times anything,
@@ -125,8 +128,13 @@ def candidates(*, precision: str, quantize: str | None, device: str, native_bf16
 
 
 def _score(t: dict[int, float]) -> float:
-    """A plain step plus a γ=4 verify: both matter to a speculative run."""
-    return sum(t[n] for n in CHOICE_N if n in t) or t[min(t)]
+    """A plain step plus a γ=4 verify (both matter to a speculative run) plus the prompt's
+    forward spread over a request. Why the prompt: kernels differ most there. 2-core Xeon
+    (AVX-512/AMX), 1.5B target, 2026-11-25: w4 stepped in 90 ms and w8a8 in 96, but w4 read a
+    100-token prompt in 1.65 s and w8a8 in 0.44 s (torch's int4 kernel costs ~linearly in
+    rows; fbgemm's int8 GEMM does not), so the step alone picked w4 and lost 1.2 s a request."""
+    score = sum(t[n] for n in (1, 5) if n in t) + t.get(PROMPT_N, 0.0) / PROMPT_SPREAD
+    return score or t[min(t)]
 
 
 def choose_target(timings: dict[str, dict[int, float]]) -> str:
@@ -149,7 +157,12 @@ def note(target: str, draft: str | None, timings: dict, where: str) -> str:
     if target in tt and 1 in tt[target]:
         others = ", ".join(f"{_ms(tt[p][1])} {p}" for p in tt if p != target and 1 in tt[p])
         vs = f" vs {others}" if others else ""
-        parts[0] += f" ({_ms(tt[target][1])}/step{vs} on this {where})"
+        parts[0] += f" ({_ms(tt[target][1])}/step{vs} on this {where}"
+        if PROMPT_N in tt[target]:
+            others = ", ".join(f"{_ms(tt[p][PROMPT_N])} {p}" for p in tt if p != target and PROMPT_N in tt[p])
+            parts[0] += (f"; a {PROMPT_N}-token prompt {_ms(tt[target][PROMPT_N])}"
+                         + (f" vs {others}" if others else ""))
+        parts[0] += ")"
     if draft is not None:
         d = f"draft {NAMES[draft]}"
         if draft in dt:
@@ -219,7 +232,7 @@ def time_forwards(model, ns, *, context: int = CONTEXT, repeats: int = REPEATS) 
     dev = next(model.parameters()).device
     vocab = model.get_input_embeddings().num_embeddings
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (1, context + MAX_VERIFY_TOKENS), generator=g).to(dev)
+    ids = torch.randint(0, vocab, (1, context + max(MAX_VERIFY_TOKENS, *ns)), generator=g).to(dev)
     cache = DynamicCache()
     model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
     out: dict[int, float] = {}
