@@ -243,3 +243,20 @@ def test_early_exit_on_a_w8a8_target_keeps_its_own_cache(w8a8_pair):
     from specviz.request import make_request
     req = make_request("hi", method="early-exit", options={"exit_layer": 1, "kv_reuse": True})
     assert type(make_proposer(w8a8_pair, "early-exit", req)) is LayerSubsetProposer
+
+
+def test_half_embeddings_hold_bf16_and_keep_the_model_float32(tok):
+    """Beside low-bit Linears the input table is held in bfloat16 (half the bytes); the model
+    still reports float32 (transformers reads its first parameter) and forwards as before, with
+    each row rounded to bfloat16."""
+    model = lowbit.to_lowbit(tiny_model(len(tok), seed=0, layers=2, hidden=64), "w4")
+    table = model.get_input_embeddings().weight.detach().clone()
+    ids = torch.tensor([[3, 4, 5, 6]])
+    lowbit.half_embeddings(model)
+    emb = model.get_input_embeddings()
+    assert isinstance(emb, lowbit.HalfEmbedding) and emb.weight.dtype == torch.bfloat16
+    assert emb.num_embeddings == len(tok) and model.dtype == torch.float32
+    rows = emb(ids)
+    assert rows.dtype == torch.float32 and torch.equal(rows[0], table[ids[0]].bfloat16().float())
+    assert model(input_ids=ids).logits.dtype == torch.float32
+    assert lowbit.half_embeddings(model).get_input_embeddings() is emb  # once

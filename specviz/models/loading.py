@@ -242,14 +242,19 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
 
 
 def _warm(target, draft, costs, progress):
-    """Own the weights, run each model's shapes once, and compile the draft's step where that
+    """Own the weights, hold a low-bit model's input table in bfloat16 (engine/lowbit.HalfEmbedding),
+    run each model's shapes once, and compile the draft's step where that
     measures faster (engine/draft_compile.py); -> (costs with the draft step that will run, DraftStep)."""
     from dataclasses import replace
 
-    from ..engine import draft_compile
+    from ..engine import draft_compile, lowbit
     progress("warming up", 0.95)
     for m in (m for m in (target, draft) if m is not None):
         _own_memory(m)
+        if lowbit.lowbit_format(m) or speed.has_int8(m):
+            # beside low-bit Linears, a bfloat16 input table; after calibration, which counts a
+            # model's parameters and casts whole models
+            lowbit.half_embeddings(m)
         speed.warm_up(m)
     step = draft_compile.compile_draft(draft, progress)
     if step is not None and step.compiled and costs is not None and costs.draft_step_s is not None:
