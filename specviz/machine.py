@@ -56,6 +56,10 @@ def machine_key() -> str:
     """Stable id of this hardware + software for caching measurements."""
     import torch
     parts = [hardware(), ",".join(sorted(cpu_flags())), torch.__version__, str(torch.get_num_threads())]
+    # the kernels' class too: under ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 the same CPU runs
+    # other kernels, and a choice timed natively (w8a8 target, w4 draft) was never timed there
+    emulated = [os.environ.get(v, "") for v in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")]
+    parts += emulated if any(emulated) else []
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
