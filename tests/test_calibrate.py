@@ -251,3 +251,13 @@ def test_page_badge_near_tie_and_bug():
     bug = {**tie, "verdict": "mismatch", "gap": 3.0}
     html = render.run_info_html({"identical": bug, "finished": True, "greedy": True})
     assert "≠ outputs differ from token 4" in html and "not a rounding effect" in html
+
+
+def test_machine_key_tells_an_emulated_kernel_class_apart(monkeypatch):
+    """A choice timed natively is not reused under ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA."""
+    from specviz import machine
+    for var in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
+        monkeypatch.delenv(var, raising=False)
+    native = machine.machine_key()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert machine.machine_key() != native
