@@ -50,7 +50,7 @@ def test_compiled_draft_keeps_greedy_identical(tok, pair):
 def test_slower_compiled_step_is_not_kept(tok, pair, monkeypatch):
     _, draft = pair
     times = iter([10.0, 0.0, 12.0])  # eager, the compiling call, compiled
-    monkeypatch.setattr(draft_compile, "step_ms", lambda m, steps=8: next(times))
+    monkeypatch.setattr(draft_compile, "step_ms", lambda m, steps=8, wait=True: next(times))
     step = draft_compile.compile_draft(draft)
     assert step == draft_compile.DraftStep(False, 10.0, 12.0, step.compile_s)
     assert cache_kind(draft)[0] == "dynamic" and kvcache.runtime(draft).rows == kvcache.COMPILE_MAX_NEW
@@ -104,3 +104,29 @@ def test_compiled_draft_step_logits_are_close(tok, pair):
     finally:
         set_cache(draft, "dynamic")
         rt.rows, rt.dynamic = kvcache.COMPILE_MAX_NEW, None
+
+
+def test_background_calibration_stop_is_not_a_compile_failure(tok, pair):
+    """Loading through a background calibration, the draft's timing waits for runs like the
+    calibration's own forwards, and its budget stop ends the load (never 'compile failed')."""
+    from specviz.engine import calibrate
+    _, draft = pair
+    calls = []
+
+    class Stopped(Exception):
+        pass
+
+    def check():
+        calls.append(1)
+        if len(calls) > 12:  # past the eager timing: at the compile
+            raise Stopped
+
+    token = calibrate.CHECK.set(check)
+    try:
+        with pytest.raises(Stopped):
+            draft_compile.compile_draft(draft)
+    finally:
+        calibrate.CHECK.reset(token)
+        set_cache(draft, "dynamic")
+        kvcache.runtime(draft).rows, kvcache.runtime(draft).dynamic = kvcache.COMPILE_MAX_NEW, None
+    assert len(calls) == 13

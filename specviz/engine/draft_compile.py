@@ -64,20 +64,31 @@ def unwanted(draft) -> str | None:
 
 
 @torch.inference_mode()
-def step_ms(model, steps: int = STEPS) -> float:
+def step_ms(model, steps: int = STEPS, wait: bool = True) -> float:
     """Median ms of a one-token forward through the cache the engines build for `model`
     (the first two steps untimed: they compile, or page in)."""
     ids = torch.randint(0, 30000, (CONTEXT + steps + 2,), generator=torch.Generator().manual_seed(0)).tolist()
     ids = [i % model.get_input_embeddings().num_embeddings for i in ids]
     cache = new_cache(model)
+    wait = _wait_for_runs if wait else (lambda: None)
+    wait()
     forward_logits(model, ids[:CONTEXT], cache, 1)
     times = []
     for i, t in enumerate(ids[CONTEXT:]):
+        wait()
         t0 = time.perf_counter()
         forward_logits(model, [t], cache, 1)
         if i >= 2:
             times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
+
+
+def _wait_for_runs() -> None:
+    # a background calibration (ui/loader.py) loads through here: like its timed forwards, these
+    # (and the compile they start) wait while a visitor's run goes, or stop at its budget
+    from .calibrate import CHECK
+    if CHECK.get() is not None:
+        CHECK.get()()
 
 
 def compile_draft(draft, progress=None, *, keep: str = "faster") -> DraftStep | None:
@@ -93,9 +104,10 @@ def compile_draft(draft, progress=None, *, keep: str = "faster") -> DraftStep | 
     set_cache(draft, "static", compile=True, masked=False)
     rt = kvcache.runtime(draft)
     rt.rows, rt.dynamic = 1, True
+    _wait_for_runs()  # outside the try: a background calibration's stop is not a compile failure
     t0 = time.perf_counter()
     try:
-        step_ms(draft, steps=1)  # compiles
+        step_ms(draft, steps=1, wait=False)  # compiles
     except Exception as err:  # noqa: BLE001 - any compiler failure leaves the eager step
         rt.compiled = False
         why = f"compile failed: {type(err).__name__}"
