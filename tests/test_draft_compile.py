@@ -130,3 +130,19 @@ def test_background_calibration_stop_is_not_a_compile_failure(tok, pair):
         set_cache(draft, "dynamic")
         kvcache.runtime(draft).rows, kvcache.runtime(draft).dynamic = kvcache.COMPILE_MAX_NEW, None
     assert len(calls) == 13
+
+
+def test_a_compiler_that_fails_leaves_the_eager_step(tok, pair, monkeypatch):
+    """No C++ compiler on the host (a slim Space image), or any backend error: the draft stays eager
+    and the load goes on."""
+    _, draft = pair
+
+    def broken(*args):
+        raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
+
+    monkeypatch.setattr(kvcache, "compiled_call", lambda model: broken)
+    with pytest.warns(UserWarning, match="running eagerly"):
+        step = draft_compile.compile_draft(draft)
+    assert not step.compiled and step.compiled_ms is None
+    assert cache_kind(draft) == ("dynamic", False, False)
+    kvcache.runtime(draft).compiled = None  # later tests may compile it
