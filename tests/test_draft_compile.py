@@ -146,3 +146,21 @@ def test_a_compiler_that_fails_leaves_the_eager_step(tok, pair, monkeypatch):
     assert not step.compiled and step.compiled_ms is None
     assert cache_kind(draft) == ("dynamic", False, False)
     kvcache.runtime(draft).compiled = None  # later tests may compile it
+
+
+@pytest.mark.parametrize("compiled_ms, winner", [(30.0, "w4"), (45.0, "int8")])
+def test_calibration_times_a_traceable_draft_compiled(tok, pair, monkeypatch, compiled_ms, winner):
+    """The eager winner cannot compile (here: a float model standing in for torch.ao's int8); the
+    w4 candidate close behind it is timed compiled and wins only when that is faster."""
+    from specviz.engine import calibrate
+    _, w4 = pair
+    models = {"int8": tiny_model(len(tok), seed=1, layers=1), "w4": w4}
+    timings = {"int8": 0.040, "w4": 0.042}
+    monkeypatch.setattr(draft_compile, "compile_draft", lambda m, progress=None: draft_compile.DraftStep(
+        True, 42.0, compiled_ms, 1.0))
+    chosen = calibrate._compiled_draft(models, timings, "int8", None)
+    assert chosen == winner
+    assert timings["w4"] == (0.030 if winner == "w4" else 0.042)
+    timings = {"int8": 0.020, "w4": 0.042}  # too far behind: not compiled at all
+    monkeypatch.setattr(draft_compile, "compile_draft", lambda *a, **k: pytest.fail("compiled"))
+    assert calibrate._compiled_draft(models, timings, "int8", None) == "int8"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,7 @@ from .lowbit import lowbit_format
 
 ENV = "SPECVIZ_DRAFT_COMPILE"  # 0: never
 CONTEXT, STEPS = 32, 8
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # draft -> its DraftStep, while compiled
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,8 @@ def compile_draft(draft, progress=None, *, keep: str = "faster") -> DraftStep | 
     why = unwanted(draft)
     if why is not None:
         return None if why == "no draft" else DraftStep(False, 0.0, None, 0.0, why)
+    if draft in _KEPT and cache_kind(draft)[1] and kvcache.runtime(draft).rows == 1:
+        return _KEPT[draft]  # compiled and timed already (the calibration's draft choice)
     before = cache_kind(draft)
     eager = step_ms(draft)
     if progress:
@@ -117,9 +121,12 @@ def compile_draft(draft, progress=None, *, keep: str = "faster") -> DraftStep | 
         return DraftStep(False, eager, None, compile_s, why or "compile failed")
     compiled = step_ms(draft)
     kept = compiled < eager or keep == "compiled"
-    if not kept:
+    step = DraftStep(kept, eager, compiled, compile_s)
+    if kept:
+        _KEPT[draft] = step
+    else:
         _restore(draft, before)
-    return DraftStep(kept, eager, compiled, compile_s)
+    return step
 
 
 def _restore(model, kind: tuple[str, bool, bool]) -> None:
