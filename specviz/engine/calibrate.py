@@ -18,7 +18,6 @@ with injected timings; measure_* touch real models.
 """
 from __future__ import annotations
 
-import contextvars
 import json
 import statistics
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 import torch
 
 from . import lowbit
-from .costs import MAX_VERIFY_TOKENS, CostModel
+from .costs import CHECK, MAX_VERIFY_TOKENS, CostModel
 
 PRECISIONS = ("auto", "fp32", "bf16", *lowbit.FORMATS)
 LOWBIT = lowbit.FORMATS
@@ -46,8 +45,7 @@ BUSY_LOAD_PER_CORE = 2.0  # above this 1-minute load per core a calibration is n
 # auto: the cache, else measure now; cached: the cache, else an untimed default (never times anything,
 # for a page that must be usable at once); fresh: measure and cache, a noisy old entry or none
 MODES = ("auto", "cached", "fresh")
-# called before each timed forward when set (a background calibration's budget and pause, ui/loader.py)
-CHECK: contextvars.ContextVar = contextvars.ContextVar("calibration_check", default=None)
+# CHECK (costs.py): called before each timed forward when set (a background calibration's budget and pause)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8 (dynamic)", **lowbit.NAMES}

@@ -7,9 +7,13 @@ Filled in by calibration, cached per pair and machine, read by metrics, the
 """
 from __future__ import annotations
 
+import contextvars
 from dataclasses import asdict, dataclass, field
 
 MAX_VERIFY_TOKENS = 17  # v(k) is measured for k = 1..16 drafts (k+1 tokens per forward)
+# called before each timed forward when set: a background calibration's budget and its pause while
+# a run goes (ui/loader.py); calibrate.py and draft_compile.py time forwards under it
+CHECK: contextvars.ContextVar = contextvars.ContextVar("calibration_check", default=None)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from . import kvcache
+from .costs import CHECK
 from .forward import cache_kind, forward_logits, new_cache, set_cache
 from .lowbit import lowbit_format
 
@@ -88,7 +89,6 @@ def step_ms(model, steps: int = STEPS, wait: bool = True) -> float:
 def _wait_for_runs() -> None:
     # a background calibration (ui/loader.py) loads through here: like its timed forwards, these
     # (and the compile they start) wait while a visitor's run goes, or stop at its budget
-    from .calibrate import CHECK
     if CHECK.get() is not None:
         CHECK.get()()
 
