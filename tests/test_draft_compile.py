@@ -164,3 +164,26 @@ def test_calibration_times_a_traceable_draft_compiled(tok, pair, monkeypatch, co
     timings = {"int8": 0.020, "w4": 0.042}  # too far behind: not compiled at all
     monkeypatch.setattr(draft_compile, "compile_draft", lambda *a, **k: pytest.fail("compiled"))
     assert calibrate._compiled_draft(models, timings, "int8", None) == "int8"
+
+
+def test_a_draft_compiled_before_is_timed_again_from_eager(tok, pair, monkeypatch):
+    """The calibration may compile the draft it picks; load changes that model afterwards (its
+    input table), so load times the eager step again (on a dynamic cache) and recompiles then."""
+    _, draft = pair
+    first = draft_compile.compile_draft(draft, keep="compiled")
+    assert first.compiled and kvcache.runtime(draft).rows == 1
+    kinds = []
+    real = draft_compile.step_ms
+
+    def spy(m, steps=8, wait=True):
+        kinds.append(cache_kind(m))
+        return real(m, steps, wait)
+
+    monkeypatch.setattr(draft_compile, "step_ms", spy)
+    try:
+        again = draft_compile.compile_draft(draft, keep="compiled")
+        assert again.compiled and again.eager_ms > 0
+        assert kinds[0] == ("dynamic", False, False) and kinds[1] == ("static", True, False)
+    finally:
+        set_cache(draft, "dynamic")
+        kvcache.runtime(draft).rows, kvcache.runtime(draft).dynamic = kvcache.COMPILE_MAX_NEW, None

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from . import lowbit
-from .costs import CHECK, MAX_VERIFY_TOKENS, CostModel
+from .costs import CHECK, MAX_VERIFY_TOKENS, CostModel, wait_for_runs  # noqa: F401 - CHECK: ui/loader.py sets it
 
 PRECISIONS = ("auto", "fp32", "bf16", *lowbit.FORMATS)
 LOWBIT = lowbit.FORMATS
@@ -243,8 +243,7 @@ def time_forwards(model, ns, *, context: int = CONTEXT, repeats: int = REPEATS) 
         crop_cache(cache, context)
         runs = []
         for _ in range(repeats):
-            if CHECK.get() is not None:
-                CHECK.get()()  # may wait for a run to end, or raise at the budget
+            wait_for_runs()
             _sync(dev)
             t0 = time.perf_counter()
             model(input_ids=ids[:, context:context + n], past_key_values=cache, use_cache=True,

@@ -16,6 +16,12 @@ MAX_VERIFY_TOKENS = 17  # v(k) is measured for k = 1..16 drafts (k+1 tokens per 
 CHECK: contextvars.ContextVar = contextvars.ContextVar("calibration_check", default=None)
 
 
+def wait_for_runs() -> None:
+    """CHECK, when set: may wait for a run to end, or raise at the budget."""
+    if CHECK.get() is not None:
+        CHECK.get()()
+
+
 @dataclass(frozen=True)
 class CostModel:
     plain_step_s: float  # seconds per KV-cached 1-token target forward

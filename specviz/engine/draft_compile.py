@@ -18,19 +18,17 @@ from __future__ import annotations
 import os
 import statistics
 import time
-import weakref
 from dataclasses import dataclass
 
 import torch
 
 from . import kvcache
-from .costs import CHECK
+from .costs import wait_for_runs
 from .forward import cache_kind, forward_logits, new_cache, set_cache
 from .lowbit import lowbit_format
 
 ENV = "SPECVIZ_DRAFT_COMPILE"  # 0: never
 CONTEXT, STEPS = 32, 8
-_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # draft -> its DraftStep, while compiled
 
 
 @dataclass(frozen=True)
@@ -72,25 +70,20 @@ def step_ms(model, steps: int = STEPS, wait: bool = True) -> float:
     (the first two steps untimed: they compile, or page in)."""
     ids = torch.randint(0, 30000, (CONTEXT + steps + 2,), generator=torch.Generator().manual_seed(0)).tolist()
     ids = [i % model.get_input_embeddings().num_embeddings for i in ids]
+    # a background calibration (ui/loader.py) loads through here: like its timed forwards, these
+    # (and the compile they start) wait while a visitor's run goes, or stop at its budget
+    pause = wait_for_runs if wait else (lambda: None)
     cache = new_cache(model)
-    wait = _wait_for_runs if wait else (lambda: None)
-    wait()
+    pause()
     forward_logits(model, ids[:CONTEXT], cache, 1)
     times = []
     for i, t in enumerate(ids[CONTEXT:]):
-        wait()
+        pause()
         t0 = time.perf_counter()
         forward_logits(model, [t], cache, 1)
         if i >= 2:
             times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
-
-
-def _wait_for_runs() -> None:
-    # a background calibration (ui/loader.py) loads through here: like its timed forwards, these
-    # (and the compile they start) wait while a visitor's run goes, or stop at its budget
-    if CHECK.get() is not None:
-        CHECK.get()()
 
 
 def compile_draft(draft, progress=None, *, keep: str = "faster") -> DraftStep | None:
@@ -99,16 +92,18 @@ def compile_draft(draft, progress=None, *, keep: str = "faster") -> DraftStep | 
     why = unwanted(draft)
     if why is not None:
         return None if why == "no draft" else DraftStep(False, 0.0, None, 0.0, why)
-    if draft in _KEPT and cache_kind(draft)[1] and kvcache.runtime(draft).rows == 1:
-        return _KEPT[draft]  # compiled and timed already (the calibration's draft choice)
+    rt = kvcache.runtime(draft)
+    if rt.rows == 1:
+        # compiled here before (the calibration's draft choice): time both again, since the model
+        # changed since (load swaps in its bfloat16 input table), which recompiles now, not mid-run
+        _restore(draft, ("dynamic", False, False))
     before = cache_kind(draft)
     eager = step_ms(draft)
     if progress:
         progress("compiling the draft's step (torch.compile; cached after the first time)", 0.96)
     set_cache(draft, "static", compile=True, masked=False)
-    rt = kvcache.runtime(draft)
     rt.rows, rt.dynamic = 1, True
-    _wait_for_runs()  # outside the try: a background calibration's stop is not a compile failure
+    wait_for_runs()  # outside the try: a background calibration's stop is not a compile failure
     t0 = time.perf_counter()
     try:
         step_ms(draft, steps=1, wait=False)  # compiles
@@ -121,12 +116,9 @@ def compile_draft(draft, progress=None, *, keep: str = "faster") -> DraftStep | 
         return DraftStep(False, eager, None, compile_s, why or "compile failed")
     compiled = step_ms(draft)
     kept = compiled < eager or keep == "compiled"
-    step = DraftStep(kept, eager, compiled, compile_s)
-    if kept:
-        _KEPT[draft] = step
-    else:
+    if not kept:
         _restore(draft, before)
-    return step
+    return DraftStep(kept, eager, compiled, compile_s)
 
 
 def _restore(model, kind: tuple[str, bool, bool]) -> None:

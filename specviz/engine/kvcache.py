@@ -59,7 +59,6 @@ def runtime(model) -> Runtime:
     return rt
 
 
-
 def supported(model) -> bool:
     """Full attention everywhere (no sliding-window layers) with an implementation we can mask."""
     cfg = model.config
