@@ -109,7 +109,8 @@ def test_lowbit_copy_leaves_the_float_model_intact(tok):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
-def test_candidates_offer_low_bit_on_cpu_only():
+def test_candidates_offer_low_bit_on_cpu_only(monkeypatch):
+    monkeypatch.setattr(lowbit, "row_exact", lambda: ("w16", "w8a8", "w8", "w4"))  # as on a Xeon
     args = dict(quantize="auto", native_bf16=False, n_target=1_500_000_000, n_draft=500_000_000,
                 lowbit_candidates=("w16", "w8a8", "w8", "w4"))
     t, d = cal.candidates(precision="auto", device="cpu", **args)
@@ -124,6 +125,7 @@ def test_candidates_offer_low_bit_on_cpu_only():
 def test_calibration_picks_and_names_the_fastest_low_bit_target(monkeypatch, tok):
     monkeypatch.setattr(cal, "busy", lambda *a: False)
     monkeypatch.setattr(cal.lowbit, "available", lambda: ("w16", "w8"))
+    monkeypatch.setattr(cal.lowbit, "row_exact", lambda: ("w16", "w8"))
     step = {None: 0.6, "w16": 0.3, "w8": 0.2}
     monkeypatch.setattr(cal, "time_forwards", lambda m, ns, **kw: {
         n: step[lowbit.lowbit_format(m)] for n in ns})
@@ -140,7 +142,14 @@ def test_calibration_picks_and_names_the_fastest_low_bit_target(monkeypatch, tok
 def test_verify_forward_is_bit_identical_to_single_steps(tok, cache, lean, fmt):
     """w8a8 rounds activations to 7 bits, w4/w8 to bf16 (and their logits come in bf16 steps), so
     a 1e-7 difference between a verify forward and single steps could flip a code or a tie;
-    row-wise attention makes them bit-identical, for every low-bit format, fused or not."""
+    row-wise attention makes them bit-identical, for every format whose Linear is row-exact on
+    this CPU (measured: fbgemm's fp16 GEMM is on an AVX-512 Xeon, not on an AVX2 EPYC); a format
+    that is not must never be an `auto` target here."""
+    if fmt not in lowbit.row_exact():
+        assert fmt not in lowbit.target_auto()
+        assert fmt not in cal.candidates(precision="auto", quantize=None, device="cpu", native_bf16=False,
+                                         n_target=10**9, n_draft=None, lowbit_candidates=FORMATS)[0]
+        return
     from specviz.engine import kvcache
     from specviz.engine.forward import forward_logits, new_cache
     from specviz.engine.lean import make_lean
@@ -215,6 +224,7 @@ def test_class_default_by_cpu_class():
 def test_a_ranking_that_flips_when_re_timed_falls_back_to_the_class_default(monkeypatch, tok):
     """Sequential timings under load said w16; interleaved re-timings disagree: a noisy
     timing must not decide, so the CPU class's default (w8a8 on AVX2) runs."""
+    monkeypatch.setattr(cal.lowbit, "row_exact", lambda: ("w16", "w8a8"))  # both target candidates
     monkeypatch.setattr(cal, "busy", lambda *a: False)
     monkeypatch.setattr(cal.lowbit, "available", lambda: ("w16", "w8a8"))
     first = {None: 0.6, "w16": 0.2, "w8a8": 0.25}
@@ -260,3 +270,12 @@ def test_half_embeddings_hold_bf16_and_keep_the_model_float32(tok):
     assert rows.dtype == torch.float32 and torch.equal(rows[0], table[ids[0]].bfloat16().float())
     assert model(input_ids=ids).logits.dtype == torch.float32
     assert lowbit.half_embeddings(model).get_input_embeddings() is emb  # once
+
+
+def test_auto_targets_only_formats_row_exact_here(monkeypatch):
+    """A draft may be any format (it only proposes); a target only a row-exact one (measured)."""
+    monkeypatch.setattr(lowbit, "row_exact", lambda: ("w8a8", "w4"))
+    target, draft = cal.candidates(precision="auto", quantize=None, device="cpu", native_bf16=False,
+                                   n_target=10**9, n_draft=10**9, lowbit_candidates=FORMATS)
+    assert [f for f in target if f in FORMATS] == ["w8a8", "w4"]
+    assert [f for f in draft if f in FORMATS] == list(FORMATS)

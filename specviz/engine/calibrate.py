@@ -104,7 +104,7 @@ def candidates(*, precision: str, quantize: str | None, device: str, native_bf16
     # low-bit weights (engine/lowbit.py) are timed beside the floats on a CPU: which wins
     # differs by CPU class (AVX2 EPYC: w8a8 174 ms/step, w16 282, fp32 644 for the 1.5B)
     lowbit_auto = [f for f in lowbit_candidates if f != precision] if precision == "auto" and cpu else []
-    lowbit_target = [f for f in lowbit_auto if f in lowbit.TARGET_AUTO]
+    lowbit_target = [f for f in lowbit_auto if f in lowbit.target_auto()]
     if precision != "auto":
         floats = [precision]
     elif not cpu:

@@ -40,16 +40,17 @@ GROUP = 32  # a Q4_K sub-block
 # the names say the activations' type: the greedy near-tie rule (engine/equality.py) reads it
 NAMES = {"w16": "fp16 weights, float32 activations", "w8a8": "int8 weights, 7-bit per-token activations",
          "w8": "int8 weights, bfloat16 activations", "w4": "int4 g32 weights, bfloat16 activations"}
-# Which formats `auto` may pick for a target: all of them. w8a8 rounds every activation to
-# 7 bits, so a 1e-7 difference between a verify forward and single steps would flip a code now
-# and then (greedy quicksort on the default pair differed from plain at token 21, top-2 gap
-# 0.74); to_lowbit gives it row-wise attention (engine/rowwise_attention.py), which makes a
-# verify forward bit-identical to single steps, so that cannot happen. Every format gets it:
-# each low-bit Linear is row-exact (8 rows at once = 8 single rows, bit for bit, all four formats),
-# but w4/w8 round activations to bf16 and their logits to bf16 steps (0.125 at |logit| 20), so
-# a 1e-7 attention difference flipped greedy ties on an AVX-512 Xeon (w4 target, 2026-11-25:
-# 3 of 21 bench runs differed from plain at an exact bf16 tie).
-TARGET_AUTO = FORMATS
+# Which formats `auto` may pick for a target: those whose Linear is row-exact here (row_exact()).
+# w8a8 rounds every activation to 7 bits, so a 1e-7 difference between a verify forward and
+# single steps would flip a code now and then (greedy quicksort on the default pair differed
+# from plain at token 21, top-2 gap 0.74); to_lowbit gives it row-wise attention
+# (engine/rowwise_attention.py), which makes a verify forward bit-identical to single steps, so
+# that cannot happen. Every format gets it, but w4/w8 round activations to bf16 and their logits
+# to bf16 steps (0.125 at |logit| 20), so a 1e-7 attention difference flipped greedy ties on an
+# AVX-512 Xeon (w4 target, 2026-11-25: 3 of 21 bench runs differed from plain at an exact bf16 tie).
+# Whether a Linear itself is row-exact is the CPU's kernels' business: fbgemm's fp16 GEMM was on
+# that Xeon, and on a 2-core AVX2 EPYC the same day 8 rows at once differed from single rows
+# by 6e-7 (w8a8, w8, w4 row-exact on both). So it is measured, never assumed by CPU name.
 
 
 # ------------------------------------------------------------ pure quantisers
@@ -203,7 +204,7 @@ def to_lowbit(model: nn.Module, fmt: str, *, head: str | None = None) -> nn.Modu
         holder = model.get_submodule(parent) if parent else model
         setattr(holder, attr, _low(mod, head if mod is out else fmt))
     if getattr(model.config, "_attn_implementation", None) == "sdpa":
-        use_rowwise(model)  # every format: see TARGET_AUTO
+        use_rowwise(model)  # every format: see the note after NAMES
     return model
 
 
@@ -246,6 +247,30 @@ def lowbit_copy(model: nn.Module, fmt: str) -> nn.Module:
     shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
     twin = copy.deepcopy(model, memo=shared)
     return to_lowbit(twin, fmt)
+
+
+@functools.cache
+def row_exact() -> tuple[str, ...]:
+    """The available formats whose Linear gives a row the same bits alone or among others,
+    measured on this CPU (2, 5 and 8 rows at once vs one at a time)."""
+    g = torch.Generator().manual_seed(0)
+    probe = nn.Linear(256, 384)
+    with torch.no_grad():
+        probe.weight.copy_(torch.randn(384, 256, generator=g) * 0.05)
+    x = torch.randn(8, 256, generator=g)
+    ok = []
+    for fmt in available():
+        low = _low(probe, fmt)
+        with torch.no_grad():
+            one = torch.cat([low(x[i:i + 1]) for i in range(8)])
+            if all(torch.equal(low(x[:m]), one[:m]) for m in (2, 5, 8)):
+                ok.append(fmt)
+    return tuple(ok)
+
+
+def target_auto() -> tuple[str, ...]:
+    """The formats `auto` may pick for a target on this CPU (the note after NAMES says why)."""
+    return row_exact()
 
 
 @functools.cache
