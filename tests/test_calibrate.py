@@ -48,6 +48,10 @@ def test_choice_by_injected_timings():
     assert cal.choose_target({"fp32": {1: 0.10, 5: 0.2}, "bf16": {1: 0.3, 5: 0.3}}) == "fp32"
     assert cal.choose_target({"fp32": {1: 0.1, 5: 0.1}, "bf16": {1: 0.1, 5: 0.1}}) == "fp32"  # tie: exact one
     assert cal.choose_draft({"int8": 0.018, "fp32": 0.102, "bf16": 0.057}) == "int8"
+    # the prompt read counts: a step 6 ms faster loses to a prompt read 1 s faster
+    steps, prompts = {"int8": 0.048, "w4": 0.042}, {"int8": 0.30, "w4": 1.30}
+    assert cal.choose_draft(steps) == "w4" and cal.choose_draft(steps, prompts) == "int8"
+    assert cal.draft_score(0.042, 1.30) == pytest.approx(0.042 + 1.30 / cal.DRAFT_PROMPT_SPREAD)
     timings = {"target": bf16_fast, "draft": {"int8": 0.018, "fp32": 0.102, "bf16": 0.057}}
     text = cal.note("bf16", "int8", timings, "CPU")
     assert text.startswith("target bfloat16 (128 ms/step vs 279 ms fp32 on this CPU)")

@@ -38,8 +38,10 @@ PROMPT_N = 64  # a prompt's forward, as the target choice times it
 CHOICE_N = (1, 5, PROMPT_N)
 COMPILE_HOPE = 1.6  # a traceable draft this close to the eager winner gets its compiled step timed
 PROMPT_SPREAD = 32  # a request's prompt read is paid once for ~32 (plain step + verify) pairs
+# ... and once for ~64 draft steps: a 64-token request at γ 4-5 (τ ≈ 4: 16 rounds × 4-5 steps)
+DRAFT_PROMPT_SPREAD = 64
 REPEATS = 3  # median of 3: ~15 s for a first calibration of the default pair on 2 cores
-CACHE_VERSION = 2  # 2: the target choice counts the prompt's forward (2026-11-25)
+CACHE_VERSION = 3  # 2: the target choice counts the prompt's forward; 3: the draft's too (2026-11-25)
 BUSY_LOAD_PER_CORE = 2.0  # above this 1-minute load per core a calibration is not cached
 
 # auto: the cache, else measure now; cached: the cache, else an untimed default (never times anything,
@@ -141,8 +143,16 @@ def choose_target(timings: dict[str, dict[int, float]]) -> str:
     return min(timings, key=lambda p: (_score(timings[p]), list(timings).index(p)))
 
 
-def choose_draft(timings: dict[str, float]) -> str:
-    return min(timings, key=lambda p: (timings[p], list(timings).index(p)))
+def draft_score(step: float, prompt: float | None = None) -> float:
+    """A draft step plus its prompt read spread over a request's draft steps. Why the prompt:
+    2-core AVX2 EPYC, 2026-11-25, bench of 7 prompts (33-205 tokens): the w4 draft (step 42 ms
+    compiled vs 48 ms int8) read each prompt at int4's per-row cost, ~2 s a request of 10.5 s."""
+    return step + (prompt or 0.0) / DRAFT_PROMPT_SPREAD
+
+
+def choose_draft(timings: dict[str, float], prompts: dict[str, float] | None = None) -> str:
+    prompts = prompts or {}
+    return min(timings, key=lambda p: (draft_score(timings[p], prompts.get(p)), list(timings).index(p)))
 
 
 def _ms(s: float) -> str:
@@ -163,10 +173,14 @@ def note(target: str, draft: str | None, timings: dict, where: str) -> str:
                          + (f" vs {others}" if others else ""))
         parts[0] += ")"
     if draft is not None:
-        d = f"draft {NAMES[draft]}"
+        d, dp = f"draft {NAMES[draft]}", timings.get("draft_prompt", {})
         if draft in dt:
             others = ", ".join(f"{_ms(dt[p])} {p}" for p in dt if p != draft)
-            d += f" ({_ms(dt[draft])}/step" + (f" vs {others}" if others else "") + ")"
+            d += f" ({_ms(dt[draft])}/step" + (f" vs {others}" if others else "")
+            if draft in dp:
+                others = ", ".join(f"{_ms(dp[p])} {p}" for p in dp if p != draft)
+                d += f"; a {PROMPT_N}-token prompt {_ms(dp[draft])}" + (f" vs {others}" if others else "")
+            d += ")"
         parts.append(d)
     return ", ".join(parts)
 
@@ -357,9 +371,10 @@ def _time_target(target, cands, reload, progress, default=None) -> tuple[object,
     return target, chosen, timings, confirm
 
 
-def _time_draft(draft, cands, reload, progress) -> tuple[object, str, dict[str, float]]:
+def _time_draft(draft, cands, reload, progress) -> tuple[object, str, dict[str, float], dict[str, float]]:
     import copy
     timings: dict[str, float] = {}
+    prompts: dict[str, float] = {}
     models = {}
     for prec in cands:
         progress(f"timing the draft in {NAMES[prec]}", 0.96)
@@ -371,14 +386,18 @@ def _time_draft(draft, cands, reload, progress) -> tuple[object, str, dict[str, 
             m = convert(draft, prec, reload)
         models[prec] = m
         timings[prec] = time_forwards(m, (1,), repeats=2 * REPEATS)[1]
-    chosen = _compiled_draft(models, timings, choose_draft(timings), progress)
-    return models[chosen], chosen, timings
+        if len(cands) > 1:
+            prompts[prec] = time_forwards(m, (PROMPT_N,))[PROMPT_N]
+    chosen = _compiled_draft(models, timings, choose_draft(timings, prompts), progress, prompts)
+    return models[chosen], chosen, timings, prompts
 
 
-def _compiled_draft(models: dict, timings: dict[str, float], chosen: str, progress) -> str:
+def _compiled_draft(models: dict, timings: dict[str, float], chosen: str, progress,
+                    prompts: dict[str, float] | None = None) -> str:
     """A w4/w8 draft runs its one-token step compiled (engine/draft_compile.py), so when the eager
     winner cannot compile, the traceable candidate close behind it (COMPILE_HOPE) is timed compiled
-    and wins if that is faster; its timing becomes the compiled one. Emulated AVX2 on a Xeon,
+    and wins if that scores better (draft_score: the step plus its prompt share); its step timing
+    becomes the compiled one. Emulated AVX2 on a Xeon,
     2026-11-25: int8 (dynamic) won the eager steps at 39 ms over w4 at 42; w4 compiled: 32 ms."""
     from . import draft_compile
     if draft_compile.unwanted(models[chosen]) is None:
@@ -387,10 +406,12 @@ def _compiled_draft(models: dict, timings: dict[str, float], chosen: str, progre
             and timings[p] <= COMPILE_HOPE * timings[chosen]]
     if not near:
         return chosen
-    best = min(near, key=timings.get)
+    prompts = prompts or {}
+    best = min(near, key=lambda p: draft_score(timings[p], prompts.get(p)))
     lowbit.half_embeddings(models[best])  # the table it runs with (models/loading._warm): compiled once
     step = draft_compile.compile_draft(models[best], progress)
-    if step is None or not step.compiled or step.compiled_ms / 1e3 >= timings[chosen]:
+    if step is None or not step.compiled or (draft_score(step.compiled_ms / 1e3, prompts.get(best))
+                                             >= draft_score(timings[chosen], prompts.get(chosen))):
         return chosen
     timings[best] = step.compiled_ms / 1e3  # what it runs at
     return best
@@ -433,10 +454,10 @@ def calibrate(target, draft, *, precision: str = "auto", quantize: str | None = 
                                      "default)", timings={"untimed": True})
     t0 = time.perf_counter()
     target, tp, tt, confirm = _time_target(target, tc, reload.target, progress, class_default(tc, native))
-    dp, dt = None, {}
+    dp, dt, dpr = None, {}, {}
     if draft is not None:
-        draft, dp, dt = _time_draft(draft, dc, reload.draft, progress)
-    timings = {"target": tt, "draft": dt}
+        draft, dp, dt, dpr = _time_draft(draft, dc, reload.draft, progress)
+    timings = {"target": tt, "draft": dt, **({"draft_prompt": dpr} if dpr else {})}
     choice = Choice(tp, dp, note(tp, dp, timings, where), cost_model(timings, tp, dp, machine.hardware()),
                     timings)
     if confirm:
