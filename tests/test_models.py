@@ -385,3 +385,11 @@ def test_default_pair_cache_built_verified_and_rebuilt_when_broken(fake_embedded
     assert "wrong size" in M.verify_cache(draft_dir)
     M.ensure_default_pair()
     assert M.verify_cache(draft_dir) is None and len(fake_embedded["log"]) == 5
+
+
+def test_handing_freed_heap_back_is_safe_anywhere():
+    """glibc: malloc_trim returns the conversions' freed pages (models/loading._trim_heap);
+    elsewhere it does nothing, and never raises."""
+    from specviz.models.loading import _trim_heap
+    _trim_heap()
+    _trim_heap()

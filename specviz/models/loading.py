@@ -257,11 +257,22 @@ def _warm(target, draft, costs, progress):
             lowbit.half_embeddings(m)
         speed.warm_up(m)
     step = draft_compile.compile_draft(draft, progress)
+    _trim_heap()
     if step is not None and step.compiled and costs is not None and costs.draft_step_s is not None:
         costs = replace(costs, draft_step_s=step.compiled_ms / 1e3,
                         notes={**costs.notes, "draft_step": step.note()})
     progress("models ready", 1.0)
     return costs, step
+
+
+def _trim_heap() -> None:
+    """Hand the heap pages the conversions freed back to the OS (glibc keeps them). 2-core AVX2
+    EPYC, 2026-11-25, default pair with the int8 (dynamic) draft: 4.29 -> 3.22 GB resident after load."""
+    import ctypes
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to hand back this way
+        pass
 
 
 _OWNED: weakref.WeakSet = weakref.WeakSet()  # models _own_memory already copied
