@@ -30,7 +30,7 @@ def test_class_sensitive_tests_pass_under_emulated_avx2():
     if torch.backends.cpu.get_cpu_capability() in ("AVX2", "DEFAULT"):
         # measured here: this CPU already is that class, and the suite itself just ran these tests
         # on it (a rerun cost 172 s on a 2-core AVX2 EPYC, 2026-11-25)
-        pytest.skip("this CPU runs AVX2 kernels natively: the suite ran the class-sensitive tests on it")
+        pytest.skip("this CPU runs no kernels above AVX2: the suite ran the class-sensitive tests on it")
     env = {**os.environ, **AVX2}
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CLASS_SENSITIVE],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -106,7 +106,7 @@ def candidates(*, precision: str, quantize: str | None, device: str, native_bf16
     # low-bit weights (engine/lowbit.py) are timed beside the floats on a CPU: which wins
     # differs by CPU class (AVX2 EPYC: w8a8 174 ms/step, w16 282, fp32 644 for the 1.5B)
     lowbit_auto = [f for f in lowbit_candidates if f != precision] if precision == "auto" and cpu else []
-    lowbit_target = [f for f in lowbit_auto if f in lowbit.target_auto()]
+    lowbit_target = [f for f in lowbit_auto if f in lowbit.row_exact()]  # a target must be row-exact
     if precision != "auto":
         floats = [precision]
     elif not cpu:
@@ -397,8 +397,8 @@ def _compiled_draft(models: dict, timings: dict[str, float], chosen: str, progre
     """A w4/w8 draft runs its one-token step compiled (engine/draft_compile.py), so when the eager
     winner cannot compile, the traceable candidate close behind it (COMPILE_HOPE) is timed compiled
     and wins if that scores better (draft_score: the step plus its prompt share); its step timing
-    becomes the compiled one. Emulated AVX2 on a Xeon,
-    2026-11-25: int8 (dynamic) won the eager steps at 39 ms over w4 at 42; w4 compiled: 32 ms."""
+    becomes the compiled one. Emulated AVX2 on a Xeon, 2026-11-25: int8 (dynamic) won the eager
+    steps at 39 ms over w4 at 42; w4 compiled: 32 ms."""
     from . import draft_compile
     if draft_compile.unwanted(models[chosen]) is None:
         return chosen  # the winner compiles at load anyway

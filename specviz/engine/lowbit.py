@@ -252,7 +252,8 @@ def lowbit_copy(model: nn.Module, fmt: str) -> nn.Module:
 @functools.cache
 def row_exact() -> tuple[str, ...]:
     """The available formats whose Linear gives a row the same bits alone or among others,
-    measured on this CPU (2, 5 and 8 rows at once vs one at a time)."""
+    measured on this CPU (2, 5 and 8 rows at once vs one at a time): the formats `auto` may
+    pick for a target here (the note after NAMES says why)."""
     g = torch.Generator().manual_seed(0)
     probe = nn.Linear(256, 384)
     with torch.no_grad():
@@ -266,11 +267,6 @@ def row_exact() -> tuple[str, ...]:
             if all(torch.equal(low(x[:m]), one[:m]) for m in (2, 5, 8)):
                 ok.append(fmt)
     return tuple(ok)
-
-
-def target_auto() -> tuple[str, ...]:
-    """The formats `auto` may pick for a target on this CPU (the note after NAMES says why)."""
-    return row_exact()
 
 
 @functools.cache
