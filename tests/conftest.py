@@ -70,13 +70,14 @@ def real_pair():
     one real pair in memory at a time."""
     held: dict = {}
 
-    def load(quantize="auto", precision="auto"):
+    def load(quantize="auto", precision="auto", calibration="auto"):
         from specviz.models import PAIRS, load_pair
-        if (quantize, precision) not in held:
+        key = (quantize, precision, calibration)
+        if key not in held:
             held.clear()  # ~8 GB: never two at once
-            held[(quantize, precision)] = load_pair(PAIRS["default"], device="cpu", quantize=quantize,
-                                                    precision=precision)
-        return held[(quantize, precision)]
+            held[key] = load_pair(PAIRS["default"], device="cpu", quantize=quantize, precision=precision,
+                                  calibration=calibration)
+        return held[key]
 
     yield load
     held.clear()
@@ -107,3 +108,16 @@ def browser():
                               args=CHROMIUM_ARGS)
         yield b
         b.close()
+
+
+# ------------------------------------------------- two workers (pytest-xdist)
+# Tiny-model tests are Python-bound on one core, so test.sh runs two workers. Tests that
+# load the real default pair (~8 GB, a calibration peaks far higher) run on one worker,
+# one after another, never two at once.
+REAL_PAIR_FILES = ("test_e2e_default.py",)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in REAL_PAIR_FILES or "real_pair" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("real-pair"))

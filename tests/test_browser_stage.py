@@ -92,9 +92,9 @@ def test_run_button_while_running_and_one_run_per_press(browser, app, monkeypatc
     page.wait_for_timeout(300)
     assert page.locator("#sv-run").is_disabled()
     assert any(w in page.inner_text("#sv-run") for w in ("Running", "queue"))
-    page.wait_for_timeout(2500)  # the smooth scroll (slow on a loaded machine)
-    top = page.evaluate("document.querySelector('#sv-runinfo').getBoundingClientRect().top")
-    assert 0 <= top <= 720, top  # the run's panes were scrolled into view
+    # the run's panes are scrolled into view (a smooth scroll: seconds on a loaded machine)
+    page.wait_for_function("() => { const t = document.querySelector('#sv-runinfo').getBoundingClientRect().top;"
+                           " return t >= 0 && t <= 720; }", timeout=TIMEOUT)
     _wait_done(page)
     page.wait_for_function("!document.querySelector('#sv-run').disabled", timeout=TIMEOUT)
     page.wait_for_timeout(1500)

@@ -236,11 +236,51 @@ def test_a_ranking_that_flips_when_re_timed_falls_back_to_the_class_default(monk
         seen.add(fmt)
         return {n: table[fmt] for n in ns}
     monkeypatch.setattr(cal, "time_forwards", fake)
+    copies, real_copy = [], lowbit.lowbit_copy
+    monkeypatch.setattr(lowbit, "lowbit_copy", lambda m, fmt: copies.append(fmt) or real_copy(m, fmt))
     t, _, choice = cal.calibrate(tiny_model(len(tok), seed=0, hidden=64), None, native_bf16=False,
                                  min_params=0)
     assert choice.timings["confirm"]["first"] == "w16" and not choice.timings["confirm"]["stable"]
     assert choice.target == "w8a8" and lowbit.lowbit_format(t) == "w8a8"
     assert "swapped places" in choice.note
+    # the fastest so far is kept: w8a8 (timed first) is packed again only for the re-timing, which it wins
+    assert sorted(copies) == ["w16", "w8a8", "w8a8"], copies
+
+
+def test_a_candidate_whose_step_already_loses_is_not_timed_further(monkeypatch, tok):
+    """The class default is timed first; a candidate whose step alone bounds its score past
+    PRUNE x the best gets no verify or prompt timing, and a runner-up that far behind is not
+    re-timed. The draft's prompt read is skipped the same way (a step that loses alone)."""
+    monkeypatch.setattr(cal, "busy", lambda *a: False)
+    monkeypatch.setattr(cal.lowbit, "available", lambda: ("w8", "w4"))
+    monkeypatch.setattr(cal.lowbit, "row_exact", lambda: ("w8", "w4"))
+    # None: fp32, the class default without w8a8; the target has 2 layers, the draft 1
+    step = {2: {None: 0.1, "w8": 0.3, "w4": 0.15}, 1: {None: 0.1, "w8": 0.3, "w4": 0.11}}
+    order = []
+
+    def fake(m, ns, repeats=cal.REPEATS, enough=None, **kw):
+        out = {}
+        for n in ns:
+            out[n] = step[m.config.num_hidden_layers][lowbit.lowbit_format(m)] * (1 if n < cal.PROMPT_N else 8)
+            if enough is not None and enough(out):
+                break
+        order.append((lowbit.lowbit_format(m), tuple(out)))
+        return out
+    monkeypatch.setattr(cal, "time_forwards", fake)
+    from specviz.engine import draft_compile  # w4 near the eager winner is timed compiled: slower here
+    monkeypatch.setattr(draft_compile, "compile_draft", lambda m, progress=None: draft_compile.DraftStep(
+        True, 110.0, 200.0, 1.0))
+    t, d, choice = cal.calibrate(tiny_model(len(tok), seed=0, layers=2, hidden=64),
+                                 tiny_model(len(tok), seed=1, layers=1, hidden=64),
+                                 quantize="none", native_bf16=False, min_params=0)
+    assert choice.target == "fp32" and "confirm" not in choice.timings
+    assert order[:3] == [(None, cal.CHOICE_N), ("w8", (1,)), ("w4", (1,))]
+    tt = choice.timings["target"]
+    # fp32 scores 0.1 + 0.1 + 0.8/32 = 0.225; w4's bound 2 x 0.15 = 0.30 is past 1.1x (and 1.3x)
+    assert tt["w8"] == {1: 0.3} and tt["w4"] == {1: 0.15} and cal._score(tt["w4"]) == pytest.approx(0.30)
+    # the draft: fp32 (0.1 + 0.8/64) first; w8's step 0.3 alone loses, w4's 0.11 does not
+    assert choice.draft == "fp32" and set(choice.timings["draft_prompt"]) == {"fp32", "w4"}
+    assert "64-token prompt" in choice.note
 
 
 @pytest.mark.skipif("w8a8" not in FORMATS, reason="no fbgemm")

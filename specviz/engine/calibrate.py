@@ -13,8 +13,8 @@ emulates it, so auto keeps fp32 there WITHOUT timing bf16. Models under 100M
 parameters stay fp32 (nothing to gain; test pairs keep exact equality). On
 CUDA the device's half type is the natural choice.
 
-The choice logic (choose_target/choose_draft/candidates) is pure and tested
-with injected timings; measure_* touch real models.
+The choice logic (engine/choice.py: candidates, choose_target, choose_draft) is
+pure and tested with injected timings; the timing here touches real models.
 """
 from __future__ import annotations
 
@@ -27,20 +27,34 @@ from pathlib import Path
 import torch
 
 from . import lowbit
+from .choice import (  # noqa: F401 - the choice logic's names, re-exported with the measuring
+    CHOICE_N,
+    DRAFT_PROMPT_SPREAD,
+    NAMES,
+    PROMPT_N,
+    PROMPT_SPREAD,
+    PRUNE,
+    SMALL_MODEL_PARAMS,
+    _score,
+    candidates,
+    choose_draft,
+    choose_target,
+    class_default,
+    cost_model,
+    draft_score,
+    note,
+    pruned,
+)
 from .costs import CHECK, MAX_VERIFY_TOKENS, CostModel, wait_for_runs  # noqa: F401 - CHECK: ui/loader.py sets it
 
 PRECISIONS = ("auto", "fp32", "bf16", *lowbit.FORMATS)
 LOWBIT = lowbit.FORMATS
-SMALL_MODEL_PARAMS = 100_000_000  # below this auto keeps fp32 and nothing is timed
 CONTEXT = 100  # tokens in the cache while timing: a typical prompt
-PROMPT_N = 64  # a prompt's forward, as the target choice times it
-# forwards the target choice compares: a plain step, a γ=4 verify and a prompt (see _score)
-CHOICE_N = (1, 5, PROMPT_N)
-COMPILE_HOPE = 1.6  # a traceable draft this close to the eager winner gets its compiled step timed
-PROMPT_SPREAD = 32  # a request's prompt read is paid once for ~32 (plain step + verify) pairs
-# ... and once for ~64 draft steps: a 64-token request at γ 4-5 (τ ≈ 4: 16 rounds × 4-5 steps)
-DRAFT_PROMPT_SPREAD = 64
+# a traceable draft whose step compiled this much faster would win gets its compiled step timed
+# (the most measured: 0.5B w4 27.9 -> 18.4 ms on an AVX-512 Xeon; 63 -> 54 ms on an AVX2 EPYC)
+COMPILE_HOPE = 1.5
 REPEATS = 3  # median of 3: ~15 s for a first calibration of the default pair on 2 cores
+CONFIRM_MARGIN = 1.3  # the two fastest are re-timed only when this close (choice.PRUNE: further timings)
 CACHE_VERSION = 3  # 2: the target choice counts the prompt's forward; 3: the draft's too (2026-11-25)
 BUSY_LOAD_PER_CORE = 2.0  # above this 1-minute load per core a calibration is not cached
 
@@ -50,7 +64,6 @@ MODES = ("auto", "cached", "fresh")
 # CHECK (costs.py): called before each timed forward when set (a background calibration's budget and pause)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8 (dynamic)", **lowbit.NAMES}
 
 
 @dataclass
@@ -84,116 +97,6 @@ class Choice:
         timings["target"] = {p: {int(n): s for n, s in t.items()}
                              for p, t in timings.get("target", {}).items()}
         return cls(d["target"], d["draft"], d["note"], costs, timings, cached=True)
-
-
-# ------------------------------------------------------------ pure choice logic
-
-
-def candidates(*, precision: str, quantize: str | None, device: str, native_bf16: bool,
-               n_target: int, n_draft: int | None, half: str = "bf16",
-               min_params: int = SMALL_MODEL_PARAMS,
-               lowbit_candidates: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
-    """(target candidates, draft candidates) to time, in timing order.
-
-    precision: auto|fp32|bf16 sets the float type of both models; quantize:
-    none|auto|draft-int8|int8 adds dynamic int8 (CPU only): int8 = both models,
-    draft-int8 = the draft, auto = the draft if it measures fastest.
-    lowbit_candidates: the low-bit formats this CPU runs (lowbit.available());
-    under auto they join the timing; a forced low-bit precision runs alone.
-    `half` is the GPU's half type (bf16, or fp16 without bf16 support)."""
-    quantize = quantize or "none"
-    cpu = device == "cpu"
-    # low-bit weights (engine/lowbit.py) are timed beside the floats on a CPU: which wins
-    # differs by CPU class (AVX2 EPYC: w8a8 174 ms/step, w16 282, fp32 644 for the 1.5B)
-    lowbit_auto = [f for f in lowbit_candidates if f != precision] if precision == "auto" and cpu else []
-    lowbit_target = [f for f in lowbit_auto if f in lowbit.row_exact()]  # a target must be row-exact
-    if precision != "auto":
-        floats = [precision]
-    elif not cpu:
-        floats = [half]  # on a GPU the half type is the natural choice: nothing to time
-    else:
-        floats = ["fp32", "bf16"] if native_bf16 else ["fp32"]
-    small_t = n_target < min_params
-    target = ["int8"] if quantize == "int8" else (["fp32"] if small_t and precision == "auto" and cpu
-                                                   else floats + lowbit_target)
-    if n_draft is None:
-        return target, []
-    small_d = n_draft < min_params
-    if quantize in ("int8", "draft-int8"):
-        draft = ["int8"]
-    elif small_d and precision == "auto" and cpu:
-        draft = ["fp32"]
-    else:
-        draft = (["int8"] if quantize == "auto" and cpu else []) + floats + lowbit_auto
-    return target, draft
-
-
-def _score(t: dict[int, float]) -> float:
-    """A plain step plus a γ=4 verify (both matter to a speculative run) plus the prompt's
-    forward spread over a request. Why the prompt: kernels differ most there. 2-core Xeon
-    (AVX-512/AMX), 1.5B target, 2026-11-25: w4 stepped in 90 ms and w8a8 in 96, but w4 read a
-    100-token prompt in 1.65 s and w8a8 in 0.44 s (torch's int4 kernel costs ~linearly in
-    rows; fbgemm's int8 GEMM does not), so the step alone picked w4 and lost 1.2 s a request."""
-    score = sum(t[n] for n in (1, 5) if n in t) + t.get(PROMPT_N, 0.0) / PROMPT_SPREAD
-    return score or t[min(t)]
-
-
-def choose_target(timings: dict[str, dict[int, float]]) -> str:
-    """Fastest precision by the score; on a tie the first candidate (fp32: the exact one)."""
-    return min(timings, key=lambda p: (_score(timings[p]), list(timings).index(p)))
-
-
-def draft_score(step: float, prompt: float | None = None) -> float:
-    """A draft step plus its prompt read spread over a request's draft steps. Why the prompt:
-    2-core AVX2 EPYC, 2026-11-25, bench of 7 prompts (33-205 tokens): the w4 draft (step 42 ms
-    compiled vs 48 ms int8) read each prompt at int4's per-row cost, ~2 s a request of 10.5 s."""
-    return step + (prompt or 0.0) / DRAFT_PROMPT_SPREAD
-
-
-def choose_draft(timings: dict[str, float], prompts: dict[str, float] | None = None) -> str:
-    prompts = prompts or {}
-    return min(timings, key=lambda p: (draft_score(timings[p], prompts.get(p)), list(timings).index(p)))
-
-
-def _ms(s: float) -> str:
-    return f"{s * 1e3:.0f} ms"
-
-
-def note(target: str, draft: str | None, timings: dict, where: str) -> str:
-    """'target bfloat16 (128 ms/step vs 279 ms fp32 on this CPU), draft int8 (dynamic) (18 ms vs ...)'."""
-    tt, dt = timings.get("target", {}), timings.get("draft", {})
-    parts = [f"target {NAMES[target]}"]
-    if target in tt and 1 in tt[target]:
-        others = ", ".join(f"{_ms(tt[p][1])} {p}" for p in tt if p != target and 1 in tt[p])
-        vs = f" vs {others}" if others else ""
-        parts[0] += f" ({_ms(tt[target][1])}/step{vs} on this {where}"
-        if PROMPT_N in tt[target]:
-            others = ", ".join(f"{_ms(tt[p][PROMPT_N])} {p}" for p in tt if p != target and PROMPT_N in tt[p])
-            parts[0] += (f"; a {PROMPT_N}-token prompt {_ms(tt[target][PROMPT_N])}"
-                         + (f" vs {others}" if others else ""))
-        parts[0] += ")"
-    if draft is not None:
-        d, dp = f"draft {NAMES[draft]}", timings.get("draft_prompt", {})
-        if draft in dt:
-            others = ", ".join(f"{_ms(dt[p])} {p}" for p in dt if p != draft)
-            d += f" ({_ms(dt[draft])}/step" + (f" vs {others}" if others else "")
-            if draft in dp:
-                others = ", ".join(f"{_ms(dp[p])} {p}" for p in dp if p != draft)
-                d += f"; a {PROMPT_N}-token prompt {_ms(dp[draft])}" + (f" vs {others}" if others else "")
-            d += ")"
-        parts.append(d)
-    return ", ".join(parts)
-
-
-def cost_model(timings: dict, target: str, draft: str | None, machine: str) -> CostModel | None:
-    """The chosen precision's timings as a CostModel (None without the full verify curve)."""
-    t = timings.get("target", {}).get(target, {})
-    if any(n not in t for n in range(1, MAX_VERIFY_TOKENS + 1)):
-        return None
-    d = timings.get("draft", {}).get(draft) if draft else None
-    return CostModel(plain_step_s=t[1], verify_s=tuple(t[n] for n in range(1, MAX_VERIFY_TOKENS + 1)),
-                     draft_step_s=d, target_precision=NAMES[target],
-                     draft_precision=NAMES[draft] if draft else "", machine=machine)
 
 
 # ------------------------------------------------------------------- cache
@@ -237,8 +140,10 @@ def _sync(device) -> None:
 
 
 @torch.inference_mode()
-def time_forwards(model, ns, *, context: int = CONTEXT, repeats: int = REPEATS) -> dict[int, float]:
-    """Median seconds of a KV-cached forward of n new tokens after `context` cached ones."""
+def time_forwards(model, ns, *, context: int = CONTEXT, repeats: int = REPEATS,
+                  enough=None) -> dict[int, float]:
+    """Median seconds of a KV-cached forward of n new tokens after `context` cached ones;
+    enough(timings so far) -> True stops before the next n."""
     from transformers import DynamicCache
 
     from .forward import crop_cache
@@ -266,6 +171,8 @@ def time_forwards(model, ns, *, context: int = CONTEXT, repeats: int = REPEATS) 
             runs.append(time.perf_counter() - t0)
             crop_cache(cache, context)
         out[n] = statistics.median(runs)
+        if enough is not None and enough(out):
+            break
     return out
 
 
@@ -311,29 +218,24 @@ class Loaded:
 CONFIRM_ROUNDS = 3  # interleaved re-timings of the two fastest
 
 
-def class_default(cands: list[str], native_bf16: bool) -> str:
-    """What a CPU of this class runs when timing cannot tell (a ranking that flips under load,
-    or no time to measure): bf16 where it is native (2.2x fp32 on an AVX512-BF16 Xeon), else
-    w8a8 where fbgemm runs (AVX2 EPYC, 2026-11-23: 129-185 ms/step vs 568-644 fp32, the
-    fastest of five formats every time), else fp32."""
-    for p in (("bf16",) if native_bf16 else ()) + ("w8a8", "fp32"):
-        if p in cands:
-            return p
-    return cands[0]
-
-
-def _confirm(target, timings, reload, progress, default) -> tuple[object, str, dict]:
+def _confirm(target, timings, reload, progress, default, twins) -> tuple[object, str, dict]:
     """Re-time the two fastest candidates interleaved (A B A B ...): one noisy sequential
     timing must not pick a format a quiet one would reject. If the order flips, the class
-    default wins when it is one of the two, else the interleaved winner."""
+    default wins when it is one of the two, else the interleaved winner. A runner-up pruned
+    (PRUNE behind) or CONFIRM_MARGIN behind is not re-timed. `twins` (format -> low-bit
+    twin) gains both of them."""
     a, b = sorted(timings, key=lambda p: (_score(timings[p]), list(timings).index(p)))[:2]
-    if a not in LOWBIT and b not in LOWBIT:
+    far = (any(n not in timings[b] for n in CHOICE_N)
+           or _score(timings[b]) > CONFIRM_MARGIN * _score(timings[a]))
+    if (a not in LOWBIT and b not in LOWBIT) or far:
         return target, a, {}  # two float casts of one model cannot be held at once
     models = {}
     for p in sorted((a, b), key=lambda p: p not in LOWBIT):  # twins from fp32 before a float cast
-        models[p] = convert(target, p, reload)
+        models[p] = twins[p] if p in twins else convert(target, p, reload)
         if p not in LOWBIT:
             target = models[p]
+        else:
+            twins[p] = models[p]
     runs: dict[str, list[float]] = {a: [], b: []}
     progress(f"re-timing {NAMES[a]} and {NAMES[b]}, interleaved", 0.92)
     for _ in range(CONFIRM_ROUNDS):
@@ -349,19 +251,28 @@ def _time_target(target, cands, reload, progress, default=None) -> tuple[object,
     """Time the target's candidates on the choice shapes, keep the fastest (confirmed
     interleaved), then its whole curve."""
     timings: dict[str, dict[int, float]] = {}
+    twins: dict[str, object] = {}
     if len(cands) > 1:
-        # fp32 and the low-bit twins (made from fp32) before bf16: its in-place cast is lossy
-        for prec in sorted(cands, key=lambda p: p == "bf16"):
+        # fp32 and the low-bit twins (made from fp32) before bf16: its in-place cast is lossy;
+        # the class default first, so the others can be pruned against it
+        for prec in sorted(cands, key=lambda p: (p == "bf16", p != default)):
             progress(f"timing the target in {NAMES[prec]}", 0.9)
             model = convert(target, prec, reload)
-            timings[prec] = time_forwards(model, CHOICE_N)
+            timings[prec] = time_forwards(model, CHOICE_N, enough=lambda t: pruned(t, timings))
             if prec not in LOWBIT:
                 target = model
-            del model  # a low-bit twin is rebuilt if it wins
+            elif choose_target(timings) == prec:
+                # the fastest so far is kept for the re-timing and the load: a w8a8 twin of the
+                # 1.5B takes 32 s to pack on a 2-core AVX2 EPYC (it was packed three times)
+                twins = {prec: model}
+            del model
     chosen = choose_target(timings) if timings else cands[0]
     confirm = {}
     if len(timings) > 1:
-        target, chosen, confirm = _confirm(target, timings, reload, progress, default or cands[0])
+        target, chosen, confirm = _confirm(target, timings, reload, progress, default or cands[0], twins)
+    if chosen in twins:
+        target = twins[chosen]
+    twins.clear()
     if _dtype_name(target) != chosen or chosen == "int8" or chosen in LOWBIT:
         target = convert(target, chosen, reload)
     have = timings.get(chosen, {})
@@ -386,7 +297,8 @@ def _time_draft(draft, cands, reload, progress) -> tuple[object, str, dict[str, 
             m = convert(draft, prec, reload)
         models[prec] = m
         timings[prec] = time_forwards(m, (1,), repeats=2 * REPEATS)[1]
-        if len(cands) > 1:
+        best = min((draft_score(timings[p], prompts[p]) for p in prompts), default=None)
+        if len(cands) > 1 and (best is None or timings[prec] <= PRUNE * best):  # else its step alone loses
             prompts[prec] = time_forwards(m, (PROMPT_N,))[PROMPT_N]
     chosen = _compiled_draft(models, timings, choose_draft(timings, prompts), progress, prompts)
     return models[chosen], chosen, timings, prompts
@@ -395,23 +307,28 @@ def _time_draft(draft, cands, reload, progress) -> tuple[object, str, dict[str, 
 def _compiled_draft(models: dict, timings: dict[str, float], chosen: str, progress,
                     prompts: dict[str, float] | None = None) -> str:
     """A w4/w8 draft runs its one-token step compiled (engine/draft_compile.py), so when the eager
-    winner cannot compile, the traceable candidate close behind it (COMPILE_HOPE) is timed compiled
-    and wins if that scores better (draft_score: the step plus its prompt share); its step timing
-    becomes the compiled one. Emulated AVX2 on a Xeon, 2026-11-25: int8 (dynamic) won the eager
-    steps at 39 ms over w4 at 42; w4 compiled: 32 ms."""
+    winner cannot compile, the traceable candidate that would win if compiling made its step
+    COMPILE_HOPE times faster is timed compiled (a cold compile: 80-100 s on 2 cores), and wins
+    if that scores better (draft_score: the step plus its prompt share); its step timing becomes
+    the compiled one. Emulated AVX2 on a Xeon, 2026-11-25: int8 (dynamic) won the eager steps
+    at 39 ms over w4 at 42; w4 compiled: 32 ms."""
     from . import draft_compile
     if draft_compile.unwanted(models[chosen]) is None:
         return chosen  # the winner compiles at load anyway
+    prompts = prompts if prompts is not None else {}
+    goal = draft_score(timings[chosen], prompts.get(chosen))
     near = [p for p in timings if p in models and draft_compile.unwanted(models[p]) is None
-            and timings[p] <= COMPILE_HOPE * timings[chosen]]
+            and draft_score(timings[p] / COMPILE_HOPE, prompts.get(p)) < goal]
     if not near:
         return chosen
-    prompts = prompts or {}
     best = min(near, key=lambda p: draft_score(timings[p], prompts.get(p)))
+    if prompts and best not in prompts:  # pruned on its eager step: its prompt counts against a compiled one
+        prompts[best] = time_forwards(models[best], (PROMPT_N,))[PROMPT_N]
+        if draft_score(timings[best] / COMPILE_HOPE, prompts[best]) >= goal:
+            return chosen
     lowbit.half_embeddings(models[best])  # the table it runs with (models/loading._warm): compiled once
     step = draft_compile.compile_draft(models[best], progress)
-    if step is None or not step.compiled or (draft_score(step.compiled_ms / 1e3, prompts.get(best))
-                                             >= draft_score(timings[chosen], prompts.get(chosen))):
+    if step is None or not step.compiled or draft_score(step.compiled_ms / 1e3, prompts.get(best)) >= goal:
         return chosen
     timings[best] = step.compiled_ms / 1e3  # what it runs at
     return best
