@@ -108,4 +108,3 @@ def browser():
                               args=CHROMIUM_ARGS)
         yield b
         b.close()
-

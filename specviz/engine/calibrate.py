@@ -227,8 +227,8 @@ def _confirm(target, timings, reload, progress, default, twins) -> tuple[object,
     a, b = sorted(timings, key=lambda p: (_score(timings[p]), list(timings).index(p)))[:2]
     far = (any(n not in timings[b] for n in CHOICE_N)
            or _score(timings[b]) > CONFIRM_MARGIN * _score(timings[a]))
-    if (a not in LOWBIT and b not in LOWBIT) or far:
-        return target, a, {}  # two float casts of one model cannot be held at once
+    if (a not in LOWBIT and b not in LOWBIT) or far:  # two float casts of one model cannot be held at once
+        return target, a, {}
     models = {}
     for p in sorted((a, b), key=lambda p: p not in LOWBIT):  # twins from fp32 before a float cast
         models[p] = twins[p] if p in twins else convert(target, p, reload)
@@ -272,7 +272,7 @@ def _time_target(target, cands, reload, progress, default=None) -> tuple[object,
         target, chosen, confirm = _confirm(target, timings, reload, progress, default or cands[0], twins)
     if chosen in twins:
         target = twins[chosen]
-    twins.clear()
+    twins.clear()  # the re-timed runner-up's twin is freed before the curve is timed
     if _dtype_name(target) != chosen or chosen == "int8" or chosen in LOWBIT:
         target = convert(target, chosen, reload)
     have = timings.get(chosen, {})
@@ -317,14 +317,16 @@ def _compiled_draft(models: dict, timings: dict[str, float], chosen: str, progre
         return chosen  # the winner compiles at load anyway
     prompts = prompts if prompts is not None else {}
     goal = draft_score(timings[chosen], prompts.get(chosen))
-    near = [p for p in timings if p in models and draft_compile.unwanted(models[p]) is None
-            and draft_score(timings[p] / COMPILE_HOPE, prompts.get(p)) < goal]
+
+    def could_win(p: str) -> bool:  # if compiling made its step COMPILE_HOPE times faster
+        return draft_score(timings[p] / COMPILE_HOPE, prompts.get(p)) < goal
+    near = [p for p in timings if p in models and draft_compile.unwanted(models[p]) is None and could_win(p)]
     if not near:
         return chosen
     best = min(near, key=lambda p: draft_score(timings[p], prompts.get(p)))
     if prompts and best not in prompts:  # pruned on its eager step: its prompt counts against a compiled one
         prompts[best] = time_forwards(models[best], (PROMPT_N,))[PROMPT_N]
-        if draft_score(timings[best] / COMPILE_HOPE, prompts[best]) >= goal:
+        if not could_win(best):
             return chosen
     lowbit.half_embeddings(models[best])  # the table it runs with (models/loading._warm): compiled once
     step = draft_compile.compile_draft(models[best], progress)
