@@ -21,6 +21,9 @@ calibration times them):
   dequantised from Q4_K come back exactly wherever a group uses codes 0 and 15
   (`torch._weight_int4pack_mm_for_cpu`).
 - w8: one symmetric scale per output row (`torch._weight_int8pack_mm`).
+- w4a8: ggml's Q4_1 blocks (32 weights, fp16 scale and minimum) times activations quantised
+  per row and 32-block to int8, on our own AVX2 kernel (engine/qgemm.py; the output layer in
+  Q8_0 blocks, as GGUF keeps it at higher precision): the layout llama.cpp decodes with.
 w4/w8 take bf16 activations: with fp32 ones torch 2.13 falls back to a
 kernel 10-20x slower (AVX2 EPYC: 208 vs 14 ms for the MLP shapes at M = 1).
 """
@@ -33,13 +36,15 @@ import warnings
 import torch
 from torch import nn
 
+from . import qgemm
 from .rowwise_attention import use_rowwise
 
-FORMATS = ("w16", "w8a8", "w8", "w4")  # weight bits (and activation bits)
+FORMATS = ("w16", "w8a8", "w8", "w4", "w4a8")  # weight bits (and activation bits)
 GROUP = 32  # a Q4_K sub-block
 # the names say the activations' type: the greedy near-tie rule (engine/equality.py) reads it
 NAMES = {"w16": "fp16 weights, float32 activations", "w8a8": "int8 weights, 7-bit per-token activations",
-         "w8": "int8 weights, bfloat16 activations", "w4": "int4 g32 weights, bfloat16 activations"}
+         "w8": "int8 weights, bfloat16 activations", "w4": "int4 g32 weights, bfloat16 activations",
+         "w4a8": "int4 g32 weights, 8-bit per-block activations"}
 # Which formats `auto` may pick for a target: those whose Linear is row-exact here (row_exact()).
 # w8a8 rounds every activation to 7 bits, so a 1e-7 difference between a verify forward and
 # single steps would flip a code now and then (greedy quicksort on the default pair differed
@@ -180,6 +185,8 @@ def fits_int4(linear: nn.Linear, group: int = GROUP) -> bool:
 
 def _low(linear: nn.Linear, fmt: str) -> nn.Module:
     w, b = linear.weight.data, linear.bias
+    if fmt in ("w4a8", "q8a8"):  # q8a8: w4a8's output layer (Q8_0 blocks)
+        return qgemm.BlockLinear(w, b, 4 if fmt == "w4a8" else 8) if qgemm.fits(linear) else W8A8Linear(w, b)
     if fmt == "w16":
         return Fp16Linear(w, b)
     if fmt == "w8a8":
@@ -192,11 +199,11 @@ def _low(linear: nn.Linear, fmt: str) -> nn.Module:
 def to_lowbit(model: nn.Module, fmt: str, *, head: str | None = None) -> nn.Module:
     """Swap every nn.Linear of a CPU model for its low-bit twin, in place.
 
-    The output layer uses `head` (default: w8 under w4, as GGUF ships it
-    in Q6_K; the format itself otherwise). Embeddings stay float."""
+    The output layer uses `head` (default: w8 under w4 and Q8_0 blocks under w4a8, as GGUF
+    ships it in Q6_K; the format itself otherwise). Embeddings stay float."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown low-bit format '{fmt}': use {', '.join(FORMATS)}")
-    head = head or ("w8" if fmt == "w4" else fmt)
+    head = head or {"w4": "w8", "w4a8": "q8a8"}.get(fmt, fmt)
     out = model.get_output_embeddings()
     swaps = [(name, mod) for name, mod in model.named_modules() if type(mod) is nn.Linear]
     for name, mod in swaps:
@@ -235,6 +242,8 @@ def half_embeddings(model: nn.Module) -> nn.Module:
 def lowbit_format(model: nn.Module) -> str | None:
     """'w4' / 'w8' / ... when to_lowbit swapped this model's Linears, else None."""
     kinds = {type(m) for m in model.modules()}
+    if any(isinstance(m, qgemm.BlockLinear) and m.bits == 4 for m in model.modules()):
+        return "w4a8"
     for fmt, cls in (("w4", Int4Linear), ("w8a8", W8A8Linear), ("w16", Fp16Linear), ("w8", Int8Linear)):
         if cls in kinds:
             return fmt
