@@ -19,11 +19,12 @@ def _blockwise(x):
 def test_packers_round_trip_within_half_a_step(bits):
     torch.manual_seed(0)
     w = torch.randn(16, 96) * 0.1
-    blocks = (qgemm.pack_q4_1 if bits == 4 else qgemm.pack_q8_0)(w)
-    assert blocks.shape == (16, 3, 20 if bits == 4 else 34) and blocks.dtype == torch.uint8
+    codes, d, m = (qgemm.pack_q4_1 if bits == 4 else qgemm.pack_q8_0)(w)
+    assert codes.shape == (16, 48 if bits == 4 else 96) and codes.dtype == torch.uint8
+    assert d.shape == (16, 3) and d.dtype == torch.float16 and (m is None) == (bits == 8)
     g = w.reshape(16, 3, 32)
     step = (g.amax(-1) - g.amin(-1)) / 15 if bits == 4 else g.abs().amax(-1) / 127
-    err = (qgemm.unpack(blocks, bits) - w).abs().reshape(16, 3, 32).amax(-1)
+    err = (qgemm.unpack(codes, d, m) - w).abs().reshape(16, 3, 32).amax(-1)
     assert (err <= step * 0.5 + 2e-3 * g.abs().amax(-1)).all()  # + fp16 rounding of scale and min
 
 
@@ -32,10 +33,10 @@ def test_packers_round_trip_within_half_a_step(bits):
 @pytest.mark.parametrize("m", [1, 3, 4, 9])
 def test_kernel_computes_the_quantised_product(bits, m):
     torch.manual_seed(m)
-    w, b = torch.randn(40, 256) * 0.05, torch.randn(40)
+    w, b = torch.randn(40, 320) * 0.05, torch.randn(40)  # 10 blocks: 8 as vectors, 2 in the tail
     lin = qgemm.BlockLinear(w, b, bits)
-    x = torch.randn(m, 256)
-    ref = _blockwise(x) @ qgemm.unpack(lin.blocks, bits).T + b
+    x = torch.randn(m, 320)
+    ref = _blockwise(x) @ lin.dequantized().T + b
     assert (lin(x) - ref).abs().max() <= 1e-4 * ref.abs().max()
 
 

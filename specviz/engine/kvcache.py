@@ -31,7 +31,7 @@ from .speed import has_int8
 GROW = 512  # positions added when a run outgrows the buffer (a compiled graph then recompiles once)
 # forwards of more new tokens (the prompt) run eagerly: one graph per prompt length otherwise
 COMPILE_MAX_NEW = 32
-TRACEABLE = ("w4", "w8")  # low-bit formats whose kernels are aten ops dynamo traces (engine/lowbit.py)
+TRACEABLE = ("w4", "w8", "w4a8")  # low-bit formats dynamo traces: aten kernels, or a custom op (qgemm)
 
 
 @dataclass

@@ -73,9 +73,8 @@ def library() -> ctypes.CDLL:
         raise RuntimeError(f"block-quantised kernel {why}")
     lib = ctypes.CDLL(str(_build()))
     lib.quantize_rows.argtypes = [_P, _I, _I, _P, _P, _P, _I]
-    lib.gemm_q4_1.argtypes = [_P, _I, _I, _P, _P, _P, _I, _P, _I]
-    lib.gemm_q8_0.argtypes = [_P, _I, _I, _P, _P, _I, _P, _I]
-    for f in (lib.quantize_rows, lib.gemm_q4_1, lib.gemm_q8_0):
+    lib.gemm_blocks.argtypes = [_P, _P, _P, _I, _I, _I, _P, _P, _P, _I, _P, _I]
+    for f in (lib.quantize_rows, lib.gemm_blocks):
         f.restype = None
     return lib
 
@@ -88,37 +87,37 @@ def _groups(w: torch.Tensor) -> torch.Tensor:
     return w.detach().float().reshape(n, k // QK, QK)
 
 
-def pack_q4_1(w: torch.Tensor) -> torch.Tensor:
-    """[N, K] float -> [N, K/32, 20] uint8 blocks: fp16 scale d, fp16 minimum m, 16 bytes of
-    nibbles (byte j: weight j low, weight j+16 high); w ≈ d·q + m, q in 0..15."""
+def _safe(d: torch.Tensor) -> torch.Tensor:
+    return torch.where(d > 0, d, torch.ones_like(d))[..., None]
+
+
+def pack_q4_1(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[N, K] float -> (codes uint8 [N, K/2], scales fp16 [N, K/32], minimums fp16 [N, K/32]):
+    w ≈ d·q + m, q in 0..15; a block's byte j holds weight j (low nibble) and j+16 (high)."""
     g = _groups(w)
     lo, hi = g.amin(-1), g.amax(-1)
     d = (hi - lo) / 15
-    q = ((g - lo[..., None]) / torch.where(d > 0, d, torch.ones_like(d))[..., None]).round().clamp(0, 15)
-    q = q.to(torch.uint8)
-    head = torch.stack([d, lo], -1).half().view(torch.uint8)
-    return torch.cat([head, q[..., :QK // 2] | (q[..., QK // 2:] << 4)], -1).contiguous()
+    q = ((g - lo[..., None]) / _safe(d)).round().clamp(0, 15).to(torch.uint8)
+    codes = q[..., :QK // 2] | (q[..., QK // 2:] << 4)
+    return codes.reshape(w.shape[0], -1).contiguous(), d.half(), lo.half()
 
 
-def pack_q8_0(w: torch.Tensor) -> torch.Tensor:
-    """[N, K] float -> [N, K/32, 34] uint8 blocks: fp16 scale d, 32 int8; w ≈ d·q."""
+def pack_q8_0(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+    """[N, K] float -> (codes int8 [N, K] as uint8, scales fp16 [N, K/32], None): w ≈ d·q."""
     g = _groups(w)
     d = g.abs().amax(-1) / 127
-    q = (g / torch.where(d > 0, d, torch.ones_like(d))[..., None]).round().clamp(-127, 127).to(torch.int8)
-    return torch.cat([d.half().view(torch.uint8).reshape(*d.shape, 2),
-                      q.view(torch.uint8)], -1).contiguous()
+    q = (g / _safe(d)).round().clamp(-127, 127).to(torch.int8)
+    return q.view(torch.uint8).reshape(w.shape[0], -1).contiguous(), d.half(), None
 
 
-def unpack(blocks: torch.Tensor, bits: int) -> torch.Tensor:
-    """The float weights the blocks stand for (tests; the kernel never dequantises)."""
-    n, nb, _ = blocks.shape
-    d = blocks[..., 0:2].contiguous().view(torch.float16).float()
-    if bits == 8:
-        return (blocks[..., 2:].contiguous().view(torch.int8).float() * d).reshape(n, nb * QK)
-    m = blocks[..., 2:4].contiguous().view(torch.float16).float()
-    nib = blocks[..., 4:]
+def unpack(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+    """The float weights packed blocks stand for (tests; the kernel never dequantises)."""
+    n, nb = d.shape
+    if m is None:
+        return (codes.view(torch.int8).reshape(n, nb, QK).float() * d.float()[..., None]).reshape(n, -1)
+    nib = codes.reshape(n, nb, QK // 2)
     q = torch.cat([nib & 15, nib >> 4], -1).float()
-    return (q * d + m).reshape(n, nb * QK)
+    return (q * d.float()[..., None] + m.float()[..., None]).reshape(n, -1)
 
 
 def fits(linear: nn.Linear) -> bool:
@@ -136,25 +135,48 @@ class BlockLinear(nn.Module):
         library()  # fail here, not in the first forward
         self.out_features, self.in_features = weight.shape
         self.bits = bits
-        self.register_buffer("blocks", pack_q4_1(weight) if bits == 4 else pack_q8_0(weight))
+        codes, d, m = (pack_q4_1 if bits == 4 else pack_q8_0)(weight)
+        self.register_buffer("codes", codes)
+        self.register_buffer("scales", d)
+        self.register_buffer("mins", m)
         self.register_buffer("bias", None if bias is None else bias.detach().float())
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, q{self.bits}"
 
+    def dequantized(self) -> torch.Tensor:
+        return unpack(self.codes, self.scales, self.mins)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lib, k, n = library(), self.in_features, self.out_features
-        x2 = x.reshape(-1, k).float().contiguous()
-        m, nt = x2.shape[0], torch.get_num_threads()
-        xq = torch.empty(m, k, dtype=torch.int8)
-        xd, xs = torch.empty(2, m, k // QK).unbind(0)
-        y = torch.empty(m, n)
-        lib.quantize_rows(x2.data_ptr(), m, k, xq.data_ptr(), xd.data_ptr(), xs.data_ptr(), nt)
-        if self.bits == 4:
-            lib.gemm_q4_1(self.blocks.data_ptr(), n, k, xq.data_ptr(), xd.data_ptr(), xs.data_ptr(), m,
-                          y.data_ptr(), nt)
-        else:
-            lib.gemm_q8_0(self.blocks.data_ptr(), n, k, xq.data_ptr(), xd.data_ptr(), m, y.data_ptr(), nt)
+        x2 = x.reshape(-1, self.in_features).float().contiguous()
+        # under torch.compile (the draft's step, engine/draft_compile.py) the call is an opaque
+        # custom op; eager calls it directly (the dispatcher would add a Python hop per Linear)
+        mm = block_mm if torch.compiler.is_compiling() else _block_mm
+        y = mm(x2, self.codes, self.scales, self.mins, self.bits, self.out_features)
         if self.bias is not None:
-            y += self.bias
-        return y.reshape(*x.shape[:-1], n).to(x.dtype)
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def _block_mm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+              bits: int, n: int) -> torch.Tensor:
+    lib, (m, k), nt = library(), x.shape, torch.get_num_threads()
+    xq = torch.empty(m, k, dtype=torch.int8)
+    xd, xs = torch.empty(2, m, k // QK).unbind(0)
+    y = torch.empty(m, n)
+    lib.quantize_rows(x.data_ptr(), m, k, xq.data_ptr(), xd.data_ptr(), xs.data_ptr(), nt)
+    lib.gemm_blocks(codes.data_ptr(), scales.data_ptr(), None if mins is None else mins.data_ptr(), bits,
+                    n, k, xq.data_ptr(), xd.data_ptr(), xs.data_ptr(), m, y.data_ptr(), nt)
+    return y
+
+
+@torch.library.custom_op("specviz::block_mm", mutates_args=())
+def block_mm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+             bits: int, n: int) -> torch.Tensor:
+    """x [M, K] float32 (contiguous) times the packed weights: y [M, n] float32."""
+    return _block_mm(x.contiguous(), codes, scales, mins, bits, n)
+
+
+@block_mm.register_fake
+def _(x, codes, scales, mins, bits, n):
+    return x.new_empty(x.shape[0], n)
