@@ -32,6 +32,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN useradd --create-home --uid 1000 user
 WORKDIR /home/user/app
 
+# gcc builds the w4a8 CPU kernel (specviz/engine/kernels/qgemm.c) on first use; without it that
+# format is simply not offered
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+
 COPY --chown=user:user requirements.txt requirements-models.txt ./
 RUN if [ "$TORCH_CUDA" != pypi ]; then \
       pip install --index-url "https://download.pytorch.org/whl/$TORCH_CUDA" "torch==2.13.0"; fi \

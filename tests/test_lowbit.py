@@ -26,10 +26,8 @@ def _reference(fmt, w, x):
     if fmt == "w8":
         q, s = lowbit.quantize_int8(w)
         return x.bfloat16().float() @ (q.float() * s[:, None]).T
-    if fmt == "w4a8":  # Q4_1 weights, each row's 32-blocks on their own int8 grid
-        g = x.reshape(x.shape[0], -1, qgemm.QK)
-        d = g.abs().amax(-1, keepdim=True) / 127
-        return ((g / d).round() * d).reshape(x.shape) @ qgemm.unpack(*qgemm.pack_q4_1(w)).T
+    if fmt == "w4a8":  # 4-bit super-blocks, each row's 256-value blocks on their own int8 grid
+        return qgemm.quantize_reference(x) @ qgemm.unpack(qgemm.pack_q4(w)).T
     if fmt == "w4":
         q, s, lo = lowbit.quantize_int4(w)
         return x.bfloat16().float() @ lowbit.dequantize_int4(q, s, lo).T

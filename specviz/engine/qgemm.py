@@ -28,6 +28,7 @@ from torch import nn
 from ..paths import cache_root
 
 QK = 32  # weights per block
+SB = 8  # blocks per super-block
 SRC = Path(__file__).with_name("kernels") / "qgemm.c"
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 _P, _I = ctypes.c_void_p, ctypes.c_int
@@ -73,7 +74,7 @@ def library() -> ctypes.CDLL:
         raise RuntimeError(f"block-quantised kernel {why}")
     lib = ctypes.CDLL(str(_build()))
     lib.quantize_rows.argtypes = [_P, _I, _I, _P, _P, _P, _I]
-    lib.gemm_blocks.argtypes = [_P, _P, _P, _I, _I, _I, _P, _P, _P, _I, _P, _I]
+    lib.gemm_blocks.argtypes = [_P, _P, _P, _P, _P, _I, _I, _I, _P, _P, _P, _I, _P, _I]
     for f in (lib.quantize_rows, lib.gemm_blocks):
         f.restype = None
     return lib
@@ -82,42 +83,76 @@ def library() -> ctypes.CDLL:
 # ------------------------------------------------------------ pure packers
 
 
-def _groups(w: torch.Tensor) -> torch.Tensor:
-    n, k = w.shape
-    return w.detach().float().reshape(n, k // QK, QK)
+def _super(v: torch.Tensor) -> torch.Tensor:
+    """[N, nb] -> [N, nsb, 8], zero-padded past the last block."""
+    n, nb = v.shape
+    pad = -nb % SB
+    return torch.nn.functional.pad(v, (0, pad)).reshape(n, -1, SB)
 
 
-def _safe(d: torch.Tensor) -> torch.Tensor:
-    return torch.where(d > 0, d, torch.ones_like(d))[..., None]
-
-
-def pack_q4_1(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[N, K] float -> (codes uint8 [N, K/2], scales fp16 [N, K/32], minimums fp16 [N, K/32]):
-    w ≈ d·q + m, q in 0..15; a block's byte j holds weight j (low nibble) and j+16 (high)."""
-    g = _groups(w)
-    lo, hi = g.amin(-1), g.amax(-1)
-    d = (hi - lo) / 15
-    q = ((g - lo[..., None]) / _safe(d)).round().clamp(0, 15).to(torch.uint8)
-    codes = q[..., :QK // 2] | (q[..., QK // 2:] << 4)
-    return codes.reshape(w.shape[0], -1).contiguous(), d.half(), lo.half()
-
-
-def pack_q8_0(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
-    """[N, K] float -> (codes int8 [N, K] as uint8, scales fp16 [N, K/32], None): w ≈ d·q."""
-    g = _groups(w)
-    d = g.abs().amax(-1) / 127
-    q = (g / _safe(d)).round().clamp(-127, 127).to(torch.int8)
-    return q.view(torch.uint8).reshape(w.shape[0], -1).contiguous(), d.half(), None
-
-
-def unpack(codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
-    """The float weights packed blocks stand for (tests; the kernel never dequantises)."""
+def _sub_scales(d: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block scales d [N, nb] >= 0 -> (8-bit sub-scales [N, nb], super-block scale [N, nsb]) with
+    D·s >= d (rounded up: a block's codes never need more than their range)."""
     n, nb = d.shape
-    if m is None:
-        return (codes.view(torch.int8).reshape(n, nb, QK).float() * d.float()[..., None]).reshape(n, -1)
-    nib = codes.reshape(n, nb, QK // 2)
+    big = _super(d).amax(-1) / levels
+    big = torch.where(big > 0, big, torch.ones_like(big))
+    s = torch.ceil(d / big.repeat_interleave(SB, 1)[:, :nb]).clamp(0, levels)
+    return s, big
+
+
+def pack_q4(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """[N, K] float -> 4-bit codes in super-blocks (K/32 blocks, 8 to a super-block, as GGUF's
+    Q4_K): w ≈ D·s_b·q + Mn·t_b, q in 0..15, s_b in 0..255, t_b in -127..127, D and Mn per
+    super-block. A block's byte j holds weight j (low nibble) and j+16 (high)."""
+    n, k = w.shape
+    g = w.detach().float().reshape(n, k // QK, QK)
+    lo, hi = g.amin(-1), g.amax(-1)
+    mn = _super(lo).abs().amax(-1) / 127
+    mn = torch.where(mn > 0, mn, torch.ones_like(mn))
+    t = torch.floor(lo / mn.repeat_interleave(SB, 1)[:, :lo.shape[1]]).clamp(-127, 127)  # minimum <= lo
+    m_eff = t * mn.repeat_interleave(SB, 1)[:, :lo.shape[1]]
+    s, big = _sub_scales((hi - m_eff) / 15, 255)
+    d_eff = (s * big.repeat_interleave(SB, 1)[:, :s.shape[1]])[..., None]
+    q = ((g - m_eff[..., None]) / torch.where(d_eff > 0, d_eff, torch.ones_like(d_eff))).round().clamp(0, 15)
+    q = q.to(torch.uint8)
+    codes = (q[..., :QK // 2] | (q[..., QK // 2:] << 4)).reshape(n, -1)
+    return {"codes": codes.contiguous(), "sub": s.to(torch.uint8), "tmin": t.to(torch.int8),
+            "wd": big.contiguous(), "wm": mn.contiguous()}
+
+
+def pack_q8(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """[N, K] float -> int8 codes in super-blocks: w ≈ D·s_b·q, q in -127..127."""
+    n, k = w.shape
+    g = w.detach().float().reshape(n, k // QK, QK)
+    s, big = _sub_scales(g.abs().amax(-1) / 127, 255)
+    d_eff = (s * big.repeat_interleave(SB, 1)[:, :s.shape[1]])[..., None]
+    q = (g / torch.where(d_eff > 0, d_eff, torch.ones_like(d_eff))).round().clamp(-127, 127).to(torch.int8)
+    return {"codes": q.view(torch.uint8).reshape(n, -1).contiguous(), "sub": s.to(torch.uint8),
+            "tmin": None, "wd": big.contiguous(), "wm": None}
+
+
+def unpack(p: dict[str, torch.Tensor | None]) -> torch.Tensor:
+    """The float weights packed codes stand for (tests; the kernel never dequantises)."""
+    n, nb = p["sub"].shape
+    rep = lambda v: v.repeat_interleave(SB, 1)[:, :nb]  # noqa: E731 - super-block -> block
+    d = (p["sub"].float() * rep(p["wd"]))[..., None]
+    if p["tmin"] is None:
+        return (p["codes"].view(torch.int8).reshape(n, nb, QK).float() * d).reshape(n, -1)
+    nib = p["codes"].reshape(n, nb, QK // 2)
     q = torch.cat([nib & 15, nib >> 4], -1).float()
-    return (q * d.float()[..., None] + m.float()[..., None]).reshape(n, -1)
+    return (q * d + (p["tmin"].float() * rep(p["wm"]))[..., None]).reshape(n, -1)
+
+
+def quantize_reference(x: torch.Tensor) -> torch.Tensor:
+    """What the kernel makes of activation rows [M, K]: each row's super-blocks (up to 256 values)
+    rounded to 255 levels of their own amax/127 (tests)."""
+    m, k = x.shape
+    out = torch.empty_like(x)
+    for s0 in range(0, k, QK * SB):
+        v = x[:, s0:s0 + QK * SB].float()
+        d = v.abs().amax(1, keepdim=True) / 127
+        out[:, s0:s0 + QK * SB] = (v / torch.where(d > 0, d, torch.ones_like(d))).round() * d
+    return out
 
 
 def fits(linear: nn.Linear) -> bool:
@@ -135,48 +170,56 @@ class BlockLinear(nn.Module):
         library()  # fail here, not in the first forward
         self.out_features, self.in_features = weight.shape
         self.bits = bits
-        codes, d, m = (pack_q4_1 if bits == 4 else pack_q8_0)(weight)
-        self.register_buffer("codes", codes)
-        self.register_buffer("scales", d)
-        self.register_buffer("mins", m)
+        for name, t in (pack_q4 if bits == 4 else pack_q8)(weight).items():
+            self.register_buffer(name, t)
         self.register_buffer("bias", None if bias is None else bias.detach().float())
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, q{self.bits}"
 
+    def packed(self) -> dict[str, torch.Tensor | None]:
+        return {k: getattr(self, k) for k in ("codes", "sub", "tmin", "wd", "wm")}
+
     def dequantized(self) -> torch.Tensor:
-        return unpack(self.codes, self.scales, self.mins)
+        return unpack(self.packed())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features).float().contiguous()
         # under torch.compile (the draft's step, engine/draft_compile.py) the call is an opaque
         # custom op; eager calls it directly (the dispatcher would add a Python hop per Linear)
         mm = block_mm if torch.compiler.is_compiling() else _block_mm
-        y = mm(x2, self.codes, self.scales, self.mins, self.bits, self.out_features)
+        y = mm(x2, self.codes, self.sub, self.tmin, self.wd, self.wm, self.out_features)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
-def _block_mm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
-              bits: int, n: int) -> torch.Tensor:
+def _ptr(t: torch.Tensor | None):
+    return None if t is None else t.data_ptr()
+
+
+def _block_mm(x: torch.Tensor, codes: torch.Tensor, sub: torch.Tensor, tmin: torch.Tensor | None,
+              wd: torch.Tensor, wm: torch.Tensor | None, n: int) -> torch.Tensor:
     lib, (m, k), nt = library(), x.shape, torch.get_num_threads()
+    nsb = -(-k // (QK * SB))
     xq = torch.empty(m, k, dtype=torch.int8)
-    xd, xs = torch.empty(2, m, k // QK).unbind(0)
+    xd = torch.empty(m, nsb)
+    xs = torch.empty(m, nsb * SB, dtype=torch.int16)
     y = torch.empty(m, n)
     lib.quantize_rows(x.data_ptr(), m, k, xq.data_ptr(), xd.data_ptr(), xs.data_ptr(), nt)
-    lib.gemm_blocks(codes.data_ptr(), scales.data_ptr(), None if mins is None else mins.data_ptr(), bits,
-                    n, k, xq.data_ptr(), xd.data_ptr(), xs.data_ptr(), m, y.data_ptr(), nt)
+    lib.gemm_blocks(codes.data_ptr(), sub.data_ptr(), _ptr(tmin), wd.data_ptr(), _ptr(wm),
+                    8 if tmin is None else 4, n, k, xq.data_ptr(), xd.data_ptr(), xs.data_ptr(), m,
+                    y.data_ptr(), nt)
     return y
 
 
 @torch.library.custom_op("specviz::block_mm", mutates_args=())
-def block_mm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
-             bits: int, n: int) -> torch.Tensor:
-    """x [M, K] float32 (contiguous) times the packed weights: y [M, n] float32."""
-    return _block_mm(x.contiguous(), codes, scales, mins, bits, n)
+def block_mm(x: torch.Tensor, codes: torch.Tensor, sub: torch.Tensor, tmin: torch.Tensor | None,
+             wd: torch.Tensor, wm: torch.Tensor | None, n: int) -> torch.Tensor:
+    """x [M, K] float32 times the packed weights (4-bit when tmin is given): y [M, n] float32."""
+    return _block_mm(x.contiguous(), codes, sub, tmin, wd, wm, n)
 
 
 @block_mm.register_fake
-def _(x, codes, scales, mins, bits, n):
+def _(x, codes, sub, tmin, wd, wm, n):
     return x.new_empty(x.shape[0], n)

@@ -1,11 +1,11 @@
 /* Block-quantised GEMM for CPU decoding steps: y[m, n] = sum_k x[m, k] w[n, k].
 
-   Weights: the numbers of ggml's Q4_1 blocks (32 weights: fp16 scale d, fp16 minimum m, 16 bytes
-   of nibbles, w = d*q + m) or Q8_0 blocks (fp16 scale d, 32 int8, w = d*q), the codes and the
-   scales in separate arrays (scales of 8 blocks load as one vector). Activations: each row quantised
-   per 32-block to int8 (Q8: scale = amax/127), row by row, so a row's bits never depend on the
-   other rows of the call. The dot of one row with one weight row is summed in the same order for
-   any number of rows: a verify forward gives each token exactly its single-step logits.
+   Weights in super-blocks of 8 blocks of 32, as GGUF's Q4_K: 4-bit codes q with w = D*s*q + Mn*t
+   (s an 8-bit sub-scale, t an 8-bit sub-minimum per block, D and Mn per super-block), or 8-bit
+   codes with w = D*s*q. Activations: each row quantised per super-block to int8 (one scale,
+   amax/127) inside the call, row by row, so a row's bits never depend on the other rows. The
+   dot of one row with one weight row is summed in the same order for any number of rows: a
+   verify forward gives each token exactly its single-step logits.
 
    Why hand-written: on an AVX2 EPYC torch's only int4 CPU kernel computes at ~4 GB/s of ~17
    (docs/every_cpu.md); this is the integer-dot layout llama.cpp decodes with (maddubs on
@@ -15,9 +15,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#define QK 32
-
-static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+#define QK 32 /* weights per block */
+#define SB 8  /* blocks per super-block */
+#define RT 8  /* rows per pass over a weight row (the row stays in L1 for the next pass) */
+#define INLINE static inline __attribute__((always_inline))
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -26,117 +27,114 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* x [M, K] float -> xq [M, K] int8, xd [M, K/32] scales, xs [M, K/32] = scale * sum(q). */
-void quantize_rows(const float *x, int M, int K, int8_t *xq, float *xd, float *xs, int nt) {
-    const int nb = K / QK;
-#pragma omp parallel for num_threads(nt) schedule(static) if (M * nb > 512)
-    for (int i = 0; i < M * nb; i++) {
-        const float *v = x + (size_t)i * QK;
-        float amax = 0.f;
-        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(v[j]));
-        const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-        int sum = 0;
-        for (int j = 0; j < QK; j++) {
-            const int q = (int)nearbyintf(v[j] * id);
-            xq[(size_t)i * QK + j] = (int8_t)q;
-            sum += q;
-        }
-        xd[i] = d;
-        xs[i] = d * (float)sum;
-    }
+static inline float hsum128(__m128 s) {
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
 }
 
-#define RT 4 /* rows per pass over a weight row (the row stays in L1 for the next pass) */
-#define INLINE static inline __attribute__((always_inline))
+/* x [M, K] float -> per row and super-block of up to 256 values: xq int8 [M, K], one scale
+   xd [M, nsb] (amax/127), and the sum of each 32-block's codes xs [M, nsb*8] int16 (zero-padded
+   past the last block). Row by row: a row's codes never depend on another row. */
+void quantize_rows(const float *x, int M, int K, int8_t *xq, float *xd, int16_t *xs, int nt) {
+    const int nb = K / QK, nsb = (nb + SB - 1) / SB;
+#pragma omp parallel for num_threads(nt) schedule(static) if (M * nsb > 64)
+    for (int i = 0; i < M * nsb; i++) {
+        const int row = i / nsb, sb = i % nsb, b0 = sb * SB, ns = nb - b0 < SB ? nb - b0 : SB;
+        const float *v = x + (size_t)row * K + (size_t)b0 * QK;
+        int8_t *q = xq + (size_t)row * K + (size_t)b0 * QK;
+        float amax = 0.f;
+        for (int j = 0; j < ns * QK; j++) amax = fmaxf(amax, fabsf(v[j]));
+        const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+        for (int b = 0; b < SB; b++) {
+            int sum = 0;
+            if (b < ns)
+                for (int j = 0; j < QK; j++) {
+                    const int c = (int)nearbyintf(v[b * QK + j] * id);
+                    q[b * QK + j] = (int8_t)c;
+                    sum += c;
+                }
+            xs[(size_t)row * nsb * SB + b0 + b] = (int16_t)sum;
+        }
+        xd[(size_t)row * nsb + sb] = d;
+    }
+}
 
 INLINE __m256i nibbles(const uint8_t *qs) { /* 16 bytes -> 32 codes 0..15: low nibbles, then high */
     const __m128i raw = _mm_loadu_si128((const __m128i *)qs);
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
 }
 
-INLINE __m256 dot_u8s8(__m256i u, const int8_t *x) { /* 32 products u*x summed pairwise to 8 floats */
-    const __m256i v = _mm256_loadu_si256((const __m256i *)x);
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1)));
-}
-
-/* One weight row (nb blocks) against R activation rows. Scales are loaded 8 blocks at a time
-   (fp16 -> fp32 in one instruction) and multiplied by the rows' scales as vectors: per 32-block
-   scalar work kept the first version of this loop compute-bound at ~5 GB/s. The order of every
-   sum is fixed by the block index alone, never by R: row-exact. bits 4: w = d*q + m; 8: w = d*q. */
-INLINE void rows_dot(const uint8_t *qs, const uint16_t *wd, const uint16_t *wm, int nb, int bits,
-                     const int8_t *xq, const float *xd, const float *xs, int R, float *y, size_t ys) {
-    __m256 acc[RT][2], macc[RT];
-    float tail[RT];
+/* One weight row against R activation rows. Per super-block (8 blocks of 32): the blocks'
+   integer dots are weighted by their 8-bit sub-scales inside the integer pipeline (maddubs, then
+   madd with the sub-scale), so the float work (convert, scale, add) is once per 256 weights
+   and row, not per 32: with an fp16 scale per 32-block (Q4_1) a 5-row verify ran at 5 GB/s.
+   bits 4: w = D*s_b*q + Mn*t_b (q 0..15); bits 8: w = D*s_b*q (q -127..127). The order of every
+   sum is fixed by the block index alone, never by R: row-exact. */
+INLINE void rows_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
+                     const float *wm, int nb, int bits, const int8_t *xq, const float *xd,
+                     const int16_t *xs, int K, int R, float *y, size_t ys) {
+    const int nsb = (nb + SB - 1) / SB;
     const size_t bb = bits == 4 ? 16 : 32; /* bytes of codes per block */
-    for (int r = 0; r < R; r++) { acc[r][0] = acc[r][1] = macc[r] = _mm256_setzero_ps(); tail[r] = 0.f; }
-    int b = 0;
-    for (; b + 8 <= nb; b += 8) {
-        float dd[RT][8] __attribute__((aligned(32)));
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + b)));
-        for (int r = 0; r < R; r++)
-            _mm256_store_ps(dd[r], _mm256_mul_ps(dw, _mm256_loadu_ps(xd + (size_t)r * nb + b)));
-        if (bits == 4) {
-            const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + b)));
-            for (int r = 0; r < R; r++)
-                macc[r] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(xs + (size_t)r * nb + b), macc[r]);
-        }
-        for (int j = 0; j < 8; j++) {
-            const uint8_t *q = qs + (b + j) * bb;
+    __m256 facc[RT];
+    __m128 macc[RT];
+    for (int r = 0; r < R; r++) { facc[r] = _mm256_setzero_ps(); macc[r] = _mm_setzero_ps(); }
+    for (int S = 0; S < nsb; S++) {
+        const int b0 = S * SB, ns = nb - b0 < SB ? nb - b0 : SB;
+        int16_t sc[SB] __attribute__((aligned(16))) = {0}, tm[SB] __attribute__((aligned(16))) = {0};
+        for (int j = 0; j < ns; j++) { sc[j] = sub[b0 + j]; if (bits == 4) tm[j] = tmin[b0 + j]; }
+        __m256i iacc[RT];
+        for (int r = 0; r < R; r++) iacc[r] = _mm256_setzero_si256();
+        for (int j = 0; j < ns; j++) {
+            const uint8_t *q = codes + (size_t)(b0 + j) * bb;
+            const __m256i sv = _mm256_set1_epi16(sc[j]);
             __m256i u, w8 = _mm256_setzero_si256();
             if (bits == 4) u = nibbles(q);
             else { w8 = _mm256_loadu_si256((const __m256i *)q); u = _mm256_sign_epi8(w8, w8); }
             for (int r = 0; r < R; r++) {
-                const int8_t *x = xq + ((size_t)r * nb + b + j) * QK;
-                __m256 p;
-                if (bits == 4) p = dot_u8s8(u, x);
-                else {
-                    const __m256i v = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)x), w8);
-                    p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1)));
-                }
-                acc[r][j & 1] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&dd[r][j]), acc[r][j & 1]);
+                __m256i v = _mm256_loadu_si256((const __m256i *)(xq + (size_t)r * K + (size_t)(b0 + j) * QK));
+                if (bits == 8) v = _mm256_sign_epi8(v, w8);
+                iacc[r] = _mm256_add_epi32(iacc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), sv));
             }
         }
-    }
-    for (; b < nb; b++) { /* the last nb % 8 blocks, scales one at a time */
-        const uint8_t *q = qs + b * bb;
-        __m256i u, w8 = _mm256_setzero_si256();
-        if (bits == 4) u = nibbles(q);
-        else { w8 = _mm256_loadu_si256((const __m256i *)q); u = _mm256_sign_epi8(w8, w8); }
+        const __m128i tv = _mm_load_si128((const __m128i *)tm);
         for (int r = 0; r < R; r++) {
-            const size_t xi = (size_t)r * nb + b;
-            __m256 p;
-            if (bits == 4) p = dot_u8s8(u, xq + xi * QK);
-            else {
-                const __m256i v = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(xq + xi * QK)), w8);
-                p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1)));
+            const float dx = xd[(size_t)r * nsb + S];
+            facc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r]), _mm256_set1_ps(wd[S] * dx), facc[r]);
+            if (bits == 4) {
+                const __m128i bs = _mm_loadu_si128((const __m128i *)(xs + (size_t)r * nsb * SB + b0));
+                macc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(tv, bs)), _mm_set1_ps(wm[S] * dx), macc[r]);
             }
-            acc[r][b & 1] = _mm256_fmadd_ps(p, _mm256_set1_ps(h2f(wd[b]) * xd[xi]), acc[r][b & 1]);
-            if (bits == 4) tail[r] += h2f(wm[b]) * xs[xi];
         }
     }
-    for (int r = 0; r < R; r++)
-        y[r * ys] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) + hsum(macc[r]) + tail[r];
+    for (int r = 0; r < R; r++) y[r * ys] = hsum(facc[r]) + hsum128(macc[r]);
 }
 
-#define TILE(BITS, R) rows_dot(qs + (size_t)n * nb * bb, wd + (size_t)n * nb, wm ? wm + (size_t)n * nb : 0, \
-                               nb, BITS, xq + (size_t)m0 * K, xd + (size_t)m0 * nb, xs + (size_t)m0 * nb, R, \
+#define TILE(BITS, R) rows_dot(codes + (size_t)n * nb * bb, sub + (size_t)n * nb, \
+                               tmin ? tmin + (size_t)n * nb : 0, wd + (size_t)n * nsb, \
+                               wm ? wm + (size_t)n * nsb : 0, nb, BITS, xq + (size_t)m0 * K, \
+                               xd + (size_t)m0 * nsb, xs + (size_t)m0 * nsb * SB, K, R, \
                                y + (size_t)m0 * N + n, N)
 
-/* y [M, N] = rows of (xq, xd, xs) against N weight rows: codes qs, fp16 scales wd [N, K/32],
-   fp16 minimums wm (Q4_1; NULL for Q8_0). bits: 4 or 8. */
-void gemm_blocks(const uint8_t *qs, const uint16_t *wd, const uint16_t *wm, int bits, int N, int K,
-                 const int8_t *xq, const float *xd, const float *xs, int M, float *y, int nt) {
-    const int nb = K / QK;
+/* y [M, N] = activation rows (xq, xd, xs from quantize_rows) against N weight rows: codes,
+   sub-scales sub [N, nb] uint8, sub-minimums tmin [N, nb] int8 (bits 4; NULL for 8), super-block
+   scales wd and wm [N, nsb] float (wm NULL for 8). */
+void gemm_blocks(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
+                 const float *wm, int bits, int N, int K, const int8_t *xq, const float *xd,
+                 const int16_t *xs, int M, float *y, int nt) {
+    const int nb = K / QK, nsb = (nb + SB - 1) / SB;
     const size_t bb = bits == 4 ? 16 : 32;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int n = 0; n < N; n++) {
         for (int m0 = 0; m0 < M; m0 += RT) {
             const int R = M - m0 < RT ? M - m0 : RT;
             if (bits == 4) {
-                switch (R) { case 4: TILE(4, 4); break; case 3: TILE(4, 3); break;
+                switch (R) { case 8: TILE(4, 8); break; case 7: TILE(4, 7); break; case 6: TILE(4, 6); break;
+                             case 5: TILE(4, 5); break; case 4: TILE(4, 4); break; case 3: TILE(4, 3); break;
                              case 2: TILE(4, 2); break; default: TILE(4, 1); }
             } else {
-                switch (R) { case 4: TILE(8, 4); break; case 3: TILE(8, 3); break;
+                switch (R) { case 8: TILE(8, 8); break; case 7: TILE(8, 7); break; case 6: TILE(8, 6); break;
+                             case 5: TILE(8, 5); break; case 4: TILE(8, 4); break; case 3: TILE(8, 3); break;
                              case 2: TILE(8, 2); break; default: TILE(8, 1); }
             }
         }
