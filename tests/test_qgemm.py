@@ -67,3 +67,17 @@ def test_unavailable_kernel_is_a_reason(monkeypatch):
             qgemm.BlockLinear(torch.zeros(8, 32), None)
     finally:
         qgemm.library.cache_clear()
+
+
+def test_a_forced_format_this_machine_lacks_is_a_clear_error(monkeypatch):
+    from specviz.engine import calibrate
+    from specviz.errors import ModelError
+    from specviz.models.tiny import tiny_model
+    monkeypatch.setattr(qgemm, "_cpu_ok", lambda: "needs an x86 CPU with AVX2 (Linux)")
+    monkeypatch.setattr(lowbit, "available", lambda: ("w8a8",))
+    qgemm.library.cache_clear()
+    try:
+        with pytest.raises(ModelError, match="w4a8 does not run on this machine .*AVX2.*--precision auto"):
+            calibrate.calibrate(tiny_model(64, seed=0, layers=1, hidden=64), None, precision="w4a8")
+    finally:
+        qgemm.library.cache_clear()

@@ -350,6 +350,10 @@ def calibrate(target, draft, *, precision: str = "auto", quantize: str | None = 
     tc, dc = candidates(precision=precision, quantize=quantize, device=device, native_bf16=native,
                         n_target=nt, n_draft=nd, half=half, min_params=min_params,
                         lowbit_candidates=lowbit.available() if device == "cpu" else ())
+    if device == "cpu" and precision in LOWBIT and precision not in lowbit.available():
+        from ..errors import ModelError
+        raise ModelError(f"precision {precision} does not run on this machine ({lowbit.why_not(precision)}): "
+                         "use --precision auto")
     reload = reload or Loaded(None, None)
     where = "GPU" if device != "cpu" else "CPU"
     cached = load_cached(cache_file) if cache_file and mode != "fresh" else None

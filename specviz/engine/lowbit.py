@@ -278,6 +278,15 @@ def row_exact() -> tuple[str, ...]:
     return tuple(ok)
 
 
+def why_not(fmt: str) -> str:
+    """Why `fmt` is not among available() here, in words."""
+    try:
+        _low(nn.Linear(64, 32, bias=False), fmt)(torch.zeros(2, 64))
+    except (RuntimeError, AttributeError, NotImplementedError) as err:
+        return str(err).splitlines()[0][:200] or type(err).__name__
+    return "it runs"
+
+
 @functools.cache
 def available() -> tuple[str, ...]:
     """The formats this torch build runs on this CPU (fbgemm is x86 only; the packed
