@@ -47,6 +47,19 @@ def test_compiled_draft_keeps_greedy_identical(tok, pair):
         kvcache.runtime(draft).rows, kvcache.runtime(draft).dynamic = kvcache.COMPILE_MAX_NEW, None
 
 
+@pytest.mark.skipif("w4a8" not in lowbit.available(), reason="no AVX2 kernel here")
+def test_w4a8_draft_compiles_through_its_custom_op(tok, pair):
+    """Our kernel is an opaque custom op to dynamo (qgemm.block_mm): the step compiles whole."""
+    target, _ = pair
+    draft = lowbit.to_lowbit(make_lean(tiny_model(len(tok), seed=1, layers=1, hidden=128)), "w4a8")
+    ids = tok.encode(PROMPT)
+    plain, _ = tokens(baseline(target, tok, ids, 16, GREEDY))
+    step = draft_compile.compile_draft(draft, keep="compiled")
+    assert step.compiled and kvcache.runtime(draft).compiled, step
+    out, _ = tokens(speculative(target, DraftModelProposer(draft), tok, ids, 16, 3, GREEDY))
+    assert out == plain
+
+
 def test_slower_compiled_step_is_not_kept(tok, pair, monkeypatch):
     _, draft = pair
     times = iter([10.0, 0.0, 12.0])  # eager, the compiling call, compiled
