@@ -23,8 +23,8 @@ def add_pair_args(p: argparse.ArgumentParser) -> None:
                         "type. Low-bit weights on a CPU (engine/lowbit.py): w16 fp16 weights, w8 int8 "
                         "weights, w4 int4 groups of 32, w8a8 int8 weights + 7-bit per-token activations, "
                         "w4a8 int4 groups of 32 + 8-bit per-block activations (our AVX2 kernel, built "
-                        "with gcc on first use) (the last two: a different, faster target, shared by "
-                        "plain and speculative). auto (default): "
+                        "with gcc on first use); the last two are a different, faster target, shared by "
+                        "plain and speculative. auto (default): "
                         "timed at load, cached per pair and machine: on a CPU fp32, bf16 where it runs "
                         "natively, and the low-bit formats; the fastest wins and is named in the output. "
                         "Models under 100M parameters stay fp32; on a GPU its half type")

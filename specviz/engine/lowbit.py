@@ -21,9 +21,10 @@ calibration times them):
   dequantised from Q4_K come back exactly wherever a group uses codes 0 and 15
   (`torch._weight_int4pack_mm_for_cpu`).
 - w8: one symmetric scale per output row (`torch._weight_int8pack_mm`).
-- w4a8: ggml's Q4_1 blocks (32 weights, fp16 scale and minimum) times activations quantised
-  per row and 32-block to int8, on our own AVX2 kernel (engine/qgemm.py; the output layer in
-  Q8_0 blocks, as GGUF keeps it at higher precision): the layout llama.cpp decodes with.
+- w4a8: 4-bit codes in super-blocks of 8 × 32 (GGUF Q4_K's shape: 8-bit sub-scales and
+  sub-minimums, float scales per 256) times activations quantised per row and per 256 to int8,
+  on our own AVX2 kernel (engine/qgemm.py; the output layer in 8-bit codes in the same
+  super-blocks, as GGUF keeps it at higher precision): the integer dots llama.cpp decodes with.
 w4/w8 take bf16 activations: with fp32 ones torch 2.13 falls back to a
 kernel 10-20x slower (AVX2 EPYC: 208 vs 14 ms for the MLP shapes at M = 1).
 """
@@ -185,7 +186,7 @@ def fits_int4(linear: nn.Linear, group: int = GROUP) -> bool:
 
 def _low(linear: nn.Linear, fmt: str) -> nn.Module:
     w, b = linear.weight.data, linear.bias
-    if fmt in ("w4a8", "q8a8"):  # q8a8: w4a8's output layer (Q8_0 blocks)
+    if fmt in ("w4a8", "q8a8"):  # q8a8: w4a8's output layer (8-bit codes, same super-blocks)
         return qgemm.BlockLinear(w, b, 4 if fmt == "w4a8" else 8) if qgemm.fits(linear) else W8A8Linear(w, b)
     if fmt == "w16":
         return Fp16Linear(w, b)
@@ -199,7 +200,7 @@ def _low(linear: nn.Linear, fmt: str) -> nn.Module:
 def to_lowbit(model: nn.Module, fmt: str, *, head: str | None = None) -> nn.Module:
     """Swap every nn.Linear of a CPU model for its low-bit twin, in place.
 
-    The output layer uses `head` (default: w8 under w4 and Q8_0 blocks under w4a8, as GGUF
+    The output layer uses `head` (default: w8 under w4 and 8-bit codes under w4a8, as GGUF
     ships it in Q6_K; the format itself otherwise). Embeddings stay float."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown low-bit format '{fmt}': use {', '.join(FORMATS)}")
@@ -278,25 +279,22 @@ def row_exact() -> tuple[str, ...]:
     return tuple(ok)
 
 
-def why_not(fmt: str) -> str:
-    """Why `fmt` is not among available() here, in words."""
+def _probe(fmt: str) -> str | None:
+    """Why `fmt` fails on a small probe here, in words, or None when it runs."""
     try:
         _low(nn.Linear(64, 32, bias=False), fmt)(torch.zeros(2, 64))
     except (RuntimeError, AttributeError, NotImplementedError) as err:
         return str(err).splitlines()[0][:200] or type(err).__name__
-    return "it runs"
+    return None
+
+
+def why_not(fmt: str) -> str:
+    """Why `fmt` is not among available() here, in words."""
+    return _probe(fmt) or "it runs"
 
 
 @functools.cache
 def available() -> tuple[str, ...]:
     """The formats this torch build runs on this CPU (fbgemm is x86 only; the packed
-    int4/int8 kernels need a recent torch)."""
-    probe = nn.Linear(64, 32, bias=False)
-    ok = []
-    for fmt in FORMATS:
-        try:
-            _low(probe, fmt)(torch.zeros(2, 64))
-            ok.append(fmt)
-        except (RuntimeError, AttributeError, NotImplementedError):
-            pass
-    return tuple(ok)
+    int4/int8 kernels need a recent torch; w4a8 needs gcc and AVX2)."""
+    return tuple(fmt for fmt in FORMATS if _probe(fmt) is None)

@@ -1,9 +1,10 @@
 """Block-quantised Linears on our AVX2 kernel (kernels/qgemm.c), the layout llama.cpp decodes with.
 
-Weights in ggml's Q4_1 blocks (32 weights share an fp16 scale and minimum) or Q8_0 blocks (an
-fp16 scale), activations quantised per row and per 32-block to int8 inside the call: each row's
-result depends only on that row (row-exact), and the weights are read once per call whatever
-the number of rows (a verify forward costs about a step).
+Weights as 4-bit or 8-bit codes in super-blocks of 8 × 32 (GGUF Q4_K's shape: an 8-bit
+sub-scale, and for 4-bit an 8-bit sub-minimum, per 32; float scales per 256), activations
+quantised per row and per 256 to int8 inside the call: each row's result depends only on that
+row (row-exact), and the weights are read once per call whatever the number of rows (a 5-token
+verify still costs ~2 steps on an AVX2 EPYC: the integer multiplies, not the bytes, bound it).
 
 Why our own kernel: torch ships no bandwidth-bound int4 CPU kernel for AVX2 (its
 `_weight_int4pack_mm_for_cpu` computes at ~4 GB/s of ~17 on a 2-core AVX2 EPYC; fbgemm has
@@ -83,6 +84,16 @@ def library() -> ctypes.CDLL:
 # ------------------------------------------------------------ pure packers
 
 
+def _nonzero(t: torch.Tensor) -> torch.Tensor:
+    """t with zeros replaced by 1 (a divisor for all-zero blocks)."""
+    return torch.where(t > 0, t, torch.ones_like(t))
+
+
+def _per_block(v: torch.Tensor, nb: int) -> torch.Tensor:
+    """A super-block value [N, nsb] repeated for each of its nb blocks [N, nb]."""
+    return v.repeat_interleave(SB, 1)[:, :nb]
+
+
 def _super(v: torch.Tensor) -> torch.Tensor:
     """[N, nb] -> [N, nsb, 8], zero-padded past the last block."""
     n, nb = v.shape
@@ -93,11 +104,8 @@ def _super(v: torch.Tensor) -> torch.Tensor:
 def _sub_scales(d: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Block scales d [N, nb] >= 0 -> (8-bit sub-scales [N, nb], super-block scale [N, nsb]) with
     D·s >= d (rounded up: a block's codes never need more than their range)."""
-    n, nb = d.shape
-    big = _super(d).amax(-1) / levels
-    big = torch.where(big > 0, big, torch.ones_like(big))
-    s = torch.ceil(d / big.repeat_interleave(SB, 1)[:, :nb]).clamp(0, levels)
-    return s, big
+    big = _nonzero(_super(d).amax(-1) / levels)
+    return torch.ceil(d / _per_block(big, d.shape[1])).clamp(0, levels), big
 
 
 def pack_q4(w: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -106,15 +114,14 @@ def pack_q4(w: torch.Tensor) -> dict[str, torch.Tensor]:
     super-block. A block's byte j holds weight j (low nibble) and j+16 (high)."""
     n, k = w.shape
     g = w.detach().float().reshape(n, k // QK, QK)
+    nb = k // QK
     lo, hi = g.amin(-1), g.amax(-1)
-    mn = _super(lo).abs().amax(-1) / 127
-    mn = torch.where(mn > 0, mn, torch.ones_like(mn))
-    t = torch.floor(lo / mn.repeat_interleave(SB, 1)[:, :lo.shape[1]]).clamp(-127, 127)  # minimum <= lo
-    m_eff = t * mn.repeat_interleave(SB, 1)[:, :lo.shape[1]]
+    mn = _nonzero(_super(lo).abs().amax(-1) / 127)
+    t = torch.floor(lo / _per_block(mn, nb)).clamp(-127, 127)  # minimum <= lo
+    m_eff = t * _per_block(mn, nb)
     s, big = _sub_scales((hi - m_eff) / 15, 255)
-    d_eff = (s * big.repeat_interleave(SB, 1)[:, :s.shape[1]])[..., None]
-    q = ((g - m_eff[..., None]) / torch.where(d_eff > 0, d_eff, torch.ones_like(d_eff))).round().clamp(0, 15)
-    q = q.to(torch.uint8)
+    d_eff = (s * _per_block(big, nb))[..., None]
+    q = ((g - m_eff[..., None]) / _nonzero(d_eff)).round().clamp(0, 15).to(torch.uint8)
     codes = (q[..., :QK // 2] | (q[..., QK // 2:] << 4)).reshape(n, -1)
     return {"codes": codes.contiguous(), "sub": s.to(torch.uint8), "tmin": t.to(torch.int8),
             "wd": big.contiguous(), "wm": mn.contiguous()}
@@ -125,8 +132,8 @@ def pack_q8(w: torch.Tensor) -> dict[str, torch.Tensor]:
     n, k = w.shape
     g = w.detach().float().reshape(n, k // QK, QK)
     s, big = _sub_scales(g.abs().amax(-1) / 127, 255)
-    d_eff = (s * big.repeat_interleave(SB, 1)[:, :s.shape[1]])[..., None]
-    q = (g / torch.where(d_eff > 0, d_eff, torch.ones_like(d_eff))).round().clamp(-127, 127).to(torch.int8)
+    d_eff = (s * _per_block(big, k // QK))[..., None]
+    q = (g / _nonzero(d_eff)).round().clamp(-127, 127).to(torch.int8)
     return {"codes": q.view(torch.uint8).reshape(n, -1).contiguous(), "sub": s.to(torch.uint8),
             "tmin": None, "wd": big.contiguous(), "wm": None}
 
@@ -134,13 +141,12 @@ def pack_q8(w: torch.Tensor) -> dict[str, torch.Tensor]:
 def unpack(p: dict[str, torch.Tensor | None]) -> torch.Tensor:
     """The float weights packed codes stand for (tests; the kernel never dequantises)."""
     n, nb = p["sub"].shape
-    rep = lambda v: v.repeat_interleave(SB, 1)[:, :nb]  # noqa: E731 - super-block -> block
-    d = (p["sub"].float() * rep(p["wd"]))[..., None]
+    d = (p["sub"].float() * _per_block(p["wd"], nb))[..., None]
     if p["tmin"] is None:
         return (p["codes"].view(torch.int8).reshape(n, nb, QK).float() * d).reshape(n, -1)
     nib = p["codes"].reshape(n, nb, QK // 2)
     q = torch.cat([nib & 15, nib >> 4], -1).float()
-    return (q * d + (p["tmin"].float() * rep(p["wm"]))[..., None]).reshape(n, -1)
+    return (q * d + (p["tmin"].float() * _per_block(p["wm"], nb))[..., None]).reshape(n, -1)
 
 
 def quantize_reference(x: torch.Tensor) -> torch.Tensor:
@@ -151,7 +157,7 @@ def quantize_reference(x: torch.Tensor) -> torch.Tensor:
     for s0 in range(0, k, QK * SB):
         v = x[:, s0:s0 + QK * SB].float()
         d = v.abs().amax(1, keepdim=True) / 127
-        out[:, s0:s0 + QK * SB] = (v / torch.where(d > 0, d, torch.ones_like(d))).round() * d
+        out[:, s0:s0 + QK * SB] = (v / _nonzero(d)).round() * d
     return out
 
 
@@ -163,7 +169,7 @@ def fits(linear: nn.Linear) -> bool:
 
 
 class BlockLinear(nn.Module):
-    """y = x Wᵀ + b with W in Q4_1 (bits=4) or Q8_0 (bits=8) blocks, x quantised per row."""
+    """y = x Wᵀ + b with W as 4-bit (bits=4) or 8-bit codes in super-blocks, x quantised per row."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bits: int = 4):
         super().__init__()

@@ -13,24 +13,20 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
 #define QK 32 /* weights per block */
 #define SB 8  /* blocks per super-block */
 #define RT 8  /* rows per pass over a weight row (the row stays in L1 for the next pass) */
 #define INLINE static inline __attribute__((always_inline))
 
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+static inline float hsum128(__m128 s) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
 
-static inline float hsum128(__m128 s) {
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+static inline float hsum(__m256 v) {
+    return hsum128(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
 }
 
 /* x [M, K] float -> per row and super-block of up to 256 values: xq int8 [M, K], one scale
@@ -68,7 +64,8 @@ INLINE __m256i nibbles(const uint8_t *qs) { /* 16 bytes -> 32 codes 0..15: low n
 /* One weight row against R activation rows. Per super-block (8 blocks of 32): the blocks'
    integer dots are weighted by their 8-bit sub-scales inside the integer pipeline (maddubs, then
    madd with the sub-scale), so the float work (convert, scale, add) is once per 256 weights
-   and row, not per 32: with an fp16 scale per 32-block (Q4_1) a 5-row verify ran at 5 GB/s.
+   and row, not per 32: with an fp16 scale per 32-block (Q4_1) a 5-row gate/up ran in 3.64 ms,
+   now 2.43-2.84 (docs/every_cpu.md).
    bits 4: w = D*s_b*q + Mn*t_b (q 0..15); bits 8: w = D*s_b*q (q -127..127). The order of every
    sum is fixed by the block index alone, never by R: row-exact. */
 INLINE void rows_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
