@@ -99,3 +99,52 @@ def test_step_bytes_count_prepacked_weights(fmt):
     fp32 = step_bytes(m)
     low = step_bytes(lowbit.to_lowbit(copy.deepcopy(m), fmt))
     assert 0.2 * fp32 < low < 0.6 * fp32  # int8 or fp16 weights, not nothing
+
+
+def _chain(model, cache, hooked: bool):
+    """A prompt, steps and verify-sized forwards through forward_logits; with a forward hook on the
+    model (lean_forward steps aside for hooked models) every forward is transformers' own."""
+    from specviz.engine.forward import forward_logits
+    handle = model.register_forward_hook(lambda *a: None) if hooked else None
+    ids = torch.randint(0, 96, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    try:
+        out, at = [forward_logits(model, ids[:7], cache, 1)], 7
+        for n in (1, 4, 1, 5, 2, 1):
+            out.append(forward_logits(model, ids[at:at + n], cache, n))
+            at += n
+        return out
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+@pytest.mark.parametrize("build", [lambda: tiny_model(96, seed=0, layers=3), tiny_llama], ids=["qwen2", "llama"])
+@pytest.mark.parametrize("fmt", lowbit.available())
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_lean_forward_is_bit_identical(build, fmt, kind):
+    """engine/lean_forward.py runs the same aten calls as model(...): every logit agrees to the bit,
+    through a DynamicCache and an eager StaticKV, so both paths can share a run."""
+    from specviz.engine import lean_forward
+    from specviz.engine.forward import new_cache, set_cache
+    model = lowbit.to_lowbit(make_lean(build()), fmt)
+    set_cache(model, kind)
+    assert lean_forward.eligible(model, 1) and lean_forward.eligible(model, 5)
+    with torch.no_grad():
+        lean, stock = _chain(model, new_cache(model), False), _chain(model, new_cache(model), True)
+    assert all(torch.equal(a, b) for a, b in zip(lean, stock, strict=True))
+
+
+def test_lean_forward_steps_aside():
+    """Hooked, unfused, non-row-wise models and long forwards keep transformers' path."""
+    from specviz.engine import lean_forward
+    from specviz.engine.rowwise_attention import ROWWISE_MAX, use_rowwise
+    model = make_lean(tiny_model(96, seed=0, layers=2))
+    assert not lean_forward.eligible(model, 1)  # sdpa, not row-wise
+    use_rowwise(model)
+    assert lean_forward.eligible(model, ROWWISE_MAX) and not lean_forward.eligible(model, ROWWISE_MAX + 1)
+    handle = model.register_forward_pre_hook(lambda *a: None)
+    assert not lean_forward.eligible(model, 1)
+    handle.remove()
+    stock = tiny_model(96, seed=0, layers=2)
+    use_rowwise(stock)
+    assert not lean_forward.eligible(stock, 1)

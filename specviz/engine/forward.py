@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from . import kvcache
+from . import kvcache, lean_forward
 from .rowwise_attention import is_rowwise
 from .sampling import SamplingParams, sample
 
@@ -27,6 +27,8 @@ def forward_logits(model, ids: list[int], cache, keep: int) -> torch.Tensor:
 def _forward(model, ids: list[int], cache, keep: int) -> torch.Tensor:
     if isinstance(cache, kvcache.StaticKV):
         return kvcache.static_forward(model, ids, cache, keep)
+    if lean_forward.eligible(model, len(ids)):
+        return lean_forward.forward(model, ids, cache, keep)[0]
     x = torch.tensor([ids], device=model.device)
     out = model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=keep)
     return out.logits[0, -keep:]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import lean_forward
 from .lowbit import lowbit_format
 from .rowwise_attention import NAME as ROWWISE
 from .speed import has_int8
@@ -162,7 +163,13 @@ causal_mask = _mask  # engine/layers.py runs a target's layers over the same cac
 
 
 def _call(model, x, pos_ids, mask, cache, keep):
-    return model(input_ids=x, position_ids=pos_ids, attention_mask={"full_attention": mask},
+    # Qwen2-style models take a mask per layer type; Llama/Mistral (5.23) a prepared 4D tensor,
+    # which they pass through (a dict there raised AttributeError, found 2026-11-25)
+    if hasattr(model.config, "layer_types"):
+        mask = {"full_attention": mask}
+    elif mask is None:
+        mask = torch.ones((1, 1, x.shape[1], cache.pos + x.shape[1]), dtype=torch.bool, device=x.device)
+    return model(input_ids=x, position_ids=pos_ids, attention_mask=mask,
                  past_key_values=cache, use_cache=True, logits_to_keep=keep).logits
 
 
@@ -196,6 +203,8 @@ def static_forward(model, ids: list[int], cache: StaticKV, keep: int) -> torch.T
                           stacklevel=2)
             cache.compiled, runtime(model).compiled = None, False
             logits = _call(model, x, pos_ids[None], mask, cache, keep)
+    elif not cache.full and lean_forward.eligible(model, n):  # same bits, less Python
+        logits = lean_forward.forward(model, ids, cache, keep)
     else:
         logits = _call(model, x, pos_ids[None], mask, cache, keep)
     cache.pos = p + n
