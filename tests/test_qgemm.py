@@ -29,11 +29,12 @@ def test_packers_round_trip_within_a_step(bits):
 @needs_kernel
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("m", [1, 3, 4, 9])
-def test_kernel_computes_the_quantised_product(bits, m):
+@pytest.mark.parametrize("k", [320, 352, 512])  # 10 blocks (a full super-block, a short one), 11 (a lone
+def test_kernel_computes_the_quantised_product(bits, m, k):  # last block outside a pair), 16
     torch.manual_seed(m)
-    w, b = torch.randn(40, 320) * 0.05, torch.randn(40)  # 10 blocks: a full super-block, a short one
+    w, b = torch.randn(40, k) * 0.05, torch.randn(40)
     lin = qgemm.BlockLinear(w, b, bits)
-    x = torch.randn(m, 320)
+    x = torch.randn(m, k)
     ref = qgemm.quantize_reference(x) @ lin.dequantized().T + b
     assert (lin(x) - ref).abs().max() <= 1e-4 * ref.abs().max()
 

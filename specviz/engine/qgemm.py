@@ -111,7 +111,8 @@ def _sub_scales(d: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tenso
 def pack_q4(w: torch.Tensor) -> dict[str, torch.Tensor]:
     """[N, K] float -> 4-bit codes in super-blocks (K/32 blocks, 8 to a super-block, as GGUF's
     Q4_K): w ≈ D·s_b·q + Mn·t_b, q in 0..15, s_b in 0..255, t_b in -127..127, D and Mn per
-    super-block. A block's byte j holds weight j (low nibble) and j+16 (high)."""
+    super-block. Blocks go in pairs, as GGUF's Q4_K: byte j of a pair's 32 holds weight j of
+    its first block (low nibble) and of its second (high); an odd last block has no second."""
     n, k = w.shape
     g = w.detach().float().reshape(n, k // QK, QK)
     nb = k // QK
@@ -122,7 +123,8 @@ def pack_q4(w: torch.Tensor) -> dict[str, torch.Tensor]:
     s, big = _sub_scales((hi - m_eff) / 15, 255)
     d_eff = (s * _per_block(big, nb))[..., None]
     q = ((g - m_eff[..., None]) / _nonzero(d_eff)).round().clamp(0, 15).to(torch.uint8)
-    codes = (q[..., :QK // 2] | (q[..., QK // 2:] << 4)).reshape(n, -1)
+    q = torch.nn.functional.pad(q, (0, 0, 0, nb % 2)).reshape(n, -1, 2, QK)  # pairs of blocks
+    codes = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, -1)
     return {"codes": codes.contiguous(), "sub": s.to(torch.uint8), "tmin": t.to(torch.int8),
             "wd": big.contiguous(), "wm": mn.contiguous()}
 
@@ -144,8 +146,8 @@ def unpack(p: dict[str, torch.Tensor | None]) -> torch.Tensor:
     d = (p["sub"].float() * _per_block(p["wd"], nb))[..., None]
     if p["tmin"] is None:
         return (p["codes"].view(torch.int8).reshape(n, nb, QK).float() * d).reshape(n, -1)
-    nib = p["codes"].reshape(n, nb, QK // 2)
-    q = torch.cat([nib & 15, nib >> 4], -1).float()
+    pairs = p["codes"].reshape(n, -1, 1, QK)
+    q = torch.cat([pairs & 15, pairs >> 4], 2).reshape(n, -1, QK)[:, :nb].float()
     return (q * d + (p["tmin"].float() * _per_block(p["wm"], nb))[..., None]).reshape(n, -1)
 
 

@@ -17,6 +17,10 @@
 #define QK 32 /* weights per block */
 #define SB 8  /* blocks per super-block */
 #define RT 8  /* rows per pass over a weight row (the row stays in L1 for the next pass) */
+/* Code bytes read ahead of the one in use (a software prefetch per 32-byte run). The hardware
+   prefetcher alone left a 1.5B step's kernels at 64.5 ms (median of 12, 0.98 GB); 512 to 6144
+   bytes ahead all gave 57.5-59.1 (2026-11-25, AVX2 EPYC, 2 threads) */
+#define PF 1536
 #define INLINE static inline __attribute__((always_inline))
 
 static inline float hsum128(__m128 s) {
@@ -56,9 +60,26 @@ void quantize_rows(const float *x, int M, int K, int8_t *xq, float *xd, int16_t 
     }
 }
 
-INLINE __m256i nibbles(const uint8_t *qs) { /* 16 bytes -> 32 codes 0..15: low nibbles, then high */
-    const __m128i raw = _mm_loadu_si128((const __m128i *)qs);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
+/* Byte b of a block's sub-scales (words), broadcast to every word: one shuffle per block
+   instead of a scalar load and a broadcast (2026-11-25: with the pair layout below, a 1.5B
+   step's kernels 59.9 -> see docs/every_cpu.md). */
+INLINE __m256i word(__m256i v, int j) {
+    return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(0x0100 + 0x0202 * j)));
+}
+
+/* A super-block's 8-bit sub-scales (and sub-minimums) as 8 words; past the row's last block 0. */
+INLINE __m128i words_u8(const uint8_t *p, int ns) {
+    if (ns == SB) return _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    int16_t t[SB] __attribute__((aligned(16))) = {0};
+    for (int j = 0; j < ns; j++) t[j] = p[j];
+    return _mm_load_si128((const __m128i *)t);
+}
+
+INLINE __m128i words_s8(const int8_t *p, int ns) {
+    if (ns == SB) return _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    int16_t t[SB] __attribute__((aligned(16))) = {0};
+    for (int j = 0; j < ns; j++) t[j] = p[j];
+    return _mm_load_si128((const __m128i *)t);
 }
 
 /* One weight row against R activation rows. Per super-block (8 blocks of 32): the blocks'
@@ -66,35 +87,56 @@ INLINE __m256i nibbles(const uint8_t *qs) { /* 16 bytes -> 32 codes 0..15: low n
    madd with the sub-scale), so the float work (convert, scale, add) is once per 256 weights
    and row, not per 32: with an fp16 scale per 32-block (Q4_1) a 5-row gate/up ran in 3.64 ms,
    now 2.43-2.84 (docs/every_cpu.md).
-   bits 4: w = D*s_b*q + Mn*t_b (q 0..15); bits 8: w = D*s_b*q (q -127..127). The order of every
-   sum is fixed by the block index alone, never by R: row-exact. */
+   bits 4: w = D*s_b*q + Mn*t_b (q 0..15), codes of blocks 2p and 2p+1 in one 32-byte run (low and
+   high nibbles, as GGUF's Q4_K: one load and two masks give both); bits 8: w = D*s_b*q (q -127..127).
+   Integer sums are exact; every float sum's order is fixed by the super-block index alone, never
+   by R: row-exact. */
 INLINE void rows_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
                      const float *wm, int nb, int bits, const int8_t *xq, const float *xd,
                      const int16_t *xs, int K, int R, float *y, size_t ys) {
     const int nsb = (nb + SB - 1) / SB;
-    const size_t bb = bits == 4 ? 16 : 32; /* bytes of codes per block */
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256 facc[RT];
     __m128 macc[RT];
     for (int r = 0; r < R; r++) { facc[r] = _mm256_setzero_ps(); macc[r] = _mm_setzero_ps(); }
     for (int S = 0; S < nsb; S++) {
         const int b0 = S * SB, ns = nb - b0 < SB ? nb - b0 : SB;
-        int16_t sc[SB] __attribute__((aligned(16))) = {0}, tm[SB] __attribute__((aligned(16))) = {0};
-        for (int j = 0; j < ns; j++) { sc[j] = sub[b0 + j]; if (bits == 4) tm[j] = tmin[b0 + j]; }
+        const __m256i sc = _mm256_broadcastsi128_si256(words_u8(sub + b0, ns));
         __m256i iacc[RT];
         for (int r = 0; r < R; r++) iacc[r] = _mm256_setzero_si256();
-        for (int j = 0; j < ns; j++) {
-            const uint8_t *q = codes + (size_t)(b0 + j) * bb;
-            const __m256i sv = _mm256_set1_epi16(sc[j]);
-            __m256i u, w8 = _mm256_setzero_si256();
-            if (bits == 4) u = nibbles(q);
-            else { w8 = _mm256_loadu_si256((const __m256i *)q); u = _mm256_sign_epi8(w8, w8); }
-            for (int r = 0; r < R; r++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(xq + (size_t)r * K + (size_t)(b0 + j) * QK));
-                if (bits == 8) v = _mm256_sign_epi8(v, w8);
-                iacc[r] = _mm256_add_epi32(iacc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), sv));
+        if (bits == 4) {
+            for (int j = 0; j < ns; j += 2) {
+                _mm_prefetch((const char *)(codes + (size_t)(b0 + j) * 16 + PF), _MM_HINT_T0);
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(codes + (size_t)(b0 + j) * 16));
+                const __m256i u0 = _mm256_and_si256(raw, m4), s0 = word(sc, j);
+                if (j + 1 < ns) {
+                    const __m256i u1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4), s1 = word(sc, j + 1);
+                    for (int r = 0; r < R; r++) {
+                        const int8_t *x = xq + (size_t)r * K + (size_t)(b0 + j) * QK;
+                        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(u0, _mm256_loadu_si256((const __m256i *)x)), s0);
+                        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(u1, _mm256_loadu_si256((const __m256i *)(x + QK))), s1);
+                        iacc[r] = _mm256_add_epi32(iacc[r], _mm256_add_epi32(p0, p1));
+                    }
+                } else { /* an odd last block: its run's high nibbles are empty */
+                    for (int r = 0; r < R; r++) {
+                        const __m256i v = _mm256_loadu_si256((const __m256i *)(xq + (size_t)r * K + (size_t)(b0 + j) * QK));
+                        iacc[r] = _mm256_add_epi32(iacc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u0, v), s0));
+                    }
+                }
+            }
+        } else {
+            for (int j = 0; j < ns; j++) {
+                _mm_prefetch((const char *)(codes + (size_t)(b0 + j) * QK + PF), _MM_HINT_T0);
+                const __m256i w8 = _mm256_loadu_si256((const __m256i *)(codes + (size_t)(b0 + j) * QK));
+                const __m256i u = _mm256_sign_epi8(w8, w8), sv = word(sc, j);
+                for (int r = 0; r < R; r++) {
+                    const __m256i v = _mm256_sign_epi8(
+                        _mm256_loadu_si256((const __m256i *)(xq + (size_t)r * K + (size_t)(b0 + j) * QK)), w8);
+                    iacc[r] = _mm256_add_epi32(iacc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), sv));
+                }
             }
         }
-        const __m128i tv = _mm_load_si128((const __m128i *)tm);
+        const __m128i tv = bits == 4 ? words_s8(tmin + b0, ns) : _mm_setzero_si128();
         for (int r = 0; r < R; r++) {
             const float dx = xd[(size_t)r * nsb + S];
             facc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r]), _mm256_set1_ps(wd[S] * dx), facc[r]);
@@ -107,7 +149,7 @@ INLINE void rows_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmi
     for (int r = 0; r < R; r++) y[r * ys] = hsum(facc[r]) + hsum128(macc[r]);
 }
 
-#define TILE(BITS, R) rows_dot(codes + (size_t)n * nb * bb, sub + (size_t)n * nb, \
+#define TILE(BITS, R) rows_dot(codes + (size_t)n * rb, sub + (size_t)n * nb, \
                                tmin ? tmin + (size_t)n * nb : 0, wd + (size_t)n * nsb, \
                                wm ? wm + (size_t)n * nsb : 0, nb, BITS, xq + (size_t)m0 * K, \
                                xd + (size_t)m0 * nsb, xs + (size_t)m0 * nsb * SB, K, R, \
@@ -120,7 +162,7 @@ void gemm_blocks(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, c
                  const float *wm, int bits, int N, int K, const int8_t *xq, const float *xd,
                  const int16_t *xs, int M, float *y, int nt) {
     const int nb = K / QK, nsb = (nb + SB - 1) / SB;
-    const size_t bb = bits == 4 ? 16 : 32;
+    const size_t rb = bits == 4 ? (size_t)(nb + 1) / 2 * 32 : (size_t)nb * QK; /* code bytes a row */
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int n = 0; n < N; n++) {
         for (int m0 = 0; m0 < M; m0 += RT) {
