@@ -129,6 +129,7 @@ def test_lean_forward_is_bit_identical(build, fmt, kind):
     model = lowbit.to_lowbit(make_lean(build()), fmt)
     set_cache(model, kind)
     assert lean_forward.eligible(model, 1) and lean_forward.eligible(model, 5)
+    assert all(layer.self_attn._rotary in lean_forward._STANDARD for layer in model.model.layers)  # q, k as one
     with torch.no_grad():
         lean, stock = _chain(model, new_cache(model), False), _chain(model, new_cache(model), True)
     assert all(torch.equal(a, b) for a, b in zip(lean, stock, strict=True))

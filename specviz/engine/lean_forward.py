@@ -55,6 +55,34 @@ def _attend(q, k, v, scaling: float) -> torch.Tensor:
     return rows[0] if n == 1 else torch.cat(rows, dim=1)
 
 
+def _standard_rotaries() -> tuple:
+    """transformers' apply_rotary_pos_emb of the family's modules: q*cos + rotate_half(q)*sin."""
+    import importlib
+    fns = []
+    for arch in ("llama", "qwen2", "mistral"):
+        try:
+            fns.append(importlib.import_module(f"transformers.models.{arch}.modeling_{arch}").apply_rotary_pos_emb)
+        except (ImportError, AttributeError):
+            pass
+    return tuple(fns)
+
+
+_STANDARD = _standard_rotaries()
+
+
+def _rotate_joint(qkv, attn, cos, sin):
+    """q and k rotated as one tensor in the projection's own (1, n, heads, dim) layout: the
+    same multiply, negate and add per element as apply_rotary_pos_emb (so the same bits) in
+    5 calls instead of 14, and no transposed copies."""
+    n, hd = qkv.shape[1], attn.head_dim
+    heads = qkv.view(1, n, -1, hd)
+    nq, nk = attn.sizes[0] // hd, attn.sizes[1] // hd
+    qk, half = heads[:, :, :nq + nk], hd // 2
+    qk = qk * cos[:, :, None] + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin[:, :, None]
+    return (qk[:, :, :nq].transpose(1, 2), qk[:, :, nq:].transpose(1, 2),
+            heads[:, :, nq + nk:].transpose(1, 2))
+
+
 def forward(model, ids: list[int], cache, keep: int) -> torch.Tensor:
     """One KV-cached forward of `ids` (positions from the cache's length); returns the
     (1, keep, vocab) logits `model(...).logits` would. The cache is a DynamicCache or an
@@ -64,11 +92,15 @@ def forward(model, ids: list[int], cache, keep: int) -> torch.Tensor:
     x = torch.tensor([ids], device=model.device)
     h = body.embed_tokens(x)
     cos, sin = body.rotary_emb(h, torch.arange(p, p + n, device=model.device).unsqueeze(0))
+    joint = all(layer.self_attn._rotary in _STANDARD for layer in body.layers)
     for i, layer in enumerate(body.layers):
         attn = layer.self_attn
-        qkv = attn.qkv_proj(layer.input_layernorm(h)).split(attn.sizes, -1)
-        q, k, v = (t.view(1, n, -1, attn.head_dim).transpose(1, 2) for t in qkv)
-        q, k = attn._rotary(q, k, cos, sin)
+        qkv = attn.qkv_proj(layer.input_layernorm(h))
+        if joint:
+            q, k, v = _rotate_joint(qkv, attn, cos, sin)
+        else:
+            q, k, v = (t.view(1, n, -1, attn.head_dim).transpose(1, 2) for t in qkv.split(attn.sizes, -1))
+            q, k = attn._rotary(q, k, cos, sin)
         k, v = cache.update(k, v, i)
         out = _attend(q, k, v, attn.scaling)
         h = h + attn.o_proj(out.reshape(1, n, -1).contiguous())
