@@ -146,27 +146,26 @@ def time_forwards(model, ns, *, context: int = CONTEXT, repeats: int = REPEATS,
     enough(timings so far) -> True stops before the next n."""
     from transformers import DynamicCache
 
-    from .forward import crop_cache
+    from .forward import crop_cache, forward_logits
     dev = next(model.parameters()).device
     vocab = model.get_input_embeddings().num_embeddings
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (1, context + max(MAX_VERIFY_TOKENS, *ns)), generator=g).to(dev)
+    ids = torch.randint(0, vocab, (context + max(MAX_VERIFY_TOKENS, *ns),), generator=g).tolist()
     cache = DynamicCache()
-    model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    # forward_logits: the path runs take (engine/lean_forward.py where it applies)
+    forward_logits(model, ids[:context], cache, 1)
     out: dict[int, float] = {}
     for n in ns:
         # each shape once untimed: oneDNN/AMX builds a kernel per new shape (bf16 measured
         # 7x a warm step on its first call), and the first call also pays page faults
-        model(input_ids=ids[:, context:context + n], past_key_values=cache, use_cache=True,
-              logits_to_keep=n)
+        forward_logits(model, ids[context:context + n], cache, n)
         crop_cache(cache, context)
         runs = []
         for _ in range(repeats):
             wait_for_runs()
             _sync(dev)
             t0 = time.perf_counter()
-            model(input_ids=ids[:, context:context + n], past_key_values=cache, use_cache=True,
-                  logits_to_keep=n)
+            forward_logits(model, ids[context:context + n], cache, n)
             _sync(dev)
             runs.append(time.perf_counter() - t0)
             crop_cache(cache, context)
