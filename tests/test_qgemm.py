@@ -82,3 +82,15 @@ def test_a_forced_format_this_machine_lacks_is_a_clear_error(monkeypatch):
             calibrate.calibrate(tiny_model(64, seed=0, layers=1, hidden=64), None, precision="w4a8")
     finally:
         qgemm.library.cache_clear()
+
+
+@needs_kernel
+def test_replaced_buffers_are_read_again():
+    """BlockLinear keeps its weights' addresses between calls; new buffer tensors are picked up."""
+    torch.manual_seed(0)
+    a, b = qgemm.BlockLinear(torch.randn(24, 256), None, 4), qgemm.BlockLinear(torch.randn(24, 256), None, 4)
+    x = torch.randn(2, 256)
+    first = a(x)
+    for name in ("codes", "sub", "tmin", "wd", "wm"):
+        setattr(a, name, getattr(b, name).clone())
+    assert torch.equal(a(x), b(x)) and not torch.equal(a(x), first)

@@ -76,8 +76,10 @@ def library() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(_build()))
     lib.quantize_rows.argtypes = [_P, _I, _I, _P, _P, _P, _I]
     lib.gemm_blocks.argtypes = [_P, _P, _P, _P, _P, _I, _I, _I, _P, _P, _P, _I, _P, _I]
+    lib.block_mm.argtypes = [_P, _I, _I, _P, _P, _P, _P, _P, _I, _I, _P, _I]
     for f in (lib.quantize_rows, lib.gemm_blocks):
         f.restype = None
+    lib.block_mm.restype = _I
     return lib
 
 
@@ -191,34 +193,50 @@ class BlockLinear(nn.Module):
     def dequantized(self) -> torch.Tensor:
         return unpack(self.packed())
 
+    def _weights(self) -> tuple:
+        """The packed tensors' addresses and bits for the kernel, read once and kept while the
+        same tensors are the buffers: a module attribute and a data_ptr() cost ~1.5 µs each,
+        and a 1.5B step makes 113 calls (replace a buffer to change weights, never its .data)."""
+        bufs, got = self._buffers, self.__dict__.get("_w")
+        names = ("codes", "sub", "tmin", "wd", "wm")
+        if got is None or any(bufs[n] is not t for n, t in zip(names, got[0], strict=True)):
+            ts = tuple(bufs[n] for n in names)
+            got = (ts, (*(_ptr(t) for t in ts), 4 if ts[2] is not None else 8))
+            self.__dict__["_w"] = got
+        return got[1]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2 = x.reshape(-1, self.in_features).float().contiguous()
-        # under torch.compile (the draft's step, engine/draft_compile.py) the call is an opaque
-        # custom op; eager calls it directly (the dispatcher would add a Python hop per Linear)
-        mm = block_mm if torch.compiler.is_compiling() else _block_mm
-        y = mm(x2, self.codes, self.sub, self.tmin, self.wd, self.wm, self.out_features)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        x2 = x.reshape(-1, self.in_features)
+        if x2.dtype != torch.float32 or not x2.is_contiguous():
+            x2 = x2.float().contiguous()
+        if torch.compiler.is_compiling():
+            # the draft's compiled step (engine/draft_compile.py): an opaque custom op to dynamo
+            y = block_mm(x2, self.codes, self.sub, self.tmin, self.wd, self.wm, self.out_features)
+        else:  # eager: straight to the kernel (the dispatcher would add a Python hop per Linear)
+            y = _mm(x2, self._weights(), self.out_features)
+        bias = self._buffers["bias"]
+        if bias is not None:
+            y = y + bias
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
 def _ptr(t: torch.Tensor | None):
     return None if t is None else t.data_ptr()
 
 
+def _mm(x: torch.Tensor, weights: tuple, n: int) -> torch.Tensor:
+    """x [M, K] contiguous float32 times packed weights (their addresses and bits): y [M, n]."""
+    (m, k), y = x.shape, torch.empty(x.shape[0], n)
+    if library().block_mm(x.data_ptr(), m, k, *weights, n, y.data_ptr(), torch.get_num_threads()):
+        raise MemoryError(f"no memory for the kernel's scratch ({m} x {k} activations)")
+    return y
+
+
 def _block_mm(x: torch.Tensor, codes: torch.Tensor, sub: torch.Tensor, tmin: torch.Tensor | None,
               wd: torch.Tensor, wm: torch.Tensor | None, n: int) -> torch.Tensor:
-    lib, (m, k), nt = library(), x.shape, torch.get_num_threads()
-    nsb = -(-k // (QK * SB))
-    xq = torch.empty(m, k, dtype=torch.int8)
-    xd = torch.empty(m, nsb)
-    xs = torch.empty(m, nsb * SB, dtype=torch.int16)
-    y = torch.empty(m, n)
-    lib.quantize_rows(x.data_ptr(), m, k, xq.data_ptr(), xd.data_ptr(), xs.data_ptr(), nt)
-    lib.gemm_blocks(codes.data_ptr(), sub.data_ptr(), _ptr(tmin), wd.data_ptr(), _ptr(wm),
-                    8 if tmin is None else 4, n, k, xq.data_ptr(), xd.data_ptr(), xs.data_ptr(), m,
-                    y.data_ptr(), nt)
-    return y
+    return _mm(x, (codes.data_ptr(), sub.data_ptr(), _ptr(tmin), wd.data_ptr(), _ptr(wm),
+                   8 if tmin is None else 4), n)
 
 
 @torch.library.custom_op("specviz::block_mm", mutates_args=())
