@@ -194,16 +194,13 @@ class BlockLinear(nn.Module):
         return unpack(self.packed())
 
     def _weights(self) -> tuple:
-        """The packed tensors' addresses and bits for the kernel, read once and kept while the
-        same tensors are the buffers: a module attribute and a data_ptr() cost ~1.5 µs each,
-        and a 1.5B step makes 113 calls (replace a buffer to change weights, never its .data)."""
-        bufs, got = self._buffers, self.__dict__.get("_w")
-        names = ("codes", "sub", "tmin", "wd", "wm")
-        if got is None or any(bufs[n] is not t for n, t in zip(names, got[0], strict=True)):
-            ts = tuple(bufs[n] for n in names)
-            got = (ts, (*(_ptr(t) for t in ts), 4 if ts[2] is not None else 8))
-            self.__dict__["_w"] = got
-        return got[1]
+        """The packed tensors' addresses and bits for the kernel, read from the buffers on every
+        call (models/loading.py moves a loaded model's tensors with `t.data = t.data.clone()`:
+        addresses kept from an earlier call read freed memory, 2026-11-25)."""
+        b = self._buffers
+        tmin = b["tmin"]
+        return (b["codes"].data_ptr(), b["sub"].data_ptr(), _ptr(tmin), b["wd"].data_ptr(),
+                _ptr(b["wm"]), 8 if tmin is None else 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
