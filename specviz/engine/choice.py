@@ -10,6 +10,11 @@ PROMPT_N = 64  # a prompt's forward, as the target choice times it
 # forwards the target choice compares: a plain step, a γ=4 verify and a prompt (see _score)
 CHOICE_N = (1, 5, PROMPT_N)
 PROMPT_SPREAD = 32  # a request's prompt read is paid once for ~32 (plain step + verify) pairs
+# The verify counts twice the plain step: the speculative round is the demo's headline. 2-core
+# AVX2 EPYC, 2026-11-26: a w4a8 target stepped in 77 ms against w8a8's 99 but verified 5 tokens
+# in ~2 steps against 1.3; weighed equally it won, and draft γ auto then ran 0.91× plain (0.88×
+# llama.cpp's plain) where the w8a8 target had given 1.20× (1.01×) in the bench before
+VERIFY_WEIGHT = 2
 # ... and once for ~64 draft steps: a 64-token request at γ 4-5 (τ ≈ 4: 16 rounds × 4-5 steps)
 DRAFT_PROMPT_SPREAD = 64
 NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8 (dynamic)", **lowbit.NAMES}
@@ -60,14 +65,14 @@ def candidates(*, precision: str, quantize: str | None, device: str, native_bf16
 
 
 def _score(t: dict[int, float]) -> float:
-    """A plain step plus a γ=4 verify (both matter to a speculative run) plus the prompt's
+    """A plain step plus twice a γ=4 verify (see VERIFY_WEIGHT) plus the prompt's
     forward spread over a request. Why the prompt: kernels differ most there. 2-core Xeon
     (AVX-512/AMX), 1.5B target, 2026-11-25: w4 stepped in 90 ms and w8a8 in 96, but w4 read a
     100-token prompt in 1.65 s and w8a8 in 0.44 s (torch's int4 kernel costs ~linearly in
     rows; fbgemm's int8 GEMM does not), so the step alone picked w4 and lost 1.2 s a request."""
     if set(t) == {1}:  # timed on its step alone (pruned): a verify of 5 costs at least a step
-        return 2 * t[1]
-    score = sum(t[n] for n in (1, 5) if n in t) + t.get(PROMPT_N, 0.0) / PROMPT_SPREAD
+        return (1 + VERIFY_WEIGHT) * t[1]
+    score = t.get(1, 0.0) + VERIFY_WEIGHT * t.get(5, 0.0) + t.get(PROMPT_N, 0.0) / PROMPT_SPREAD
     return score or t[min(t)]
 
 
