@@ -11,9 +11,12 @@ PROMPT_N = 64  # a prompt's forward, as the target choice times it
 CHOICE_N = (1, 5, PROMPT_N)
 PROMPT_SPREAD = 32  # a request's prompt read is paid once for ~32 (plain step + verify) pairs
 # The verify counts twice the plain step: the speculative round is the demo's headline. 2-core
-# AVX2 EPYC, 2026-11-26: a w4a8 target stepped in 77 ms against w8a8's 99 but verified 5 tokens
-# in ~2 steps against 1.3; weighed equally it won, and draft γ auto then ran 0.91× plain (0.88×
-# llama.cpp's plain) where the w8a8 target had given 1.20× (1.01×) in the bench before
+# AVX2 EPYC, 2026-11-26: a w4a8 target steps ~25 % faster than w8a8 but verifies 5 tokens in ~2
+# steps against ~1.3. Weighed equally the two flip with the VM's noise (two interleaved A/Bs,
+# ms step/verify/prompt: w8a8 113.9/143.4/990 vs w4a8 80.3/169.3/1452 -> 288 vs 295; then
+# 117.0/160.2/1050 vs 80.5/173.4/1475 -> 310 vs 300), and with the w4a8 target draft γ auto ran
+# 0.91× plain in the bench against 1.20× with w8a8. Weighed 1:2 w8a8 wins both A/Bs (432 vs
+# 464, 470 vs 473); a single noisy calibration can still pick w4a8 (docs/every_cpu.md)
 VERIFY_WEIGHT = 2
 # ... and once for ~64 draft steps: a 64-token request at γ 4-5 (τ ≈ 4: 16 rounds × 4-5 steps)
 DRAFT_PROMPT_SPREAD = 64
