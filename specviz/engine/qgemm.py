@@ -74,11 +74,7 @@ def library() -> ctypes.CDLL:
     if why:
         raise RuntimeError(f"block-quantised kernel {why}")
     lib = ctypes.CDLL(str(_build()))
-    lib.quantize_rows.argtypes = [_P, _I, _I, _P, _P, _P, _I]
-    lib.gemm_blocks.argtypes = [_P, _P, _P, _P, _P, _I, _I, _I, _P, _P, _P, _I, _P, _I]
     lib.block_mm.argtypes = [_P, _I, _I, _P, _P, _P, _P, _P, _I, _I, _P, _I]
-    for f in (lib.quantize_rows, lib.gemm_blocks):
-        f.restype = None
     lib.block_mm.restype = _I
     return lib
 
@@ -198,9 +194,7 @@ class BlockLinear(nn.Module):
         call (models/loading.py moves a loaded model's tensors with `t.data = t.data.clone()`:
         addresses kept from an earlier call read freed memory, 2026-11-25)."""
         b = self._buffers
-        tmin = b["tmin"]
-        return (b["codes"].data_ptr(), b["sub"].data_ptr(), _ptr(tmin), b["wd"].data_ptr(),
-                _ptr(b["wm"]), 8 if tmin is None else 4)
+        return _addresses(b["codes"], b["sub"], b["tmin"], b["wd"], b["wm"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
@@ -222,6 +216,11 @@ def _ptr(t: torch.Tensor | None):
     return None if t is None else t.data_ptr()
 
 
+def _addresses(codes, sub, tmin, wd, wm) -> tuple:
+    """What the kernel takes of packed weights: their addresses and the code width."""
+    return codes.data_ptr(), sub.data_ptr(), _ptr(tmin), wd.data_ptr(), _ptr(wm), 8 if tmin is None else 4
+
+
 def _mm(x: torch.Tensor, weights: tuple, n: int) -> torch.Tensor:
     """x [M, K] contiguous float32 times packed weights (their addresses and bits): y [M, n]."""
     (m, k), y = x.shape, torch.empty(x.shape[0], n)
@@ -232,8 +231,7 @@ def _mm(x: torch.Tensor, weights: tuple, n: int) -> torch.Tensor:
 
 def _block_mm(x: torch.Tensor, codes: torch.Tensor, sub: torch.Tensor, tmin: torch.Tensor | None,
               wd: torch.Tensor, wm: torch.Tensor | None, n: int) -> torch.Tensor:
-    return _mm(x, (codes.data_ptr(), sub.data_ptr(), _ptr(tmin), wd.data_ptr(), _ptr(wm),
-                   8 if tmin is None else 4), n)
+    return _mm(x, _addresses(codes, sub, tmin, wd, wm), n)
 
 
 @torch.library.custom_op("specviz::block_mm", mutates_args=())

@@ -37,7 +37,7 @@ static inline float hsum(__m256 v) {
 /* x [M, K] float -> per row and super-block of up to 256 values: xq int8 [M, K], one scale
    xd [M, nsb] (amax/127), and the sum of each 32-block's codes xs [M, nsb*8] int16 (zero-padded
    past the last block). Row by row: a row's codes never depend on another row. */
-void quantize_rows(const float *x, int M, int K, int8_t *xq, float *xd, int16_t *xs, int nt) {
+static void quantize_rows(const float *x, int M, int K, int8_t *xq, float *xd, int16_t *xs, int nt) {
     const int nb = K / QK, nsb = (nb + SB - 1) / SB;
 #pragma omp parallel for num_threads(nt) schedule(static) if (M * nsb > 64)
     for (int i = 0; i < M * nsb; i++) {
@@ -61,25 +61,22 @@ void quantize_rows(const float *x, int M, int K, int8_t *xq, float *xd, int16_t 
     }
 }
 
-/* Byte b of a block's sub-scales (words), broadcast to every word: one shuffle per block
-   instead of a scalar load and a broadcast (2026-11-25: with the pair layout below, a 1.5B
-   step's kernels 59.9 -> see docs/every_cpu.md). */
+/* Word j of v broadcast to every word: a block's sub-scale in one shuffle, where a scalar load
+   and a broadcast per block stood before (with the pair layout below, a 1.5B step's kernels
+   66.3 -> 63.8 ms, 2026-11-25, docs/every_cpu.md). */
 INLINE __m256i word(__m256i v, int j) {
     return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(0x0100 + 0x0202 * j)));
 }
 
-/* A super-block's 8-bit sub-scales (and sub-minimums) as 8 words; past the row's last block 0. */
-INLINE __m128i words_u8(const uint8_t *p, int ns) {
-    if (ns == SB) return _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+/* A super-block's 8-bit sub-scales (sgn 0: unsigned) or sub-minimums (sgn 1: signed) as 8 words;
+   0 past the row's last block. */
+INLINE __m128i words8(const void *p, int ns, int sgn) {
+    if (ns == SB) {
+        const __m128i raw = _mm_loadl_epi64((const __m128i *)p);
+        return sgn ? _mm_cvtepi8_epi16(raw) : _mm_cvtepu8_epi16(raw);
+    }
     int16_t t[SB] __attribute__((aligned(16))) = {0};
-    for (int j = 0; j < ns; j++) t[j] = p[j];
-    return _mm_load_si128((const __m128i *)t);
-}
-
-INLINE __m128i words_s8(const int8_t *p, int ns) {
-    if (ns == SB) return _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p));
-    int16_t t[SB] __attribute__((aligned(16))) = {0};
-    for (int j = 0; j < ns; j++) t[j] = p[j];
+    for (int j = 0; j < ns; j++) t[j] = sgn ? ((const int8_t *)p)[j] : ((const uint8_t *)p)[j];
     return _mm_load_si128((const __m128i *)t);
 }
 
@@ -102,7 +99,7 @@ INLINE void rows_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmi
     for (int r = 0; r < R; r++) { facc[r] = _mm256_setzero_ps(); macc[r] = _mm_setzero_ps(); }
     for (int S = 0; S < nsb; S++) {
         const int b0 = S * SB, ns = nb - b0 < SB ? nb - b0 : SB;
-        const __m256i sc = _mm256_broadcastsi128_si256(words_u8(sub + b0, ns));
+        const __m256i sc = _mm256_broadcastsi128_si256(words8(sub + b0, ns, 0));
         __m256i iacc[RT];
         for (int r = 0; r < R; r++) iacc[r] = _mm256_setzero_si256();
         if (bits == 4) {
@@ -137,7 +134,7 @@ INLINE void rows_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmi
                 }
             }
         }
-        const __m128i tv = bits == 4 ? words_s8(tmin + b0, ns) : _mm_setzero_si128();
+        const __m128i tv = bits == 4 ? words8(tmin + b0, ns, 1) : _mm_setzero_si128();
         for (int r = 0; r < R; r++) {
             const float dx = xd[(size_t)r * nsb + S];
             facc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r]), _mm256_set1_ps(wd[S] * dx), facc[r]);
@@ -159,7 +156,7 @@ INLINE void rows_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmi
 /* y [M, N] = activation rows (xq, xd, xs from quantize_rows) against N weight rows: codes,
    sub-scales sub [N, nb] uint8, sub-minimums tmin [N, nb] int8 (bits 4; NULL for 8), super-block
    scales wd and wm [N, nsb] float (wm NULL for 8). */
-void gemm_blocks(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
+static void gemm_blocks(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
                  const float *wm, int bits, int N, int K, const int8_t *xq, const float *xd,
                  const int16_t *xs, int M, float *y, int nt) {
     const int nb = K / QK, nsb = (nb + SB - 1) / SB;
