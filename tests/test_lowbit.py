@@ -191,6 +191,19 @@ def test_w8a8_first_verify_reads_the_prompt_as_plain_prefill_does(tok):
     assert calls == [len(prompt) - 1, 1, len(prompt) - 1, len(drafts) + 1]
 
 
+
+def test_a_drafts_two_token_feed_is_one_forward(tok):
+    """exact=False (the draft proposers): the tokens before the kept row are not read apart,
+    so a draft's feed after a bonus round costs one forward, not two."""
+    from specviz.engine import forward
+    model = lowbit.to_lowbit(tiny_model(len(tok), seed=0, layers=2, hidden=64), "w4a8" if "w4a8" in FORMATS else "w8")
+    calls = []
+    model.register_forward_pre_hook(lambda m, args, kw: calls.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    cache = forward.new_cache(model)
+    forward.forward_logits(model, [3, 4, 5], cache, 1)
+    forward.forward_logits(model, [6, 7], cache, 1, exact=False)
+    assert calls == [2, 1, 2] and cache.get_seq_length() == 5
+
 @pytest.fixture(scope="module")
 def w8a8_pair(tmp_path_factory):
     from specviz.models import load_pair, resolve_pair

@@ -18,7 +18,7 @@ def test_packers_round_trip_within_a_step(bits):
     w[3, :32] *= 50  # one loud block beside quiet ones in the same super-block
     p = (qgemm.pack_q4 if bits == 4 else qgemm.pack_q8)(w)
     assert p["codes"].shape == (16, 160 if bits == 4 else 320) and p["codes"].dtype == torch.uint8
-    assert p["sub"].shape == (16, 10) and p["wd"].shape == (16, 2) and (p["tmin"] is None) == (bits == 8)
+    assert p["sub"].shape == (16, 16) and p["wd"].shape == (16, 2) and (p["tmin"] is None) == (bits == 8)
     g = w.reshape(16, 10, 32)
     step = (g.amax(-1) - g.amin(-1)) / 15 if bits == 4 else g.abs().amax(-1) / 127
     unit = p["wd"].repeat_interleave(8, 1)[:, :10]  # one sub-scale unit

@@ -68,16 +68,11 @@ INLINE __m256i word(__m256i v, int j) {
     return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)(0x0100 + 0x0202 * j)));
 }
 
-/* A super-block's 8-bit sub-scales (sgn 0: unsigned) or sub-minimums (sgn 1: signed) as 8 words;
-   0 past the row's last block. */
-INLINE __m128i words8(const void *p, int ns, int sgn) {
-    if (ns == SB) {
-        const __m128i raw = _mm_loadl_epi64((const __m128i *)p);
-        return sgn ? _mm_cvtepi8_epi16(raw) : _mm_cvtepu8_epi16(raw);
-    }
-    int16_t t[SB] __attribute__((aligned(16))) = {0};
-    for (int j = 0; j < ns; j++) t[j] = sgn ? ((const int8_t *)p)[j] : ((const uint8_t *)p)[j];
-    return _mm_load_si128((const __m128i *)t);
+/* A super-block's 8-bit sub-scales (sgn 0: unsigned) or sub-minimums (sgn 1: signed) as 8 words
+   (rows padded to whole super-blocks with zeros, qgemm.py's _padded). */
+INLINE __m128i words8(const void *p, int sgn) {
+    const __m128i raw = _mm_loadl_epi64((const __m128i *)p);
+    return sgn ? _mm_cvtepi8_epi16(raw) : _mm_cvtepu8_epi16(raw);
 }
 
 /* One weight row against R activation rows. Per super-block (8 blocks of 32): the blocks'
@@ -99,7 +94,7 @@ INLINE void rows_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmi
     for (int r = 0; r < R; r++) { facc[r] = _mm256_setzero_ps(); macc[r] = _mm_setzero_ps(); }
     for (int S = 0; S < nsb; S++) {
         const int b0 = S * SB, ns = nb - b0 < SB ? nb - b0 : SB;
-        const __m256i sc = _mm256_broadcastsi128_si256(words8(sub + b0, ns, 0));
+        const __m256i sc = _mm256_broadcastsi128_si256(words8(sub + b0, 0));
         __m256i iacc[RT];
         for (int r = 0; r < R; r++) iacc[r] = _mm256_setzero_si256();
         if (bits == 4) {
@@ -134,7 +129,7 @@ INLINE void rows_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmi
                 }
             }
         }
-        const __m128i tv = bits == 4 ? words8(tmin + b0, ns, 1) : _mm_setzero_si128();
+        const __m128i tv = bits == 4 ? words8(tmin + b0, 1) : _mm_setzero_si128();
         for (int r = 0; r < R; r++) {
             const float dx = xd[(size_t)r * nsb + S];
             facc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r]), _mm256_set1_ps(wd[S] * dx), facc[r]);
@@ -147,14 +142,14 @@ INLINE void rows_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmi
     for (int r = 0; r < R; r++) y[r * ys] = hsum(facc[r]) + hsum128(macc[r]);
 }
 
-#define TILE(BITS, R) rows_dot(codes + (size_t)n * rb, sub + (size_t)n * nb, \
-                               tmin ? tmin + (size_t)n * nb : 0, wd + (size_t)n * nsb, \
+#define TILE(BITS, R) rows_dot(codes + (size_t)n * rb, sub + (size_t)n * nsb * SB, \
+                               tmin ? tmin + (size_t)n * nsb * SB : 0, wd + (size_t)n * nsb, \
                                wm ? wm + (size_t)n * nsb : 0, nb, BITS, xq + (size_t)m0 * K, \
                                xd + (size_t)m0 * nsb, xs + (size_t)m0 * nsb * SB, K, R, \
                                y + (size_t)m0 * N + n, N)
 
 /* y [M, N] = activation rows (xq, xd, xs from quantize_rows) against N weight rows: codes,
-   sub-scales sub [N, nb] uint8, sub-minimums tmin [N, nb] int8 (bits 4; NULL for 8), super-block
+   sub-scales sub [N, nsb*8] uint8, sub-minimums tmin [N, nsb*8] int8 (bits 4; NULL for 8), super-block
    scales wd and wm [N, nsb] float (wm NULL for 8). */
 static void gemm_blocks(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
                  const float *wm, int bits, int N, int K, const int8_t *xq, const float *xd,

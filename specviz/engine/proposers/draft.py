@@ -31,7 +31,7 @@ class DraftModelProposer(Proposer):
         return 0
 
     def _logits(self, ids, keep=1):
-        logits = forward_logits(self.model, ids, self.cache, keep)
+        logits = forward_logits(self.model, ids, self.cache, keep, exact=False)
         return logits[..., : self.vocab_size] if self.vocab_size else logits
 
     def propose(self, committed, gamma, params, generator, eos_ids):
