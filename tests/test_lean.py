@@ -149,3 +149,20 @@ def test_lean_forward_steps_aside():
     stock = tiny_model(96, seed=0, layers=2)
     use_rowwise(stock)
     assert not lean_forward.eligible(stock, 1)
+
+
+@pytest.mark.skipif("w4a8" not in lowbit.available(), reason="no C kernels here")
+def test_kernel_norms_in_low_bit_models_only():
+    """A low-bit family model's RMSNorms are one C call each: within float rounding of
+    transformers' own, a row's bits the same alone or among others; float models keep theirs."""
+    from specviz.engine.lean import KernelRMSNorm
+    model = tiny_model(96, seed=0, layers=2)
+    stock = copy.deepcopy(model.model.norm)
+    assert not any(isinstance(m, KernelRMSNorm) for m in make_lean(model).modules())
+    lowbit.to_lowbit(model, "w8")
+    norm = model.model.norm
+    assert isinstance(norm, KernelRMSNorm) and torch.equal(norm.weight, stock.weight)
+    x = torch.randn(1, 7, stock.weight.shape[0]) * 3
+    torch.testing.assert_close(norm(x), stock(x), rtol=1e-6, atol=1e-6)
+    assert torch.equal(torch.cat([norm(x[:, i:i + 1]) for i in range(7)], 1), norm(x))
+    torch.testing.assert_close(norm(x.transpose(0, 1).contiguous().transpose(0, 1)[:, ::2]), stock(x[:, ::2]))

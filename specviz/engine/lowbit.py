@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from . import qgemm
+from .lean import kernel_norms
 from .rowwise_attention import use_rowwise
 
 FORMATS = ("w16", "w8a8", "w8", "w4", "w4a8")  # weight bits (and activation bits)
@@ -213,7 +214,7 @@ def to_lowbit(model: nn.Module, fmt: str, *, head: str | None = None) -> nn.Modu
         setattr(holder, attr, _low(mod, head if mod is out else fmt))
     if getattr(model.config, "_attn_implementation", None) == "sdpa":
         use_rowwise(model)  # every format: see the note after NAMES
-    return model
+    return kernel_norms(model)
 
 
 class HalfEmbedding(nn.Module):

@@ -76,6 +76,8 @@ def library() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(_build()))
     lib.block_mm.argtypes = [_P, _I, _I, _P, _P, _P, _P, _P, _I, _I, _P, _I]
     lib.block_mm.restype = _I
+    lib.rms_norm.argtypes = [_P, _P, ctypes.c_float, _I, _I, _P]
+    lib.rms_norm.restype = None
     return lib
 
 
@@ -253,3 +255,11 @@ def block_mm(x: torch.Tensor, codes: torch.Tensor, sub: torch.Tensor, tmin: torc
 @block_mm.register_fake
 def _(x, codes, sub, tmin, wd, wm, n):
     return x.new_empty(x.shape[0], n)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The Llama family's RMSNorm of contiguous float32 rows x [..., K] with a float32 weight [K]."""
+    y = torch.empty_like(x)
+    k = x.shape[-1]
+    library().rms_norm(x.data_ptr(), weight.data_ptr(), eps, x.numel() // k, k, y.data_ptr())
+    return y

@@ -196,3 +196,26 @@ int block_mm(const float *x, int M, int K, const uint8_t *codes, const uint8_t *
     gemm_blocks(codes, sub, tmin, wd, wm, bits, N, K, xq, xd, xs, M, y, nt);
     return 0;
 }
+
+/* y = x * (1 / sqrt(mean(x^2) + eps)) * w, row by row: the Llama family's RMSNorm in one call where
+   aten makes six (pow, mean, add, rsqrt, mul, mul). A row's sum never depends on M: row-exact. */
+void rms_norm(const float *x, const float *w, float eps, int M, int K, float *y) {
+    for (int m = 0; m < M; m++) {
+        const float *v = x + (size_t)m * K;
+        float *o = y + (size_t)m * K;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        int k = 0;
+        for (; k + 16 <= K; k += 16) {
+            const __m256 l0 = _mm256_loadu_ps(v + k), l1 = _mm256_loadu_ps(v + k + 8);
+            a0 = _mm256_fmadd_ps(l0, l0, a0);
+            a1 = _mm256_fmadd_ps(l1, l1, a1);
+        }
+        float ss = hsum(_mm256_add_ps(a0, a1));
+        for (; k < K; k++) ss += v[k] * v[k];
+        const float r = 1.f / sqrtf(ss / (float)K + eps);
+        const __m256 rv = _mm256_set1_ps(r);
+        for (k = 0; k + 8 <= K; k += 8)
+            _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_loadu_ps(w + k), _mm256_mul_ps(_mm256_loadu_ps(v + k), rv)));
+        for (; k < K; k++) o[k] = w[k] * (v[k] * r);
+    }
+}
