@@ -191,7 +191,6 @@ def test_w8a8_first_verify_reads_the_prompt_as_plain_prefill_does(tok):
     assert calls == [len(prompt) - 1, 1, len(prompt) - 1, len(drafts) + 1]
 
 
-
 def test_a_drafts_two_token_feed_is_one_forward(tok):
     """exact=False (the draft proposers): the tokens before the kept row are not read apart,
     so a draft's feed after a bonus round costs one forward, not two."""
@@ -203,6 +202,7 @@ def test_a_drafts_two_token_feed_is_one_forward(tok):
     forward.forward_logits(model, [3, 4, 5], cache, 1)
     forward.forward_logits(model, [6, 7], cache, 1, exact=False)
     assert calls == [2, 1, 2] and cache.get_seq_length() == 5
+
 
 @pytest.fixture(scope="module")
 def w8a8_pair(tmp_path_factory):

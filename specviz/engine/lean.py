@@ -23,6 +23,8 @@ import sys
 import torch
 from torch import nn
 
+from . import qgemm
+
 FAMILY = ("llama", "qwen2", "mistral")  # config.model_type values with this block
 
 
@@ -121,11 +123,12 @@ class KernelRMSNorm(nn.Module):
     """The family's RMSNorm as one C call (engine/qgemm.py's rms_norm) on a CPU's float32 rows,
     where aten makes six: a 1536-wide row 42-67 µs through transformers' module, 30-45 through
     F.rms_norm (2026-11-26, AVX2 EPYC), 57 of them a 1.5B step. Traced (the draft's compiled step)
-    or off the CPU: the formula in aten."""
+    or off the CPU: transformers' own forward."""
 
     def __init__(self, norm: nn.Module):
         super().__init__()
         self.weight, self.variance_epsilon = norm.weight, norm.variance_epsilon
+        self._stock = type(norm).forward
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
@@ -133,11 +136,8 @@ class KernelRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (x.dtype == self.weight.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
                 and not torch.compiler.is_compiling()):
-            from .qgemm import rms_norm
-            return rms_norm(x, self.weight, self.variance_epsilon)
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return self.weight * h.to(x.dtype)
+            return qgemm.rms_norm(x, self.weight, self.variance_epsilon)
+        return self._stock(self, x)
 
 
 def kernel_norms(model: nn.Module) -> nn.Module:
@@ -145,7 +145,6 @@ def kernel_norms(model: nn.Module) -> nn.Module:
     CPU models only, lowbit.to_lowbit: the C sum rounds unlike aten's mean, and float models keep
     transformers' own bits). Every path of the model then calls the same norm: the lean forward
     stays bit-identical to model(...). Returns the model."""
-    from . import qgemm
     if not supported(model):
         return model
     try:
@@ -154,6 +153,5 @@ def kernel_norms(model: nn.Module) -> nn.Module:
         return model
     for name, mod in list(model.named_modules()):
         if type(mod).__name__ in NORMS and hasattr(mod, "variance_epsilon"):
-            parent, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, attr, KernelRMSNorm(mod))
+            model.set_submodule(name, KernelRMSNorm(mod))
     return model

@@ -209,9 +209,7 @@ def to_lowbit(model: nn.Module, fmt: str, *, head: str | None = None) -> nn.Modu
     out = model.get_output_embeddings()
     swaps = [(name, mod) for name, mod in model.named_modules() if type(mod) is nn.Linear]
     for name, mod in swaps:
-        parent, _, attr = name.rpartition(".")
-        holder = model.get_submodule(parent) if parent else model
-        setattr(holder, attr, _low(mod, head if mod is out else fmt))
+        model.set_submodule(name, _low(mod, head if mod is out else fmt))
     if getattr(model.config, "_attn_implementation", None) == "sdpa":
         use_rowwise(model)  # every format: see the note after NAMES
     return kernel_norms(model)
