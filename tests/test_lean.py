@@ -152,7 +152,7 @@ def test_lean_forward_steps_aside():
 
 
 @pytest.mark.skipif("w4a8" not in lowbit.available(), reason="no C kernels here")
-def test_kernel_norms_in_low_bit_models_only():
+def test_kernel_rows_in_low_bit_models_only():
     """A low-bit family model's RMSNorms are one C call each: within float rounding of
     transformers' own, a row's bits the same alone or among others; float models keep theirs."""
     from specviz.engine.lean import KernelRMSNorm

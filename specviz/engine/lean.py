@@ -59,8 +59,14 @@ class FusedMLP(nn.Module):
         self.down_proj = mlp.down_proj
         self.act_fn = mlp.act_fn
 
+    kernel = False  # silu(gate) * up as one C call (kernel_rows: low-bit CPU models)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).split(self.inter, dim=-1)
+        gu = self.gate_up(x)
+        if self.kernel and gu.dtype == torch.float32 and gu.device.type == "cpu" and gu.is_contiguous() \
+                and not torch.compiler.is_compiling():
+            return self.down_proj(qgemm.silu_mul(gu, self.inter))
+        gate, up = gu.split(self.inter, dim=-1)
         return self.down_proj(self.act_fn(gate) * up)
 
 
@@ -68,6 +74,8 @@ class FusedAttention(nn.Module):
     """The family's attention forward (transformers 5.x, same signature) with q, k, v in one
     matmul; rotary and the attention kernel are the model's own (its module's functions and
     config._attn_implementation, so row-wise attention applies as before)."""
+
+    kernel = False  # row-wise attention on the C kernel (kernel_rows: low-bit CPU models)
 
     def __init__(self, attn: nn.Module):
         super().__init__()
@@ -140,11 +148,14 @@ class KernelRMSNorm(nn.Module):
         return self._stock(self, x)
 
 
-def kernel_norms(model: nn.Module) -> nn.Module:
-    """Swap the family's RMSNorms for KernelRMSNorm in place where the C kernels build (low-bit
-    CPU models only, lowbit.to_lowbit: the C sum rounds unlike aten's mean, and float models keep
-    transformers' own bits). Every path of the model then calls the same norm: the lean forward
-    stays bit-identical to model(...). Returns the model."""
+def kernel_rows(model: nn.Module) -> nn.Module:
+    """Put a low-bit family model's work between the matmuls on the C kernels where they build
+    (lowbit.to_lowbit; float models keep transformers' own bits): its RMSNorms become
+    KernelRMSNorm, a fused layer's row-wise attention (engine/rowwise_attention.py and
+    lean_forward) and its MLP gate (SiLU only) one C call each. Every path of the model then
+    calls the same code (the kernels' sums round unlike aten's): the lean forward stays
+    bit-identical to model(...), and each row's bits the same alone or among others. Returns
+    the model."""
     if not supported(model):
         return model
     try:
@@ -154,4 +165,8 @@ def kernel_norms(model: nn.Module) -> nn.Module:
     for name, mod in list(model.named_modules()):
         if type(mod).__name__ in NORMS and hasattr(mod, "variance_epsilon"):
             model.set_submodule(name, KernelRMSNorm(mod))
+        elif isinstance(mod, FusedAttention):
+            mod.kernel = True
+        elif isinstance(mod, FusedMLP):
+            mod.kernel = getattr(model.config, "hidden_act", None) == "silu"
     return model

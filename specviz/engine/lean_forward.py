@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import qgemm
 from .lean import FusedAttention, FusedMLP, supported
 from .rowwise_attention import ROWWISE_MAX, is_rowwise
 
@@ -41,11 +42,14 @@ def eligible(model, n: int) -> bool:
                for layer in model.model.layers)
 
 
-def _attend(q, k, v, scaling: float) -> torch.Tensor:
+def _attend(attn, q, k, v) -> torch.Tensor:
     """Row-wise causal attention over the cache (keys k hold the n new ones last):
     (1, heads, n, dim) -> (1, n, heads, dim), each row as its own one-query SDPA call
-    (what rowwise_attention makes through transformers' sdpa_attention_forward)."""
-    n, kv = q.shape[2], k.shape[2]
+    (what rowwise_attention makes through transformers' sdpa_attention_forward), or all rows
+    in one C call where the layer's kernel flag is set (the same call rowwise_attention makes)."""
+    n, kv, scaling = q.shape[2], k.shape[2], attn.scaling
+    if attn.kernel and qgemm.attends(q, k, v):
+        return qgemm.attend(q, k, v, [kv - n + j + 1 for j in range(n)], scaling)
     rows = []
     for j in range(n):
         end = kv - n + j + 1
@@ -102,7 +106,7 @@ def forward(model, ids: list[int], cache, keep: int) -> torch.Tensor:
             q, k, v = (t.view(1, n, -1, attn.head_dim).transpose(1, 2) for t in qkv.split(attn.sizes, -1))
             q, k = attn._rotary(q, k, cos, sin)
         k, v = cache.update(k, v, i)
-        out = _attend(q, k, v, attn.scaling)
+        out = _attend(attn, q, k, v)
         h = h + attn.o_proj(out.reshape(1, n, -1).contiguous())
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     h = body.norm(h)

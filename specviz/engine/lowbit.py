@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from . import qgemm
-from .lean import kernel_norms
+from .lean import kernel_rows
 from .rowwise_attention import use_rowwise
 
 FORMATS = ("w16", "w8a8", "w8", "w4", "w4a8")  # weight bits (and activation bits)
@@ -212,7 +212,7 @@ def to_lowbit(model: nn.Module, fmt: str, *, head: str | None = None) -> nn.Modu
         model.set_submodule(name, _low(mod, head if mod is out else fmt))
     if getattr(model.config, "_attn_implementation", None) == "sdpa":
         use_rowwise(model)  # every format: see the note after NAMES
-    return kernel_norms(model)
+    return kernel_rows(model)
 
 
 class HalfEmbedding(nn.Module):

@@ -78,6 +78,12 @@ def library() -> ctypes.CDLL:
     lib.block_mm.restype = _I
     lib.rms_norm.argtypes = [_P, _P, ctypes.c_float, _I, _I, _P]
     lib.rms_norm.restype = None
+    lib.silu_mul.argtypes = [_P, _I, _I, _P]
+    lib.silu_mul.restype = None
+    _L = ctypes.c_long
+    lib.attend_rows.argtypes = [_P, _L, _L, _P, _L, _L, _P, _L, _L, _P, _I, _I, _I, _I, ctypes.c_float,
+                                _P, _I]
+    lib.attend_rows.restype = _I
     return lib
 
 
@@ -263,3 +269,33 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     k = x.shape[-1]
     library().rms_norm(x.data_ptr(), weight.data_ptr(), eps, x.numel() // k, k, y.data_ptr())
     return y
+
+
+def silu_mul(gu: torch.Tensor, inter: int) -> torch.Tensor:
+    """silu(g) * u of contiguous float32 rows gu [..., 2·inter] = [g | u]: the family's MLP gate."""
+    y = gu.new_empty(*gu.shape[:-1], inter)
+    library().silu_mul(gu.data_ptr(), gu.numel() // (2 * inter), inter, y.data_ptr())
+    return y
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ends: list[int], scale: float) -> torch.Tensor:
+    """Row-wise attention on a CPU in float32: q (1, hq, n, d), k and v (1, hkv, L, d) with the
+    last dimension contiguous; row r attends to the first ends[r] keys. Returns (1, n, hq, d), the
+    layout transformers' attention functions return."""
+    _, hq, n, d = q.shape
+    hkv = k.shape[1]
+    out = q.new_empty(1, n, hq, d)
+    e = (ctypes.c_int * n)(*ends)
+    if library().attend_rows(q.data_ptr(), q.stride(2), q.stride(1), k.data_ptr(), k.stride(2), k.stride(1),
+                             v.data_ptr(), v.stride(2), v.stride(1), e, n, hq, hkv, d, scale, out.data_ptr(),
+                             torch.get_num_threads()):
+        raise MemoryError("no memory for the attention's scores")
+    return out
+
+
+def attends(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether attend() takes these tensors (else SDPA)."""
+    return (q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32 and q.shape[0] == 1
+            and q.shape[-1] % 8 == 0 and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+            and q.shape[1] % k.shape[1] == 0 and q.shape[1] // k.shape[1] <= 16
+            and not torch.compiler.is_compiling())

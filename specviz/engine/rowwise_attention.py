@@ -23,6 +23,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
+from . import qgemm
+
 NAME = "specviz_rowwise"
 ROWWISE_MAX = 32  # a verify forward is at most γ+1 = 17 tokens
 
@@ -50,6 +52,8 @@ def rowwise_attention(module, query, key, value, attention_mask, **kwargs):
     if rows is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     kwargs.pop("is_causal", None)
+    if getattr(module, "kernel", False) and qgemm.attends(query, key, value):
+        return _kernel_rows(query, key, value, rows, kwargs.get("scaling") or query.shape[-1] ** -0.5), None
     out = []
     for i, keys in enumerate(rows):
         kk, vv = (key[:, :, keys], value[:, :, keys]) if isinstance(keys, slice) else \
@@ -57,6 +61,21 @@ def rowwise_attention(module, query, key, value, attention_mask, **kwargs):
         out.append(sdpa_attention_forward(module, query[:, :, i:i + 1], kk, vv, None, is_causal=False,
                                           **kwargs)[0])
     return torch.cat(out, dim=1), None
+
+
+def _kernel_rows(query, key, value, rows, scale: float) -> torch.Tensor:
+    """The rows through the C kernel (engine/qgemm.attend): causal prefixes in one call, a tree's
+    gathered ancestors one row a call; each row's sums are the same either way."""
+    if all(isinstance(r, slice) for r in rows):
+        return qgemm.attend(query, key, value, [r.stop for r in rows], scale)
+    out = []
+    for i, keys in enumerate(rows):
+        if isinstance(keys, slice):
+            kk, vv, n = key, value, keys.stop
+        else:
+            kk, vv, n = key.index_select(2, keys), value.index_select(2, keys), len(keys)
+        out.append(qgemm.attend(query[:, :, i:i + 1], kk, vv, [n], scale))
+    return torch.cat(out, dim=1)
 
 
 def use_rowwise(model) -> None:

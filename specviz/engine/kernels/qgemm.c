@@ -219,3 +219,158 @@ void rms_norm(const float *x, const float *w, float eps, int M, int K, float *y)
         for (; k < K; k++) o[k] = w[k] * (v[k] * r);
     }
 }
+
+/* e^x for 8 floats (Cephes' polynomial on x - n ln2, scaled by 2^n; |error| ~2 ulp, 0 below
+   e^-87.3). Deterministic: the same bits whatever the caller, unlike aten's, which differs
+   between its SIMD width builds. */
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), _mm256_set1_ps(-87.3365478515625f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+static inline float exp1(float x) {
+    return _mm256_cvtss_f32(exp256(_mm256_set1_ps(x)));
+}
+
+/* y [M, I] = silu(g) * u for rows gu [M, 2I] = [g | u]: the family's gated MLP activation in one
+   call where aten makes four (split, silu, mul and an allocation each). */
+void silu_mul(const float *gu, int M, int I, float *y) {
+    const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+    for (int m = 0; m < M; m++) {
+        const float *g = gu + (size_t)m * 2 * I, *u = g + I;
+        float *o = y + (size_t)m * I;
+        int i = 0;
+        for (; i + 8 <= I; i += 8) {
+            const __m256 x = _mm256_loadu_ps(g + i);
+            const __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, x))));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+        }
+        for (; i < I; i++) o[i] = g[i] / (1.f + exp1(-g[i])) * u[i];
+    }
+}
+
+#define KT 64 /* keys a tile: a kv head's tile of keys (64 x d floats) stays in L1 for its group's heads */
+#define GMAX 16 /* query heads sharing a kv head, at most (larger groups: SDPA) */
+
+/* q·k_j * scale for keys j0..j1 of one query head into s (four keys a pass, four independent
+   sums; each key's dot is the same 8-wide sum whatever its place, so it never depends on L). */
+static void scores(const float *q, const float *k, long ks, int j0, int j1, int d, float scale, float *s) {
+    int j = j0;
+    for (; j + 4 <= j1; j += 4) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const float *k0 = k + j * ks;
+        for (int i = 0; i < d; i += 8) {
+            const __m256 x = _mm256_loadu_ps(q + i);
+            a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + i), a0);
+            a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + ks + i), a1);
+            a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + 2 * ks + i), a2);
+            a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + 3 * ks + i), a3);
+        }
+        s[j] = hsum(a0) * scale; s[j + 1] = hsum(a1) * scale;
+        s[j + 2] = hsum(a2) * scale; s[j + 3] = hsum(a3) * scale;
+    }
+    for (; j < j1; j++) {
+        __m256 a0 = _mm256_setzero_ps();
+        for (int i = 0; i < d; i += 8)
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + j * ks + i), a0);
+        s[j] = hsum(a0) * scale;
+    }
+}
+
+/* s[0..L) -> e^(s - max), returns their sum (8 lanes, then the tail, in a fixed order). */
+static float softmax_num(float *s, int L) {
+    float mx = s[0];
+    for (int j = 1; j < L; j++) mx = s[j] > mx ? s[j] : mx;
+    const __m256 m8 = _mm256_set1_ps(mx);
+    __m256 sv = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= L; j += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), m8));
+        _mm256_storeu_ps(s + j, e);
+        sv = _mm256_add_ps(sv, e);
+    }
+    float sum = hsum(sv);
+    for (; j < L; j++) { s[j] = exp1(s[j] - mx); sum += s[j]; }
+    return sum;
+}
+
+/* o += sum over keys j0..j1 of p_j v_j, each output lane summed in key order (o read and written
+   back per tile: the same sums as one pass). */
+static void weigh(const float *p, const float *v, long vs, int j0, int j1, int d, float *o) {
+    int c = 0;
+    for (; c + 64 <= d; c += 64) { /* eight independent sums */
+        __m256 acc[8];
+        for (int t = 0; t < 8; t++) acc[t] = _mm256_loadu_ps(o + c + 8 * t);
+        for (int j = j0; j < j1; j++) {
+            const __m256 e = _mm256_set1_ps(p[j]);
+            const float *vj = v + j * vs + c;
+            for (int t = 0; t < 8; t++) acc[t] = _mm256_fmadd_ps(e, _mm256_loadu_ps(vj + 8 * t), acc[t]);
+        }
+        for (int t = 0; t < 8; t++) _mm256_storeu_ps(o + c + 8 * t, acc[t]);
+    }
+    for (; c < d; c += 8) {
+        __m256 acc = _mm256_loadu_ps(o + c);
+        for (int j = j0; j < j1; j++) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * vs + c), acc);
+        _mm256_storeu_ps(o + c, acc);
+    }
+}
+
+/* The G query heads of one kv head, one row, against its first L keys, tile by tile so each key
+   and value row is read from memory once for the group. s: scratch for G x L scores. */
+static void attend_group(const float *q, long qh, const float *k, const float *v, long ks, long vs, int G,
+                         int L, int d, float scale, float *s, float *o) {
+    for (int i = 0; i < G * d; i++) o[i] = 0.f;
+    if (L <= 0) return;
+    for (int j0 = 0; j0 < L; j0 += KT) {
+        const int j1 = j0 + KT < L ? j0 + KT : L;
+        for (int h = 0; h < G; h++) scores(q + h * qh, k, ks, j0, j1, d, scale, s + (size_t)h * L);
+    }
+    float inv[GMAX];
+    for (int h = 0; h < G; h++) inv[h] = 1.f / softmax_num(s + (size_t)h * L, L);
+    for (int j0 = 0; j0 < L; j0 += KT) {
+        const int j1 = j0 + KT < L ? j0 + KT : L;
+        for (int h = 0; h < G; h++) weigh(s + (size_t)h * L, v, vs, j0, j1, d, o + (size_t)h * d);
+    }
+    for (int h = 0; h < G; h++) {
+        const __m256 iv = _mm256_set1_ps(inv[h]);
+        for (int c = 0; c < d; c += 8) _mm256_storeu_ps(o + h * d + c, _mm256_mul_ps(_mm256_loadu_ps(o + h * d + c), iv));
+    }
+}
+
+/* Row-wise attention: out [n, hq, d] (contiguous) with row r's query head h (q + r*qr + h*qh)
+   attending to the first ends[r] keys of kv head g = h / (hq / hkv) (k + g*kh + j*kr, v alike).
+   d % 8 == 0, hq / hkv <= GMAX. Each (row, head) is computed alone, so a row's output is the same
+   whatever the other rows: a verify forward's rows are a one-token step's bits, and a tree's row
+   (its ancestors' keys gathered in cache order) a chain's. Returns -1 if out of scratch memory. */
+int attend_rows(const float *q, long qr, long qh, const float *k, long kr, long kh, const float *v, long vr,
+                long vh, const int *ends, int n, int hq, int hkv, int d, float scale, float *out, int nt) {
+    int lmax = 1, bad = 0;
+    for (int r = 0; r < n; r++) lmax = ends[r] > lmax ? ends[r] : lmax;
+    const int G = hq / hkv;
+    const long work = (long)n * hq * lmax * d;
+#pragma omp parallel num_threads(nt) if (work > 65536) reduction(| : bad)
+    {
+        float *s = malloc((size_t)G * lmax * sizeof(float));
+        if (!s) bad = 1;
+#pragma omp for schedule(static)
+        for (int t = 0; t < n * hkv; t++) {
+            const int r = t / hkv, g = t % hkv;
+            if (s) attend_group(q + r * qr + g * G * qh, qh, k + g * kh, v + g * vh, kr, vr, G, ends[r], d, scale,
+                                s, out + ((size_t)r * hq + g * G) * d);
+        }
+        free(s);
+    }
+    return bad ? -1 : 0;
+}
