@@ -123,12 +123,14 @@ def _chain(model, cache, hooked: bool):
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
 def test_lean_forward_is_bit_identical(build, fmt, kind):
     """engine/lean_forward.py runs the same aten calls as model(...): every logit agrees to the bit,
-    through a DynamicCache and an eager StaticKV, so both paths can share a run."""
-    from specviz.engine import lean_forward
+    through a DynamicCache and an eager StaticKV, so both paths can share a run. w4a8 layers run
+    as two C calls each (engine/kernel_layer.py): the same bits too."""
+    from specviz.engine import kernel_layer, lean_forward
     from specviz.engine.forward import new_cache, set_cache
     model = lowbit.to_lowbit(make_lean(build()), fmt)
     set_cache(model, kind)
     assert lean_forward.eligible(model, 1) and lean_forward.eligible(model, 5)
+    assert all(kernel_layer.layer_struct(layer) is not None for layer in model.model.layers) == (fmt == "w4a8")
     assert all(layer.self_attn._rotary in lean_forward._STANDARD for layer in model.model.layers)  # q, k as one
     with torch.no_grad():
         lean, stock = _chain(model, new_cache(model), False), _chain(model, new_cache(model), True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import qgemm
+from . import kernel_layer, qgemm
 from .lean import FusedAttention, FusedMLP, supported
 from .rowwise_attention import ROWWISE_MAX, is_rowwise
 
@@ -97,6 +97,12 @@ def forward(model, ids: list[int], cache, keep: int) -> torch.Tensor:
     h = body.embed_tokens(x)
     cos, sin = body.rotary_emb(h, torch.arange(p, p + n, device=model.device).unsqueeze(0))
     joint = all(layer.self_attn._rotary in _STANDARD for layer in body.layers)
+    structs = [kernel_layer.layer_struct(layer) for layer in body.layers] if joint else [None]
+    if all(s is not None for s in structs) and h.dtype == torch.float32 and h.device.type == "cpu":
+        h, cos, sin = h.contiguous(), cos[0].contiguous(), sin[0].contiguous()
+        for i, s in enumerate(structs):
+            kernel_layer.forward(s, h, cos, sin, cache, i)
+        return model.lm_head(body.norm(h)[:, -keep:])
     for i, layer in enumerate(body.layers):
         attn = layer.self_attn
         qkv = attn.qkv_proj(layer.input_layernorm(h))

@@ -31,7 +31,7 @@ from ..paths import cache_root
 QK = 32  # weights per block
 SB = 8  # blocks per super-block
 SRC = Path(__file__).with_name("kernels") / "qgemm.c"
-CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
+CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 _P, _I = ctypes.c_void_p, ctypes.c_int
 
 
@@ -67,6 +67,19 @@ def _build() -> Path:
     return out
 
 
+class Lin(ctypes.Structure):
+    """kernels/qgemm.c's lin_t: one BlockLinear's packed buffers."""
+    _fields_ = [("codes", _P), ("sub", _P), ("tmin", _P), ("wd", _P), ("wm", _P), ("bias", _P),
+                ("bits", _I), ("n", _I), ("k", _I)]
+
+
+class Layer(ctypes.Structure):
+    """kernels/qgemm.c's layer_t: a Llama-family decoder layer on the kernels."""
+    _fields_ = [("ln1", _P), ("ln2", _P), ("eps1", ctypes.c_float), ("eps2", ctypes.c_float),
+                ("scale", ctypes.c_float), ("qkv", Lin), ("o", Lin), ("gu", Lin), ("down", Lin),
+                ("hq", _I), ("hkv", _I), ("d", _I), ("inter", _I)]
+
+
 @functools.cache
 def library() -> ctypes.CDLL:
     """The compiled kernel (built on first use); RuntimeError says why it is unavailable."""
@@ -84,6 +97,9 @@ def library() -> ctypes.CDLL:
     lib.attend_rows.argtypes = [_P, _L, _L, _P, _L, _L, _P, _L, _L, _P, _I, _I, _I, _I, ctypes.c_float,
                                 _P, _I]
     lib.attend_rows.restype = _I
+    lib.layer_pre.argtypes = [ctypes.POINTER(Layer), _P, _I, _P, _P, _P, _I]
+    lib.layer_post.argtypes = [ctypes.POINTER(Layer), _P, _I, _P, _P, _L, _L, _P, _L, _L, _P, _I]
+    lib.layer_pre.restype = lib.layer_post.restype = _I
     return lib
 
 

@@ -374,3 +374,79 @@ int attend_rows(const float *q, long qr, long qh, const float *k, long kr, long 
     }
     return bad ? -1 : 0;
 }
+
+/* ------------------------------------------------------------------ a whole decoder layer
+   The Llama family's layer for n rows in two calls around the KV cache's update (the cache stays
+   Python's: transformers' DynamicCache or our StaticKV). Each piece is the same C code, in the
+   same order, as the module path (KernelRMSNorm, BlockLinear, attend_rows, silu_mul) and the
+   elementwise steps are the same single IEEE operations as aten's (the file is built with
+   -ffp-contract=off, so no multiply and add are fused): bit for bit the module path's result. */
+
+typedef struct { /* one BlockLinear's packed buffers */
+    const uint8_t *codes, *sub;
+    const int8_t *tmin;
+    const float *wd, *wm, *bias;
+    int bits, n, k;
+} lin_t;
+
+typedef struct {
+    const float *ln1, *ln2; /* the two RMSNorm weights */
+    float eps1, eps2, scale;
+    lin_t qkv, o, gu, down;
+    int hq, hkv, d, inter;
+} layer_t;
+
+static int linear(const lin_t *w, const float *x, int M, float *y, int nt) {
+    if (block_mm(x, M, w->k, w->codes, w->sub, w->tmin, w->wd, w->wm, w->bits, w->n, y, nt)) return -1;
+    if (w->bias)
+        for (int m = 0; m < M; m++)
+            for (int i = 0; i < w->n; i++) y[(size_t)m * w->n + i] += w->bias[i];
+    return 0;
+}
+
+/* qkv [n, (hq + 2 hkv) d] = the layer's rotated q and k and its v for rows h [n, hidden]:
+   norm, projection (+ bias), then rotary on q and k with cos, sin [n, d]:
+   x*cos + rotate_half(x)*sin, rotate_half(x) = (-x[d/2:], x[:d/2]). */
+int layer_pre(const layer_t *L, const float *h, int n, const float *cos, const float *sin, float *qkv, int nt) {
+    const int hidden = L->qkv.k, d = L->d, half = d / 2, w = L->qkv.n;
+    float *x = malloc((size_t)n * hidden * sizeof(float));
+    if (!x) return -1;
+    rms_norm(h, L->ln1, L->eps1, n, hidden, x);
+    const int bad = linear(&L->qkv, x, n, qkv, nt);
+    free(x);
+    if (bad) return -1;
+    for (int r = 0; r < n; r++)
+        for (int hd = 0; hd < L->hq + L->hkv; hd++) {
+            float *v = qkv + (size_t)r * w + (size_t)hd * d, t[512];
+            const float *c = cos + (size_t)r * d, *s = sin + (size_t)r * d;
+            for (int i = 0; i < half; i++) t[i] = v[i] * c[i] + (-v[i + half]) * s[i];
+            for (int i = half; i < d; i++) t[i] = v[i] * c[i] + v[i - half] * s[i];
+            for (int i = 0; i < d; i++) v[i] = t[i];
+        }
+    return 0;
+}
+
+/* h [n, hidden] += the layer's attention output and then its MLP's, in place: q from layer_pre's
+   qkv, keys and values the cache's (strides as attend_rows), row r seeing ends[r] keys. */
+int layer_post(const layer_t *L, float *h, int n, const float *qkv, const float *k, long kr, long kh,
+               const float *v, long vr, long vh, const int *ends, int nt) {
+    const int hidden = L->o.n, hd = L->hq * L->d, w = L->qkv.n, I = L->inter;
+    float *a = malloc((size_t)n * hd * sizeof(float)), *o = malloc((size_t)n * hidden * sizeof(float));
+    float *gu = malloc((size_t)n * 2 * I * sizeof(float)), *act = malloc((size_t)n * I * sizeof(float));
+    int bad = !a || !o || !gu || !act;
+    if (!bad) bad = attend_rows(qkv, w, L->d, k, kr, kh, v, vr, vh, ends, n, L->hq, L->hkv, L->d, L->scale, a, nt);
+    if (!bad) bad = linear(&L->o, a, n, o, nt);
+    if (!bad) {
+        for (size_t i = 0; i < (size_t)n * hidden; i++) h[i] = h[i] + o[i];
+        rms_norm(h, L->ln2, L->eps2, n, hidden, o);
+        bad = linear(&L->gu, o, n, gu, nt);
+    }
+    if (!bad) {
+        silu_mul(gu, n, I, act);
+        bad = linear(&L->down, act, n, o, nt);
+    }
+    if (!bad)
+        for (size_t i = 0; i < (size_t)n * hidden; i++) h[i] = h[i] + o[i];
+    free(a); free(o); free(gu); free(act);
+    return bad ? -1 : 0;
+}

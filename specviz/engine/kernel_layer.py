@@ -1,0 +1,83 @@
+"""A Llama-family decoder layer as two C calls around the KV cache's update.
+
+After the norms, attention rows and MLP gate went to C (engine/lean.py's kernel_rows),
+a low-bit step still made ~20 Python-side calls a layer (views, rotary, the residual adds,
+each Linear's wrapper). kernels/qgemm.c's layer_pre (norm, q/k/v projection, rotary) and
+layer_post (row-wise attention, output projection, residual, norm, gate/up, SiLU gate, down,
+residual) run the same C functions the modules call, in the same order, and the elementwise
+steps as the same single float operations as aten's, so a layer's output is the module path's
+bit for bit (tests/test_lean.py) and every engine, cache and tree path agrees with it.
+
+Serves a fused (lean), kernel-flagged layer whose four projections are BlockLinears
+(w4a8, q8a8 weights: engine/qgemm.py) on a CPU; anything else keeps the module path.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from . import qgemm
+from .lean import KernelRMSNorm
+from .qgemm import BlockLinear, Layer, Lin
+
+MAX_HEAD_DIM = 512  # layer_pre's rotary scratch
+
+
+def _lin(m: BlockLinear) -> Lin:
+    b = m._buffers
+    return Lin(b["codes"].data_ptr(), b["sub"].data_ptr(), qgemm._ptr(b["tmin"]), b["wd"].data_ptr(),
+               qgemm._ptr(b["wm"]), qgemm._ptr(b["bias"]), m.bits, m.out_features, m.in_features)
+
+
+def _parts(layer) -> tuple | None:
+    attn, mlp = layer.self_attn, layer.mlp
+    if not (getattr(attn, "kernel", False) and getattr(mlp, "kernel", False)):
+        return None
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    lins = (attn.qkv_proj, attn.o_proj, mlp.gate_up, mlp.down_proj)
+    d = attn.head_dim
+    hq, hkv = attn.sizes[0] // d, attn.sizes[1] // d
+    if (not all(isinstance(n, KernelRMSNorm) and n.weight.dtype == torch.float32 for n in norms)
+            or not all(type(m) is BlockLinear for m in lins)
+            or d % 8 or d > MAX_HEAD_DIM or hq % hkv or hq // hkv > 16):
+        return None
+    return norms, lins, (hq, hkv, d, mlp.inter, float(attn.scaling))
+
+
+def _tensors(parts) -> list[torch.Tensor]:
+    norms, lins, _ = parts
+    return [n.weight for n in norms] + [t for m in lins for t in m._buffers.values() if t is not None]
+
+
+def layer_struct(layer) -> Layer | None:
+    """The layer as kernels/qgemm.c's layer_t, kept on the layer and rebuilt when a tensor moved
+    (models/loading.py re-homes a loaded model's tensors); None when it is not all on the kernels."""
+    parts = _parts(layer)
+    if parts is None:
+        return None
+    key = tuple(t.data_ptr() for t in _tensors(parts))
+    held = getattr(layer, "_specviz_kernel_layer", None)
+    if held is not None and held[0] == key:
+        return held[1]
+    (n1, n2), (qkv, o, gu, down), (hq, hkv, d, inter, scale) = parts
+    s = Layer(n1.weight.data_ptr(), n2.weight.data_ptr(), n1.variance_epsilon, n2.variance_epsilon, scale,
+              _lin(qkv), _lin(o), _lin(gu), _lin(down), hq, hkv, d, inter)
+    layer._specviz_kernel_layer = (key, s)
+    return s
+
+
+def forward(s: Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, i: int) -> None:
+    """One layer for h (1, n, hidden) contiguous float32, in place; cos, sin (n, d) contiguous."""
+    n, lib, nt = h.shape[1], qgemm.library(), torch.get_num_threads()
+    qkv = h.new_empty(n, s.qkv.n)
+    if lib.layer_pre(ctypes.byref(s), h.data_ptr(), n, cos.data_ptr(), sin.data_ptr(), qkv.data_ptr(), nt):
+        raise MemoryError("no memory for a layer's scratch")
+    heads = qkv.view(1, n, -1, s.d)
+    kv_heads = heads[:, :, s.hq:].transpose(1, 2)  # (1, 2 hkv, n, d): the keys' heads, then the values'
+    k, v = cache.update(kv_heads[:, :s.hkv], kv_heads[:, s.hkv:], i)
+    kv = k.shape[2]
+    ends = (ctypes.c_int * n)(*range(kv - n + 1, kv + 1))
+    if lib.layer_post(ctypes.byref(s), h.data_ptr(), n, qkv.data_ptr(), k.data_ptr(), k.stride(2),
+                      k.stride(1), v.data_ptr(), v.stride(2), v.stride(1), ends, nt):
+        raise MemoryError("no memory for a layer's scratch")
