@@ -49,9 +49,10 @@ def test_compiled_draft_keeps_greedy_identical(tok, pair):
 
 @pytest.mark.skipif("w4a8" not in lowbit.available(), reason="no AVX2 kernel here")
 def test_w4a8_draft_compiles_through_its_custom_op(tok, pair):
-    """Our kernel is an opaque custom op to dynamo (qgemm.block_mm): the step compiles whole."""
+    """Our kernel is an opaque custom op to dynamo (qgemm.block_mm): the step compiles whole
+    (unfused layers: a fused w4a8 draft runs its layers as kernel calls and is not compiled)."""
     target, _ = pair
-    draft = lowbit.to_lowbit(make_lean(tiny_model(len(tok), seed=1, layers=1, hidden=128)), "w4a8")
+    draft = lowbit.to_lowbit(tiny_model(len(tok), seed=1, layers=1, hidden=128), "w4a8")
     ids = tok.encode(PROMPT)
     plain, _ = tokens(baseline(target, tok, ids, 16, GREEDY))
     step = draft_compile.compile_draft(draft, keep="compiled")
@@ -75,6 +76,9 @@ def test_what_is_never_compiled(tok, monkeypatch):
     assert draft_compile.compile_draft(None) is None
     w4 = lowbit.to_lowbit(tiny_model(len(tok), seed=1, layers=1, hidden=64), "w4")
     assert draft_compile.unwanted(w4) is None
+    if "w4a8" in lowbit.available():
+        fused = lowbit.to_lowbit(make_lean(tiny_model(len(tok), seed=1, layers=1, hidden=64)), "w4a8")
+        assert "kernel calls" in draft_compile.unwanted(fused)
     monkeypatch.setenv(draft_compile.ENV, "0")
     step = draft_compile.compile_draft(w4)
     assert not step.compiled and step.compiled_ms is None and "SPECVIZ_DRAFT_COMPILE=0" in step.note()

@@ -67,6 +67,12 @@ def layer_struct(layer) -> Layer | None:
     return s
 
 
+def covers(model) -> bool:
+    """Whether every layer of `model` runs as kernel calls (a fused w4a8 Llama-family model)."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    return bool(layers) and all(layer_struct(layer) is not None for layer in layers)
+
+
 def forward(s: Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, i: int) -> None:
     """One layer for h (1, n, hidden) contiguous float32, in place; cos, sin (n, d) contiguous."""
     n, lib, nt = h.shape[1], qgemm.library(), torch.get_num_threads()
