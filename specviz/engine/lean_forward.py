@@ -18,6 +18,8 @@ architectures, a model someone is timing through hooks) keeps `model(...)`. Beca
 the two paths agree to the bit, mixing them inside one run changes nothing.
 Measured (2026-11-25, AVX2 EPYC, one process, alternating calls): w4a8 target
 one token 108.5 -> 99.5 ms, five tokens 226 -> 201; w4a8 draft 54.4 -> 47.5 ms.
+Where every layer is on the C kernels (w4a8: engine/kernel_layer.py) each layer is two C
+calls around the cache's update instead, bit-identical too.
 """
 from __future__ import annotations
 

@@ -9,7 +9,10 @@
 
    Why hand-written: on an AVX2 EPYC torch's only int4 CPU kernel computes at ~4 GB/s of ~17
    (docs/every_cpu.md); this is the integer-dot layout llama.cpp decodes with (maddubs on
-   u8 x s8), one weight read per call whatever the number of rows. */
+   u8 x s8), one weight read per call whatever the number of rows.
+
+   Below the GEMM: the pieces of a Llama-family layer between its matmuls (RMSNorm, row-wise
+   attention, the SiLU gate) and the whole layer built from them (engine/kernel_layer.py). */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
