@@ -270,7 +270,7 @@ def test_a_candidate_whose_step_already_loses_is_not_timed_further(monkeypatch, 
     monkeypatch.setattr(cal.lowbit, "available", lambda: ("w8", "w4"))
     monkeypatch.setattr(cal.lowbit, "row_exact", lambda: ("w8", "w4"))
     # None: fp32, the class default without w8a8; the target has 2 layers, the draft 1
-    step = {2: {None: 0.1, "w8": 0.3, "w4": 0.15}, 1: {None: 0.1, "w8": 0.3, "w4": 0.11}}
+    step = {2: {None: 0.1, "w8": 0.3, "w4": 0.2}, 1: {None: 0.1, "w8": 0.3, "w4": 0.11}}
     order = []
 
     def fake(m, ns, repeats=cal.REPEATS, enough=None, **kw):
@@ -291,8 +291,8 @@ def test_a_candidate_whose_step_already_loses_is_not_timed_further(monkeypatch, 
     assert choice.target == "fp32" and "confirm" not in choice.timings
     assert order[:3] == [(None, cal.CHOICE_N), ("w8", (1,)), ("w4", (1,))]
     tt = choice.timings["target"]
-    # fp32 scores 0.1 + 2 x 0.1 + 0.8/32 = 0.325; w4's bound 3 x 0.15 = 0.45 is past 1.15x
-    assert tt["w8"] == {1: 0.3} and tt["w4"] == {1: 0.15} and cal._score(tt["w4"]) == pytest.approx(0.45)
+    # fp32 scores 0.1 + 2 x 0.1 + 0.8/5 = 0.46; w4's bound 3 x 0.2 = 0.6 is past 1.15x
+    assert tt["w8"] == {1: 0.3} and tt["w4"] == {1: 0.2} and cal._score(tt["w4"]) == pytest.approx(0.6)
     # the draft: fp32 (0.1 + 0.8/64) first; w8's step 0.3 alone loses, w4's 0.11 does not
     assert choice.draft == "fp32" and set(choice.timings["draft_prompt"]) == {"fp32", "w4"}
     assert "64-token prompt" in choice.note

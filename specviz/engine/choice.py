@@ -9,7 +9,14 @@ SMALL_MODEL_PARAMS = 100_000_000  # below this auto keeps fp32 and nothing is ti
 PROMPT_N = 64  # a prompt's forward, as the target choice times it
 # forwards the target choice compares: a plain step, a γ=4 verify and a prompt (see _score)
 CHOICE_N = (1, 5, PROMPT_N)
-PROMPT_SPREAD = 32  # a request's prompt read is paid once for ~32 (plain step + verify) pairs
+# A request's prompt read is paid once for PROMPT_SPREAD (plain step + 2 verifies) of the score:
+# a ~100-token prompt (1.6 of the timed 64) per ~16 verify rounds of a 64-token speculative run.
+# Was 32 (the prompt a twelfth of that), and on the 2-core AVX2 EPYC, 2026-11-26, the score then
+# picked a w4a8 target (ms step/verify/prompt 50.5/134.6/1586 vs w8a8 93.5/133.9/1064) whose
+# prompt read was 35-45 % of a bench request: draft γ 3 ran 0.92× our plain, 9.31 tok/s. With 5
+# the next calibration picked w8a8 (98/–/1021 vs w4a8 72/–/1581) and draft γ 3 ran 1.30× our plain,
+# 9.54 tok/s (w4a8's plain alone read 10.17 tok/s in the first bench: docs/every_cpu.md)
+PROMPT_SPREAD = 5
 # The verify counts twice the plain step: the speculative round is the demo's headline. 2-core
 # AVX2 EPYC, 2026-11-26: a w4a8 target steps ~25 % faster than w8a8 but verifies 5 tokens in ~2
 # steps against ~1.3. Weighed equally the two flip with the VM's noise (two interleaved A/Bs,
