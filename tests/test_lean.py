@@ -92,6 +92,18 @@ def test_step_profile_splits_a_step():
     assert lines[2].startswith("| target |") and lines[2].endswith("% |")
 
 
+@pytest.mark.skipif("w4a8" not in lowbit.available(), reason="no C kernels here")
+def test_step_profile_sees_inside_kernel_layers():
+    """A w4a8 layer runs as two C calls (engine/kernel_layer.py), past the Linears' hooks: the
+    profile times the split on the module path and still counts every matmul."""
+    from specviz.bench.step_profile import profile_side
+    from specviz.engine import kernel_layer
+    m = lowbit.to_lowbit(make_lean(tiny_model(500, seed=0, layers=2, hidden=64)), "w4a8")
+    assert kernel_layer.covers(m)
+    r = profile_side(m, context=8, steps=6)
+    assert r["matmul_calls"] == 2 * 4 + 1 and r["matmul_ms"] > 0 and kernel_layer.covers(m)
+
+
 @pytest.mark.parametrize("fmt", [f for f in ("w8a8", "w16") if f in lowbit.available()])
 def test_step_bytes_count_prepacked_weights(fmt):
     from specviz.bench.step_profile import step_bytes

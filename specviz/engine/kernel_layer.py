@@ -13,6 +13,7 @@ Serves a fused (lean), kernel-flagged layer whose four projections are BlockLine
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 
 import torch
@@ -22,6 +23,17 @@ from .lean import KernelRMSNorm
 from .qgemm import BlockLinear, Layer, Lin
 
 MAX_HEAD_DIM = 512  # layer_pre's rotary scratch
+_OFF = [False]  # off(): the module path, for a profile that times each Linear through hooks
+
+
+@contextlib.contextmanager
+def off():
+    """Within: layer_struct says no, and the model's modules run (same kernels, same bits)."""
+    _OFF[0] = True
+    try:
+        yield
+    finally:
+        _OFF[0] = False
 
 
 def _lin(m: BlockLinear) -> Lin:
@@ -53,7 +65,7 @@ def _tensors(parts) -> list[torch.Tensor]:
 def layer_struct(layer) -> Layer | None:
     """The layer as kernels/qgemm.c's layer_t, kept on the layer and rebuilt when a tensor moved
     (models/loading.py re-homes a loaded model's tensors); None when it is not all on the kernels."""
-    parts = _parts(layer)
+    parts = None if _OFF[0] else _parts(layer)
     if parts is None:
         return None
     key = tuple(t.data_ptr() for t in _tensors(parts))
