@@ -33,6 +33,7 @@ SB = 8  # blocks per super-block
 SRC = Path(__file__).with_name("kernels") / "qgemm.c"
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 _P, _I = ctypes.c_void_p, ctypes.c_int
+GMAX = 16  # kernels/qgemm.c's GMAX: query heads sharing a kv head, at most, in attend_rows
 
 
 def _cpu_ok() -> str | None:
@@ -313,5 +314,5 @@ def attends(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether attend() takes these tensors (else SDPA)."""
     return (q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32 and q.shape[0] == 1
             and q.shape[-1] % 8 == 0 and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
-            and q.shape[1] % k.shape[1] == 0 and q.shape[1] // k.shape[1] <= 16
+            and q.shape[1] % k.shape[1] == 0 and q.shape[1] // k.shape[1] <= GMAX
             and not torch.compiler.is_compiling())
