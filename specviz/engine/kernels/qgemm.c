@@ -37,31 +37,66 @@ static inline float hsum(__m256 v) {
     return hsum128(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
 }
 
+/* The 4 / 8 int32 lanes of v summed (exact). */
+INLINE int isum4(__m128i v) {
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(v, _mm_shuffle_epi32(v, 0xB1)));
+}
+
+INLINE int isum8(__m256i v) {
+    return isum4(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+}
+
+static inline float hsum_max(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
 /* x [M, K] float -> per row and super-block of up to 256 values: xq int8 [M, K], one scale
-   xd [M, nsb] (amax/127), and the sum of each 32-block's codes xs [M, nsb*8] int16 (zero-padded
-   past the last block). Row by row: a row's codes never depend on another row. */
-static void quantize_rows(const float *x, int M, int K, int8_t *xq, float *xd, int16_t *xs, int nt) {
+   (amax/127) and the sum of each 32-block's codes, stored super-block-major for the GEMM's
+   row tiles: xd [nsb, Mp] float and xs [nsb, Mp, 8] int16 (Mp = M rounded up to RT; padding rows
+   and blocks past the last are zero). Row by row: a row's codes never depend on another row. */
+static void quantize_rows(const float *x, int M, int Mp, int K, int8_t *xq, float *xd, int16_t *xs, int nt) {
     const int nb = K / QK, nsb = (nb + SB - 1) / SB;
 #pragma omp parallel for num_threads(nt) schedule(static) if (M * nsb > 64)
-    for (int i = 0; i < M * nsb; i++) {
+    for (int i = 0; i < Mp * nsb; i++) {
         const int row = i / nsb, sb = i % nsb, b0 = sb * SB, ns = nb - b0 < SB ? nb - b0 : SB;
+        int16_t *bs = xs + ((size_t)sb * Mp + row) * SB;
+        if (row >= M) {
+            for (int b = 0; b < SB; b++) bs[b] = 0;
+            xd[(size_t)sb * Mp + row] = 0.f;
+            continue;
+        }
         const float *v = x + (size_t)row * K + (size_t)b0 * QK;
         int8_t *q = xq + (size_t)row * K + (size_t)b0 * QK;
-        float amax = 0.f;
-        for (int j = 0; j < ns * QK; j++) amax = fmaxf(amax, fabsf(v[j]));
-        const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+        const __m256 sign = _mm256_set1_ps(-0.f);
+        __m256 am = _mm256_setzero_ps();
+        for (int j = 0; j < ns * QK; j += 8) /* |v| first: a NaN is passed over, as fmaxf does */
+            am = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(v + j)), am);
+        const float amax = hsum_max(am), d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+        const __m256 idv = _mm256_set1_ps(id);
         for (int b = 0; b < SB; b++) {
-            int sum = 0;
-            if (b < ns)
-                for (int j = 0; j < QK; j++) {
-                    const int c = (int)nearbyintf(v[b * QK + j] * id);
-                    q[b * QK + j] = (int8_t)c;
-                    sum += c;
-                }
-            xs[(size_t)row * nsb * SB + b0 + b] = (int16_t)sum;
+            if (b >= ns) { bs[b] = 0; continue; }
+            __m256i c[4];
+            for (int t = 0; t < 4; t++) /* round half to even, as nearbyintf in the default mode */
+                c[t] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + b * QK + 8 * t), idv),
+                                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+            _mm256_storeu_si256((__m256i *)(q + b * QK),
+                                _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+            bs[b] = (int16_t)isum8(_mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3])));
         }
-        xd[(size_t)row * nsb + sb] = d;
+        xd[(size_t)sb * Mp + row] = d;
     }
+}
+
+/* The 8 lanes of each of v[0..7] summed: lane r of the result is v[r]'s total (integer, exact). */
+INLINE __m256i lane_sums8(__m256i v0, __m256i v1, __m256i v2, __m256i v3, __m256i v4, __m256i v5,
+                          __m256i v6, __m256i v7) {
+    const __m256i b0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+    const __m256i b1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v4, v5), _mm256_hadd_epi32(v6, v7));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20), _mm256_permute2x128_si256(b0, b1, 0x31));
 }
 
 /* Word j of v broadcast to every word: a block's sub-scale in one shuffle, where a scalar load
@@ -89,17 +124,15 @@ INLINE __m128i words8(const void *p, int sgn) {
    by R: row-exact. */
 INLINE void rows_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
                      const float *wm, int nb, int bits, const int8_t *xq, const float *xd,
-                     const int16_t *xs, int K, int R, float *y, size_t ys) {
+                     const int16_t *xs, int K, int Mp, int R, float *y, size_t ys) {
     const int nsb = (nb + SB - 1) / SB;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 facc[RT];
-    __m128 macc[RT];
-    for (int r = 0; r < R; r++) { facc[r] = _mm256_setzero_ps(); macc[r] = _mm_setzero_ps(); }
+    const __m256i m4 = _mm256_set1_epi8(0x0F), z = _mm256_setzero_si256();
+    __m256 facc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
     for (int S = 0; S < nsb; S++) {
         const int b0 = S * SB, ns = nb - b0 < SB ? nb - b0 : SB;
         const __m256i sc = _mm256_broadcastsi128_si256(words8(sub + b0, 0));
         __m256i iacc[RT];
-        for (int r = 0; r < R; r++) iacc[r] = _mm256_setzero_si256();
+        for (int r = 0; r < RT; r++) iacc[r] = z;
         if (bits == 4) {
             for (int j = 0; j < ns; j += 2) {
                 _mm_prefetch((const char *)(codes + (size_t)(b0 + j) * 16 + PF), _MM_HINT_T0);
@@ -132,23 +165,47 @@ INLINE void rows_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmi
                 }
             }
         }
-        const __m128i tv = bits == 4 ? words8(tmin + b0, 1) : _mm_setzero_si128();
-        for (int r = 0; r < R; r++) {
-            const float dx = xd[(size_t)r * nsb + S];
-            facc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r]), _mm256_set1_ps(wd[S] * dx), facc[r]);
+        /* Each row's super-block total as one exact integer, then in float: convert, scale by
+           D * the row's activation scale, add. Several rows sit side by side in lanes (the float
+           work once per super-block and tile, not per row); one row alone takes the same steps in
+           lane 0, so a row's bits never depend on R. */
+        const float *dxs = xd + (size_t)S * Mp;
+        if (R == 1) {
+            const float d = dxs[0];
+            facc = _mm256_castps128_ps256(_mm_fmadd_ss(_mm_cvtepi32_ps(_mm_cvtsi32_si128(isum8(iacc[0]))),
+                                                       _mm_set_ss(wd[S] * d), _mm256_castps256_ps128(facc)));
             if (bits == 4) {
-                const __m128i bs = _mm_loadu_si128((const __m128i *)(xs + (size_t)r * nsb * SB + b0));
-                macc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(tv, bs)), _mm_set1_ps(wm[S] * dx), macc[r]);
+                const __m128i t = _mm_madd_epi16(words8(tmin + b0, 1), _mm_loadu_si128((const __m128i *)(xs + (size_t)S * Mp * SB)));
+                macc = _mm256_castps128_ps256(_mm_fmadd_ss(_mm_cvtepi32_ps(_mm_cvtsi32_si128(isum4(t))),
+                                                           _mm_set_ss(wm[S] * d), _mm256_castps256_ps128(macc)));
             }
+            continue;
+        }
+        const __m256 dx = _mm256_loadu_ps(dxs);
+        const __m256i isum = lane_sums8(iacc[0], iacc[1], iacc[2], iacc[3], iacc[4], iacc[5], iacc[6], iacc[7]);
+        facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(_mm256_set1_ps(wd[S]), dx), facc);
+        if (bits == 4) {
+            /* the sub-minimums' term: sum_b t_b * (row's block code sums), two rows a vector */
+            const __m256i tv = _mm256_broadcastsi128_si256(words8(tmin + b0, 1));
+            const int16_t *bs = xs + (size_t)S * Mp * SB;
+            __m256i m[4];
+            for (int p = 0; p < 4; p++)
+                m[p] = 2 * p < R ? _mm256_madd_epi16(tv, _mm256_loadu_si256((const __m256i *)(bs + 16 * p))) : z;
+            const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]));
+            /* h: rows 0, 2, 4, 6 in the low half, 1, 3, 5, 7 in the high */
+            const __m256i msum = _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            macc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(_mm256_set1_ps(wm[S]), dx), macc);
         }
     }
-    for (int r = 0; r < R; r++) y[r * ys] = hsum(facc[r]) + hsum128(macc[r]);
+    float out[RT];
+    _mm256_storeu_ps(out, _mm256_add_ps(facc, macc));
+    for (int r = 0; r < R; r++) y[r * ys] = out[r];
 }
 
 #define TILE(BITS, R) rows_dot(codes + (size_t)n * rb, sub + (size_t)n * nsb * SB, \
                                tmin ? tmin + (size_t)n * nsb * SB : 0, wd + (size_t)n * nsb, \
                                wm ? wm + (size_t)n * nsb : 0, nb, BITS, xq + (size_t)m0 * K, \
-                               xd + (size_t)m0 * nsb, xs + (size_t)m0 * nsb * SB, K, R, \
+                               xd + m0, xs + (size_t)m0 * SB, K, Mp, R, \
                                y + (size_t)m0 * N + n, N)
 
 /* y [M, N] = activation rows (xq, xd, xs from quantize_rows) against N weight rows: codes,
@@ -157,7 +214,7 @@ INLINE void rows_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmi
 static void gemm_blocks(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
                  const float *wm, int bits, int N, int K, const int8_t *xq, const float *xd,
                  const int16_t *xs, int M, float *y, int nt) {
-    const int nb = K / QK, nsb = (nb + SB - 1) / SB;
+    const int nb = K / QK, nsb = (nb + SB - 1) / SB, Mp = (M + RT - 1) / RT * RT;
     const size_t rb = bits == 4 ? (size_t)(nb + 1) / 2 * 32 : (size_t)nb * QK; /* code bytes a row */
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int n = 0; n < N; n++) {
@@ -186,7 +243,8 @@ int block_mm(const float *x, int M, int K, const uint8_t *codes, const uint8_t *
     static __thread float *xd;
     static __thread int16_t *xs;
     static __thread size_t capq, caps;
-    const size_t nq = (size_t)M * K, ns = (size_t)M * ((K / QK + SB - 1) / SB);
+    const int Mp = (M + RT - 1) / RT * RT;
+    const size_t nq = (size_t)M * K, ns = (size_t)Mp * ((K / QK + SB - 1) / SB);
     if (nq > capq) { free(xq); xq = malloc(nq); capq = xq ? nq : 0; }
     if (ns > caps) {
         free(xd); free(xs);
@@ -195,7 +253,7 @@ int block_mm(const float *x, int M, int K, const uint8_t *codes, const uint8_t *
         caps = xd && xs ? ns : 0;
     }
     if (!capq || !caps) return -1; /* out of memory: the caller raises */
-    quantize_rows(x, M, K, xq, xd, xs, nt);
+    quantize_rows(x, M, Mp, K, xq, xd, xs, nt);
     gemm_blocks(codes, sub, tmin, wd, wm, bits, N, K, xq, xd, xs, M, y, nt);
     return 0;
 }
