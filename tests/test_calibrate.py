@@ -79,6 +79,14 @@ def test_cost_model_and_cache_roundtrip(tmp_path):
     assert cal.load_cached(path) is None
 
 
+def test_a_new_kernel_is_timed_again(tmp_path, monkeypatch):
+    from specviz.engine import qgemm
+    where = dict(target_ref="t", draft_ref="d", precision="auto", quantize=None, device="cpu")
+    before = cal.cache_path(tmp_path, **where)
+    monkeypatch.setattr(qgemm, "source_key", lambda: "another kernel")
+    assert cal.cache_path(tmp_path, **where) != before
+
+
 def test_busy_machine_is_not_cached():
     assert BUSY(13.0, 2) and not BUSY(1.5, 2) and not BUSY(3.9, 2)
 

@@ -107,7 +107,10 @@ def cache_path(root: Path, *, target_ref: str, draft_ref: str | None, precision:
     import hashlib
 
     from ..machine import machine_key
-    key = "|".join([target_ref, draft_ref or "", precision, quantize or "none", device, machine_key()])
+    from . import qgemm
+    # the kernel's identity too: timings of an older kernel would choose by numbers no longer true
+    key = "|".join([target_ref, draft_ref or "", precision, quantize or "none", device, machine_key(),
+                    qgemm.source_key()])
     return Path(root) / "calibration" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 

@@ -47,10 +47,16 @@ def _cpu_ok() -> str | None:
     return None
 
 
+def source_key() -> str:
+    """The kernel's build identity (source, flags, torch's runtime): a new kernel is built, and
+    timings measured on the old one (the calibration cache) are measured again."""
+    torch_lib = Path(torch.__file__).parent / "lib"
+    return hashlib.sha1(SRC.read_bytes() + " ".join(CFLAGS).encode() + bytes(torch_lib)).hexdigest()[:16]
+
+
 def _build() -> Path:
     torch_lib = Path(torch.__file__).parent / "lib"
-    key = hashlib.sha1(SRC.read_bytes() + " ".join(CFLAGS).encode() + bytes(torch_lib)).hexdigest()[:16]
-    out = cache_root() / "kernels" / f"qgemm-{key}.so"
+    out = cache_root() / "kernels" / f"qgemm-{source_key()}.so"
     if out.exists():
         return out
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
