@@ -91,3 +91,72 @@ def test_priced_lookup_guesses_what_pays():
         if guesses(p, seq):
             break
     assert guesses(p, seq)[:1] == [3] and p.first.value > 0.3
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+def test_eos_inside_a_draft(tok, target, gamma):
+    ids = tok.encode(PROMPT)
+    _, full = run(baseline(target, tok, ids, 40, GREEDY))
+    eos = full.token_ids[7]  # pretend the 8th token ends the sequence
+    _, base = run(baseline(target, tok, ids, 40, GREEDY, eos_ids=[eos]))
+    assert base.stop_reason == "eos" and base.token_ids[-1] == eos
+    # same model as draft: EOS arrives as an accepted draft token, mid-round
+    for prop_model in (target, tiny_model(len(tok), seed=1, layers=1)):
+        rounds, spec = run(speculative(target, DraftModelProposer(prop_model), tok, ids, 40,
+                                       gamma, GREEDY, eos_ids=[eos]))
+        assert spec.token_ids == base.token_ids and spec.stop_reason == "eos"
+        check_stream(rounds, spec)
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 5, 13])
+def test_max_new_tokens_is_exact(tok, target, max_new):
+    ids = tok.encode(PROMPT)
+    _, base = run(baseline(target, tok, ids, max_new, GREEDY))
+    rounds, spec = run(speculative(target, DraftModelProposer(target), tok, ids, max_new, 4, GREEDY))
+    assert spec.token_ids == base.token_ids and len(spec.token_ids) == max_new
+    check_stream(rounds, spec)
+
+
+def test_stats_are_consistent(tok, target, draft):
+    ids = tok.encode(PROMPT)
+    _, base = run(baseline(target, tok, ids, 30, GREEDY))
+    rounds, spec = run(speculative(target, DraftModelProposer(draft), tok, ids, 30, 3, GREEDY))
+    st = run_stats(spec, base)
+    assert st.alpha == spec.accepted / spec.drafted
+    assert 0 <= st.alpha_hat <= 1 and st.tau == spec.n_tokens / spec.rounds
+    assert st.c > 0 and st.speedup > 0 and st.predicted > 0
+    # round 1 also reads the prompt: its time is prefill, not in the draft/verify split
+    assert rounds[0].prompt_tokens == len(ids) - 1 and spec.prompt_rounds == 1
+    assert all(r.prompt_tokens == 0 for r in rounds[1:])
+    assert spec.draft_time == pytest.approx(sum(r.t_draft for r in rounds[1:]))
+    assert spec.verify_time == pytest.approx(sum(r.t_verify for r in rounds[1:]))
+    assert spec.draft_forwards == sum(r.draft_forwards for r in rounds[1:])
+    assert spec.prefill == rounds[0].t_end and spec.target_forwards == spec.rounds
+
+
+def test_stop_event_ends_run(tok, target, draft):
+    import threading
+    stop = threading.Event()
+    gen = speculative(target, DraftModelProposer(draft), tok, tok.encode(PROMPT), 200, 3, GREEDY, stop=stop)
+    first = next(gen)
+    stop.set()
+    rest = list(gen)
+    assert isinstance(first, RoundEvent) and rest[-1].stop_reason == "stopped"
+
+
+# --- the sequence-level distribution test ------------------------------------
+
+@pytest.mark.parametrize("method,params,gamma", [
+    ("draft", SamplingParams(temperature=1.0), 2),
+    ("draft", SamplingParams(temperature=0.8, top_k=3), 3),
+    ("lookup", SamplingParams(temperature=1.0), 2),
+    ("adaptive", SamplingParams(temperature=1.0, top_p=0.9), 2),
+])
+def test_sequences_follow_target_distribution(method, params, gamma):
+    V, N = 4, 1500
+    t = tiny_model(V, seed=10, layers=2, init=0.8)
+    d = noisy_copy(t, 0)  # accepts often, rejects often
+    new = {"draft": lambda: DraftModelProposer(d), "lookup": lambda: PromptLookupProposer(V),
+           "adaptive": lambda: AdaptiveDraftProposer(d, confidence=0.5)}[method]
+    exact, counts, runs = sample_sequences(speculative, t, new, gamma, params, N)
+    assert 0.05 < acceptance(runs) < 0.95, "test needs both accepts and rejections"
+    assert_follows_target(counts, exact, N)
