@@ -92,6 +92,7 @@ def test_priced_lookup_guesses_what_pays():
             break
     assert guesses(p, seq)[:1] == [3] and p.first.value > 0.3
 
+
 @pytest.mark.parametrize("gamma", [1, 3, 6])
 def test_eos_inside_a_draft(tok, target, gamma):
     ids = tok.encode(PROMPT)
