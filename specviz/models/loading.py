@@ -249,6 +249,7 @@ def _warm(target, draft, costs, progress):
 
     from ..engine import draft_compile, lowbit
     progress("warming up", 0.95)
+    _trim_heap()  # calibration's candidates and fp32 originals, before the copies below
     for m in (m for m in (target, draft) if m is not None):
         _own_memory(m)
         if lowbit.lowbit_format(m) or speed.has_int8(m):
@@ -266,18 +267,9 @@ def _warm(target, draft, costs, progress):
 
 
 def _trim_heap() -> None:
-    """Free what the conversions left in reference cycles (the fp32 models: transformers' modules
-    point at each other, so only the cycle collector frees them), then hand the heap pages back
-    to the OS (glibc keeps them). 2-core AVX2 EPYC, 2026-11-25, default pair with the int8 (dynamic)
-    draft, resident right after load: 4.42 GB with the trim alone, 3.25 GB with gc first (3.36 GB
-    after 8 runs)."""
-    import ctypes
-    import gc
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to hand back this way
-        pass
+    """The conversions' garbage freed and handed back (engine/calibrate.trim_heap)."""
+    from ..engine.calibrate import trim_heap
+    trim_heap()
 
 
 _OWNED: weakref.WeakSet = weakref.WeakSet()  # models _own_memory already copied
