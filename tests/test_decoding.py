@@ -150,6 +150,7 @@ def test_stop_event_ends_run(tok, target, draft):
     ("draft", SamplingParams(temperature=1.0), 2),
     ("draft", SamplingParams(temperature=0.8, top_k=3), 3),
     ("lookup", SamplingParams(temperature=1.0), 2),
+    ("lookup_priced", SamplingParams(temperature=1.0), 2),  # what it guesses depends on past hits
     ("adaptive", SamplingParams(temperature=1.0, top_p=0.9), 2),
 ])
 def test_sequences_follow_target_distribution(method, params, gamma):
@@ -157,6 +158,7 @@ def test_sequences_follow_target_distribution(method, params, gamma):
     t = tiny_model(V, seed=10, layers=2, init=0.8)
     d = noisy_copy(t, 0)  # accepts often, rejects often
     new = {"draft": lambda: DraftModelProposer(d), "lookup": lambda: PromptLookupProposer(V),
+           "lookup_priced": lambda: PromptLookupProposer(V, verify_cost=lambda k: 1.0 + 0.2 * k),
            "adaptive": lambda: AdaptiveDraftProposer(d, confidence=0.5)}[method]
     exact, counts, runs = sample_sequences(speculative, t, new, gamma, params, N)
     assert 0.05 < acceptance(runs) < 0.95, "test needs both accepts and rejections"

@@ -127,8 +127,8 @@ INLINE __m128i words8(const void *p, int sgn) {
 /* One weight row against R activation rows. Per super-block (8 blocks of 32): the blocks'
    integer dots are weighted by their 8-bit sub-scales inside the integer pipeline (maddubs, then
    madd with the sub-scale), so the float work (convert, scale, add) is once per 256 weights
-   and row, not per 32: with an fp16 scale per 32-block (Q4_1) a 5-row gate/up ran in 3.64 ms,
-   now 2.43-2.84 (docs/every_cpu.md).
+   and row tile, not per 32: with an fp16 scale per 32-block (Q4_1) a 5-row gate/up ran in
+   3.64 ms, then 2.43-2.84 (docs/every_cpu.md).
    bits 4: w = D*s_b*q + Mn*t_b (q 0..15), codes of blocks 2p and 2p+1 in one 32-byte run (low and
    high nibbles, as GGUF's Q4_K: one load and two masks give both); bits 8: w = D*s_b*q (q -127..127).
    Integer sums are exact; every float sum's order is fixed by the super-block index alone, never

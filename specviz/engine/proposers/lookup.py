@@ -57,6 +57,9 @@ class PromptLookupProposer(Proposer):
     verify_cost: Callable[[int], float] | None = None  # None: guess whatever matches
     name: str = "lookup"
 
+    def __post_init__(self):
+        self.reset([])
+
     def reset(self, prompt_ids: list[int]) -> int:
         # priors: half the first guesses right, 0.7 of the guesses after a right one
         self.first, self.more = HitRate(0.5), HitRate(0.7)
@@ -77,7 +80,7 @@ class PromptLookupProposer(Proposer):
 
     def _learn(self, seq: list[int]) -> None:
         """Score last round's guesses against what was committed since."""
-        if getattr(self, "_last", None) is None:
+        if self._last is None:
             return
         at, guess, k = self._last
         got = seq[at:at + k + 1]
@@ -93,8 +96,6 @@ class PromptLookupProposer(Proposer):
     def _worth(self, n: int) -> int:
         """How many of n guesses to propose: the k maximising expected tokens per
         plain-step cost, 0 (a plain step) unless some k beats 1."""
-        if not hasattr(self, "first"):
-            self.reset([])
         a1, ar = self.first.value, self.more.value
         best, best_rate, run = 0, 1.0, 0.0
         for k in range(1, n + 1):
