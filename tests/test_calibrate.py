@@ -273,3 +273,32 @@ def test_machine_key_tells_an_emulated_kernel_class_apart(monkeypatch):
     native = machine.machine_key()
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert machine.machine_key() != native
+
+
+def test_a_handed_over_pair_is_not_held_twice(tok):
+    """calibrate holds the only reference to a handed-over model, and a draft with a way back
+    from disk is let go while the target's candidates are timed (the cold peak of the 1.5B +
+    0.5B pair: calibrate.Handoff)."""
+    import gc
+    import weakref
+
+    from specviz.models.tiny import tiny_model
+    timed_with_draft_held = []
+
+    def time_forwards(m, ns, **kw):
+        timed_with_draft_held.append(first() is not None)
+        return {n: 0.01 for n in ns}
+    loads = []
+    again = lambda: loads.append(1) or tiny_model(len(tok), seed=1, layers=1)  # noqa: E731
+    draft = cal.Handoff(tiny_model(len(tok), seed=1, layers=1), again)
+    first = weakref.ref(draft._model)
+    target = cal.Handoff(tiny_model(len(tok), seed=0, layers=2))
+    original = weakref.ref(target._model)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cal, "time_forwards", time_forwards)
+        t, d, choice = cal.calibrate(target, draft, quantize="none", native_bf16=False, min_params=0)
+    gc.collect()
+    assert loads == [1] and first() is None and not any(timed_with_draft_held)
+    assert choice.target == "fp32" and original() is t
+    with pytest.raises(RuntimeError):  # taken: nothing left to give and no way back
+        target.take()
