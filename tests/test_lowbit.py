@@ -291,8 +291,8 @@ def test_a_candidate_whose_step_already_loses_is_not_timed_further(monkeypatch, 
     assert choice.target == "fp32" and "confirm" not in choice.timings
     assert order[:3] == [(None, cal.CHOICE_N), ("w8", (1,)), ("w4", (1,))]
     tt = choice.timings["target"]
-    # fp32 scores 0.1 + 2 x 0.1 + 0.8/5 = 0.46; w4's bound 3 x 0.2 = 0.6 is past 1.15x
-    assert tt["w8"] == {1: 0.3} and tt["w4"] == {1: 0.2} and cal._score(tt["w4"]) == pytest.approx(0.6)
+    # fp32 scores 8 x 0.1 + 2 x 0.1 + 0.8/2.5 = 1.32; w4's bound 10 x 0.2 = 2.0 is past 1.15x
+    assert tt["w8"] == {1: 0.3} and tt["w4"] == {1: 0.2} and cal._score(tt["w4"]) == pytest.approx(2.0)
     # the draft: fp32 (0.1 + 0.8/64) first; w8's step 0.3 alone loses, w4's 0.11 does not
     assert choice.draft == "fp32" and set(choice.timings["draft_prompt"]) == {"fp32", "w4"}
     assert "64-token prompt" in choice.note

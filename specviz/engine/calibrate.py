@@ -55,7 +55,9 @@ CONTEXT = 100  # tokens in the cache while timing: a typical prompt
 COMPILE_HOPE = 1.5
 REPEATS = 3  # median of 3: ~15 s for a first calibration of the default pair on 2 cores
 CONFIRM_MARGIN = 1.3  # the two fastest are re-timed only when this close (choice.PRUNE: further timings)
-CACHE_VERSION = 3  # 2: the target choice counts the prompt's forward; 3: the draft's too (2026-11-25)
+# 2: the target choice counts the prompt's forward; 3: the draft's too (2026-11-25); 4: the target's
+# score is a whole request, plain run and speculative run (choice.PLAIN_WEIGHT, 2026-11-26)
+CACHE_VERSION = 4
 BUSY_LOAD_PER_CORE = 2.0  # above this 1-minute load per core a calibration is not cached
 
 # auto: the cache, else measure now; cached: the cache, else an untimed default (never times anything,
