@@ -219,15 +219,12 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
         draft, tok_draft = load(refs["draft"], dtype or start["draft"] or auto_dtype)
     check_vocab(target, draft, tok, tok_draft)
     keep = _draft_keep(draft_vocab, draft, tok, dev, _eos_ids(target, tok), progress)
+    as_loaded = lambda: _trimmed(load(refs["draft"], dtype or start["draft"] or auto_dtype)[0], keep)  # noqa: E731
     fp32 = calibrate.Loaded(lambda: load(refs["target"], torch.float32)[0],
                             lambda: _trimmed(load(refs["draft"], torch.float32)[0], keep))
-    draft_dtype = dtype or start["draft"] or auto_dtype
-
-    def draft_again():
-        return _trimmed(load(refs["draft"], draft_dtype)[0], keep)
     # handed over, not passed: this frame must not keep either original alive (calibrate.Handoff)
     target = calibrate.Handoff(target)
-    draft = calibrate.Handoff(_trimmed(draft, keep), draft_again) if draft is not None else None
+    draft = calibrate.Handoff(_trimmed(draft, keep), as_loaded) if draft is not None else None
     target, draft, choice = calibrate.calibrate(
         target, draft, precision=precision if dtype is None else _precision_of(dtype),
         quantize=quantize, device=dev.type, half=half, cache_file=cache_file, reload=fp32,
