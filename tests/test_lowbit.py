@@ -232,6 +232,7 @@ def test_w8a8_pair_greedy_every_kind_equals_plain(w8a8_pair, method, prompt):
 def test_class_default_by_cpu_class():
     assert cal.class_default(["fp32", "bf16", "w16", "w8a8"], True) == "bf16"
     assert cal.class_default(["fp32", "w16", "w8a8", "w8", "w4"], False) == "w8a8"
+    assert cal.class_default(["fp32", "w8a8", "w4a8"], False) == "w4a8"
     assert cal.class_default(["fp32", "w16"], False) == "fp32"
 
 

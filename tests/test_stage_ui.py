@@ -29,11 +29,12 @@ def test_cached_mode_times_nothing_and_says_so(monkeypatch, tok, tmp_path, quiet
     monkeypatch.setattr(cal, "time_forwards", lambda *a, **k: pytest.fail("timed in cached mode"))
     t, d, choice = cal.calibrate(*_models(tok), quantize="auto", native_bf16=True, min_params=0,
                                  cache_file=tmp_path / "c.json", mode="cached")
-    # the class default, untimed: bf16 where native, an int8 draft (lossless: the target verifies)
-    assert (choice.target, choice.draft) == ("bf16", "int8")
+    # the class default, untimed: bf16 where native, a w4a8 draft where it runs, else int8
+    # (lossless: the target verifies)
+    assert (choice.target, choice.draft) == ("bf16", "w4a8" if "w4a8" in cal.lowbit.available() else "int8")
     _, _, avx2 = cal.calibrate(*_models(tok), quantize="auto", native_bf16=False, min_params=0,
                                cache_file=tmp_path / "c.json", mode="cached")
-    assert avx2.target == ("w8a8" if "w8a8" in cal.lowbit.available() else "fp32")
+    assert avx2.target == cal.class_default(["fp32", *cal.lowbit.row_exact()], False)
     assert choice.untimed and choice.costs is None and "not timed yet" in choice.note
     assert not (tmp_path / "c.json").exists()
 

@@ -150,9 +150,11 @@ def cost_model(timings: dict, target: str, draft: str | None, machine: str) -> C
 def class_default(cands: list[str], native_bf16: bool) -> str:
     """What a CPU of this class runs when timing cannot tell (a ranking that flips under load,
     or no time to measure): bf16 where it is native (2.2x fp32 on an AVX512-BF16 Xeon), else
-    w8a8 where fbgemm runs (AVX2 EPYC, 2026-11-23: 129-185 ms/step vs 568-644 fp32, the
-    fastest of five formats every time), else fp32."""
-    for p in (("bf16",) if native_bf16 else ()) + ("w8a8", "fp32"):
+    w4a8 where our kernel builds (AVX2 EPYC, 2026-11-26, three calibrations: 50-52 ms/step vs
+    w8a8's 103-117, a 5-token verify 117-124 vs 125-174, by the request score 1,217 vs 1,485),
+    else w8a8 where fbgemm runs (AVX2 EPYC, 2026-11-23: 129-185 ms/step vs 568-644 fp32),
+    else fp32."""
+    for p in (("bf16",) if native_bf16 else ()) + ("w4a8", "w8a8", "fp32"):
         if p in cands:
             return p
     return cands[0]
