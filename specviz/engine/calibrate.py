@@ -354,13 +354,19 @@ def trim_heap() -> None:
         pass
 
 
+def _could_win(p: str, timings: dict[str, float], prompts: dict[str, float], goal: float) -> bool:
+    """Whether draft candidate p would score better than `goal` if compiling made its step
+    COMPILE_HOPE times faster."""
+    return draft_score(timings[p] / COMPILE_HOPE, prompts.get(p)) < goal
+
+
 def _drop_hopeless(models: dict, timings: dict[str, float], prompts: dict[str, float]) -> None:
     """Forget the draft candidates that cannot be chosen, eager or compiled: their step even
     COMPILE_HOPE times faster scores no better than the best so far (which only improves)."""
     chosen = choose_draft(timings, prompts)
     goal = draft_score(timings[chosen], prompts.get(chosen))
     for p in [p for p in models if p != chosen]:
-        if draft_score(timings[p] / COMPILE_HOPE, prompts.get(p)) >= goal:
+        if not _could_win(p, timings, prompts, goal):
             del models[p]
     trim_heap()
 
@@ -378,16 +384,14 @@ def _compiled_draft(models: dict, timings: dict[str, float], chosen: str, progre
         return chosen  # the winner compiles at load anyway
     prompts = prompts if prompts is not None else {}
     goal = draft_score(timings[chosen], prompts.get(chosen))
-
-    def could_win(p: str) -> bool:  # if compiling made its step COMPILE_HOPE times faster
-        return draft_score(timings[p] / COMPILE_HOPE, prompts.get(p)) < goal
-    near = [p for p in timings if p in models and draft_compile.unwanted(models[p]) is None and could_win(p)]
+    near = [p for p in timings if p in models and draft_compile.unwanted(models[p]) is None
+            and _could_win(p, timings, prompts, goal)]
     if not near:
         return chosen
     best = min(near, key=lambda p: draft_score(timings[p], prompts.get(p)))
     if prompts and best not in prompts:  # pruned on its eager step: its prompt counts against a compiled one
         prompts[best] = time_forwards(models[best], (PROMPT_N,))[PROMPT_N]
-        if not could_win(best):
+        if not _could_win(best, timings, prompts, goal):
             return chosen
     lowbit.half_embeddings(models[best])  # the table it runs with (models/loading._warm): compiled once
     step = draft_compile.compile_draft(models[best], progress)

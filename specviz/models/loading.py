@@ -251,8 +251,9 @@ def _warm(target, draft, costs, progress):
     from dataclasses import replace
 
     from ..engine import draft_compile, lowbit
+    from ..engine.calibrate import trim_heap
     progress("warming up", 0.95)
-    _trim_heap()  # calibration's candidates and fp32 originals, before the copies below
+    trim_heap()  # calibration's candidates and fp32 originals, before the copies below
     for m in (m for m in (target, draft) if m is not None):
         _own_memory(m)
         if lowbit.lowbit_format(m) or speed.has_int8(m):
@@ -261,18 +262,12 @@ def _warm(target, draft, costs, progress):
             lowbit.half_embeddings(m)
         speed.warm_up(m)
     step = draft_compile.compile_draft(draft, progress)
-    _trim_heap()
+    trim_heap()
     if step is not None and step.compiled and costs is not None and costs.draft_step_s is not None:
         costs = replace(costs, draft_step_s=step.compiled_ms / 1e3,
                         notes={**costs.notes, "draft_step": step.note()})
     progress("models ready", 1.0)
     return costs, step
-
-
-def _trim_heap() -> None:
-    """The conversions' garbage freed and handed back (engine/calibrate.trim_heap)."""
-    from ..engine.calibrate import trim_heap
-    trim_heap()
 
 
 _OWNED: weakref.WeakSet = weakref.WeakSet()  # models _own_memory already copied
