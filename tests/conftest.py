@@ -39,6 +39,24 @@ def other_vocab_dir(tmp_path_factory):
     return str(d)
 
 
+@pytest.fixture(autouse=True)
+def _one_thread_per_worker(request):
+    """test.sh runs two pytest-xdist workers on two cores: a tiny model at torch's default two
+    threads per worker spends twice the CPU for the same wall time (5 chi-square tests of
+    test_decoding, 2-core AVX2 EPYC, 2026-11-26: 3:31 vs 1:48 CPU, 1:58 vs 1:50 wall), CPU
+    the other worker needed. The real pair's tests keep the default (their timings choose formats)."""
+    import os
+
+    import torch
+    if not os.environ.get("PYTEST_XDIST_WORKER") or request.node.get_closest_marker("xdist_group"):
+        yield
+        return
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture
 def one_thread():
     """Tiny matrices: OpenMP threads only add sync cost (badly so on a loaded machine).

@@ -180,3 +180,32 @@ def test_kernel_rows_in_low_bit_models_only():
     torch.testing.assert_close(norm(x), stock(x), rtol=1e-6, atol=1e-6)
     assert torch.equal(torch.cat([norm(x[:, i:i + 1]) for i in range(7)], 1), norm(x))
     torch.testing.assert_close(norm(x.transpose(0, 1).contiguous().transpose(0, 1)[:, ::2]), stock(x[:, ::2]))
+
+
+@pytest.mark.skipif("w4a8" not in lowbit.available(), reason="no C kernels here")
+def test_one_call_stack_agrees_through_crops_and_tree_selects(monkeypatch):
+    """engine/kernel_layer.forward_stack (every layer in one C call, the DynamicCache's keys in a
+    buffer of its own) against the layer-by-layer path: the same bits after rollbacks (a crop keeps
+    the buffer), a tree's index_select and a growth past the buffer's room (both copied back in)."""
+    from specviz.engine import kernel_layer
+    from specviz.engine.forward import crop_cache, forward_logits, keep_cache_slots, new_cache
+    model = lowbit.to_lowbit(make_lean(tiny_model(96, seed=0, layers=3)), "w4a8")
+    ids = torch.randint(0, 96, (400,), generator=torch.Generator().manual_seed(5)).tolist()
+
+    def chain():
+        cache, out, at = new_cache(model), [], 0
+        for n, back in ((7, 0), (1, 0), (5, 3), (1, 0), (4, 0), (2, 2), (1, 0)) + ((6, 1),) * 50:
+            out.append(forward_logits(model, ids[at:at + n], cache, n))
+            at += n - back
+            crop_cache(cache, at)
+            if len(out) == 5:  # a tree's accepted path: positions picked, the rest dropped
+                keep_cache_slots(cache, prefix=at - 3, slots=[at - 2, at - 1])
+                at -= 1
+        return out, cache
+
+    with torch.no_grad():
+        stacked, cache = chain()
+        assert kernel_layer._BUFFERS.get(cache) is not None and cache.get_seq_length() > kernel_layer.GROW
+        monkeypatch.setattr(kernel_layer, "forward_stack", lambda *a: False)
+        layered, _ = chain()
+    assert all(torch.equal(a, b) for a, b in zip(stacked, layered, strict=True))

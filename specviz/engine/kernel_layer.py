@@ -1,4 +1,4 @@
-"""A Llama-family decoder layer as two C calls around the KV cache's update.
+"""A Llama-family decoder layer as two C calls around the KV cache's update; the stack as one.
 
 After the norms, attention rows and MLP gate went to C (engine/lean.py's kernel_rows),
 a low-bit step still made ~20 Python-side calls a layer (views, rotary, the residual adds,
@@ -8,6 +8,10 @@ residual) run the same C functions the modules call, in the same order, and the 
 steps as the same single float operations as aten's, so a layer's output is the module path's
 bit for bit (tests/test_lean.py) and every engine, cache and tree path agrees with it.
 
+A forward whose cache this module can write (a filled DynamicCache, an eager StaticKV) runs
+every layer in one C call instead (forward_stack, kernels/qgemm.c's layers_forward): the same
+calls in the same order, with the new keys and values written into the cache from C.
+
 Serves a fused (lean), kernel-flagged layer whose four projections are BlockLinears
 (w4a8, q8a8 weights: engine/qgemm.py) on a CPU; anything else keeps the module path.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import weakref
 
 import torch
 
@@ -23,6 +28,7 @@ from .lean import KernelRMSNorm
 from .qgemm import BlockLinear, Layer, Lin
 
 MAX_HEAD_DIM = 512  # layer_pre's rotary scratch
+GROW = 256  # positions of room added when a cache's buffer is (re)made
 _OFF = [False]  # off(): the module path, for a profile that times each Linear through hooks
 
 
@@ -111,3 +117,86 @@ def forward(s: Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cac
     if lib.layer_post(ctypes.byref(s), h.data_ptr(), n, qkv.data_ptr(), k.data_ptr(), k.stride(2),
                       k.stride(1), v.data_ptr(), v.stride(2), v.stride(1), ends, nt):
         raise MemoryError("no memory for a layer's scratch")
+
+
+# ------------------------------------------------------------------ the whole stack in one call
+# One layers_forward call for every layer: a 1.5B step made 56 C calls, 28 cache updates (each a
+# torch.cat of the layer's whole cache) and the Python between them. The keys and values of a
+# DynamicCache live in one buffer with room to grow; its layers hold prefix views of it, so a
+# crop (a view of the same start) keeps it and anything else (a tree's index_select, a module
+# path's cat) is copied back in on the next forward.
+
+_STACKS: dict = {}  # tuple of Layer ids -> (the Layers, their C array): kept alive, so ids stay theirs
+_BUFFERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DynamicCache -> _Buffer
+
+
+def _stack(structs: list[Layer]):
+    key = tuple(map(id, structs))
+    held = _STACKS.get(key)
+    if held is None:
+        if len(_STACKS) >= 8:  # old models' stacks: a handful at most
+            _STACKS.clear()
+        held = _STACKS[key] = (structs, (Layer * len(structs))(*structs))
+    return held[1]
+
+
+class _Buffer:
+    """Every layer's keys (even slots) and values (odd) of one DynamicCache with room for `cap`
+    positions: (2 layers, 1, kv heads, cap, head dim)."""
+
+    def __init__(self, layers, cap: int):
+        k0 = layers[0].keys
+        self.cap, t = cap, k0.shape[-2]
+        self.buf = k0.new_empty(2 * len(layers), *k0.shape[:2], cap, k0.shape[-1])
+        for i, layer in enumerate(layers):
+            self.buf[2 * i, :, :, :t] = layer.keys
+            self.buf[2 * i + 1, :, :, :t] = layer.values
+        ptrs = [t.data_ptr() for t in self.buf.unbind(0)]
+        self.kp, self.vp = ptrs[0::2], ptrs[1::2]
+        arr = ctypes.c_void_p * len(layers)
+        self.kb, self.vb = arr(*self.kp), arr(*self.vp)
+
+    def holds(self, layers, end: int) -> bool:
+        return end <= self.cap and all(a.keys.data_ptr() == k and a.values.data_ptr() == v
+                                       for a, k, v in zip(layers, self.kp, self.vp, strict=True))
+
+
+def _cache_room(cache, nl: int, n: int):
+    """(keys array, values array, kr, kh, p, the DynamicCache's _Buffer or None) for a forward of n
+    tokens over `cache`, or None when this cache is not one the stack call can write (an empty or
+    foreign DynamicCache, a masked StaticKV)."""
+    own = getattr(cache, "buffers", None)  # engine/kvcache.py's StaticKV: its own buffers, pointer
+    if own is not None:
+        keys, values, p = own() or ([], [], 0)
+        if len(keys) != nl:
+            return None
+        kb = (ctypes.c_void_p * nl)(*(t.data_ptr() for t in keys))
+        vb = (ctypes.c_void_p * nl)(*(t.data_ptr() for t in values))
+        return kb, vb, keys[0].stride(2), keys[0].stride(1), p, None
+    layers = getattr(cache, "layers", None)
+    if not layers or len(layers) != nl or getattr(layers[0], "keys", None) is None \
+            or layers[0].keys.dtype != torch.float32:
+        return None  # a prompt's first forward fills the cache through update(); then this
+    p = layers[0].keys.shape[-2]
+    b = _BUFFERS.get(cache)
+    if b is None or not b.holds(layers, p + n):
+        b = _BUFFERS[cache] = _Buffer(layers, p + n + GROW)
+    return b.kb, b.vb, b.buf.stride(3), b.buf.stride(2), p, b
+
+
+def forward_stack(structs: list[Layer], h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache) -> bool:
+    """Every layer for h (1, n, hidden) in place, as forward() one by one would (same C code in the
+    same order: the same bits); False (nothing done) where the cache is not one it can write."""
+    n, nl = h.shape[1], len(structs)
+    room = _cache_room(cache, nl, n)
+    if room is None:
+        return False
+    kb, vb, kr, kh, p, b = room
+    if qgemm.library().layers_forward(_stack(structs), nl, h.data_ptr(), n, cos.data_ptr(), sin.data_ptr(),
+                                      kb, vb, kr, kh, p, torch.get_num_threads()):
+        raise MemoryError("no memory for a layer's scratch")
+    if b is not None:  # the layers' views now end at p + n (a StaticKV's caller moves its pointer)
+        views = b.buf[:, :, :, :p + n].unbind(0)
+        for i, layer in enumerate(cache.layers):
+            layer.keys, layer.values = views[2 * i], views[2 * i + 1]
+    return True

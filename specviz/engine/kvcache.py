@@ -101,6 +101,11 @@ class StaticKV:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.pos
 
+    def buffers(self):
+        """(keys, values, pos) for a C forward that writes its new entries at pos in place
+        (engine/kernel_layer.py); None in the masked layout, written at write_pos."""
+        return None if self.full else (self.keys, self.values, self.pos)
+
     def crop(self, length: int) -> None:
         # transformers' convention: a negative length removes that many positions
         self.pos = min(self.pos, length if length >= 0 else max(0, self.pos + length))

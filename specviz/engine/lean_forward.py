@@ -102,8 +102,9 @@ def forward(model, ids: list[int], cache, keep: int) -> torch.Tensor:
     structs = [kernel_layer.layer_struct(layer) for layer in body.layers] if joint else [None]
     if all(s is not None for s in structs) and h.dtype == torch.float32 and h.device.type == "cpu":
         h, cos, sin = h.contiguous(), cos[0].contiguous(), sin[0].contiguous()
-        for i, s in enumerate(structs):
-            kernel_layer.forward(s, h, cos, sin, cache, i)
+        if not kernel_layer.forward_stack(structs, h, cos, sin, cache):
+            for i, s in enumerate(structs):
+                kernel_layer.forward(s, h, cos, sin, cache, i)
         return model.lm_head(body.norm(h)[:, -keep:])
     for i, layer in enumerate(body.layers):
         attn = layer.self_attn

@@ -107,6 +107,8 @@ def library() -> ctypes.CDLL:
     lib.layer_pre.argtypes = [ctypes.POINTER(Layer), _P, _I, _P, _P, _P, _I]
     lib.layer_post.argtypes = [ctypes.POINTER(Layer), _P, _I, _P, _P, _L, _L, _P, _L, _L, _P, _I]
     lib.layer_pre.restype = lib.layer_post.restype = _I
+    lib.layers_forward.argtypes = [ctypes.POINTER(Layer), _I, _P, _I, _P, _P, _P, _P, _L, _L, _I, _I]
+    lib.layers_forward.restype = _I
     return lib
 
 

@@ -541,3 +541,34 @@ int layer_post(const layer_t *L, float *h, int n, const float *qkv, const float 
     free(a); free(o); free(gu); free(act);
     return bad ? -1 : 0;
 }
+
+/* Every layer of one forward in one call, each as layer_pre, its n new keys and values copied into
+   the cache at positions p .. p+n-1, then layer_post with row r seeing p + r + 1 keys. Layer i's
+   keys are kb[i] + g*kh + j*kr for kv head g and position j (values vb[i], same strides), with
+   room for p + n positions. Why: a layer's two calls and the cache's update between them
+   (Python, a torch.cat of the layer's whole cache) cost 125-170 µs a layer: the real pair's w4a8
+   steps, four interleaved rounds (AVX2 EPYC, 2026-11-26), 1.5B 52.5 -> 47.8 ms, 0.5B 18.1 -> 15.1
+   (and 20.5 -> 15.9 at 480 positions). */
+int layers_forward(const layer_t *Ls, int nl, float *h, int n, const float *cos, const float *sin,
+                   float *const *kb, float *const *vb, long kr, long kh, int p, int nt) {
+    int bad = 0, wmax = 0;
+    for (int i = 0; i < nl; i++) wmax = Ls[i].qkv.n > wmax ? Ls[i].qkv.n : wmax;
+    float *qkv = malloc((size_t)n * wmax * sizeof(float));
+    int *ends = malloc((size_t)n * sizeof(int));
+    if (!qkv || !ends) bad = 1;
+    for (int r = 0; !bad && r < n; r++) ends[r] = p + r + 1;
+    for (int i = 0; !bad && i < nl; i++) {
+        const layer_t *L = Ls + i;
+        const int d = L->d, w = L->qkv.n;
+        if ((bad = layer_pre(L, h, n, cos, sin, qkv, nt))) break;
+        for (int r = 0; r < n; r++)
+            for (int g = 0; g < L->hkv; g++) {
+                const float *src = qkv + (size_t)r * w + (size_t)(L->hq + g) * d;
+                float *kd = kb[i] + g * kh + (long)(p + r) * kr, *vd = vb[i] + g * kh + (long)(p + r) * kr;
+                for (int c = 0; c < d; c++) { kd[c] = src[c]; vd[c] = src[(size_t)L->hkv * d + c]; }
+            }
+        bad = layer_post(L, h, n, qkv, kb[i], kr, kh, vb[i], kr, kh, ends, nt);
+    }
+    free(qkv); free(ends);
+    return bad ? -1 : 0;
+}
