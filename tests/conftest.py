@@ -40,15 +40,16 @@ def other_vocab_dir(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _one_thread_per_worker(request):
-    """test.sh runs two pytest-xdist workers on two cores: a tiny model at torch's default two
-    threads per worker spends twice the CPU for the same wall time (5 chi-square tests of
-    test_decoding, 2-core AVX2 EPYC, 2026-11-26: 3:31 vs 1:48 CPU, 1:58 vs 1:50 wall), CPU
-    the other worker needed. The real pair's tests keep the default (their timings choose formats)."""
+def _one_thread_per_worker():
+    """test.sh runs two pytest-xdist workers on two cores: one torch thread each, the real pair's
+    worker too. Two threads a worker is three or four on two cores, and an OpenMP barrier then
+    waits on a thread that is not running (2-core AVX2 EPYC, 2026-11-26): the chi-square tests
+    of four files took 3:40 with one thread a worker and were still running after 14 minutes
+    with torch's default two; the real pair's cold calibration took 600 s beside the other worker."""
     import os
 
     import torch
-    if not os.environ.get("PYTEST_XDIST_WORKER") or request.node.get_closest_marker("xdist_group"):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
     n = torch.get_num_threads()
