@@ -1,3 +1,6 @@
+import contextlib
+import os
+
 import pytest
 
 from specviz.models.tiny import tiny_model, tiny_tokenizer
@@ -39,6 +42,17 @@ def other_vocab_dir(tmp_path_factory):
     return str(d)
 
 
+@contextlib.contextmanager
+def _torch_threads(n: int):
+    import torch
+    was = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(was)
+
+
 @pytest.fixture(autouse=True)
 def _one_thread_per_worker():
     """test.sh runs two pytest-xdist workers on two cores: one torch thread each, the real pair's
@@ -46,27 +60,16 @@ def _one_thread_per_worker():
     waits on a thread that is not running (2-core AVX2 EPYC, 2026-11-26): the chi-square tests
     of four files took 3:40 with one thread a worker and were still running after 14 minutes
     with torch's default two; the real pair's cold calibration took 600 s beside the other worker."""
-    import os
-
-    import torch
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
+    with _torch_threads(1) if os.environ.get("PYTEST_XDIST_WORKER") else contextlib.nullcontext():
         yield
-        return
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture
 def one_thread():
     """Tiny matrices: OpenMP threads only add sync cost (badly so on a loaded machine).
     A file opts in with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
-    import torch
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    with _torch_threads(1):
+        yield
 
 
 # ------------------------------------------------- shared across the session
