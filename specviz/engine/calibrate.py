@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from . import lowbit
+from . import lowbit, probe
 from .choice import (  # noqa: F401 - the choice logic's names, re-exported with the measuring
     CHOICE_N,
     DRAFT_PROMPT_SPREAD,
@@ -279,10 +279,24 @@ def _confirm(target, timings, reload, progress, default, twins) -> tuple[object,
     return target, chosen, {"first": a, "again": again, "stable": winner == a, "chosen": chosen}
 
 
-def _time_target(target, cands, reload, progress, default=None) -> tuple[object, str, dict, dict]:
-    """Time the target's candidates on the choice shapes, keep the fastest (confirmed
-    interleaved), then its whole curve."""
+def _sliced(model, cands: list[str], side: str, probes: dict, progress) -> list[str]:
+    """cands less the low-bit ones whose slice loses (engine/probe.py); probes[side]: what slices said."""
+    if len(cands) < 2 or _dtype_name(model) != "fp32" or lowbit.lowbit_format(model):
+        return cands
+    progress(f"timing the {side}'s low-bit candidates on a slice of it", 0.9)
+    shapes, score, hope = ((CHOICE_N, _score, None) if side == "target" else  # hope: _compiled_draft
+                           ((1, PROMPT_N), lambda t: draft_score(t[1], t.get(PROMPT_N)), COMPILE_HOPE))
+    cands, probes[side] = probe.prune(model, cands, lambda m, enough: time_forwards(m, shapes, enough=enough),
+                                      score, hope)
+    trim_heap()
+    return cands
+
+
+def _time_target(target, cands, reload, progress, default, probes: dict) -> tuple[object, str, dict, dict]:
+    """Time the target's candidates on the choice shapes (those a slice did not prune), keep the
+    fastest (confirmed interleaved), then its whole curve."""
     timings: dict[str, dict[int, float]] = {}
+    cands = _sliced(target, sorted(cands, key=lambda p: p != default), "target", probes, progress)
     twins: dict[str, object] = {}
     if len(cands) > 1:
         # fp32 and the low-bit twins (made from fp32) before bf16: its in-place cast is lossy;
@@ -315,9 +329,10 @@ def _time_target(target, cands, reload, progress, default=None) -> tuple[object,
     return target, chosen, timings, confirm
 
 
-def _time_draft(draft, cands, reload, progress) -> tuple[object, str, dict[str, float], dict[str, float]]:
+def _time_draft(draft, cands, reload, progress, probes: dict) -> tuple[object, str, dict, dict]:
     import copy
     timings: dict[str, float] = {}
+    cands = _sliced(draft, cands, "draft", probes, progress)
     prompts: dict[str, float] = {}
     models = {}
     for prec in cands:
@@ -446,13 +461,17 @@ def calibrate(target, draft, *, precision: str = "auto", quantize: str | None = 
     t0 = time.perf_counter()
     if isinstance(draft, Handoff):
         draft.release()  # not resident while the target's candidates are: loaded again after
-    target, tp, tt, confirm = _time_target(target, tc, reload.target, progress, class_default(tc, native))
+    probes: dict = {}  # what the slices said (engine/probe.py), per side
+    target, tp, tt, confirm = _time_target(target, tc, reload.target, progress, class_default(tc, native),
+                                           probes)
     dp, dt, dpr = None, {}, {}
     if draft is not None:
-        draft, dp, dt, dpr = _time_draft(_take(draft), dc, reload.draft, progress)
-    timings = {"target": tt, "draft": dt, **({"draft_prompt": dpr} if dpr else {})}
-    choice = Choice(tp, dp, note(tp, dp, timings, where), cost_model(timings, tp, dp, machine.hardware()),
-                    timings)
+        draft, dp, dt, dpr = _time_draft(_take(draft), dc, reload.draft, progress, probes)
+    timings = {"target": tt, "draft": dt, **({"draft_prompt": dpr} if dpr else {}),
+               **({"probe": probes} if any(probes.values()) else {})}
+    costs = cost_model(timings, tp, dp, machine.hardware())
+    choice = Choice(tp, dp, note(tp, dp, timings, where) + "".join(probe.note(*kv) for kv in probes.items()),
+                    costs, timings)
     if confirm:
         choice.timings["confirm"] = confirm
         if not confirm["stable"]:

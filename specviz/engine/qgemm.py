@@ -178,6 +178,20 @@ def pack_q8(w: torch.Tensor) -> dict[str, torch.Tensor]:
             "tmin": None, "wd": big.contiguous(), "wm": None}
 
 
+CHUNK = 1 << 20  # weights packed this many at a time (whole rows)
+
+
+def pack_rows(pack, w: torch.Tensor) -> dict[str, torch.Tensor | None]:
+    """pack(w) a few rows at a time: the same bits (every packed value depends on its own row),
+    and a chunk's fp32 temporaries stay in cache. The 1.5B's w4a8 twin, 1 thread, 2-core AVX2
+    EPYC, 2026-11-26: 26.1 s packed whole; the 8960 x 1536 MLP shapes 0.24 -> 0.06 s a matrix."""
+    rows = max(1, CHUNK // w.shape[1])
+    if w.shape[0] <= rows:
+        return pack(w)
+    parts = [pack(w[i:i + rows]) for i in range(0, w.shape[0], rows)]
+    return {k: None if v is None else torch.cat([p[k] for p in parts]) for k, v in parts[0].items()}
+
+
 def unpack(p: dict[str, torch.Tensor | None], k: int | None = None) -> torch.Tensor:
     """The float weights [N, k] packed codes stand for (tests; the kernel never dequantises).
     k: the input width (default: what the codes hold; an odd block count needs it)."""
@@ -218,7 +232,7 @@ class BlockLinear(nn.Module):
         library()  # fail here, not in the first forward
         self.out_features, self.in_features = weight.shape
         self.bits = bits
-        for name, t in (pack_q4 if bits == 4 else pack_q8)(weight).items():
+        for name, t in pack_rows(pack_q4 if bits == 4 else pack_q8, weight).items():
             self.register_buffer(name, t)
         self.register_buffer("bias", None if bias is None else bias.detach().float())
 
