@@ -41,11 +41,14 @@ from .choice import (  # noqa: F401 - the choice logic's names, re-exported with
     choose_target,
     class_default,
     cost_model,
+    draft_default,
     draft_score,
     note,
     pruned,
 )
 from .costs import CHECK, MAX_VERIFY_TOKENS, CostModel, wait_for_runs  # noqa: F401 - CHECK: ui/loader.py sets it
+from .handoff import Handoff, Loaded, trim_heap  # noqa: F401 - re-exported: callers hand models over here
+from .handoff import take as _take
 
 PRECISIONS = ("auto", "fp32", "bf16", *lowbit.FORMATS)
 LOWBIT = lowbit.FORMATS
@@ -211,43 +214,18 @@ def convert(model, prec: str, reload=None):
     return model
 
 
-@dataclass
-class Loaded:
-    """Callables that give a side's model back from disk in fp32 (after a lossy cast)."""
-
-    target: object
-    draft: object = None
-
-
-class Handoff:
-    """A model handed to calibrate() so that calibrate holds the only reference: a caller's local
-    would keep the fp32 original (6.2 GB for the 1.5B) resident until calibrate returned, through
-    the draft's whole timing. With a `reload`, the model may also be let go while the other side
-    is timed and loaded again from disk (page cache, ~1 s) when its turn comes. Cold load of the
-    default pair, 2-core AVX2 EPYC, 2026-11-26: peak resident 17.7 -> 14.9 GB
-    (anonymous 9.5 -> 8.7), while the draft is timed 17.7 -> 14.4 (anonymous 9.3 -> 6.0)."""
-
-    def __init__(self, model, reload=None):
-        self._model, self._reload = model, reload
-        self.n_params = n_params(model)
-
-    def release(self) -> None:
-        """Let go of the model until take(), when it can be loaded again."""
-        if self._reload is not None:
-            self._model = None
-
-    def take(self):
-        m, self._model = self._model, None
-        if m is None and self._reload is None:
-            raise RuntimeError("handed over already: a model without a way back is taken once")
-        return m if m is not None else self._reload()
-
-
-def _take(m):
-    return m.take() if isinstance(m, Handoff) else m
-
-
 CONFIRM_ROUNDS = 3  # interleaved re-timings of the two fastest
+
+
+def _two_fastest(timings: dict[str, dict[int, float]]) -> tuple[str, str | None]:
+    """The fastest candidate and the runner-up _confirm re-times with it: None when none is that close
+    (timed only until pruned, or CONFIRM_MARGIN behind)."""
+    a, *rest = sorted(timings, key=lambda p: (_score(timings[p]), list(timings).index(p)))
+    b = rest[0] if rest else None
+    if b is None or any(n not in timings[b] for n in CHOICE_N) \
+            or _score(timings[b]) > CONFIRM_MARGIN * _score(timings[a]):
+        return a, None
+    return a, b
 
 
 def _confirm(target, timings, reload, progress, default, twins) -> tuple[object, str, dict]:
@@ -256,10 +234,8 @@ def _confirm(target, timings, reload, progress, default, twins) -> tuple[object,
     default wins when it is one of the two, else the interleaved winner. A runner-up pruned
     (PRUNE behind) or CONFIRM_MARGIN behind is not re-timed. `twins` (format -> low-bit
     twin) gains both of them."""
-    a, b = sorted(timings, key=lambda p: (_score(timings[p]), list(timings).index(p)))[:2]
-    far = (any(n not in timings[b] for n in CHOICE_N)
-           or _score(timings[b]) > CONFIRM_MARGIN * _score(timings[a]))
-    if (a not in LOWBIT and b not in LOWBIT) or far:  # two float casts of one model cannot be held at once
+    a, b = _two_fastest(timings)
+    if b is None or (a not in LOWBIT and b not in LOWBIT):  # two float casts of one model: not held at once
         return target, a, {}
     models = {}
     for p in sorted((a, b), key=lambda p: p not in LOWBIT):  # twins from fp32 before a float cast
@@ -307,10 +283,11 @@ def _time_target(target, cands, reload, progress, default, probes: dict) -> tupl
             timings[prec] = time_forwards(model, CHOICE_N, enough=lambda t: pruned(t, timings))
             if prec not in LOWBIT:
                 target = model
-            elif choose_target(timings) == prec:
-                # the fastest so far is kept for the re-timing and the load: a w8a8 twin of the
-                # 1.5B takes 32 s to pack on a 2-core AVX2 EPYC (it was packed three times)
-                twins = {prec: model}
+            else:
+                # the two that would be re-timed are kept for it and for the load: a w8a8 twin of the
+                # 1.5B takes 28-32 s to pack at one thread on a 2-core AVX2 EPYC (it was packed three times)
+                twins[prec] = model
+                twins = {p: m for p, m in twins.items() if p in _two_fastest(timings)}
             del model
             trim_heap()
     chosen = choose_target(timings) if timings else cands[0]
@@ -332,7 +309,8 @@ def _time_target(target, cands, reload, progress, default, probes: dict) -> tupl
 def _time_draft(draft, cands, reload, progress, probes: dict) -> tuple[object, str, dict, dict]:
     import copy
     timings: dict[str, float] = {}
-    cands = _sliced(draft, cands, "draft", probes, progress)
+    # the class's default first: the others are pruned against it (its slice, its step)
+    cands = _sliced(draft, sorted(cands, key=lambda p: p != draft_default(cands)), "draft", probes, progress)
     prompts: dict[str, float] = {}
     models = {}
     for prec in cands:
@@ -352,21 +330,6 @@ def _time_draft(draft, cands, reload, progress, probes: dict) -> tuple[object, s
         _drop_hopeless(models, timings, prompts)
     chosen = _compiled_draft(models, timings, choose_draft(timings, prompts), progress, prompts)
     return models[chosen], chosen, timings, prompts
-
-
-def trim_heap() -> None:
-    """Free what conversions leave in reference cycles (a model's modules point at each other, so
-    only the cycle collector frees them), then hand the heap's free pages back to the OS (glibc
-    keeps them). 2-core AVX2 EPYC, default pair: resident right after load 4.42 GB with the trim
-    alone, 3.25 GB with gc first (2026-11-25); a first calibration held every candidate it had
-    timed until its end, 19.8 GB at its peak, when nothing was freed between them (2026-11-26)."""
-    import ctypes
-    import gc
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to hand back this way
-        pass
 
 
 def _could_win(p: str, timings: dict[str, float], prompts: dict[str, float], goal: float) -> bool:
@@ -450,10 +413,9 @@ def calibrate(target, draft, *, precision: str = "auto", quantize: str | None = 
         dp = dc[0] if dc else None
         return target, draft, Choice(tc[0], dp, note(tc[0], dp, {}, where))
     if mode == "cached":  # nothing cached: what this CPU class runs fastest, untimed
-        # (fp32 here made the stage default 1.07x on an AVX2 EPYC; w8a8 + int8 draft: 1.43x). The draft:
-        # w4a8 where it runs (AVX2 EPYC, 2026-11-26, three calibrations: 15-19 ms/step vs int8's 50-57)
+        # (fp32 here made the stage default 1.07x on an AVX2 EPYC; w8a8 + int8 draft: 1.43x)
         tp = class_default(tc, native)
-        dp = next((p for p in ("w4a8", "int8", "fp32", tp) if p in dc), dc[0]) if dc else None
+        dp = draft_default(dc, tp)
         target = convert(target, tp, reload.target)
         draft = convert(_take(draft), dp, reload.draft) if draft is not None else None
         return target, draft, Choice(tp, dp, note(tp, dp, {}, where) + " (not timed yet: this CPU class's "
