@@ -148,10 +148,12 @@ def _sync(device) -> None:
 
 
 @torch.inference_mode()
-def time_forwards(model, ns, *, context: int = CONTEXT, repeats: int = REPEATS,
-                  enough=None) -> dict[int, float]:
+def time_forwards(model, ns, *, context: int = CONTEXT, repeats: int = REPEATS, enough=None,
+                  warm: bool = True, keep: dict | None = None) -> dict[int, float]:
     """Median seconds of a KV-cached forward of n new tokens after `context` cached ones;
-    enough(timings so far) -> True stops before the next n."""
+    enough(timings so far) -> True stops before the next n. keep: holds the model's cache of the
+    context from one call to the next (re-timings: a 100-token prefill of the 1.5B is ~3 s at one
+    thread); warm=False: no untimed first call per shape (shapes this model has already run)."""
     from transformers import DynamicCache
 
     from .forward import crop_cache, forward_logits
@@ -159,15 +161,19 @@ def time_forwards(model, ns, *, context: int = CONTEXT, repeats: int = REPEATS,
     vocab = model.get_input_embeddings().num_embeddings
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (context + max(MAX_VERIFY_TOKENS, *ns),), generator=g).tolist()
-    cache = DynamicCache()
-    # forward_logits: the path runs take (engine/lean_forward.py where it applies)
-    forward_logits(model, ids[:context], cache, 1)
+    keep = {} if keep is None else keep
+    if "cache" not in keep:
+        keep["cache"] = DynamicCache()
+        # forward_logits: the path runs take (engine/lean_forward.py where it applies)
+        forward_logits(model, ids[:context], keep["cache"], 1)
+    cache = keep["cache"]
     out: dict[int, float] = {}
     for n in ns:
         # each shape once untimed: oneDNN/AMX builds a kernel per new shape (bf16 measured
         # 7x a warm step on its first call), and the first call also pays page faults
-        forward_logits(model, ids[context:context + n], cache, n)
-        crop_cache(cache, context)
+        if warm:
+            forward_logits(model, ids[context:context + n], cache, n)
+            crop_cache(cache, context)
         runs = []
         for _ in range(repeats):
             wait_for_runs()
@@ -246,9 +252,10 @@ def _confirm(target, timings, reload, progress, default, twins) -> tuple[object,
             twins[p] = models[p]
     runs: dict[str, list[float]] = {a: [], b: []}
     progress(f"re-timing {NAMES[a]} and {NAMES[b]}, interleaved", 0.92)
-    for _ in range(CONFIRM_ROUNDS):
+    keep: dict[str, dict] = {a: {}, b: {}}  # each model's context read once, its shapes warmed once
+    for i in range(CONFIRM_ROUNDS):
         for p in (a, b):
-            runs[p].append(_score(time_forwards(models[p], CHOICE_N, repeats=1)))
+            runs[p].append(_score(time_forwards(models[p], CHOICE_N, repeats=1, warm=i == 0, keep=keep[p])))
     again = {p: statistics.median(v) for p, v in runs.items()}
     winner = a if again[a] <= again[b] else b
     chosen = a if winner == a else (default if default in (a, b) else winner)
