@@ -269,8 +269,8 @@ def _sliced(model, cands: list[str], side: str, probes: dict, progress) -> list[
     progress(f"timing the {side}'s low-bit candidates on a slice of it", 0.9)
     shapes, score, hope = ((CHOICE_N, _score, None) if side == "target" else  # hope: _compiled_draft
                            ((1, PROMPT_N), lambda t: draft_score(t[1], t.get(PROMPT_N)), COMPILE_HOPE))
-    cands, probes[side] = probe.prune(model, cands, lambda m, enough: time_forwards(m, shapes, enough=enough),
-                                      score, hope)
+    cands, probes[side] = probe.prune(model, cands, lambda m, enough: time_forwards(
+        m, shapes, context=probe.CONTEXT, enough=enough), score, hope)
     trim_heap()
     return cands
 

@@ -21,6 +21,10 @@ from . import lowbit
 SLICE_BYTES = 64 << 20  # 2x this EPYC's 32 MB L3: 1.5B 3 of 28 layers, 0.5B 9 of 24
 PROBE_HEAD = 1024
 PROBE_PRUNE = 1.6
+# tokens cached before a slice's timed forwards: the same for every format, and each slice reads them
+# first (100, the whole model's context, made a 1-thread prefill of a bf16-activation slice cost more
+# than its timed steps)
+CONTEXT = 16
 
 
 def _layer_bytes(layer: nn.Module) -> float:
