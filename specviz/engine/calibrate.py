@@ -47,7 +47,7 @@ from .choice import (  # noqa: F401 - the choice logic's names, re-exported with
     pruned,
 )
 from .costs import CHECK, MAX_VERIFY_TOKENS, CostModel, wait_for_runs  # noqa: F401 - CHECK: ui/loader.py sets it
-from .handoff import Handoff, Loaded, trim_heap  # noqa: F401 - re-exported: callers hand models over here
+from .handoff import Handoff, Loaded, n_params, trim_heap  # noqa: F401 - re-exported: callers hand models over here
 from .handoff import take as _take
 
 PRECISIONS = ("auto", "fp32", "bf16", *lowbit.FORMATS)
@@ -189,10 +189,6 @@ def time_forwards(model, ns, *, context: int = CONTEXT, repeats: int = REPEATS, 
     return out
 
 
-def n_params(model) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 def _dtype_name(model) -> str:
     dt = next(model.parameters()).dtype
     return {v: k for k, v in DTYPES.items()}.get(dt, str(dt))
@@ -316,8 +312,8 @@ def _time_target(target, cands, reload, progress, default, probes: dict) -> tupl
 def _time_draft(draft, cands, reload, progress, probes: dict) -> tuple[object, str, dict, dict]:
     import copy
     timings: dict[str, float] = {}
-    # the class's default first: the others are pruned against it (its slice, its step)
-    cands = _sliced(draft, sorted(cands, key=lambda p: p != draft_default(cands)), "draft", probes, progress)
+    first = draft_default(cands)  # the class's default first: the others are pruned against it
+    cands = _sliced(draft, sorted(cands, key=lambda p: p != first), "draft", probes, progress)
     prompts: dict[str, float] = {}
     models = {}
     for prec in cands:

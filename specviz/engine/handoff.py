@@ -4,6 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
 @dataclass
 class Loaded:
     """Callables that give a side's model back from disk in fp32 (after a lossy cast)."""
@@ -22,7 +26,7 @@ class Handoff:
 
     def __init__(self, model, reload=None):
         self._model, self._reload = model, reload
-        self.n_params = sum(p.numel() for p in model.parameters())
+        self.n_params = n_params(model)
 
     def release(self) -> None:
         """Let go of the model until take(), when it can be loaded again."""

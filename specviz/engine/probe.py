@@ -18,7 +18,7 @@ from torch import nn
 
 from . import lowbit
 
-SLICE_BYTES = 64 << 20  # 2x this EPYC's 32 MB L3: 1.5B 3 of 28 layers, 0.5B 9 of 24
+SLICE_BYTES = 64 << 20  # 2x this EPYC's 32 MB L3: 1.5B 3 of 28 layers, 0.5B 10 of 24
 PROBE_HEAD = 1024
 PROBE_PRUNE = 1.6
 # tokens cached before a slice's timed forwards: the same for every format, and each slice reads them
