@@ -118,9 +118,11 @@ def _default_mode(args) -> str:
 
 def create_app(args):
     """(demo, manager): the Blocks page and the model manager, loading started."""
+    from specviz.engine.handoff import freeze_imports
     from specviz.hosting.gpu import host_loader
     from specviz.ui.blocks import build_demo
     from specviz.ui.loader import ModelManager
+    freeze_imports()  # before the first model: the cycle collector's full walks get cheap
     notes: dict[str, str] = {}
     if getattr(args, "engine", "specviz") == "vllm":
         from specviz.hosting.vllm import vllm_loader

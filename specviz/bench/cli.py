@@ -34,6 +34,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..engine.handoff import freeze_imports
 from ..errors import RequestError, exit_code
 from ..flags import add_pair_args
 from ..hosting.bandwidth import bench_lines, weight_bytes
@@ -319,6 +320,7 @@ def run_bench(argv: list[str]) -> int:
     if args.engine == "vllm":  # add the vLLM rows; our own rows still run on our engine
         bench.settings.families.extend(f for f in vllm_rows.FAMILIES if f not in bench.settings.families)
         args.engine = "specviz"
+    freeze_imports()  # before the pair loads (engine/handoff.py)
     _load(bench, args, argv, t_start)
     nbytes = {k: weight_bytes(m) for k, m in (("target", bench.pair.target), ("draft", bench.pair.draft))
               if m is not None}
