@@ -169,6 +169,27 @@ def test_load_pair_tiny_local(tmp_path):
     assert M.load_pair(pair.spec, device="cpu", load_draft=False).draft is None
 
 
+def test_own_memory_copies_only_what_a_checkpoint_file_still_maps(tmp_path):
+    """loading._own_memory: a tensor read from a safetensors file (a mapping) is copied out of it;
+    one the process already owns (fused, packed, converted) keeps its storage."""
+    from safetensors.torch import load_file, save_file
+
+    from specviz.models import loading
+    save_file({"w": torch.randn(64, 64)}, str(tmp_path / "a.safetensors"))
+    mapped = torch.nn.Parameter(load_file(str(tmp_path / "a.safetensors"))["w"], requires_grad=False)
+    owned = torch.nn.Parameter(torch.randn(64, 64), requires_grad=False)
+    ranges = loading._file_mappings()
+    assert loading._inside(ranges, mapped.untyped_storage().data_ptr())
+    assert not loading._inside(ranges, owned.untyped_storage().data_ptr())
+    assert loading._inside(None, owned.untyped_storage().data_ptr())  # no /proc: copy everything
+    m = torch.nn.Module()
+    m.a, m.b = mapped, owned
+    before = owned.untyped_storage().data_ptr()
+    loading._own_memory(m)
+    assert not loading._inside(loading._file_mappings(), m.a.untyped_storage().data_ptr())
+    assert m.b.untyped_storage().data_ptr() == before
+
+
 def test_load_pair_vocab_mismatch(tmp_path):
     t = save_tiny(tmp_path / "t", 16)
     d = save_tiny(tmp_path / "d", 16, words=["a", "b", "c"])
