@@ -64,7 +64,15 @@ def freeze_imports() -> None:
     walk, once, before any model exists: each trim_heap() then walks only what came later. Why: in
     the app's process one gc.collect() took 0.19-0.22 s over 394k objects (gradio, transformers),
     7 µs after gc.freeze(), and a calibration collects ~10 times (2026-11-26, AVX2 EPYC). Models
-    are never frozen (only the collector frees their modules' cycles): call it before one loads."""
+    are never frozen (only the collector frees their modules' cycles): call it before one loads.
+    Later calls do nothing, so a process that builds the app or the bench again (the tests do)
+    never freezes the models that exist by then."""
     import gc
+    if _FROZEN:
+        return
     gc.collect()
     gc.freeze()
+    _FROZEN.append(True)
+
+
+_FROZEN: list[bool] = []  # freeze_imports ran in this process
