@@ -190,6 +190,56 @@ def test_startup_load_failure_is_shown_and_app_serves(tmp_path):
     assert "unknown pair" in manager2.status()["error"]
 
 
+def test_page_served_after_ready_paints_the_current_status():
+    """issue 41: a page opened after the models were ready showed the status box's build-time value
+    ("Loading models… joining 22 parts") for 1-5 s, until its first poll. The config it is served with
+    (`/config`, and `/` that embeds it) now carries the status, Run button and timer as they are."""
+    import json
+    import threading
+    import urllib.request
+
+    from browser.server import free_port
+
+    from specviz.models import PairSpec
+    from specviz.ui.blocks import build_demo
+    from specviz.ui.loader import ModelManager
+
+    gate = threading.Event()
+
+    def gated(spec, device=None, progress=None):
+        progress("joining 22 parts", 0.1)
+        gate.wait(60)
+        return type("Pair", (), {"device": "cpu", "dtype": "torch.float32", "precision": "float32"})()
+
+    spec = PairSpec("x", "t", "d", "X + Y", False)
+    manager = ModelManager(loader=gated, calibration="off")
+    manager.start(spec)
+    demo = build_demo(manager, initial=spec, network=False)  # built while loading, as app.py does
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+
+    def served(path: str) -> str:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30).read().decode()
+
+    def props(elem_id: str) -> dict:
+        comps = json.loads(served("/config"))["components"]
+        return next(c["props"] for c in comps if c["props"].get("elem_id") == elem_id)
+
+    try:
+        assert "Loading models" in props("sv-status")["value"] and not props("sv-run")["interactive"]
+        gate.set()
+        assert manager.wait(30)
+        status, run = props("sv-status"), props("sv-run")
+        assert "sv-status-ready" in status["value"] and "X + Y" in status["value"]
+        assert "Loading models" not in status["value"]
+        assert run["interactive"] and run["value"] == "▶ Run"
+        page = served("/")
+        assert "sv-status-ready" in page and "sv-status-loading" not in page
+    finally:
+        gate.set()
+        demo.close()
+
+
 def test_loader_reports_progress_and_friendly_errors():
     from specviz.models import ModelError, PairSpec
     from specviz.ui.loader import ModelManager

@@ -15,7 +15,7 @@ from ..request import Limits
 from . import inspector, method_options, stage
 from . import leaderboard as board_ui
 from . import replay as replay_ui
-from .handlers import STOP_GRACE, Handlers, pair_choices, session_key
+from .handlers import STOP_GRACE, Handlers, pair_choices, run_button_props, session_key
 from .layout import Page, build_page
 from .loader import ModelManager
 from .runqueue import PRESS_JS, SUBMIT_JS
@@ -35,6 +35,43 @@ def raw_values(*components):
     for c in components:
         c.preprocess = _as_sent
     return components
+
+
+class LivePage(gr.Blocks):
+    """Blocks whose served config (`/` and `/config`: the page's first paint) carries the status
+    box, Run button and poll timer as they are now. Gradio computes its config once at launch, and a
+    callable `value=` runs only as a load event after the paint: a page opened after the models were
+    ready showed "Loading models…" for 1-5 s (issue 41)."""
+
+    first_paint = None  # () -> {component id: props now}, set by build_demo
+
+    @property
+    def config(self):
+        served = self.__dict__.get("_served_config")
+        if served is None or self.first_paint is None:
+            return served
+        return with_props(served, self.first_paint())
+
+    @config.setter
+    def config(self, value):
+        self.__dict__["_served_config"] = value
+
+
+def with_props(config: dict, props: dict[int, dict]) -> dict:
+    """A copy of gradio's config with these components' props replaced (the rest shared, unchanged)."""
+    comps = [dict(c, props={**c["props"], **props[c["id"]]}) if c.get("id") in props else c
+             for c in config["components"]]
+    return {**config, "components": comps}
+
+
+def first_paint(page: Page, handlers: Handlers):
+    """The props a page served now starts with: what the first poll would set."""
+    def props() -> dict[int, dict]:
+        status = handlers.manager.status()
+        return {page.status._id: dict(value=handlers.status_line(status)[0]),
+                page.run_btn._id: run_button_props(status),
+                page.timer._id: dict(active=status["loading"])}
+    return props
 
 
 def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
@@ -96,10 +133,11 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
                         allow_local_paths=allow_local_paths, fixed_pair=fixed_pair)
     if records is not None:
         handlers.records = records
-    with gr.Blocks(title="SpecViz: speculative decoding, visible and measured") as demo:
+    with LivePage(title="SpecViz: speculative decoding, visible and measured") as demo:
         page = build_page(presets=presets, choices=handlers.choices, limits=limits, default_mode=default_mode,
                           status=manager.status(), allow_local_paths=allow_local_paths, fixed_pair=fixed_pair,
                           stage=stage_mode)
         wire(demo, page, handlers)
         stage.wire(demo, page, presets, stage_mode)  # ?stage=1 / --stage, the keys (ui/stage.py)
+    demo.first_paint = first_paint(page, handlers)
     return demo

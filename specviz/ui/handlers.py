@@ -121,12 +121,16 @@ def session_key(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or f"anonymous-{uuid.uuid4().hex}"
 
 
-def button_state(status: dict):
+def run_button_props(status: dict) -> dict:
     if status["ready"]:
-        return gr.Button(value="▶ Run", interactive=True)
+        return dict(value="▶ Run", interactive=True)
     if status["loading"]:
-        return gr.Button(value="loading models…", interactive=False)
-    return gr.Button(value="no models loaded", interactive=False)
+        return dict(value="loading models…", interactive=False)
+    return dict(value="no models loaded", interactive=False)
+
+
+def button_state(status: dict):
+    return gr.Button(**run_button_props(status))
 
 
 @dataclass
