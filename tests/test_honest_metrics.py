@@ -4,8 +4,8 @@ import pytest
 
 from specviz.engine.costs import CostModel
 from specviz.engine.decoding import baseline, speculative
-from specviz.engine.events import RunSummary
-from specviz.engine.metrics import run_stats
+from specviz.engine.events import RoundEvent, RunSummary
+from specviz.engine.metrics import disturbed_note, run_stats
 from specviz.engine.proposers import DraftModelProposer, PromptLookupProposer
 from specviz.engine.sampling import SamplingParams
 from specviz.engine.theory import best_gamma, v_at, verify_curve
@@ -111,3 +111,61 @@ def test_lookup_run_stats(target, tok):
     assert spec.draft_forwards == 0
     if spec.drafted:
         assert st.c == 0.0
+
+
+# ---------------------------------------------------------------- disturbed timings (issue 41)
+
+def test_disturbed_note_when_measured_is_far_from_predicted():
+    # issue 41's first start: the baseline ran 35 % slow after a calibration in the same process
+    assert disturbed_note(1.94, 1.45, 25, 0.29) == "timings look disturbed: measured 1.94× vs 1.45× predicted"
+    assert disturbed_note(0.6, 1.45, 25, 0.29) == "timings look disturbed: measured 0.60× vs 1.45× predicted"
+
+
+def test_no_disturbed_note_on_a_quiet_run_a_short_one_or_a_model_free_one():
+    assert disturbed_note(1.55, 1.44, 25, 0.29) == ""  # the same app restarted: the quiet CLI's 1.08
+    assert disturbed_note(1.84, 1.58, 12, 0.2) == ""  # staged in the shipped quiet race: 1.17
+    assert disturbed_note(1.86, 2.2, 20, 0.2) == ""  # the prompt read pulls a quiet run under the prediction
+    assert disturbed_note(1.94, 1.45, 4, 0.29) == ""  # 1-4 rounds: quiet ratios spread 0.47-1.28
+    assert disturbed_note(1.24, 0.99, 50, 0.0) == ""  # REST, quiet: its varying drafts miss the formula
+    assert disturbed_note(0.41, 0.89, 42, 0.0) == ""  # lookahead, quiet: guess rows, not a chain
+    assert disturbed_note(None, 1.45, 25, 0.29) == disturbed_note(1.9, None, 25, 0.29) == ""  # held, tree
+    assert disturbed_note(1.94, 1.45, 25, None) == ""  # no draft forward timed yet
+
+
+def test_no_disturbed_note_on_the_shipped_quiet_recordings():
+    from specviz.race_bundle import load_bundle
+    from specviz.ui.replay import final_view, shipped
+    board = load_bundle("assets/races/01-code-quicksort.json")
+    traces = [*shipped().values(), *(board.trace(k) for k in board.runs)]
+    assert len(traces) >= 10
+    assert [final_view(tr).snapshot()["disturbed"] for tr in traces] == [""] * len(traces)
+
+
+def _finished_view(ratio: float, temperature: float = 0.0) -> RunView:
+    """A finished run of 10 rounds whose measured speedup is `ratio` × its verify-cost-aware prediction."""
+    base = RunSummary("baseline", "plain", list(range(31)), "", 31, 0.1 + 30 * 0.01, 0.1, 31, "max_new_tokens")
+    spec = _summary(token_ids=list(range(31)), n_tokens=31)
+    view = RunView(gamma=8, temperature=temperature, mode="fair")
+    view.costs = _costs()
+    for i in range(spec.rounds):
+        view.add("speculative", RoundEvent(
+            index=i, gamma=2, draft_ids=[1, 1], q=[0.5] * 2, p=[0.5] * 2, u=[0.1], overlap=[0.8] * 2,
+            n_accepted=2, appended_id=3, resampled=False, t_start=0.1 * i, t_draft=0.005, t_verify=0.015,
+            t_end=0.1 * (i + 1), draft_forwards=2, prompt_tokens=5 if i == 0 else 0))
+    pv = run_stats(spec, base, view.costs).predicted_v
+    spec.elapsed = spec.n_tokens / (ratio * pv * base.tokens_per_s)
+    view.add("baseline", base)
+    view.add("speculative", spec)
+    assert view.stats()["speedup"] == pytest.approx(ratio * pv) and view.stats()["rounds"] == 10
+    return view
+
+
+def test_stats_say_when_timings_look_disturbed():
+    snap = _finished_view(1.34).snapshot()
+    st = snap["stats"]
+    note = f"timings look disturbed: measured {st['speedup']:.2f}× vs {st['predicted_v']:.2f}× predicted"
+    assert snap["disturbed"] == note and note in render.stats_html(snap)
+    quiet = _finished_view(1.02).snapshot()  # a quiet machine: measured ≈ predicted
+    assert not quiet["disturbed"] and "disturbed" not in render.stats_html(quiet)
+    sampled = _finished_view(1.34, temperature=1.0).snapshot()  # the docs' error evidence is greedy
+    assert not sampled["disturbed"] and "disturbed" not in render.stats_html(sampled)

@@ -215,7 +215,9 @@ def stats_html(snap: dict) -> str:
     big = (f"<div class='sv-speedup{spd_cls}' title='speculative tokens/s ÷ baseline tokens/s'>"
            f"<span class='sv-speedup-num'>{number(spd, '{:.2f}×')}</span>"
            f"<span class='sv-speedup-label'>measured speedup</span>"
-           f"<span class='sv-speedup-sub'>{sub}</span></div>")
+           f"<span class='sv-speedup-sub'>{sub}</span>"
+           + (f"<span class='sv-badge sv-badge-diff'>{esc(snap['disturbed'])}</span>" if snap.get("disturbed")
+              else "") + "</div>")
     chips = "".join(
         f"<span class='sv-chip' title='{esc(tip)}'><b>{esc(name)}</b> {_unknown(v, fmt)}</span>"
         for name, v, fmt, tip in _metric_chips(st))

@@ -10,7 +10,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from ..engine.events import RoundEvent, RunSummary, TokenEvent, book_round
-from ..engine.metrics import run_stats
+from ..engine.metrics import disturbed_note, run_stats
 
 
 @dataclass
@@ -202,12 +202,22 @@ class RunView:
         return {"identical": False, "first_diff": first, "verdict": verdict, "gap": eq.gap,
                 "threshold": eq.threshold}
 
+    def disturbed(self, stats: dict) -> str:
+        """A finished greedy run whose measured speedup is far from its prediction (engine/metrics.py).
+        Greedy only: the docs' error evidence is greedy, and a sampled run's acceptance varies by chance."""
+        if not (self.greedy and self.finished) or self.error:
+            return ""
+        return disturbed_note(stats.get("speedup"), stats.get("predicted_v"), stats.get("rounds") or 0,
+                              stats.get("c"))
+
     def snapshot(self) -> dict:
         def side(v: SideView) -> dict:
             state = "failed" if self.error and v.summary is None else v.state
             return dict(n_tokens=v.n_tokens, elapsed=v.elapsed, tokens_per_s=v.tokens_per_s,
                         target_forwards=v.target_forwards, state=state)
-        return dict(baseline=side(self.base), speculative=side(self.spec), stats=self.stats(),
+        stats = self.stats()
+        return dict(baseline=side(self.base), speculative=side(self.spec), stats=stats,
                     identical=self.identical(), finished=self.finished, greedy=self.greedy,
                     mode=self.mode, clock=self.clock, note=self.note, method=self.method,
-                    options=self.options, error=self.error, tree=self.is_tree)
+                    options=self.options, error=self.error, tree=self.is_tree,
+                    disturbed=self.disturbed(stats))
