@@ -124,6 +124,57 @@ def test_bad_flags_exit_2(pair_dirs, tmp_path, capsys):
     assert bench.main(_args(pair_dirs, tmp_path, "--methods", "magic")) == 2
 
 
+BAD_PROMPTS = [  # (file content, what the one line says); issue 41: an object ended in an AttributeError
+    ('{"id": "a", "text": "x"}', "must be a JSON list of {id, task, text[, chat_template]} objects, not an object"),
+    ("[{\"text\": \"x\"},", "not valid JSON (Expecting value, line 1 column 16)"),
+    ('["def f():"]', "item 1 is a string, not an object {id, task, text[, chat_template]}"),
+    ('[{"text": "x"}, {"id": "b"}]', "item 2 has no 'text'"),
+    ('[{"text": 3}]', "item 1 'text' is a number, not a string"),
+    ('[{"text": "  "}]', "item 1 'text' is empty"),
+    ('[{"text": "x", "id": 7}]', "item 1 'id' is a number, not a string"),
+    ('[{"text": "x", "chat_template": "yes"}]', "item 1 'chat_template' is a string, not true/false"),
+    ('[{"text": "x", "task": "poetry"}]', "item 1 'task' is 'poetry': use code, chat, grounded"),
+]
+
+
+@pytest.mark.parametrize("content,why", BAD_PROMPTS)
+def test_malformed_prompts_file_is_one_clear_error(tmp_path, content, why):
+    from specviz.bench.settings import load_prompts
+    from specviz.errors import RequestError
+    pj = tmp_path / "prompts.json"
+    pj.write_text(content)
+    with pytest.raises(RequestError) as info:
+        load_prompts(["code", "chat"], None, str(pj))
+    assert str(info.value) == f"--prompts-json {pj}: {why}"
+
+
+def test_missing_prompts_file_is_one_clear_error(tmp_path):
+    from specviz.bench.settings import load_prompts
+    from specviz.errors import RequestError
+    with pytest.raises(RequestError, match=r"^--prompts-json \S+nope.json: cannot read it \(No such file"):
+        load_prompts(["code"], None, str(tmp_path / "nope.json"))
+
+
+@pytest.mark.parametrize("content", [BAD_PROMPTS[0][0], BAD_PROMPTS[3][0], None])
+def test_bench_with_a_malformed_prompts_file_exits_2_in_one_line(tmp_path, capsys, content):
+    pj = tmp_path / "prompts.json"
+    if content is not None:  # None: no such file
+        pj.write_text(content)
+    out = tmp_path / "out"
+    assert bench.main(["--quick", "--prompts-json", str(pj), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --prompts-json {pj}: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert not out.exists()  # checked before anything is written or loaded
+
+
+def test_prompts_file_with_every_field_loads(tmp_path):
+    from specviz.bench.settings import load_prompts
+    pj = tmp_path / "prompts.json"
+    pj.write_text(json.dumps([*PROMPTS, {"text": "hi", "task": "chat", "chat_template": False}]))
+    got = load_prompts(["code", "chat"], None, str(pj))
+    assert [p.id for p in got] == ["code/a", "code/b", "chat/3"] and got[2].chat_template is False
+
+
 def test_unavailable_method_is_skipped_with_a_note(pair_dirs, tmp_path, monkeypatch, capsys):
     from specviz import runner
     from specviz.request import RequestError

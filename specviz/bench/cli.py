@@ -311,12 +311,12 @@ def run_bench(argv: list[str]) -> int:
     t_start = time.perf_counter()
     out = Path(args.out or Path("bench-results") / _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     bench = Bench(resolve_settings(args), out)
-    out.mkdir(parents=True, exist_ok=True)
     # --prompts-json: every prompt in the file unless --n-prompts limits it
     counts = bench.settings.counts if (args.n_prompts is not None or not args.prompts_json) else None
     prompts = load_prompts(bench.settings.tasks, counts, args.prompts_json)
     if not prompts:
         raise RequestError("no prompts selected: check --tasks / --n-prompts / --prompts-json")
+    out.mkdir(parents=True, exist_ok=True)  # after the checks: bad input leaves no empty folder
     if args.engine == "vllm":  # add the vLLM rows; our own rows still run on our engine
         bench.settings.families.extend(f for f in vllm_rows.FAMILIES if f not in bench.settings.families)
         args.engine = "specviz"

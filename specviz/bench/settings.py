@@ -145,12 +145,59 @@ def resolve_settings(args) -> Settings:
                                           "--llamacpp-gammas"))
 
 
+PROMPT_ITEM = "{id, task, text[, chat_template]}"
+
+
+def _kind(x) -> str:
+    """A JSON value's kind, in the words of a message."""
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "true/false", type(None): "null"}
+    return kinds.get(type(x), "a number")
+
+
+def _item_problem(item) -> str:
+    """What is wrong with one prompt of a --prompts-json file ('' when nothing)."""
+    if not isinstance(item, dict):
+        return f"is {_kind(item)}, not an object {PROMPT_ITEM}"
+    if "text" not in item:
+        return "has no 'text'"
+    expect = {"text": str, "task": str, "id": str, "chat_template": bool}
+    for key, typ in expect.items():
+        if key in item and not isinstance(item[key], typ):
+            return f"'{key}' is {_kind(item[key])}, not {_kind(typ())}"
+    if not item["text"].strip():
+        return "'text' is empty"
+    if item.get("task", "code") not in TASKS:
+        return f"'task' is {item['task']!r}: use {', '.join(TASKS)}"
+    return ""
+
+
+def read_prompts_file(path: str) -> list[dict]:
+    """A --prompts-json file's items, checked: RequestError naming the file and what is wrong
+    (a JSON object instead of a list ended in an AttributeError traceback, issue 41)."""
+    where = f"--prompts-json {path}"
+    try:
+        items = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise RequestError(f"{where}: cannot read it ({e.strerror or type(e).__name__})") from None
+    except UnicodeDecodeError:
+        raise RequestError(f"{where}: not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise RequestError(f"{where}: not valid JSON ({e.msg}, line {e.lineno} column {e.colno})") from None
+    if not isinstance(items, list):
+        raise RequestError(f"{where}: must be a JSON list of {PROMPT_ITEM} objects, not {_kind(items)}")
+    for i, item in enumerate(items, 1):
+        problem = _item_problem(item)
+        if problem:
+            raise RequestError(f"{where}: item {i} {problem}")
+    return items
+
+
 def load_prompts(tasks: list[str], counts: dict[str, int] | None,
                  prompts_json: str | None) -> list[BenchPrompt]:
     """The packaged prompt sets, or a JSON list of {id, task, text[, chat_template]}
     (counts None: every prompt of the file)."""
     if prompts_json:
-        items = json.loads(Path(prompts_json).read_text())
+        items = read_prompts_file(prompts_json)
         out = []
         for i, item in enumerate(items):
             task = item.get("task", "code")
