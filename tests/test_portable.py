@@ -31,6 +31,10 @@ def test_class_sensitive_tests_pass_under_emulated_avx2():
         # measured here: this CPU already is that class, and the suite itself just ran these tests
         # on it (a rerun cost 172 s on a 2-core AVX2 EPYC, 2026-11-25)
         pytest.skip("this CPU runs no kernels above AVX2: the suite ran the class-sensitive tests on it")
+    # the child inherits this worker's class cache (.../<torch>-AVX512) as it does whenever a test
+    # of this worker compiled first: set here, every run, not only in some xdist orders (issue 41)
+    from specviz.engine.kvcache import _inductor_cache_per_class
+    _inductor_cache_per_class()
     env = {**os.environ, **AVX2}
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CLASS_SENSITIVE],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -42,11 +46,19 @@ def test_compiled_kernels_are_cached_per_cpu_class(monkeypatch):
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     from specviz.engine.kvcache import _inductor_cache_per_class
+    tag = f"{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}".replace("+", "_")
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     _inductor_cache_per_class()
-    got = os.environ["TORCHINDUCTOR_CACHE_DIR"]
-    assert got.startswith(os.path.abspath(default_cache_dir())) and got.endswith(
-        torch.backends.cpu.get_cpu_capability())
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/mine")  # a user's choice stays
+    mine = os.path.join(os.path.abspath(default_cache_dir()), tag)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == mine
+    _inductor_cache_per_class()  # called again (every compiled model): the same directory
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == mine
+    # a parent's class directory, inherited by a process of another class (test_portable's child):
+    # its own class beside it. Sharing it, the AVX-512 graphs ran under avx2 as [41, 0, 0, ...]
+    other = os.path.join(os.path.abspath(default_cache_dir()), f"{torch.__version__}-OTHER".replace("+", "_"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", other)
     _inductor_cache_per_class()
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/mine"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == mine
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/mine")  # a user's root stays, split by class
+    _inductor_cache_per_class()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == os.path.join("/somewhere/mine", tag)

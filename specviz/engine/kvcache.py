@@ -242,20 +242,26 @@ def compiled_call(model):
 
 
 def _inductor_cache_per_class() -> None:
-    """Compiled kernels cached per CPU class. Inductor's default cache (/tmp/torchinductor_<user>)
-    did not tell classes apart: kernels compiled on an AVX-512 Xeon, reused in a run under
-    ATEN_CPU_CAPABILITY=avx2, made a compiled greedy run emit token 0 after its first token
-    (tests/test_kvcache.py, 2026-11-25); in a cache of their own per class they were right.
-    A cache directory the user set is left alone (importing transformers already set the
-    variable to the default, so the default is what is compared)."""
+    """Compiled kernels cached per CPU class: TORCHINDUCTOR_CACHE_DIR becomes <root>/<torch>-<class>,
+    root being the directory the user set or else inductor's default (/tmp/torchinductor_<user>).
+
+    Why: inductor's FX graph cache key holds no CPU ISA (torch 2.13: no vec ISA in
+    FxGraphHashDetails, its system info is CUDA's), but the generated kernels hard-code the
+    vector width (AVX-512: loops step 16 floats). Reused under ATEN_CPU_CAPABILITY=avx2 they are
+    rebuilt against an 8-float Vectorized: a compiled greedy run emitted [41, 0, 0, ...] or the
+    process segfaulted (2026-11-25, and again 2026-11-26, issue 41). The class directory a parent
+    process chose is not a user's choice: a child run under another capability (test_portable's
+    emulated AVX2 inherits the xdist worker's environment, .../2.13.0_cpu-AVX512 once any test of
+    that worker compiled) takes its own class beside it, not the parent's."""
     import os
 
     try:
         from torch._inductor.runtime.cache_dir_utils import default_cache_dir
     except ImportError:  # another torch layout: leave inductor's choice alone
         return
-    default = os.path.abspath(default_cache_dir())
-    if os.path.abspath(os.environ.get("TORCHINDUCTOR_CACHE_DIR", default)) != default:
-        return
-    tag = f"{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}".replace("+", "_")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(default, tag)
+    prefix = f"{torch.__version__}-".replace("+", "_")
+    tag = prefix + torch.backends.cpu.get_cpu_capability()
+    # importing transformers already set the variable to the default: the root, as is unset
+    current = os.path.abspath(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir())
+    root = os.path.dirname(current) if os.path.basename(current).startswith(prefix) else current
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, tag)
