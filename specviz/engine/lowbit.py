@@ -251,9 +251,16 @@ def lowbit_format(model: nn.Module) -> str | None:
 
 
 def lowbit_copy(model: nn.Module, fmt: str) -> nn.Module:
-    """A low-bit twin of an fp32 model that shares every non-Linear tensor with it and
-    leaves it intact (calibration times several formats from one fp32 load)."""
-    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    """A low-bit twin of an fp32 model that shares every non-Linear tensor's memory with it and
+    leaves it intact (calibration times several formats from one fp32 load). The twin gets its
+    own Parameter objects: nn.Module.to() casts a parameter in place (param.data = cast), so a
+    shared Parameter let calibration's bf16 candidate, cast after the twins were made, turn the
+    chosen w4a8 twin's norms to bf16; its layers then missed the one-call C path (fp32 norms
+    only) and every plain step ran 34 % slower than the same choice loaded from the cache
+    (33.5 vs 25.0 ms, 2-core AVX-512 EPYC, 2026-11-26; issue 41's "slow first start")."""
+    shared = {id(t): t for t in model.buffers()}  # .to() rebinds a buffer, never writes through it
+    shared.update({id(p): nn.Parameter(p.detach(), requires_grad=p.requires_grad)
+                   for p in model.parameters()})
     twin = copy.deepcopy(model, memo=shared)
     return to_lowbit(twin, fmt)
 
