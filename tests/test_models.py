@@ -341,6 +341,13 @@ def fake_embedded(tmp_path, monkeypatch):
         assert kw.get("trust_remote_code") is False
         return tiny_tokenizer() if gguf_file is not None else real_tokenizer(path, **kw)
 
+    def fake_convert(gguf, out, progress=None):  # models/gguf_convert.py: the weights, tensor by tensor
+        log.append((Path(gguf).stem, {"trust_remote_code": False}))
+        assert Path(gguf).exists()  # the joined file, checked before this point
+        tiny_model(len(tiny_tokenizer()), seed=len(log), layers=1).save_pretrained(out)
+
+    from specviz.models import gguf_convert
+    monkeypatch.setattr(gguf_convert, "convert_gguf", fake_convert)
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_model)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake_tokenizer)
     return {"log": log, "parts": parts, "embedded": embedded}

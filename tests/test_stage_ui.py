@@ -29,9 +29,11 @@ def test_cached_mode_times_nothing_and_says_so(monkeypatch, tok, tmp_path, quiet
     monkeypatch.setattr(cal, "time_forwards", lambda *a, **k: pytest.fail("timed in cached mode"))
     t, d, choice = cal.calibrate(*_models(tok), quantize="auto", native_bf16=True, min_params=0,
                                  cache_file=tmp_path / "c.json", mode="cached")
-    # the class default, untimed: bf16 where native, a w4a8 draft where it runs, else int8
-    # (lossless: the target verifies)
-    assert (choice.target, choice.draft) == ("bf16", "w4a8" if "w4a8" in cal.lowbit.available() else "int8")
+    # the class default, untimed: w4a8 where the kernel runs row-exact, else bf16 where native; a
+    # w4a8 draft where it runs, else int8 (lossless: the target verifies)
+    w4a8 = "w4a8" in cal.lowbit.available()
+    assert choice.target == ("w4a8" if "w4a8" in cal.lowbit.row_exact() else "bf16")
+    assert choice.draft == ("w4a8" if w4a8 else "int8")
     _, _, avx2 = cal.calibrate(*_models(tok), quantize="auto", native_bf16=False, min_params=0,
                                cache_file=tmp_path / "c.json", mode="cached")
     assert avx2.target == cal.class_default(["fp32", *cal.lowbit.row_exact()], False)

