@@ -68,7 +68,7 @@ def test_prune_keeps_near_candidates_and_bounds_the_ones_behind(monkeypatch):
     assert said["layers"] == 1 and set(said["pruned"]) == {"w16"}
     # w16 stopped once its bound passed 1.6 x 1.0: two of its three shapes, a ratio that is a bound
     assert said["partial"] == ["w16"] and said["pruned"]["w16"] == pytest.approx(2.2)
-    assert probe.note("target", said) == " (target not packed whole: w16 >2.2x w4's time on 1 layers)"
+    assert probe.note("target", said) == " (target not timed whole: w16 >2.2x w4's time on 1 layers)"
     # a draft format that would compile is given the compile hope: 2.1 is past 1.6, 2.1 / 1.5 is not
     from specviz.engine import draft_compile
     monkeypatch.setattr(draft_compile, "unwanted", lambda m: None if lowbit.lowbit_format(m) == "w16" else "no")
@@ -96,9 +96,10 @@ def test_calibration_never_packs_a_format_whose_slice_loses(monkeypatch, tok):
                                  min_params=0)
     assert choice.target == "w8" and lowbit.lowbit_format(t) == "w8"
     assert ("w16", 3) not in packed and ("w16", 1) in packed and ("w8", 3) in packed
-    assert set(choice.timings["target"]) == {"fp32", "w8"}
-    assert choice.timings["probe"]["target"]["pruned"] == {"w16": pytest.approx(3.0)}
-    assert choice.note.endswith("(target not packed whole: w16 3.0x w8's time on 1 layers)")
+    # fp32 is sliced too (calibrate passes make=): 6x behind, never timed whole
+    assert set(choice.timings["target"]) == {"w8"}
+    assert choice.timings["probe"]["target"]["pruned"] == {"fp32": pytest.approx(6.0), "w16": pytest.approx(3.0)}
+    assert choice.note.endswith("(target not timed whole: w16 3.0x, fp32 6.0x w8's time on 1 layers)")
 
 
 @pytest.mark.parametrize("pack", [qgemm.pack_q4, qgemm.pack_q8])

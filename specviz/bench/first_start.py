@@ -109,6 +109,15 @@ class App:
             self.proc.wait()
 
 
+def read_gbs() -> float:
+    """This machine's plain-sum read bandwidth now (GB/s, 1 GiB at 2 threads): a 1.5B step is
+    memory-bound, and on a shared VM host the bandwidth a neighbour leaves moves it by a third
+    from one minute to the next (a w8a8 step 52 -> 36 ms with nothing else on our cores,
+    2026-11-26), so each start's requests are framed by a reading taken just before and after."""
+    from ..hosting.bandwidth import measure_cpu_read_gbs
+    return round(measure_cpu_read_gbs(1.0, repeats=3)["sum_gbs"], 1)
+
+
 def wait_status(app: App, client, want, timeout: float) -> tuple[float, str]:
     """Poll the page's status until want(text) holds; (seconds since the start, text)."""
     end = time.monotonic() + timeout
@@ -124,8 +133,11 @@ def wait_status(app: App, client, want, timeout: float) -> tuple[float, str]:
 
 
 def calibration_ended(text: str) -> bool:
-    """Run enabled and no background calibration under way (done, stopped, skipped, or none)."""
-    return "Loading models" not in text and "Calibrating timings in the background" not in text
+    """Run enabled and no background calibration under way or about to start (done, stopped,
+    skipped, or none needed); an untimed pair's line ("a safe default, not timed") comes before
+    its calibration starts."""
+    return not any(s in text for s in ("Loading models", "Calibrating timings in the background",
+                                       "is a safe default, not timed"))
 
 
 def one_start(name: str, cache: Path, out: Path, runs: int, extra: list[str], timeout: float) -> dict:
@@ -134,6 +146,7 @@ def one_start(name: str, cache: Path, out: Path, runs: int, extra: list[str], ti
         client, served = app.client(timeout)
         ready, _ = wait_status(app, client, lambda t: "Loading models" not in t, timeout)
         calibrated, status = wait_status(app, client, calibration_ended, timeout)
+        bandwidth = [read_gbs()]  # the machine's own state, beside the app's numbers
         results = []
         for _ in range(runs):
             p = PRESET
@@ -142,11 +155,13 @@ def one_start(name: str, cache: Path, out: Path, runs: int, extra: list[str], ti
             app.sample()
             results.append({**parse_stats(final[2]), "identical": "identical outputs" in final[3]})
         rss = _kb(app.proc.pid, "VmRSS")
+        bandwidth.append(read_gbs())
     finally:
         app.stop()
     return {"start": name, "served_s": round(served, 1), "run_enabled_s": round(ready, 1),
             "calibration_ended_s": round(calibrated, 1), "status": status.strip()[:300],
-            "runs": results, "peak_rss_gb": round(app.hwm, 2), "rss_after_runs_gb": round(rss or 0.0, 2)}
+            "runs": results, "peak_rss_gb": round(app.hwm, 2), "rss_after_runs_gb": round(rss or 0.0, 2),
+            "read_gbs": bandwidth}
 
 
 def _median(rows: list[dict], key: str) -> float | None:
@@ -157,7 +172,8 @@ def _median(rows: list[dict], key: str) -> float | None:
 def table(starts: list[dict]) -> list[str]:
     first, later = starts
     lines = ["| start | served s | Run enabled s | calibration ended s | baseline tok/s | speculative tok/s "
-             "| speedup shown | identical | peak RSS GB | RSS after runs GB |", "|" + "---|" * 10]
+             "| speedup shown | identical | peak RSS GB | RSS after runs GB | read GB/s before, after |",
+             "|" + "---|" * 11]
     for s in starts:
         runs = s["runs"]
         cells = [", ".join(f"{r[k]:.2f}" if r[k] is not None else "?" for r in runs)
@@ -165,7 +181,7 @@ def table(starts: list[dict]) -> list[str]:
         times = f"{s['served_s']} | {s['run_enabled_s']} | {s['calibration_ended_s']}"
         lines.append(f"| {s['start']} | {times} | " + " | ".join(cells)
                      + f" | {all(r['identical'] for r in runs)} | {s['peak_rss_gb']} | "
-                     f"{s['rss_after_runs_gb']} |")
+                     f"{s['rss_after_runs_gb']} | {', '.join(map(str, s['read_gbs']))} |")
     lines.append("")
     for key, what in (("base_tok_s", "baseline tok/s"), ("spec_tok_s", "speculative tok/s"),
                       ("speedup", "speedup shown")):
@@ -180,7 +196,7 @@ def table(starts: list[dict]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specviz.bench.first_start", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=2, help="requests per start (default 2)")
+    ap.add_argument("--runs", type=int, default=3, help="requests per start (default 3)")
     ap.add_argument("--models-from", metavar="DIR", help="copy the converted models of this cache folder "
                     "(its qwen2.5-coder-* folders) into the empty cache first: the calibration still starts "
                     "from nothing, the conversion is skipped")

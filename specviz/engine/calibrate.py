@@ -259,16 +259,23 @@ def _confirm(target, timings, reload, progress, default, twins) -> tuple[object,
 
 
 def _sliced(model, cands: list[str], side: str, probes: dict, progress) -> list[str]:
-    """cands less the low-bit ones whose slice loses (engine/probe.py); probes[side]: what slices said."""
+    """cands less those whose slice loses (engine/probe.py); probes[side]: what slices said."""
     if len(cands) < 2 or _dtype_name(model) != "fp32" or lowbit.lowbit_format(model):
         return cands
-    progress(f"timing the {side}'s low-bit candidates on a slice of it", 0.9)
+    progress(f"timing the {side}'s candidates on a slice of it", 0.9)
     shapes, score, hope = ((CHOICE_N, _score, None) if side == "target" else  # hope: _compiled_draft
                            ((1, PROMPT_N), lambda t: draft_score(t[1], t.get(PROMPT_N)), COMPILE_HOPE))
     cands, probes[side] = probe.prune(model, cands, lambda m, enough: time_forwards(
-        m, shapes, context=probe.CONTEXT, enough=enough), score, hope)
+        m, shapes, context=probe.CONTEXT, enough=enough), score, hope, make=_slice_in)
     trim_heap()
     return cands
+
+
+def _slice_in(part, prec: str):
+    """A probe slice (fp32, sharing the model's tensors) in a float or int8 candidate: cast on a
+    copy, so the model it shares its tensors with stays fp32."""
+    import copy
+    return part if prec == "fp32" else convert(copy.deepcopy(part), prec)
 
 
 def _time_target(target, cands, reload, progress, default, probes: dict) -> tuple[object, str, dict, dict]:

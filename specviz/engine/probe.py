@@ -1,4 +1,4 @@
-"""A low-bit candidate timed on a slice of the model before the whole model is packed in it.
+"""A candidate timed on a slice of the model before the whole model is converted to it.
 
 Packing costs more than timing: the 1.5B's twins took 10-28 s each to pack at one thread on a
 2-core AVX2 EPYC (2026-11-26), and a first calibration packed five. Where a format loses by 3x,
@@ -56,20 +56,24 @@ def sliced(model) -> nn.Module | None:
     return top
 
 
-def prune(model, cands: list[str], time, score, hope: float | None = None) -> tuple[list[str], dict]:
-    """(the candidates worth packing whole, what their slices said: {"layers": k, "scores": {format:
+def prune(model, cands: list[str], time, score, hope: float | None = None,
+          make=None) -> tuple[list[str], dict]:
+    """(the candidates worth converting whole, what their slices said: {"layers": k, "scores": {format:
     s}, "pruned": {format: ratio}}). time(model, enough) -> timings, stopping early once
     enough(timings so far); score(timings, partial or not) -> s, a lower bound when partial. hope:
     a draft's compile factor, given to the formats that would compile (calibrate._compiled_draft).
-    Fewer than two low-bit candidates: nothing to compare, nothing probed."""
+    make(slice, format) -> the slice in a float or int8 format (calibrate.convert on a copy): with
+    it the float candidates are sliced too, so one that loses is never held whole (the 1.5B in
+    fp32 is 7.1 GB, in bf16 3.5: a background calibration beside the serving pair peaked at
+    16.7 GB, issue 41). No low-bit candidate, or fewer than two candidates: nothing probed."""
     from . import draft_compile
-    low = [p for p in cands if p in lowbit.FORMATS]
-    part = sliced(model) if len(low) > 1 else None
+    low = [p for p in cands if p in lowbit.FORMATS or make is not None]
+    part = sliced(model) if len(low) > 1 and any(p in lowbit.FORMATS for p in low) else None
     if part is None:
         return cands, {}
     scores, hopes, full = {}, {}, {}
     for p in low:
-        twin = lowbit.lowbit_copy(part, p)
+        twin = lowbit.lowbit_copy(part, p) if p in lowbit.FORMATS else make(part, p)
         hopes[p] = hope if hope and draft_compile.unwanted(twin) is None else 1.0
         behind = lambda t: bool(full) and score(t) / hopes[p] > PROBE_PRUNE * min(full.values())  # noqa: B023, E731
         t = time(twin, behind)
@@ -84,11 +88,11 @@ def prune(model, cands: list[str], time, score, hope: float | None = None) -> tu
 
 
 def note(side: str, probed: dict) -> str:
-    """' (target not packed whole: w8 3.6x, w4 3.4x w4a8's time on 3 layers)' or ''."""
+    """' (target not timed whole: w8 3.6x, w4 3.4x w4a8's time on 3 layers)' or ''."""
     if not probed.get("pruned"):
         return ""
     best = min((p for p in probed["scores"] if p not in probed["pruned"]), key=probed["scores"].get)
     part = probed.get("partial", ())  # timed until behind: their ratio is a lower bound
     ratios = ", ".join(f"{p} {'>' if p in part else ''}{r:.1f}x"
                        for p, r in sorted(probed["pruned"].items(), key=lambda x: x[1]))
-    return f" ({side} not packed whole: {ratios} {best}'s time on {probed['layers']} layers)"
+    return f" ({side} not timed whole: {ratios} {best}'s time on {probed['layers']} layers)"
