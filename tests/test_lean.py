@@ -209,3 +209,25 @@ def test_one_call_stack_agrees_through_crops_and_tree_selects(monkeypatch):
         monkeypatch.setattr(kernel_layer, "forward_stack", lambda *a: False)
         layered, _ = chain()
     assert all(torch.equal(a, b) for a, b in zip(stacked, layered, strict=True))
+
+
+@pytest.mark.parametrize("fmt", [None, "bf16", *lowbit.available()])
+def test_a_deferred_fusion_gives_the_model_a_fused_load_gives(fmt):
+    """Issue 41: a calibration's fp32 model is fused only as it is converted (lean.defer/settle,
+    a layer at a time): same modules and the same logits as fusing at load, original left fp32."""
+    from specviz.engine import calibrate as cal
+    from specviz.engine.lean import LATER, defer
+    build = lambda: tiny_model(96, seed=0, layers=3)  # noqa: E731
+    src = defer(build())
+    assert getattr(src, LATER) and not is_lean(src)
+    fmt = fmt or "fp32"
+    got = cal.convert(src, fmt, reload=build) if fmt in ("fp32", "bf16") else lowbit.lowbit_copy(src, fmt)
+    want = make_lean(build())
+    want = cal.convert(want, fmt, reload=build) if fmt in ("fp32", "bf16") else lowbit.to_lowbit(want, fmt)
+    assert is_lean(got) and not getattr(got, LATER)
+    assert [type(m).__name__ for m in got.modules()] == [type(m).__name__ for m in want.modules()]
+    ids = torch.tensor([[3, 14, 15, 92, 6]])
+    with torch.inference_mode():
+        assert torch.equal(got(ids).logits, want(ids).logits)
+    if fmt not in ("fp32", "bf16"):  # a twin: the source stays as loaded, fusion still deferred
+        assert getattr(src, LATER) and {p.dtype for p in src.parameters()} == {torch.float32}

@@ -49,6 +49,7 @@ from .choice import (  # noqa: F401 - the choice logic's names, re-exported with
 from .costs import CHECK, MAX_VERIFY_TOKENS, CostModel, wait_for_runs  # noqa: F401 - CHECK: ui/loader.py sets it
 from .handoff import Handoff, Loaded, n_params, trim_heap  # noqa: F401 - re-exported: callers hand models over here
 from .handoff import take as _take
+from .lean import settle
 
 PRECISIONS = ("auto", "fp32", "bf16", *lowbit.FORMATS)
 LOWBIT = lowbit.FORMATS
@@ -208,9 +209,11 @@ def convert(model, prec: str, reload=None):
     if prec == "int8":
         if have != "fp32":
             model = reload()
-        return speed.quantize_int8(model)
+        return speed.quantize_int8(settle(model))
     if prec == "fp32" and have != "fp32":
         model = reload()  # bf16 -> fp32 would not give the original weights back
+    # a deferred fusion (lean.defer) casts each layer as it is fused: one layer's fused fp32 at a time
+    settle(model, None if prec == "fp32" else lambda layer: layer.to(DTYPES[prec]))
     model = model.to(DTYPES[prec])
     speed.patch_small_m_linear(model)  # a no-op unless CPU fp32
     return model
@@ -275,7 +278,7 @@ def _slice_in(part, prec: str):
     """A probe slice (fp32, sharing the model's tensors) in a float or int8 candidate: cast on a
     copy, so the model it shares its tensors with stays fp32."""
     import copy
-    return part if prec == "fp32" else convert(copy.deepcopy(part), prec)
+    return convert(copy.deepcopy(part), prec)
 
 
 def _time_target(target, cands, reload, progress, default, probes: dict) -> tuple[object, str, dict, dict]:

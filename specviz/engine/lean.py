@@ -109,6 +109,27 @@ class FusedAttention(nn.Module):
         return self.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
 
 
+LATER = "_specviz_lean_later"  # on a loaded model whose fusion waits for its conversion (copies keep it)
+
+
+def defer(model: nn.Module) -> nn.Module:
+    """Mark a loaded model to be fused when it is converted (settle), not now: a calibration's
+    fp32 target, fused at load, held 3.1 GB of fused fp32 weights (the 1.5B's q/k/v and gate/up)
+    through all its timings, where unfused they stay pages of the checkpoint file that a
+    conversion reads once and hands back (handoff.drop_file_pages)."""
+    if supported(model) and not is_lean(model):
+        setattr(model, LATER, True)
+    return model
+
+
+def settle(model: nn.Module | None, each=None) -> nn.Module | None:
+    """Fuse a deferred model now (make_lean, with `each`); anything else is returned as it is."""
+    if model is not None and getattr(model, LATER, False):
+        make_lean(model, each)
+        setattr(model, LATER, False)
+    return model
+
+
 def make_lean(model: nn.Module, each=None) -> nn.Module:
     """Fuse every layer's q/k/v and gate/up projections in place (plain nn.Linear weights:
     call before any low-bit swap). Models outside the family, or already fused, are left as

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from . import qgemm
-from .lean import kernel_rows
+from .lean import kernel_rows, settle
 from .rowwise_attention import use_rowwise
 
 FORMATS = ("w16", "w8a8", "w8", "w4", "w4a8")  # weight bits (and activation bits)
@@ -278,6 +278,7 @@ def lowbit_copy(model: nn.Module, fmt: str) -> nn.Module:
     shared.update({id(p): nn.Parameter(p.detach(), requires_grad=p.requires_grad)
                    for p in model.parameters()})
     twin = copy.deepcopy(model, memo=shared)
+    settle(twin, lambda layer: swap_linears(layer, fmt))  # a deferred fusion: a layer's fp32 at a time
     return to_lowbit(twin, fmt)
 
 

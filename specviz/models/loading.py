@@ -142,7 +142,7 @@ def _load_one(ref: str, device: torch.device, dtype: torch.dtype):
 def _loader(dev: torch.device, lean: bool | None):
     """_load_one, then the lean Llama-family swap (engine/lean.py) unless lean is False
     (None: SPECVIZ_LEAN=0 turns it off)."""
-    from ..engine.lean import make_lean
+    from ..engine.lean import defer, make_lean
     on = lean if lean is not None else os.environ.get("SPECVIZ_LEAN", "1") != "0"
 
     def load(ref: str, dtype: torch.dtype, lowbit_fmt: str | None = None):
@@ -155,6 +155,8 @@ def _loader(dev: torch.device, lean: bool | None):
             model = make_lean(model, lambda layer: lowbit.swap_linears(layer, lowbit_fmt)) if on else model
             model = lowbit.to_lowbit(model, lowbit_fmt)
             _own_memory(model)
+        elif on and dev.type == "cpu" and dtype == torch.float32:
+            model = defer(model)  # fused as it is converted: calibration holds no fused fp32 copy
         else:
             model = make_lean(model) if on else model
         return model, tok
@@ -192,6 +194,7 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
     lean: fuse the Llama family's q/k/v and gate/up projections (engine/lean.py); None: on
     unless SPECVIZ_LEAN=0."""
     from ..engine import calibrate
+    from ..engine.lean import settle
     if quantize not in QUANTIZE:
         raise ModelError(f"unknown quantisation '{quantize}': use int8, draft-int8, auto or none")
     if precision not in calibrate.PRECISIONS:
@@ -233,6 +236,7 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
         target, draft, precision=precision if dtype is None else _precision_of(dtype),
         quantize=quantize, device=dev.type, half=half, cache_file=cache_file, reload=fp32,
         progress=progress, mode=calibration)
+    settle(target), settle(draft)  # a deferred fusion not made by a conversion (an fp32 choice)
     costs, step = _warm(target, draft, choice.costs, progress)
     names = calibrate.NAMES
     label = (f"{names[choice.target]}" + (", both models" if choice.target == "int8" else "")
