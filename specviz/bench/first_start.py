@@ -75,6 +75,7 @@ class App:
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(self.port), *extra],
                                      cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
         self.hwm = 0.0
+        self.timeline: list[tuple[float, float, str]] = []  # (s since start, resident GB, status)
 
     @property
     def url(self) -> str:
@@ -125,6 +126,8 @@ def wait_status(app: App, client, want, timeout: float) -> tuple[float, str]:
         app.alive()
         app.sample()
         text = _text(client.predict(api_name="/status")[0])
+        app.timeline.append((round(time.monotonic() - app.t0, 1), _kb(app.proc.pid, "VmRSS") or 0.0,
+                             " ".join(text.split())[-160:]))
         if want(text):
             return time.monotonic() - app.t0, text
         if time.monotonic() > end:
@@ -161,7 +164,7 @@ def one_start(name: str, cache: Path, out: Path, runs: int, extra: list[str], ti
     return {"start": name, "served_s": round(served, 1), "run_enabled_s": round(ready, 1),
             "calibration_ended_s": round(calibrated, 1), "status": status.strip()[:300],
             "runs": results, "peak_rss_gb": round(app.hwm, 2), "rss_after_runs_gb": round(rss or 0.0, 2),
-            "read_gbs": bandwidth}
+            "read_gbs": bandwidth, "largest_resident": sorted(app.timeline, key=lambda r: -r[1])[:3]}
 
 
 def _median(rows: list[dict], key: str) -> float | None:
@@ -224,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(table(starts)))
     for s in starts:
         print(f"{s['start']}: {s['status']}")
+        for t, gb, what in s["largest_resident"]:
+            print(f"  resident {gb:.2f} GB at {t} s: ...{what}")
     print(f"written: {out / 'result.json'}")
     return 0
 

@@ -297,10 +297,12 @@ def _time_target(target, cands, reload, progress, default, probes: dict) -> tupl
             if prec not in LOWBIT:
                 target = model
             else:
-                # the two that would be re-timed are kept for it and for the load: a w8a8 twin of the
-                # 1.5B takes 28-32 s to pack at one thread on a 2-core AVX2 EPYC (it was packed three times)
+                # the fastest so far is kept for the re-timing and the load (a w8a8 twin of the 1.5B
+                # took 28-32 s to pack at one thread on a 2-core AVX2 EPYC); the runner-up is packed
+                # again if it is re-timed: two twins kept beside the one being packed and the serving
+                # pair took a first start to 10.0 GB (issue 41's bar: 8)
                 twins[prec] = model
-                twins = {p: m for p, m in twins.items() if p in _two_fastest(timings)}
+                twins = {p: m for p, m in twins.items() if p == _two_fastest(timings)[0]}
             del model
             trim_heap()
     chosen = choose_target(timings) if timings else cands[0]

@@ -267,4 +267,5 @@ class BackgroundCalibration:
             self.m.pair = pair  # runs under way keep the pair they started with
         self._set(state="done", step=getattr(pair, "precision_note", ""))
         del self.pair
-        gc.collect()
+        from ..engine.handoff import trim_heap
+        trim_heap()  # the untimed pair's memory back to the OS: 4.48 GB resident after runs, 3.28 without
