@@ -193,8 +193,7 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
     calibration: engine/calibrate.MODES ("cached": never time anything now).
     lean: fuse the Llama family's q/k/v and gate/up projections (engine/lean.py); None: on
     unless SPECVIZ_LEAN=0."""
-    from ..engine import calibrate
-    from ..engine.lean import settle
+    from ..engine import calibrate, lean
     if quantize not in QUANTIZE:
         raise ModelError(f"unknown quantisation '{quantize}': use int8, draft-int8, auto or none")
     if precision not in calibrate.PRECISIONS:
@@ -236,7 +235,7 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
         target, draft, precision=precision if dtype is None else _precision_of(dtype),
         quantize=quantize, device=dev.type, half=half, cache_file=cache_file, reload=fp32,
         progress=progress, mode=calibration)
-    settle(target), settle(draft)  # a deferred fusion not made by a conversion (an fp32 choice)
+    lean.settle(target), lean.settle(draft)  # a deferred fusion no conversion made (an fp32 choice)
     costs, step = _warm(target, draft, choice.costs, progress)
     names = calibrate.NAMES
     label = (f"{names[choice.target]}" + (", both models" if choice.target == "int8" else "")
