@@ -381,3 +381,21 @@ def test_a_calibrated_choice_is_the_same_model_as_the_cached_one(monkeypatch, to
     ids = torch.tensor([[1, 5, 9, 2]])
     with torch.inference_mode():
         assert torch.equal(fresh(ids).logits, cached(ids).logits)
+
+
+def test_a_background_calibration_keeps_no_twin_between_timings(monkeypatch, tok, tmp_path):
+    """mode="fresh" (the app's background calibration, beside the pair in service): each twin is
+    freed after its timing and the winner packed again, so one candidate is held at a time."""
+    monkeypatch.setattr(cal, "busy", lambda *a: False)
+    monkeypatch.setattr(cal.lowbit, "available", lambda: ("w16", "w8"))
+    monkeypatch.setattr(cal.lowbit, "row_exact", lambda: ("w16", "w8"))
+    step = {None: 0.6, "w16": 0.3, "w8": 0.2}
+    monkeypatch.setattr(cal, "time_forwards", lambda m, ns, **kw: {n: step[lowbit.lowbit_format(m)] for n in ns})
+    copies, real_copy = [], lowbit.lowbit_copy
+    monkeypatch.setattr(lowbit, "lowbit_copy", lambda m, fmt: copies.append(fmt) or real_copy(m, fmt))
+    for mode, want in (("auto", ["w16", "w8"]), ("fresh", ["w16", "w8", "w8"])):
+        copies.clear()
+        t, _, choice = cal.calibrate(tiny_model(len(tok), seed=0, hidden=64), None, native_bf16=False,
+                                     min_params=0, mode=mode, cache_file=tmp_path / f"{mode}.json")
+        assert choice.target == "w8" and lowbit.lowbit_format(t) == "w8"
+        assert sorted(copies) == want, (mode, copies)

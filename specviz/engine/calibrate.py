@@ -65,7 +65,8 @@ CACHE_VERSION = 4
 BUSY_LOAD_PER_CORE = 2.0  # above this 1-minute load per core a calibration is not cached
 
 # auto: the cache, else measure now; cached: the cache, else an untimed default (never times anything,
-# for a page that must be usable at once); fresh: measure and cache, a noisy old entry or none
+# for a page that must be usable at once); fresh: measure and cache, a noisy old entry or none (the
+# app's background calibration, beside the pair in service: it keeps no twin between timings)
 MODES = ("auto", "cached", "fresh")
 # CHECK (costs.py): called before each timed forward when set (a background calibration's budget and pause)
 
@@ -281,9 +282,12 @@ def _slice_in(part, prec: str):
     return convert(copy.deepcopy(part), prec)
 
 
-def _time_target(target, cands, reload, progress, default, probes: dict) -> tuple[object, str, dict, dict]:
+def _time_target(target, cands, reload, progress, default, probes: dict,
+                 keep: bool = True) -> tuple[object, str, dict, dict]:
     """Time the target's candidates on the choice shapes (those a slice did not prune), keep the
-    fastest (confirmed interleaved), then its whole curve."""
+    fastest (confirmed interleaved), then its whole curve. keep=False: the fastest twin is not kept
+    while the others are timed (packed again once chosen): beside a serving pair, a first start held
+    8.41 GB with it (issue 41's bar: 8)."""
     timings: dict[str, dict[int, float]] = {}
     cands = _sliced(target, sorted(cands, key=lambda p: p != default), "target", probes, progress)
     twins: dict[str, object] = {}
@@ -302,7 +306,7 @@ def _time_target(target, cands, reload, progress, default, probes: dict) -> tupl
                 # again if it is re-timed: two twins kept beside the one being packed and the serving
                 # pair took a first start to 10.0 GB (issue 41's bar: 8)
                 twins[prec] = model
-                twins = {p: m for p, m in twins.items() if p == _two_fastest(timings)[0]}
+                twins = {p: m for p, m in twins.items() if keep and p == _two_fastest(timings)[0]}
             del model
             trim_heap()
     chosen = choose_target(timings) if timings else cands[0]
@@ -440,7 +444,7 @@ def calibrate(target, draft, *, precision: str = "auto", quantize: str | None = 
         draft.release()  # not resident while the target's candidates are: loaded again after
     probes: dict = {}  # what the slices said (engine/probe.py), per side
     target, tp, tt, confirm = _time_target(target, tc, reload.target, progress, class_default(tc, native),
-                                           probes)
+                                           probes, keep=mode != "fresh")
     dp, dt, dpr = None, {}, {}
     if draft is not None:
         draft, dp, dt, dpr = _time_draft(_take(draft), dc, reload.draft, progress, probes)
