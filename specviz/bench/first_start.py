@@ -20,8 +20,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,26 +27,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..hosting.llamacpp import process_peak_mb
+from ..hosting.vllm_server import free_port, stop_process
+
 ROOT = Path(__file__).resolve().parents[2]
 PRESET = dict(prompt="def quicksort(arr):\n", gamma=5, max_new_tokens=96)  # assets/presets.json's first
 TOLERANCE = 0.05  # the issue's bar: both starts within 5 %
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _kb(pid: int, key: str) -> float | None:
-    """A VmHWM/VmRSS line of /proc/PID/status in GB."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1e6
-    except (OSError, ValueError):
-        pass
-    return None
+def _gb(pid: int, key: str) -> float | None:
+    """VmHWM/VmRSS of a process in GB."""
+    mb = process_peak_mb(pid, key)
+    return None if mb is None else mb * 1024 / 1e6
 
 
 def _text(markup: str) -> str:
@@ -68,7 +58,7 @@ class App:
     """`python app.py` on a port, its output in a file, its memory read from /proc."""
 
     def __init__(self, cache: Path, log: Path, extra: list[str]):
-        self.port = _free_port()
+        self.port = free_port()
         env = {**os.environ, "SPECVIZ_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
         self.log = log
         self.t0 = time.monotonic()
@@ -82,7 +72,7 @@ class App:
         return f"http://127.0.0.1:{self.port}/"
 
     def sample(self) -> None:
-        self.hwm = max(self.hwm, _kb(self.proc.pid, "VmHWM") or 0.0)
+        self.hwm = max(self.hwm, _gb(self.proc.pid, "VmHWM") or 0.0)
 
     def alive(self) -> None:
         if self.proc.poll() is not None:
@@ -102,12 +92,7 @@ class App:
 
     def stop(self) -> None:
         self.sample()
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
 
 
 def read_gbs() -> float:
@@ -126,7 +111,7 @@ def wait_status(app: App, client, want, timeout: float) -> tuple[float, str]:
         app.alive()
         app.sample()
         text = _text(client.predict(api_name="/status")[0])
-        app.timeline.append((round(time.monotonic() - app.t0, 1), _kb(app.proc.pid, "VmRSS") or 0.0,
+        app.timeline.append((round(time.monotonic() - app.t0, 1), _gb(app.proc.pid, "VmRSS") or 0.0,
                              " ".join(text.split())[-160:]))
         if want(text):
             return time.monotonic() - app.t0, text
@@ -157,7 +142,7 @@ def one_start(name: str, cache: Path, out: Path, runs: int, extra: list[str], ti
                                    "fair", "draft", api_name="/run")
             app.sample()
             results.append({**parse_stats(final[2]), "identical": "identical outputs" in final[3]})
-        rss = _kb(app.proc.pid, "VmRSS")
+        rss = _gb(app.proc.pid, "VmRSS")
         bandwidth.append(read_gbs())
     finally:
         app.stop()

@@ -26,22 +26,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import sys
 import time
 
 from ..flags import add_pair_args, load_from_args
+from ..hosting.vllm_server import free_port
 from ..race import race
 from ..request import encode_prompt, make_request
 
 PROMPT = "def quicksort(arr):\n"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def headless(pair, req, ids) -> tuple[dict, float]:
@@ -87,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     records = Records()
     demo = build_demo(manager, initial=pair.spec, records=records)
     demo.queue(default_concurrency_limit=4)
-    port = _free_port()
+    port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     client = Client(f"http://127.0.0.1:{port}/", verbose=False)
     req = make_request(args.prompt, method="draft", gamma=args.gamma, max_new_tokens=args.max_new_tokens,

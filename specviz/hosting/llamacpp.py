@@ -108,10 +108,11 @@ def process_cpu_s(pid: int) -> float | None:
         return None
 
 
-def process_peak_mb(pid: int) -> float | None:
+def process_peak_mb(pid: int, key: str = "VmHWM") -> float | None:
+    """A process's peak resident memory in MB (key "VmRSS": its resident memory now)."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) / 1024
     except (OSError, ValueError, IndexError):
         pass

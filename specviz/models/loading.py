@@ -148,17 +148,16 @@ def _loader(dev: torch.device, lean: bool | None):
     def load(ref: str, dtype: torch.dtype, lowbit_fmt: str | None = None):
         from ..engine import lowbit
         model, tok = _load_one(ref, dev, dtype)
-        if lowbit_fmt in lowbit.FORMATS and dev.type == "cpu":
-            # a cached low-bit choice: convert now, before the next model loads, so the two fp32
-            # checkpoints are never mapped at once (peak RSS of a load 14.9 -> 12.5 GB on the default
-            # pair), and each layer as soon as it is fused (lowbit.swap_linears: its pages dropped)
-            model = make_lean(model, lambda layer: lowbit.swap_linears(layer, lowbit_fmt)) if on else model
-            model = lowbit.to_lowbit(model, lowbit_fmt)
-            _own_memory(model)
-        elif on and dev.type == "cpu" and dtype == torch.float32:
+        if on and dev.type == "cpu" and dtype == torch.float32:  # a low-bit choice loads in fp32 too
             model = defer(model)  # fused as it is converted: calibration holds no fused fp32 copy
         else:
             model = make_lean(model) if on else model
+        if lowbit_fmt in lowbit.FORMATS and dev.type == "cpu":
+            # a cached low-bit choice: convert now, before the next model loads, so the two fp32
+            # checkpoints are never mapped at once (peak RSS of a load 14.9 -> 12.5 GB on the default
+            # pair), each layer as soon as it is fused (lowbit.pack: its pages dropped)
+            model = lowbit.pack(model, lowbit_fmt)
+            _own_memory(model)
         return model, tok
     return load
 
