@@ -158,7 +158,10 @@ def _median(rows: list[dict], key: str) -> float | None:
 
 
 def table(starts: list[dict]) -> list[str]:
-    first, later = starts
+    """Every start's row, then first vs later: each side's runs pooled over the pairs of starts
+    (alternated, so a host's drift meets both kinds alike)."""
+    firsts = [r for s in starts[0::2] for r in s["runs"]]
+    laters = [r for s in starts[1::2] for r in s["runs"]]
     lines = ["| start | served s | Run enabled s | calibration ended s | baseline tok/s | speculative tok/s "
              "| speedup shown | identical | peak RSS GB | RSS after runs GB | read GB/s before, after |",
              "|" + "---|" * 11]
@@ -173,7 +176,7 @@ def table(starts: list[dict]) -> list[str]:
     lines.append("")
     for key, what in (("base_tok_s", "baseline tok/s"), ("spec_tok_s", "speculative tok/s"),
                       ("speedup", "speedup shown")):
-        a, b = _median(first["runs"], key), _median(later["runs"], key)
+        a, b = _median(firsts, key), _median(laters, key)
         if a and b:
             ok = abs(a / b - 1) <= TOLERANCE
             lines.append(f"- {what}: first {a:.2f}, later {b:.2f}, first/later {a / b:.3f} "
@@ -190,20 +193,26 @@ def main(argv: list[str] | None = None) -> int:
                     "from nothing, the conversion is skipped")
     ap.add_argument("--out", default=None, help="folder for the apps' logs and result.json "
                     "(default: bench-results/first-start-<time>)")
+    ap.add_argument("--pairs", type=int, default=1, help="alternate this many pairs of starts (empty, warm, "
+                    "empty, warm, ...; each pair on a fresh cache): a VM host's memory bandwidth drifts by "
+                    "tens of percent between minutes, and alternation spreads that over both kinds")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds to wait for each start")
     ap.add_argument("app_args", nargs="*", help="after --: extra flags for app.py")
     args = ap.parse_args(argv)
     out = Path(args.out or ROOT / "bench-results" / time.strftime("first-start-%Y%m%d-%H%M%S"))
     out.mkdir(parents=True, exist_ok=True)
-    cache = Path(tempfile.mkdtemp(prefix="specviz-first-start-"))
-    try:
-        if args.models_from:
-            for d in Path(args.models_from).glob("qwen2.5-coder-*"):
-                shutil.copytree(d, cache / d.name)
-        starts = [one_start(name, cache, out, args.runs, args.app_args, args.timeout)
-                  for name in ("first start (empty cache)", "later start (warm cache)")]
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
+    starts = []
+    for i in range(max(1, args.pairs)):
+        cache = Path(tempfile.mkdtemp(prefix="specviz-first-start-"))
+        tag = f" #{i + 1}" if args.pairs > 1 else ""
+        try:
+            if args.models_from:
+                for d in Path(args.models_from).glob("qwen2.5-coder-*"):
+                    shutil.copytree(d, cache / d.name)
+            starts += [one_start(name + tag, cache, out, args.runs, args.app_args, args.timeout)
+                       for name in ("first start (empty cache)", "later start (warm cache)")]
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
     from ..machine import cpu_model
     machine = {"cpu": cpu_model(), "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M %Z")}
     result = {"machine": machine, "preset": PRESET, "models_from": args.models_from, "starts": starts}
