@@ -231,3 +231,44 @@ def test_a_deferred_fusion_gives_the_model_a_fused_load_gives(fmt):
         assert torch.equal(got(ids).logits, want(ids).logits)
     if fmt not in ("fp32", "bf16"):  # a twin: the source stays as loaded, fusion still deferred
         assert getattr(src, LATER) and {p.dtype for p in src.parameters()} == {torch.float32}
+
+
+@pytest.mark.skipif("w4a8" not in lowbit.available(), reason="no C kernels here")
+def test_a_tree_forward_on_the_c_stack_is_each_paths_chain(monkeypatch):
+    """A token tree's verify as one layers_forward call (lean_forward.forward_masked, each row's
+    ancestors read in place) gives every node the bits of a chain forward along its path, and the
+    same logits and cache as the module path (model(...) with the 4D mask)."""
+    from specviz.engine import lean_forward
+    from specviz.engine.forward import forward_logits, new_cache
+    from specviz.engine.tree_forward import tree_forward_logits
+    from specviz.engine.tree_sampling import depths_of
+    model = lowbit.to_lowbit(make_lean(tiny_model(96, seed=0, layers=3)), "w4a8")
+    prompt, toks, parents = [3, 4, 5, 6, 7], [10, 11, 12, 13, 14, 15, 16], [-1, -1, 0, 0, 2, 1, 4]
+    calls = []
+    real = lean_forward.forward_masked
+    monkeypatch.setattr(lean_forward, "forward_masked", lambda *a: calls.append(1) or real(*a))
+
+    def tree():
+        c = new_cache(model)
+        forward_logits(model, prompt[:2], c, 1)
+        return tree_forward_logits(model, c, fed=prompt[2:], tokens=toks, parents=parents,
+                                   depths=depths_of(parents), keep=8), c
+
+    with torch.no_grad():
+        fast, cache = tree()
+        assert calls
+        for i in range(-1, len(toks)):
+            path, n = [], i
+            while n >= 0:
+                path.append(toks[n])
+                n = parents[n]
+            c = new_cache(model)
+            lg = forward_logits(model, prompt, c, 1)
+            for t in path[::-1]:
+                lg = forward_logits(model, [t], c, 1)
+            assert torch.equal(fast[i + 1], lg[-1].float()), i
+        monkeypatch.setattr(lean_forward, "forward_masked", lambda *a: None)
+        slow, slow_cache = tree()
+    assert torch.equal(fast, slow)
+    assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+               for a, b in zip(cache.layers, slow_cache.layers, strict=True))

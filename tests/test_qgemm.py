@@ -17,12 +17,12 @@ def test_packers_round_trip_within_a_step(bits):
     w = torch.randn(13, 320) * 0.1  # 10 blocks: a full super-block and a short one; 13 rows: a short group
     w[3, :32] *= 50  # one loud block beside quiet ones in the same super-block
     p = (qgemm.pack_q4 if bits == 4 else qgemm.pack_q8)(w)
-    # two groups of 8 rows, each group's bytes in one row: codes, sub-scales per block, scales per super-block
-    assert p["codes"].shape == (2, 10 * (128 if bits == 4 else 256)) and p["codes"].dtype == torch.uint8
-    assert p["sub"].shape == (2, 16 * 8) and p["wd"].shape == (2, 2 * 8) and (p["tmin"] is None) == (bits == 8)
+    # one group of 16 rows, its bytes in one row: codes, sub-scales per block, scales per super-block
+    assert p["codes"].shape == (1, 10 * (256 if bits == 4 else 512)) and p["codes"].dtype == torch.uint8
+    assert p["sub"].shape == (1, 16 * 16) and p["wd"].shape == (1, 2 * 16) and (p["tmin"] is None) == (bits == 8)
     g = w.reshape(13, 10, 32)
     step = (g.amax(-1) - g.amin(-1)) / 15 if bits == 4 else g.abs().amax(-1) / 127
-    wd = p["wd"].reshape(2, 2, 8).transpose(1, 2).reshape(16, 2)[:13]  # [group][super-block][row] -> [row][sb]
+    wd = p["wd"].reshape(1, 2, 16).transpose(1, 2).reshape(16, 2)[:13]  # [group][super-block][row] -> [row][sb]
     unit = wd.repeat_interleave(8, 1)[:, :10]  # one sub-scale unit
     err = (qgemm.unpack(p, 13) - w).abs().reshape(13, 10, 32).amax(-1)
     assert (err <= step + unit * (16 if bits == 4 else 128)).all()

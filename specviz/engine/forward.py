@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from . import kvcache, lean_forward
+from . import kernel_layer, kvcache, lean_forward
 from .rowwise_attention import is_rowwise
 from .sampling import SamplingParams, sample
 
@@ -96,7 +96,11 @@ def masked_forward(model, cache, *, ids: list[int], positions: list[int], bias: 
 
     transformers 5.x (checked on 5.23: masking_utils._preprocess_mask_arguments)
     passes a 4D attention mask through unchanged, and Qwen2/Llama take explicit
-    position_ids, so tree and lookahead forwards need no patching."""
+    position_ids, so tree and lookahead forwards need no patching. Where every layer is on the C
+    kernels, the whole stack runs as one call instead (lean_forward.forward_masked: same bits)."""
+    fast = lean_forward.forward_masked(model, ids, positions, bias, cache, keep)
+    if fast is not None:
+        return fast
     dev = model.device
     dtype = next(model.parameters()).dtype
     out = model(input_ids=torch.tensor([ids], device=dev), attention_mask=bias.to(dev, dtype),
@@ -119,6 +123,8 @@ def bias_of(allowed: torch.Tensor, n_past: int, dtype=torch.float32) -> torch.Te
 def keep_cache_slots(cache, *, prefix: int, slots: list[int]) -> None:
     """Keep the first `prefix` cache positions followed by positions `slots`
     (absolute, increasing), and drop everything else: rejected nodes and guesses go."""
+    if kernel_layer.keep_slots(cache, prefix, slots):  # in the C stack's buffer, no copy out and back
+        return
     idx = torch.tensor(list(range(prefix)) + list(slots), dtype=torch.long)
     for layer in cache.layers:
         if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:

@@ -115,7 +115,7 @@ def forward(s: Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cac
     kv = k.shape[2]
     ends = (ctypes.c_int * n)(*range(kv - n + 1, kv + 1))
     if lib.layer_post(ctypes.byref(s), h.data_ptr(), n, qkv.data_ptr(), k.data_ptr(), k.stride(2),
-                      k.stride(1), v.data_ptr(), v.stride(2), v.stride(1), ends, nt):
+                      k.stride(1), v.data_ptr(), v.stride(2), v.stride(1), ends, None, None, nt):
         raise MemoryError("no memory for a layer's scratch")
 
 
@@ -184,19 +184,62 @@ def _cache_room(cache, nl: int, n: int):
     return b.kb, b.vb, b.buf.stride(3), b.buf.stride(2), p, b
 
 
-def forward_stack(structs: list[Layer], h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache) -> bool:
+def tree_rows(visible: list) -> tuple:
+    """Rows' visible keys (rowwise_attention.visible_keys: a causal prefix as a slice, else a tree row's
+    positions in cache order) -> layers_forward's (ends, base, extras) C arrays: each row's key
+    count, its contiguous prefix, then every row's positions past its prefix, one after another."""
+    ends, base, extra = [], [], []
+    for keys in visible:
+        if isinstance(keys, slice):
+            ends.append(keys.stop)
+            base.append(keys.stop)
+            continue
+        idx = keys.tolist()
+        b = 0
+        while b < len(idx) and idx[b] == b:
+            b += 1
+        ends.append(len(idx))
+        base.append(b)
+        extra += idx[b:]
+    n = len(ends)
+    return (ctypes.c_int * n)(*ends), (ctypes.c_int * n)(*base), (ctypes.c_int * max(1, len(extra)))(*extra)
+
+
+def forward_stack(structs: list[Layer], h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache,
+                  rows: tuple | None = None) -> bool:
     """Every layer for h (1, n, hidden) in place, as forward() one by one would (same C code in the
-    same order: the same bits); False (nothing done) where the cache is not one it can write."""
+    same order: the same bits); False (nothing done) where the cache is not one it can write.
+    rows: a tree's (tree_rows), else a chain's (row r sees every key up to its own)."""
     n, nl = h.shape[1], len(structs)
     room = _cache_room(cache, nl, n)
     if room is None:
         return False
     kb, vb, kr, kh, p, b = room
+    ends, base, extra = rows or (None, None, None)
     if qgemm.library().layers_forward(_stack(structs), nl, h.data_ptr(), n, cos.data_ptr(), sin.data_ptr(),
-                                      kb, vb, kr, kh, p, torch.get_num_threads()):
+                                      kb, vb, kr, kh, p, ends, base, extra, torch.get_num_threads()):
         raise MemoryError("no memory for a layer's scratch")
     if b is not None:  # the layers' views now end at p + n (a StaticKV's caller moves its pointer)
         views = b.buf[:, :, :, :p + n].unbind(0)
         for i, layer in enumerate(cache.layers):
             layer.keys, layer.values = views[2 * i], views[2 * i + 1]
+    return True
+
+
+def keep_slots(cache, prefix: int, slots: list[int]) -> bool:
+    """forward.keep_cache_slots inside a DynamicCache's stack buffer: the kept positions moved down
+    in place and the layers' views cut to them, so the next stack call copies nothing back in
+    (a tree's accepted path after every round). False (nothing done) where the cache has no
+    buffer whose views its layers still are."""
+    b = _BUFFERS.get(cache)
+    layers = getattr(cache, "layers", None)
+    if b is None or not layers or not b.holds(layers, layers[0].keys.shape[-2]):
+        return False
+    end = prefix + len(slots)
+    if slots:
+        idx = torch.tensor(slots, dtype=torch.long)
+        b.buf[:, :, :, prefix:end] = b.buf.index_select(3, idx)
+    views = b.buf[:, :, :, :end].unbind(0)
+    for i, layer in enumerate(layers):
+        layer.keys, layer.values = views[2 * i], views[2 * i + 1]
     return True

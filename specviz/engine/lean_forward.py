@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from . import kernel_layer, qgemm
 from .lean import FusedAttention, FusedMLP, supported
-from .rowwise_attention import ROWWISE_MAX, is_rowwise
+from .rowwise_attention import ROWWISE_MAX, is_rowwise, visible_keys
 
 
 def eligible(model, n: int) -> bool:
@@ -120,3 +120,30 @@ def forward(model, ids: list[int], cache, keep: int) -> torch.Tensor:
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     h = body.norm(h)
     return model.lm_head(h[:, -keep:])
+
+
+def forward_masked(model, ids: list[int], positions: list[int], bias: torch.Tensor, cache,
+                   keep: int) -> torch.Tensor | None:
+    """A masked forward (a token tree, lookahead's guesses: forward.masked_forward's arguments) as
+    one C call of the whole layer stack, each row attending to the keys its mask row allows, in
+    cache order: the bits `model(...)` gives through row-wise attention. Float logits of the last
+    `keep` inputs, or None where this path does not serve (then nothing was done).
+    Why: through `model(...)` a tree's 9-row verify cost 2.07 plain steps where a chain's 9 rows
+    cost 1.57 (AVX-512 EPYC, 2026-11-27, docs/every_cpu.md)."""
+    n = len(ids)
+    body = getattr(model, "model", None)
+    if body is None or not eligible(model, n) or bias.shape[-1] != cache.get_seq_length() + n:
+        return None
+    visible = visible_keys(bias, n, bias.shape[-1])
+    if visible is None or not all(layer.self_attn._rotary in _STANDARD for layer in body.layers):
+        return None
+    structs = [kernel_layer.layer_struct(layer) for layer in body.layers]
+    h = body.embed_tokens(torch.tensor([ids], device=model.device))
+    if any(s is None for s in structs) or h.dtype != torch.float32 or h.device.type != "cpu":
+        return None
+    cos, sin = body.rotary_emb(h, torch.tensor([positions], device=model.device))
+    h = h.contiguous()
+    if not kernel_layer.forward_stack(structs, h, cos[0].contiguous(), sin[0].contiguous(), cache,
+                                      kernel_layer.tree_rows(visible)):
+        return None
+    return model.lm_head(body.norm(h)[:, -keep:])[0].float()

@@ -23,8 +23,9 @@ calibration times them):
 - w8: one symmetric scale per output row (`torch._weight_int8pack_mm`).
 - w4a8: 4-bit codes in super-blocks of 8 × 32 (GGUF Q4_K's shape: 8-bit sub-scales and
   sub-minimums, float scales per 256) times activations quantised per row and per 256 to int8,
-  on our own AVX2 kernel (engine/qgemm.py; the output layer in 8-bit codes in the same
-  super-blocks, as GGUF keeps it at higher precision): the integer dots llama.cpp decodes with.
+  on our own kernel (engine/qgemm.py: AVX2, AVX-VNNI or AVX-512 VNNI; the output layer in
+  8-bit codes in the same super-blocks, as GGUF keeps it at higher precision): the integer dots
+  llama.cpp decodes with.
 w4/w8 take bf16 activations: with fp32 ones torch 2.13 falls back to a
 kernel 10-20x slower (AVX2 EPYC: 208 vs 14 ms for the MLP shapes at M = 1).
 """

@@ -1,16 +1,18 @@
-"""Block-quantised Linears on our AVX2 kernel (kernels/qgemm.c), the layout llama.cpp decodes with.
+"""Block-quantised Linears on our own kernel (kernels/qgemm.c): AVX2, AVX-VNNI or AVX-512 VNNI.
 
 Weights as 4-bit or 8-bit codes in super-blocks of 8 × 32 (GGUF Q4_K's shape: an 8-bit
-sub-scale, and for 4-bit an 8-bit sub-minimum, per 32; float scales per 256), activations
-quantised per row and per 256 to int8 inside the call: each row's result depends only on that
-row (row-exact), and the weights are read once per call whatever the number of rows (a 5-token
-verify still costs ~2 steps on an AVX2 EPYC: the integer multiplies, not the bytes, bound it).
+sub-scale, and for 4-bit an 8-bit sub-minimum, per 32; float scales per 256), weight rows
+interleaved in groups of 8 so that a vector's lanes are output columns (no horizontal sums;
+activation rows read as broadcasts), activations quantised per row and per 256 to int8 inside
+the call: each row's result depends only on that row (row-exact), and the weights are read once
+per call whatever the number of rows (docs/every_cpu.md has v(k) per CPU class).
 
 Why our own kernel: torch ships no bandwidth-bound int4 CPU kernel for AVX2 (its
 `_weight_int4pack_mm_for_cpu` computes at ~4 GB/s of ~17 on a 2-core AVX2 EPYC; fbgemm has
-int8 only). The C source is compiled once per machine with the system's gcc into the cache
-(`paths.cache_root()/kernels`), linked to torch's own OpenMP runtime so both share one thread
-pool; without gcc, AVX2 or F16C the format is simply unavailable (lowbit.available()).
+int8 only). The C source is compiled per variant with the system's gcc into the cache
+(`paths.cache_root()/kernels`) by scripts/setup.sh, linked to torch's own OpenMP runtime so both
+share one thread pool; without gcc, AVX2 or F16C the format is simply unavailable
+(lowbit.available()).
 """
 from __future__ import annotations
 
@@ -168,13 +170,14 @@ def variant_library(variant: str) -> ctypes.CDLL:
     lib.silu_mul.argtypes = [_P, _I, _I, _P]
     lib.silu_mul.restype = None
     _L = ctypes.c_long
-    lib.attend_rows.argtypes = [_P, _L, _L, _P, _L, _L, _P, _L, _L, _P, _I, _I, _I, _I, ctypes.c_float,
-                                _P, _I]
+    lib.attend_rows.argtypes = [_P, _L, _L, _P, _L, _L, _P, _L, _L, _P, _P, _P, _I, _I, _I, _I,
+                                ctypes.c_float, _P, _I]
     lib.attend_rows.restype = _I
     lib.layer_pre.argtypes = [ctypes.POINTER(Layer), _P, _I, _P, _P, _P, _I]
-    lib.layer_post.argtypes = [ctypes.POINTER(Layer), _P, _I, _P, _P, _L, _L, _P, _L, _L, _P, _I]
+    lib.layer_post.argtypes = [ctypes.POINTER(Layer), _P, _I, _P, _P, _L, _L, _P, _L, _L, _P, _P, _P, _I]
     lib.layer_pre.restype = lib.layer_post.restype = _I
-    lib.layers_forward.argtypes = [ctypes.POINTER(Layer), _I, _P, _I, _P, _P, _P, _P, _L, _L, _I, _I]
+    lib.layers_forward.argtypes = [ctypes.POINTER(Layer), _I, _P, _I, _P, _P, _P, _P, _L, _L, _I, _P, _P, _P,
+                                   _I]
     lib.layers_forward.restype = _I
     return lib
 
@@ -220,11 +223,11 @@ def _sub_scales(d: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tenso
     return torch.ceil(d / _per_block(big, d.shape[1])).clamp(0, levels), big
 
 
-GR = 8  # weight rows a group (kernels/qgemm.c's GR): one vector's lanes are a group's output columns
+GR = 16  # weight rows a group (kernels/qgemm.c's GR): one 64-byte chunk's 32-bit lanes are its rows
 
 
 def _groups(v: torch.Tensor) -> torch.Tensor:
-    """[N, ...] -> [N/8, 8, ...], zero rows appended to a whole group."""
+    """[N, ...] -> [N/16, 16, ...], zero rows appended to a whole group."""
     pad = -v.shape[0] % GR
     if pad:
         v = torch.cat([v, v.new_zeros(pad, *v.shape[1:])])
@@ -235,21 +238,21 @@ def _interleave(q: torch.Tensor, s: torch.Tensor, t: torch.Tensor | None, big: t
                 mn: torch.Tensor | None) -> dict[str, torch.Tensor | None]:
     """Per-row codes q [N, nb, 32] (uint8 0..15 with t, int8 without), sub-scales s and sub-minimums t
     [N, nb], super-block scales big and mn [N, nsb] -> the kernel's layout (kernels/qgemm.c, "the
-    GEMM"): rows in groups of 8, each group's bytes contiguous, a chunk's 8 rows side by side so
-    that a vector's lanes are output columns."""
+    GEMM"): rows in groups of 16, each group's bytes contiguous, a chunk's 16 rows side by side (4
+    bytes each) so that a vector's lanes are output columns."""
     ng, nb = (q.shape[0] + GR - 1) // GR, q.shape[1]
-    if t is not None:  # two 16-weight chunks a block; byte j of a row's 8: weight j | weight 8 + j << 4
-        c = q.reshape(-1, nb, 2, 2, 8)
-        codes = _groups(c[:, :, :, 0] | (c[:, :, :, 1] << 4))  # [ng, 8, nb, 2, 8]
-    else:  # four 8-weight chunks a block
-        codes = _groups(q.view(torch.uint8).reshape(-1, nb, 4, 8))
+    if t is not None:  # four 8-weight chunks a block; byte j of a row's 4: weight j | weight 4 + j << 4
+        c = q.reshape(-1, nb, 4, 2, 4)
+        codes = _groups(c[:, :, :, 0] | (c[:, :, :, 1] << 4))  # [ng, 16, nb, 4, 4]
+    else:  # eight 4-weight chunks a block
+        codes = _groups(q.view(torch.uint8).reshape(-1, nb, 8, 4))
     codes = codes.permute(0, 2, 3, 1, 4).reshape(ng, -1)
     sub = _groups(_super(s).reshape(s.shape[0], -1)).transpose(1, 2).reshape(ng, -1)  # [g][block][row]
     per_sb = lambda v: _groups(v).transpose(1, 2).reshape(ng, -1).float().contiguous()  # [g][S][row]  # noqa: E731
     out = {"codes": codes.contiguous(), "sub": sub.to(torch.uint8).contiguous(), "tmin": None,
            "wd": per_sb(big), "wm": None}
-    if t is not None:  # [g][S][half: blocks 0-3, 4-7][row][4]
-        tg = _groups(_super(t).reshape(t.shape[0], -1, 2, 4))  # [ng, 8, nsb, 2, 4]
+    if t is not None:  # [g][S][pair of blocks][row][2]
+        tg = _groups(_super(t).reshape(t.shape[0], -1, 4, 2))  # [ng, 16, nsb, 4, 2]
         out["tmin"] = tg.permute(0, 2, 3, 1, 4).reshape(ng, -1).to(torch.int8).contiguous()
         out["wm"] = per_sb(mn)
     return out
@@ -300,18 +303,17 @@ def unpack(p: dict[str, torch.Tensor | None], n: int | None = None) -> torch.Ten
     """The float weights [n, K] packed codes stand for (tests; the kernel never dequantises).
     n: the rows packed (default: whole groups)."""
     ng, four = p["codes"].shape[0], p["tmin"] is not None
-    nb = p["codes"].shape[1] // (128 if four else 256)
+    nb = p["codes"].shape[1] // (256 if four else 512)
     rows = lambda v, *shape: v.reshape(ng, *shape).movedim(-2, 1).reshape(ng * GR, -1)  # noqa: E731
-    sub = p["sub"].reshape(ng, -1, GR).transpose(1, 2).reshape(ng * GR, -1)[:, :nb].float()
-    wd = rows(p["wd"], -1, GR, 1)
-    d = (sub * _per_block(wd, nb))[..., None]
+    sub = rows(p["sub"], -1, GR, 1)[:, :nb].float()
+    d = (sub * _per_block(rows(p["wd"], -1, GR, 1), nb))[..., None]
     if not four:
-        q = p["codes"].view(torch.int8).reshape(ng, nb, 4, GR, 8).permute(0, 3, 1, 2, 4)
+        q = p["codes"].view(torch.int8).reshape(ng, nb, 8, GR, 4).permute(0, 3, 1, 2, 4)
         out = q.reshape(ng * GR, nb, QK).float() * d
     else:
-        c = p["codes"].reshape(ng, nb, 2, GR, 8).permute(0, 3, 1, 2, 4)  # [ng, 8, nb, 2, 8]
+        c = p["codes"].reshape(ng, nb, 4, GR, 4).permute(0, 3, 1, 2, 4)  # [ng, 16, nb, 4, 4]
         q = torch.stack([c & 15, c >> 4], 4).reshape(ng * GR, nb, QK).float()
-        t = p["tmin"].reshape(ng, -1, 2, GR, 4).permute(0, 3, 1, 2, 4).reshape(ng * GR, -1)[:, :nb].float()
+        t = p["tmin"].reshape(ng, -1, 4, GR, 2).permute(0, 3, 1, 2, 4).reshape(ng * GR, -1)[:, :nb].float()
         out = q * d + (t * _per_block(rows(p["wm"], -1, GR, 1), nb))[..., None]
     return out.reshape(ng * GR, -1)[:n]
 
@@ -437,7 +439,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ends: list[int], s
     out = q.new_empty(1, n, hq, d)
     e = (ctypes.c_int * n)(*ends)
     if library().attend_rows(q.data_ptr(), q.stride(2), q.stride(1), k.data_ptr(), k.stride(2), k.stride(1),
-                             v.data_ptr(), v.stride(2), v.stride(1), e, n, hq, hkv, d, scale, out.data_ptr(),
+                             v.data_ptr(), v.stride(2), v.stride(1), e, None, None, n, hq, hkv, d, scale,
+                             out.data_ptr(),
                              torch.get_num_threads()):
         raise MemoryError("no memory for the attention's scores")
     return out

@@ -29,7 +29,7 @@ NAME = "specviz_rowwise"
 ROWWISE_MAX = 32  # a verify forward is at most γ+1 = 17 tokens
 
 
-def _visible(mask: torch.Tensor | None, q: int, k: int) -> list[slice | torch.Tensor] | None:
+def visible_keys(mask: torch.Tensor | None, q: int, k: int) -> list[slice | torch.Tensor] | None:
     """Per query row, the keys it sees: a slice for a causal prefix (a static cache's
     mask also hides the unused tail), else the index list of a tree's ancestors;
     None when the mask is not one row per query (batch or per-head masks)."""
@@ -48,7 +48,7 @@ def _visible(mask: torch.Tensor | None, q: int, k: int) -> list[slice | torch.Te
 
 def rowwise_attention(module, query, key, value, attention_mask, **kwargs):
     q, k = query.shape[2], key.shape[2]
-    rows = _visible(attention_mask, q, k) if q <= ROWWISE_MAX else None
+    rows = visible_keys(attention_mask, q, k) if q <= ROWWISE_MAX else None
     if rows is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     kwargs.pop("is_causal", None)

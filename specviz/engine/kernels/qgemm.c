@@ -8,8 +8,10 @@
    verify forward gives each token exactly its single-step logits.
 
    Why hand-written: on an AVX2 EPYC torch's only int4 CPU kernel computes at ~4 GB/s of ~17
-   (docs/every_cpu.md); this is the integer-dot layout llama.cpp decodes with (maddubs on
-   u8 x s8), one weight read per call whatever the number of rows.
+   (docs/every_cpu.md); this is the integer-dot layout llama.cpp and ik_llama.cpp decode with
+   (u8 x s8 byte products), weight rows interleaved so that extra activation rows cost little, one
+   weight read per call whatever the number of rows. One source, three builds (qgemm.py's ISAS):
+   AVX2, AVX-VNNI and AVX-512 VNNI, each picked by the flags it is compiled with.
 
    Below the GEMM: the pieces of a Llama-family layer between its matmuls (RMSNorm, row-wise
    attention, the SiLU gate) and the whole layer built from them (engine/kernel_layer.py). */
@@ -20,12 +22,14 @@
 
 #define QK 32 /* weights per block */
 #define SB 8  /* blocks per super-block */
-/* Activation rows a pass over a weight group (the group stays in L1 for the next pass): one int32
-   accumulator a row, 16 of AVX-512's 32 vector registers, 8 of AVX2's 16. */
+/* Activation rows a pass over a weight group (the group stays in L1 for the next pass): an int32
+   accumulator a row, 16 of AVX-512's 32 vector registers; on AVX2 a row's block partial sums too,
+   8 of its 16 (RT 8 spilled: a 5-row call 2.38 steps against 1.87, 2026-11-27, AVX-512 EPYC
+   running the AVX2 variant). */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define RT 16
 #else
-#define RT 8
+#define RT 4
 #endif
 /* Code bytes read ahead of the one in use (a software prefetch per 32-byte run). The hardware
    prefetcher alone left a 1.5B step's kernels at 64.5 ms (median of 12, 0.98 GB); 512 to 6144
@@ -101,119 +105,108 @@ static void quantize_rows(const float *x, int M, int Mp, int K, int8_t *xq, floa
 }
 
 /* ------------------------------------------------------------------ the GEMM
-   Weight rows in groups of GR = 8, interleaved (qgemm.py's interleave): a vector's 32-bit lanes are
-   output columns, so a row's sums never cross lanes (no horizontal sums) and each activation row
-   is read as 8-byte broadcasts, not reloaded per weight row. Lanes 2i and 2i+1 belong to weight
-   row i of the group (4 weights each). A group holds, per block b of 32 weights:
-   - bits 4: two chunks of 16 weights, each 64 bytes: row i's 8 bytes at 8i, byte t = q[16c + t]
-     | q[16c + 8 + t] << 4 (low nibbles: weights 0-7 of the chunk, high: 8-15);
-   - bits 8: four chunks of 8 weights, each 64 bytes: row i's 8 signed codes at 8i;
-   - sub [nsb*8 blocks][8 rows] uint8; per super-block S: tmin [2][8 rows][4 blocks] int8 (bits 4),
-     wd and wm [8 rows] float.
-   Per block and activation row the integer dot is summed exactly in int32 lanes, weighted by the
+   Weight rows in groups of GR = 16, interleaved (qgemm.py's _interleave): lane i of a 64-byte chunk
+   (4 bytes) is weight row i, so a vector's 32-bit lanes are output columns. A row's sums never
+   cross lanes (no horizontal sums), and each activation row is read as 4-byte broadcasts (an
+   operand of the multiply itself on AVX-512), not reloaded for every weight row. A group holds, per
+   block b of 32 weights:
+   - bits 4: four chunks of 8 weights, 64 bytes each: row i's 4 bytes at 4i, byte t = q[8c + t] |
+     q[8c + 4 + t] << 4 (low nibbles: weights 0-3 of the chunk, high: 4-7);
+   - bits 8: eight chunks of 4 weights, 64 bytes each: row i's 4 signed codes at 4i;
+   - sub [nsb*8 blocks][16 rows] uint8; per super-block S: tmin [4 block pairs][16 rows][2] int8
+     (bits 4), wd and wm [16 rows] float.
+   Per block and activation row the integer dot is summed exactly in an int32 lane, weighted by the
    block's sub-scale, and per super-block converted to float once: every variant sums the same
    integers and does the same float operations, so every variant's output is the same bits, and a
    row's bits never depend on the other rows (row-exact). */
-#define GR 8
+#define GR 16
+
+INLINE int32_t load4(const void *p) { int32_t v; __builtin_memcpy(&v, p, 4); return v; }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-/* AVX-512 VNNI: a group's chunk is one 64-byte vector; vpdpbusd multiplies and sums 4 bytes a lane. */
+/* AVX-512 VNNI: a chunk is one zmm; vpdpbusd multiplies and sums 4 bytes a lane. */
 #define KERNEL_ISA "avx512vnni"
+#define VNNI_XU 1 /* 8-bit codes take the activations + 128 (xu) as vpdpbusd's unsigned side */
 
-INLINE __m512i bcast8(const void *p) { return _mm512_set1_epi64(*(const int64_t *)p); }
+INLINE __m512i bc4(const void *p) { return _mm512_set1_epi32(load4(p)); }
 
-/* Group g's 8 weight rows against R activation rows: y[r * ys + i] for i < nv. */
+/* Group g's 16 weight rows against R activation rows: y[r * ys + i] for i < nv. */
 INLINE void group_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
-                      const float *wm, int nb, int bits, const int8_t *xq, const float *xd, const int16_t *xs,
-                      int K, int Mp, int R, float *y, size_t ys, int nv) {
+                      const float *wm, int nb, int bits, const int8_t *xq, const uint8_t *xu, const float *xd,
+                      const int16_t *xs, int K, int Mp, int R, float *y, size_t ys, int nv) {
     const int nsb = (nb + SB - 1) / SB;
-    const __m512i DUP = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     const __m512i z = _mm512_setzero_si512(), m4 = _mm512_set1_epi8(0x0F), h80 = _mm512_set1_epi8((char)0x80);
     __m512 facc[RT], macc[RT];
-    for (int r = 0; r < RT; r++) facc[r] = macc[r] = _mm512_setzero_ps();
+    for (int r = 0; r < R; r++) facc[r] = macc[r] = _mm512_setzero_ps();
     for (int S = 0; S < nsb; S++) {
         const int b0 = S * SB, ns = nb - b0 < SB ? nb - b0 : SB;
         __m512i acc[RT];
-        for (int r = 0; r < RT; r++) acc[r] = z;
+        for (int r = 0; r < R; r++) acc[r] = z;
         for (int b = b0; b < b0 + ns; b++) {
-            const __m512i sv = _mm512_permutexvar_epi32(DUP, _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sub + b * GR))));
+            const __m512i sv = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sub + b * GR)));
             if (bits == 4) {
-                const uint8_t *c = codes + (size_t)b * 128;
-                _mm_prefetch((const char *)c + PF, _MM_HINT_T0);
-                _mm_prefetch((const char *)c + 64 + PF, _MM_HINT_T0);
-                const __m512i r0 = _mm512_loadu_si512(c), r1 = _mm512_loadu_si512(c + 64);
-                const __m512i l0 = _mm512_and_si512(r0, m4), h0 = _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4);
-                const __m512i l1 = _mm512_and_si512(r1, m4), h1 = _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4);
+                const uint8_t *c = codes + (size_t)b * 256;
+                __m512i lo[4], hi[4];
+                for (int q = 0; q < 4; q++) {
+                    _mm_prefetch((const char *)c + 64 * q + PF, _MM_HINT_T0);
+                    const __m512i raw = _mm512_loadu_si512(c + 64 * q);
+                    lo[q] = _mm512_and_si512(raw, m4);
+                    hi[q] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+                }
                 for (int r = 0; r < R; r++) {
                     const int8_t *x = xq + (size_t)r * K + (size_t)b * QK;
-                    __m512i t = _mm512_dpbusd_epi32(z, l0, bcast8(x));
-                    t = _mm512_dpbusd_epi32(t, h0, bcast8(x + 8));
-                    t = _mm512_dpbusd_epi32(t, l1, bcast8(x + 16));
-                    t = _mm512_dpbusd_epi32(t, h1, bcast8(x + 24));
+                    __m512i t = z;
+                    for (int q = 0; q < 4; q++)
+                        t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(t, lo[q], bc4(x + 8 * q)), hi[q], bc4(x + 8 * q + 4));
                     acc[r] = _mm512_add_epi32(acc[r], _mm512_mullo_epi32(t, sv));
                 }
             } else { /* signed codes: activations + 128 as the unsigned side, minus 128 * the codes' sum */
-                const uint8_t *c = codes + (size_t)b * 256;
-                __m512i w[4], corr = z;
-                for (int q = 0; q < 4; q++) {
+                const uint8_t *c = codes + (size_t)b * 512;
+                __m512i w[8], corr = z;
+                for (int q = 0; q < 8; q++) {
                     _mm_prefetch((const char *)c + 64 * q + PF, _MM_HINT_T0);
                     w[q] = _mm512_loadu_si512(c + 64 * q);
                     corr = _mm512_dpbusd_epi32(corr, h80, w[q]);
                 }
                 for (int r = 0; r < R; r++) {
-                    const int8_t *x = xq + (size_t)r * K + (size_t)b * QK;
+                    const uint8_t *x = xu + (size_t)r * K + (size_t)b * QK;
                     __m512i t = z;
-                    for (int q = 0; q < 4; q++) t = _mm512_dpbusd_epi32(t, _mm512_xor_si512(bcast8(x + 8 * q), h80), w[q]);
+                    for (int q = 0; q < 8; q++) t = _mm512_dpbusd_epi32(t, bc4(x + 4 * q), w[q]);
                     acc[r] = _mm512_add_epi32(acc[r], _mm512_mullo_epi32(_mm512_sub_epi32(t, corr), sv));
                 }
             }
         }
-        /* lanes 2i and 2i+1 summed (both then hold row i's total), converted, scaled by D * the
-           activation row's scale, added: once per super-block */
-        const __m512 wdv = _mm512_permutexvar_ps(DUP, _mm512_castps256_ps512(_mm256_loadu_ps(wd + S * GR)));
-        for (int r = 0; r < R; r++) {
-            const __m512i tot = _mm512_add_epi32(acc[r], _mm512_shuffle_epi32(acc[r], _MM_PERM_CDAB));
-            facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(wdv, _mm512_set1_ps(xd[(size_t)S * Mp + r])), facc[r]);
-        }
-        if (bits == 4) { /* the sub-minimums: sum_b t_b * (the row's block code sums) */
-            const int8_t *tm = tmin + (size_t)S * 64;
-            const __m512i T0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)tm));
-            const __m512i T1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(tm + 32)));
-            const __m512 wmv = _mm512_permutexvar_ps(DUP, _mm512_castps256_ps512(_mm256_loadu_ps(wm + S * GR)));
+        /* converted, scaled by D * the activation row's scale, added: once per super-block */
+        const __m512 wdv = _mm512_loadu_ps(wd + S * GR);
+        for (int r = 0; r < R; r++)
+            facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(wdv, _mm512_set1_ps(xd[(size_t)S * Mp + r])), facc[r]);
+        if (bits == 4) { /* the sub-minimums: sum_b t_b * (the row's block code sums), a pair of blocks a step */
+            const int8_t *tm = tmin + (size_t)S * 128;
+            __m512i T[4];
+            for (int j = 0; j < 4; j++) T[j] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(tm + 32 * j)));
+            const __m512 wmv = _mm512_loadu_ps(wm + S * GR);
             for (int r = 0; r < R; r++) {
                 const int16_t *bs = xs + ((size_t)S * Mp + r) * SB;
-                const __m512i m = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(z, T0, bcast8(bs)), T1, bcast8(bs + 4));
-                const __m512i tot = _mm512_add_epi32(m, _mm512_shuffle_epi32(m, _MM_PERM_CDAB));
-                macc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(wmv, _mm512_set1_ps(xd[(size_t)S * Mp + r])), macc[r]);
+                __m512i m = z;
+                for (int j = 0; j < 4; j++) m = _mm512_dpwssd_epi32(m, T[j], bc4(bs + 2 * j));
+                macc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(wmv, _mm512_set1_ps(xd[(size_t)S * Mp + r])), macc[r]);
             }
         }
     }
-    const __m512i EVEN = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
-    for (int r = 0; r < R; r++) {
-        const __m256 o = _mm512_castps512_ps256(_mm512_permutexvar_ps(EVEN, _mm512_add_ps(facc[r], macc[r])));
-        _mm256_mask_storeu_ps(y + r * ys, (__mmask8)((1u << nv) - 1), o);
-    }
+    for (int r = 0; r < R; r++)
+        _mm512_mask_storeu_ps(y + r * ys, (__mmask16)((1u << nv) - 1), _mm512_add_ps(facc[r], macc[r]));
 }
 #else
-/* AVX2 and AVX-VNNI: a chunk is two 32-byte halves (rows 0-3, rows 4-7), taken one half at a time
-   through the whole row (the other half's bytes are then in L2). */
+/* AVX2 and AVX-VNNI: a chunk is two 32-byte halves (rows 0-7, rows 8-15). */
 #ifdef __AVXVNNI__
 #define KERNEL_ISA "avxvnni"
+#define VNNI_XU 1
 #else
 #define KERNEL_ISA "avx2"
+#define VNNI_XU 0
 #endif
 
-INLINE __m256i bcast8(const void *p) { return _mm256_set1_epi64x(*(const int64_t *)p); }
-
-/* Sums of 4 byte products a lane: u8 u times s8 s, added to acc (vpdpbusd, or its AVX2 steps:
-   maddubs never saturates here, its pairs at most 2 * 15 * 127). */
-INLINE __m256i dp4(__m256i acc, __m256i u, __m256i s) {
-#ifdef __AVXVNNI__
-    return _mm256_dpbusd_avx_epi32(acc, u, s);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-#endif
-}
+INLINE __m256i bc4(const void *p) { return _mm256_set1_epi32(load4(p)); }
 
 INLINE __m256i dpw(__m256i acc, __m256i a, __m256i b) { /* int16 pairs' products summed into int32 */
 #ifdef __AVXVNNI__
@@ -223,15 +216,14 @@ INLINE __m256i dpw(__m256i acc, __m256i a, __m256i b) { /* int16 pairs' products
 #endif
 }
 
-/* Halves h0 .. h0 + hs - 1 of a group (rows 4h .. 4h + 3) against R activation rows. Both halves in
-   one pass where their accumulators fit the 16 registers (R <= 4: a step reads each code line
-   once), else one pass a half (the other half's bytes then come from L2). */
+/* Halves h0 .. h0 + hs - 1 of a group (rows 8h .. 8h + 7) against R activation rows: both halves
+   in one pass for one or two rows (a step reads each code line once), else a pass a half (the
+   other half's bytes then come from L2). */
 INLINE void halves_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
-                       const float *wm, int nb, int bits, const int8_t *xq, const float *xd, const int16_t *xs,
-                       int K, int Mp, int R, float *y, size_t ys, int nv, int h0, int hs) {
+                       const float *wm, int nb, int bits, const int8_t *xq, const uint8_t *xu, const float *xd,
+                       const int16_t *xs, int K, int Mp, int R, float *y, size_t ys, int nv, int h0, int hs) {
     const int nsb = (nb + SB - 1) / SB;
-    const __m256i DUP = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), z = _mm256_setzero_si256();
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i z = _mm256_setzero_si256(), m4 = _mm256_set1_epi8(0x0F);
     __m256 facc[2][RT], macc[2][RT];
     for (int e = 0; e < hs; e++)
         for (int r = 0; r < R; r++) facc[e][r] = macc[e][r] = _mm256_setzero_ps();
@@ -243,106 +235,122 @@ INLINE void halves_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *t
         for (int b = b0; b < b0 + ns; b++)
             for (int e = 0; e < hs; e++) {
                 const int h = h0 + e;
-                const __m256i sv = _mm256_permutevar8x32_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi32_si128(*(const int32_t *)(sub + b * GR + 4 * h))), DUP);
-                const __m256i sw = _mm256_or_si256(sv, _mm256_slli_epi32(sv, 16)); /* (s, s) word pairs */
+                const __m256i sv = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sub + b * GR + 8 * h)));
+                /* chunk by chunk, each row's partial sums of the block kept in registers */
+                __m256i part[RT];
+                for (int r = 0; r < R; r++) part[r] = z;
                 if (bits == 4) {
-                    const uint8_t *c = codes + (size_t)b * 128 + 32 * h;
-                    if (e == 0) {
-                        _mm_prefetch((const char *)c + PF, _MM_HINT_T0);
-                        _mm_prefetch((const char *)c + 64 + PF, _MM_HINT_T0);
-                    }
-                    const __m256i r0 = _mm256_loadu_si256((const __m256i *)c), r1 = _mm256_loadu_si256((const __m256i *)(c + 64));
-                    const __m256i l0 = _mm256_and_si256(r0, m4), h0v = _mm256_and_si256(_mm256_srli_epi16(r0, 4), m4);
-                    const __m256i l1 = _mm256_and_si256(r1, m4), h1v = _mm256_and_si256(_mm256_srli_epi16(r1, 4), m4);
-                    for (int r = 0; r < R; r++) {
-                        const int8_t *x = xq + (size_t)r * K + (size_t)b * QK;
-#ifdef __AVXVNNI__
-                        const __m256i t = dp4(dp4(dp4(dp4(z, l0, bcast8(x)), h0v, bcast8(x + 8)), l1, bcast8(x + 16)), h1v, bcast8(x + 24));
-                        acc[e][r] = _mm256_add_epi32(acc[e][r], _mm256_mullo_epi32(t, sv));
-#else /* int16 sums of the block's four products (at most 8 * 15 * 127), one multiply-add by the sub-scale */
-                        const __m256i p = _mm256_add_epi16(
-                            _mm256_add_epi16(_mm256_maddubs_epi16(l0, bcast8(x)), _mm256_maddubs_epi16(h0v, bcast8(x + 8))),
-                            _mm256_add_epi16(_mm256_maddubs_epi16(l1, bcast8(x + 16)), _mm256_maddubs_epi16(h1v, bcast8(x + 24))));
-                        acc[e][r] = _mm256_add_epi32(acc[e][r], _mm256_madd_epi16(p, sw));
-#endif
-                    }
-                } else {
                     const uint8_t *c = codes + (size_t)b * 256 + 32 * h;
-                    __m256i w[4], u[4];
                     for (int q = 0; q < 4; q++) {
                         if (e == 0) _mm_prefetch((const char *)c + 64 * q + PF, _MM_HINT_T0);
-                        w[q] = _mm256_loadu_si256((const __m256i *)(c + 64 * q));
-                        u[q] = _mm256_sign_epi8(w[q], w[q]);
+                        const __m256i raw = _mm256_loadu_si256((const __m256i *)(c + 64 * q));
+                        const __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                        for (int r = 0; r < R; r++) {
+                            const int8_t *x = xq + (size_t)r * K + (size_t)b * QK + 8 * q;
+#ifdef __AVXVNNI__
+                            part[r] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(part[r], lo, bc4(x)), hi, bc4(x + 4));
+#else /* int16 sums of the block's eight products a word (at most 16 * 15 * 127) */
+                            part[r] = _mm256_add_epi16(part[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, bc4(x)),
+                                                                                 _mm256_maddubs_epi16(hi, bc4(x + 4))));
+#endif
+                        }
                     }
-                    for (int r = 0; r < R; r++) {
-                        const int8_t *x = xq + (size_t)r * K + (size_t)b * QK;
-                        __m256i t = acc[e][r];
-                        for (int q = 0; q < 4; q++) /* |w| times x with w's sign: pairs at most 2 * 127 * 127 */
-                            t = dpw(t, _mm256_maddubs_epi16(u[q], _mm256_sign_epi8(bcast8(x + 8 * q), w[q])), sw);
-                        acc[e][r] = t;
+                    for (int r = 0; r < R; r++)
+#ifdef __AVXVNNI__
+                        acc[e][r] = _mm256_add_epi32(acc[e][r], _mm256_mullo_epi32(part[r], sv));
+#else /* one multiply-add by the sub-scale */
+                        acc[e][r] = _mm256_add_epi32(acc[e][r], _mm256_madd_epi16(part[r], _mm256_or_si256(sv, _mm256_slli_epi32(sv, 16))));
+#endif
+                } else {
+                    const uint8_t *c = codes + (size_t)b * 512 + 32 * h;
+#if VNNI_XU
+                    __m256i corr = z;
+#else
+                    const __m256i sw = _mm256_or_si256(sv, _mm256_slli_epi32(sv, 16)); /* (s, s) word pairs */
+#endif
+                    for (int q = 0; q < 8; q++) {
+                        if (e == 0 && !(q & 1)) _mm_prefetch((const char *)c + 64 * q + PF, _MM_HINT_T0);
+                        const __m256i w = _mm256_loadu_si256((const __m256i *)(c + 64 * q));
+#if VNNI_XU /* the activations + 128 against signed codes, minus 128 * the codes' sum */
+                        corr = _mm256_dpbusd_avx_epi32(corr, _mm256_set1_epi8((char)0x80), w);
+                        for (int r = 0; r < R; r++)
+                            part[r] = _mm256_dpbusd_avx_epi32(part[r], bc4(xu + (size_t)r * K + (size_t)b * QK + 4 * q), w);
+#else /* |w| times x with w's sign: pairs at most 2 * 127 * 127 */
+                        const __m256i u = _mm256_sign_epi8(w, w);
+                        for (int r = 0; r < R; r++)
+                            part[r] = dpw(part[r], _mm256_maddubs_epi16(u, _mm256_sign_epi8(bc4(xq + (size_t)r * K + (size_t)b * QK + 4 * q), w)), sw);
+#endif
                     }
+                    for (int r = 0; r < R; r++)
+#if VNNI_XU
+                        acc[e][r] = _mm256_add_epi32(acc[e][r], _mm256_mullo_epi32(_mm256_sub_epi32(part[r], corr), sv));
+#else
+                        acc[e][r] = _mm256_add_epi32(acc[e][r], part[r]);
+#endif
                 }
             }
         for (int e = 0; e < hs; e++) {
             const int h = h0 + e;
-            const __m256 wdv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(wd + S * GR + 4 * h)), DUP);
-            for (int r = 0; r < R; r++) {
-                const __m256i tot = _mm256_add_epi32(acc[e][r], _mm256_shuffle_epi32(acc[e][r], 0xB1));
-                facc[e][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_mul_ps(wdv, _mm256_set1_ps(xd[(size_t)S * Mp + r])), facc[e][r]);
-            }
+            const __m256 wdv = _mm256_loadu_ps(wd + S * GR + 8 * h);
+            for (int r = 0; r < R; r++)
+                facc[e][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[e][r]), _mm256_mul_ps(wdv, _mm256_set1_ps(xd[(size_t)S * Mp + r])), facc[e][r]);
             if (bits == 4) {
-                const int8_t *tm = tmin + (size_t)S * 64 + 16 * h;
-                const __m256i T0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)tm));
-                const __m256i T1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(tm + 32)));
-                const __m256 wmv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(wm + S * GR + 4 * h)), DUP);
+                const int8_t *tm = tmin + (size_t)S * 128 + 16 * h;
+                __m256i T[4];
+                for (int j = 0; j < 4; j++) T[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(tm + 32 * j)));
+                const __m256 wmv = _mm256_loadu_ps(wm + S * GR + 8 * h);
                 for (int r = 0; r < R; r++) {
                     const int16_t *bs = xs + ((size_t)S * Mp + r) * SB;
-                    const __m256i m = dpw(dpw(z, T0, bcast8(bs)), T1, bcast8(bs + 4));
-                    const __m256i tot = _mm256_add_epi32(m, _mm256_shuffle_epi32(m, 0xB1));
-                    macc[e][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_mul_ps(wmv, _mm256_set1_ps(xd[(size_t)S * Mp + r])), macc[e][r]);
+                    __m256i m = z;
+                    for (int j = 0; j < 4; j++) m = dpw(m, T[j], bc4(bs + 2 * j));
+                    macc[e][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(wmv, _mm256_set1_ps(xd[(size_t)S * Mp + r])), macc[e][r]);
                 }
             }
         }
     }
-    for (int e = 0; e < hs; e++)
+    for (int e = 0; e < hs; e++) {
+        const int h = h0 + e, left = nv - 8 * h;
         for (int r = 0; r < R; r++) {
-            float o[8];
-            _mm256_storeu_ps(o, _mm256_add_ps(facc[e][r], macc[e][r]));
-            for (int i = 0; i < 4 && 4 * (h0 + e) + i < nv; i++) y[r * ys + 4 * (h0 + e) + i] = o[2 * i];
+            const __m256 o = _mm256_add_ps(facc[e][r], macc[e][r]);
+            if (left >= 8) _mm256_storeu_ps(y + r * ys + 8 * h, o);
+            else {
+                float t[8];
+                _mm256_storeu_ps(t, o);
+                for (int i = 0; i < left; i++) y[r * ys + 8 * h + i] = t[i];
+            }
         }
+    }
 }
 
 INLINE void group_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
-                      const float *wm, int nb, int bits, const int8_t *xq, const float *xd, const int16_t *xs,
-                      int K, int Mp, int R, float *y, size_t ys, int nv) {
-    if (R <= 4) {
-        halves_dot(codes, sub, tmin, wd, wm, nb, bits, xq, xd, xs, K, Mp, R, y, ys, nv, 0, 2);
-        return;
-    }
-    halves_dot(codes, sub, tmin, wd, wm, nb, bits, xq, xd, xs, K, Mp, R, y, ys, nv, 0, 1);
-    if (nv > 4) halves_dot(codes, sub, tmin, wd, wm, nb, bits, xq, xd, xs, K, Mp, R, y, ys, nv, 1, 1);
+                      const float *wm, int nb, int bits, const int8_t *xq, const uint8_t *xu, const float *xd,
+                      const int16_t *xs, int K, int Mp, int R, float *y, size_t ys, int nv) {
+    /* hs a constant: with it a variable, the accumulator arrays lived on the stack (2081 of 5833
+       instructions touched it, and a 5-row call cost 2.1-2.3 steps) */
+    halves_dot(codes, sub, tmin, wd, wm, nb, bits, xq, xu, xd, xs, K, Mp, R, y, ys, nv, 0, 2);
 }
 #endif
 
 #define TILE(BITS, R) group_dot(codes + (size_t)g * gb, sub + (size_t)g * nsb * SB * GR, \
-                                tmin ? tmin + (size_t)g * nsb * 64 : 0, wd + (size_t)g * nsb * GR, \
+                                tmin ? tmin + (size_t)g * nsb * 128 : 0, wd + (size_t)g * nsb * GR, \
                                 wm ? wm + (size_t)g * nsb * GR : 0, nb, BITS, xq + (size_t)m0 * K, \
+                                xu ? xu + (size_t)m0 * K : 0, \
                                 xd + m0, xs + (size_t)m0 * SB, K, Mp, R, y + (size_t)m0 * N + (size_t)g * GR, N, \
                                 N - g * GR < GR ? N - g * GR : GR)
 
 /* Group g against activation rows m0 .. m0 + R - 1 (R <= RT, a constant in each case). */
 INLINE void tile(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
-                 const float *wm, int bits, int N, int K, int nb, int nsb, size_t gb, const int8_t *xq,
+                 const float *wm, int bits, int N, int K, int nb, int nsb, size_t gb, const int8_t *xq, const uint8_t *xu,
                  const float *xd, const int16_t *xs, int Mp, float *y, int g, int m0, int R) {
-#if RT > 8
+#if RT > 4
 #define WIDE(BITS) case 16: TILE(BITS, 16); break; case 15: TILE(BITS, 15); break; case 14: TILE(BITS, 14); break; \
     case 13: TILE(BITS, 13); break; case 12: TILE(BITS, 12); break; case 11: TILE(BITS, 11); break; \
-    case 10: TILE(BITS, 10); break; case 9: TILE(BITS, 9); break;
+    case 10: TILE(BITS, 10); break; case 9: TILE(BITS, 9); break; case 8: TILE(BITS, 8); break; \
+    case 7: TILE(BITS, 7); break; case 6: TILE(BITS, 6); break; case 5: TILE(BITS, 5); break;
 #else
 #define WIDE(BITS)
 #endif
-#define CASES(BITS) switch (R) { WIDE(BITS) case 8: TILE(BITS, 8); break; \
-    case 7: TILE(BITS, 7); break; case 6: TILE(BITS, 6); break; case 5: TILE(BITS, 5); break; \
+#define CASES(BITS) switch (R) { WIDE(BITS) \
     case 4: TILE(BITS, 4); break; case 3: TILE(BITS, 3); break; case 2: TILE(BITS, 2); break; \
     default: TILE(BITS, 1); }
     if (bits == 4) CASES(4) else CASES(8)
@@ -353,10 +361,10 @@ INLINE void tile(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, c
 /* y [M, N] = activation rows (xq, xd, xs from quantize_rows) against N weight rows in groups of GR
    (the layout above). */
 static void gemm_blocks(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
-                 const float *wm, int bits, int N, int K, const int8_t *xq, const float *xd,
+                 const float *wm, int bits, int N, int K, const int8_t *xq, const uint8_t *xu, const float *xd,
                  const int16_t *xs, int M, float *y, int nt) {
     const int nb = K / QK, nsb = (nb + SB - 1) / SB, Mp = (M + RT - 1) / RT * RT, ng = (N + GR - 1) / GR;
-    const size_t gb = (size_t)nb * (bits == 4 ? 128 : 256); /* code bytes a group */
+    const size_t gb = (size_t)nb * (bits == 4 ? 256 : 512); /* code bytes a group */
     /* One tile or less (a step, a verify): every weight row against it, one weight read per call.
        More (a prompt): weight rows in chunks of NC, each chunk against every row tile, so a tile's
        activation codes stay near the core across the chunk. */
@@ -365,8 +373,8 @@ static void gemm_blocks(const uint8_t *codes, const uint8_t *sub, const int8_t *
        1.5B w4a8, four interleaved rounds, AVX2 EPYC: a 5-token verify 118-129 -> 109-123 ms, a
        100-token prompt 1.70-2.02 -> 1.40-1.66 s, a step within noise. */
     if (M <= RT) {
-#pragma omp parallel for num_threads(nt) schedule(guided, 2)
-        for (int g = 0; g < ng; g++) tile(codes, sub, tmin, wd, wm, bits, N, K, nb, nsb, gb, xq, xd, xs, Mp, y, g, 0, M);
+#pragma omp parallel for num_threads(nt) schedule(guided, 1)
+        for (int g = 0; g < ng; g++) tile(codes, sub, tmin, wd, wm, bits, N, K, nb, nsb, gb, xq, xu, xd, xs, Mp, y, g, 0, M);
         return;
     }
     const int nch = (ng + NC / GR - 1) / (NC / GR), cw = (ng + nch - 1) / nch;
@@ -374,7 +382,7 @@ static void gemm_blocks(const uint8_t *codes, const uint8_t *sub, const int8_t *
     for (int c = 0; c < nch; c++) /* chunks of <= NC weight rows */
         for (int m0 = 0; m0 < M; m0 += RT)
             for (int g = c * cw; g < ng && g < (c + 1) * cw; g++)
-                tile(codes, sub, tmin, wd, wm, bits, N, K, nb, nsb, gb, xq, xd, xs, Mp, y, g, m0,
+                tile(codes, sub, tmin, wd, wm, bits, N, K, nb, nsb, gb, xq, xu, xd, xs, Mp, y, g, m0,
                      M - m0 < RT ? M - m0 : RT);
 }
 
@@ -399,7 +407,18 @@ int block_mm(const float *x, int M, int K, const uint8_t *codes, const uint8_t *
     }
     if (!capq || !caps) return -1; /* out of memory: the caller raises */
     quantize_rows(x, M, Mp, K, xq, xd, xs, nt);
-    gemm_blocks(codes, sub, tmin, wd, wm, bits, N, K, xq, xd, xs, M, y, nt);
+    const uint8_t *u = 0;
+#if VNNI_XU
+    if (bits == 8) { /* the activations + 128, vpdpbusd's unsigned side for signed codes */
+        static __thread uint8_t *xu;
+        static __thread size_t capu;
+        if (nq > capu) { free(xu); xu = malloc(nq); capu = xu ? nq : 0; }
+        if (!capu) return -1;
+        for (size_t i = 0; i < nq; i++) xu[i] = (uint8_t)xq[i] ^ 0x80;
+        u = xu;
+    }
+#endif
+    gemm_blocks(codes, sub, tmin, wd, wm, bits, N, K, xq, u, xd, xs, M, y, nt);
     return 0;
 }
 
@@ -469,28 +488,38 @@ void silu_mul(const float *gu, int M, int I, float *y) {
 
 #define KT 64 /* keys a tile: a kv head's tile of keys (64 x d floats) stays in L1 for its group's heads */
 #define GMAX 16 /* query heads sharing a kv head, at most (larger groups: SDPA) */
+#define ROWWISE_MAX 32 /* rows of a tree forward, at most (engine/rowwise_attention.py's ROWWISE_MAX) */
+
+/* Where key j of a row sits in the cache: j itself below base (a causal prefix), else idx[j - base]
+   (a tree's ancestors, in cache order). A chain row has base = L. */
+typedef struct { int base; const int *idx; } keys_t;
+
+INLINE long kpos(keys_t m, int j) { return j < m.base ? j : m.idx[j - m.base]; }
 
 /* q·k_j * scale for keys j0..j1 of one query head into s (four keys a pass, four independent
-   sums; each key's dot is the same 8-wide sum whatever its place, so it never depends on L). */
-static void scores(const float *q, const float *k, long ks, int j0, int j1, int d, float scale, float *s) {
+   sums; each key's dot is the same 8-wide sum whatever its place, so it never depends on L, nor
+   on where in the cache the key sits). */
+static void scores(const float *q, const float *k, long ks, keys_t m, int j0, int j1, int d, float scale, float *s) {
     int j = j0;
     for (; j + 4 <= j1; j += 4) {
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        const float *k0 = k + j * ks;
+        const float *k0 = k + kpos(m, j) * ks, *k1 = k + kpos(m, j + 1) * ks;
+        const float *k2 = k + kpos(m, j + 2) * ks, *k3 = k + kpos(m, j + 3) * ks;
         for (int i = 0; i < d; i += 8) {
             const __m256 x = _mm256_loadu_ps(q + i);
             a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + i), a0);
-            a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + ks + i), a1);
-            a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + 2 * ks + i), a2);
-            a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + 3 * ks + i), a3);
+            a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k1 + i), a1);
+            a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k2 + i), a2);
+            a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k3 + i), a3);
         }
         s[j] = hsum(a0) * scale; s[j + 1] = hsum(a1) * scale;
         s[j + 2] = hsum(a2) * scale; s[j + 3] = hsum(a3) * scale;
     }
     for (; j < j1; j++) {
         __m256 a0 = _mm256_setzero_ps();
+        const float *k0 = k + kpos(m, j) * ks;
         for (int i = 0; i < d; i += 8)
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + j * ks + i), a0);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k0 + i), a0);
         s[j] = hsum(a0) * scale;
     }
 }
@@ -514,21 +543,21 @@ static float softmax_num(float *s, int L) {
 
 /* o += sum over keys j0..j1 of p_j v_j, each output lane summed in key order (o read and written
    back per tile: the same sums as one pass). */
-static void weigh(const float *p, const float *v, long vs, int j0, int j1, int d, float *o) {
+static void weigh(const float *p, const float *v, long vs, keys_t m, int j0, int j1, int d, float *o) {
     int c = 0;
     for (; c + 64 <= d; c += 64) { /* eight independent sums */
         __m256 acc[8];
         for (int t = 0; t < 8; t++) acc[t] = _mm256_loadu_ps(o + c + 8 * t);
         for (int j = j0; j < j1; j++) {
             const __m256 e = _mm256_set1_ps(p[j]);
-            const float *vj = v + j * vs + c;
+            const float *vj = v + kpos(m, j) * vs + c;
             for (int t = 0; t < 8; t++) acc[t] = _mm256_fmadd_ps(e, _mm256_loadu_ps(vj + 8 * t), acc[t]);
         }
         for (int t = 0; t < 8; t++) _mm256_storeu_ps(o + c + 8 * t, acc[t]);
     }
     for (; c < d; c += 8) {
         __m256 acc = _mm256_loadu_ps(o + c);
-        for (int j = j0; j < j1; j++) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * vs + c), acc);
+        for (int j = j0; j < j1; j++) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + kpos(m, j) * vs + c), acc);
         _mm256_storeu_ps(o + c, acc);
     }
 }
@@ -536,18 +565,18 @@ static void weigh(const float *p, const float *v, long vs, int j0, int j1, int d
 /* The G query heads of one kv head, one row, against its first L keys, tile by tile so each key
    and value row is read from memory once for the group. s: scratch for G x L scores. */
 static void attend_group(const float *q, long qh, const float *k, const float *v, long ks, long vs, int G,
-                         int L, int d, float scale, float *s, float *o) {
+                         int L, keys_t m, int d, float scale, float *s, float *o) {
     for (int i = 0; i < G * d; i++) o[i] = 0.f;
     if (L <= 0) return;
     for (int j0 = 0; j0 < L; j0 += KT) {
         const int j1 = j0 + KT < L ? j0 + KT : L;
-        for (int h = 0; h < G; h++) scores(q + h * qh, k, ks, j0, j1, d, scale, s + (size_t)h * L);
+        for (int h = 0; h < G; h++) scores(q + h * qh, k, ks, m, j0, j1, d, scale, s + (size_t)h * L);
     }
     float inv[GMAX];
     for (int h = 0; h < G; h++) inv[h] = 1.f / softmax_num(s + (size_t)h * L, L);
     for (int j0 = 0; j0 < L; j0 += KT) {
         const int j1 = j0 + KT < L ? j0 + KT : L;
-        for (int h = 0; h < G; h++) weigh(s + (size_t)h * L, v, vs, j0, j1, d, o + (size_t)h * d);
+        for (int h = 0; h < G; h++) weigh(s + (size_t)h * L, v, vs, m, j0, j1, d, o + (size_t)h * d);
     }
     for (int h = 0; h < G; h++) {
         const __m256 iv = _mm256_set1_ps(inv[h]);
@@ -558,12 +587,18 @@ static void attend_group(const float *q, long qh, const float *k, const float *v
 /* Row-wise attention: out [n, hq, d] (contiguous) with row r's query head h (q + r*qr + h*qh)
    attending to the first ends[r] keys of kv head g = h / (hq / hkv) (k + g*kh + j*kr, v alike).
    d % 8 == 0, hq / hkv <= GMAX. Each (row, head) is computed alone, so a row's output is the same
-   whatever the other rows: a verify forward's rows are a one-token step's bits, and a tree's row
-   (its ancestors' keys gathered in cache order) a chain's. Returns -1 if out of scratch memory. */
+   whatever the other rows: a verify forward's rows are a one-token step's bits. A tree's rows
+   (base, xidx not NULL): row r sees keys 0 .. base[r] - 1, then the ends[r] - base[r] positions
+   next in xidx (its ancestors, in cache order): the keys a chain along its path holds, in the same
+   order, so the same bits. Returns -1 if out of scratch memory. */
 int attend_rows(const float *q, long qr, long qh, const float *k, long kr, long kh, const float *v, long vr,
-                long vh, const int *ends, int n, int hq, int hkv, int d, float scale, float *out, int nt) {
-    int lmax = 1, bad = 0;
+                long vh, const int *ends, const int *base, const int *xidx, int n, int hq, int hkv, int d,
+                float scale, float *out, int nt) {
+    int lmax = 1, bad = 0, off[ROWWISE_MAX + 1];
+    if (base && n > ROWWISE_MAX) return -1;
     for (int r = 0; r < n; r++) lmax = ends[r] > lmax ? ends[r] : lmax;
+    if (base)
+        for (int r = 0, o = 0; r < n; r++) { off[r] = o; o += ends[r] - base[r]; }
     const int G = hq / hkv;
     const long work = (long)n * hq * lmax * d;
 #pragma omp parallel num_threads(nt) if (work > 65536) reduction(| : bad)
@@ -573,7 +608,8 @@ int attend_rows(const float *q, long qr, long qh, const float *k, long kr, long 
 #pragma omp for schedule(static)
         for (int t = 0; t < n * hkv; t++) {
             const int r = t / hkv, g = t % hkv;
-            if (s) attend_group(q + r * qr + g * G * qh, qh, k + g * kh, v + g * vh, kr, vr, G, ends[r], d, scale,
+            const keys_t m = {base ? base[r] : ends[r], base ? xidx + off[r] : 0};
+            if (s) attend_group(q + r * qr + g * G * qh, qh, k + g * kh, v + g * vh, kr, vr, G, ends[r], m, d, scale,
                                 s, out + ((size_t)r * hq + g * G) * d);
         }
         free(s);
@@ -635,12 +671,13 @@ int layer_pre(const layer_t *L, const float *h, int n, const float *cos, const f
 /* h [n, hidden] += the layer's attention output and then its MLP's, in place: q from layer_pre's
    qkv, keys and values the cache's (strides as attend_rows), row r seeing ends[r] keys. */
 int layer_post(const layer_t *L, float *h, int n, const float *qkv, const float *k, long kr, long kh,
-               const float *v, long vr, long vh, const int *ends, int nt) {
+               const float *v, long vr, long vh, const int *ends, const int *base, const int *xidx, int nt) {
     const int hidden = L->o.n, hd = L->hq * L->d, w = L->qkv.n, I = L->inter;
     float *a = malloc((size_t)n * hd * sizeof(float)), *o = malloc((size_t)n * hidden * sizeof(float));
     float *gu = malloc((size_t)n * 2 * I * sizeof(float)), *act = malloc((size_t)n * I * sizeof(float));
     int bad = !a || !o || !gu || !act;
-    if (!bad) bad = attend_rows(qkv, w, L->d, k, kr, kh, v, vr, vh, ends, n, L->hq, L->hkv, L->d, L->scale, a, nt);
+    if (!bad) bad = attend_rows(qkv, w, L->d, k, kr, kh, v, vr, vh, ends, base, xidx, n, L->hq, L->hkv, L->d,
+                                L->scale, a, nt);
     if (!bad) bad = linear(&L->o, a, n, o, nt);
     if (!bad) {
         for (size_t i = 0; i < (size_t)n * hidden; i++) h[i] = h[i] + o[i];
@@ -658,20 +695,22 @@ int layer_post(const layer_t *L, float *h, int n, const float *qkv, const float 
 }
 
 /* Every layer of one forward in one call, each as layer_pre, its n new keys and values copied into
-   the cache at positions p .. p+n-1, then layer_post with row r seeing p + r + 1 keys. Layer i's
+   the cache at positions p .. p+n-1, then layer_post with row r seeing p + r + 1 keys (a tree's
+   rows: tends[r] keys, base and xidx as attend_rows). Layer i's
    keys are kb[i] + g*kh + j*kr for kv head g and position j (values vb[i], same strides), with
    room for p + n positions. Why: a layer's two calls and the cache's update between them
    (Python, a torch.cat of the layer's whole cache) cost 125-170 µs a layer: the real pair's w4a8
    steps, four interleaved rounds (AVX2 EPYC, 2026-11-26), 1.5B 52.5 -> 47.8 ms, 0.5B 18.1 -> 15.1
    (and 20.5 -> 15.9 at 480 positions). */
 int layers_forward(const layer_t *Ls, int nl, float *h, int n, const float *cos, const float *sin,
-                   float *const *kb, float *const *vb, long kr, long kh, int p, int nt) {
+                   float *const *kb, float *const *vb, long kr, long kh, int p, const int *tends,
+                   const int *base, const int *xidx, int nt) {
     int bad = 0, wmax = 0;
     for (int i = 0; i < nl; i++) wmax = Ls[i].qkv.n > wmax ? Ls[i].qkv.n : wmax;
     float *qkv = malloc((size_t)n * wmax * sizeof(float));
     int *ends = malloc((size_t)n * sizeof(int));
     if (!qkv || !ends) bad = 1;
-    for (int r = 0; !bad && r < n; r++) ends[r] = p + r + 1;
+    for (int r = 0; !bad && r < n; r++) ends[r] = tends ? tends[r] : p + r + 1; /* a tree's rows: their own */
     for (int i = 0; !bad && i < nl; i++) {
         const layer_t *L = Ls + i;
         const int d = L->d, w = L->qkv.n;
@@ -682,7 +721,7 @@ int layers_forward(const layer_t *Ls, int nl, float *h, int n, const float *cos,
                 float *kd = kb[i] + g * kh + (long)(p + r) * kr, *vd = vb[i] + g * kh + (long)(p + r) * kr;
                 for (int c = 0; c < d; c++) { kd[c] = src[c]; vd[c] = src[(size_t)L->hkv * d + c]; }
             }
-        bad = layer_post(L, h, n, qkv, kb[i], kr, kh, vb[i], kr, kh, ends, nt);
+        bad = layer_post(L, h, n, qkv, kb[i], kr, kh, vb[i], kr, kh, ends, base, xidx, nt);
     }
     free(qkv); free(ends);
     return bad ? -1 : 0;
