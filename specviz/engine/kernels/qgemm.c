@@ -23,13 +23,13 @@
 #define QK 32 /* weights per block */
 #define SB 8  /* blocks per super-block */
 /* Activation rows a pass over a weight group (the group stays in L1 for the next pass): an int32
-   accumulator a row, 16 of AVX-512's 32 vector registers; on AVX2 a row's block partial sums too,
-   8 of its 16 (RT 8 spilled: a 5-row call 2.38 steps against 1.87, 2026-11-27, AVX-512 EPYC
-   running the AVX2 variant). */
+   accumulator a row, 16 of AVX-512's 32 vector registers; 8 on AVX2 (with a row's block partial
+   sums the registers spill, but 4-row tiles made a 5-row verify two passes: v(4) 1.82 against
+   v(3) 1.31 in the calibration, AVX-512 EPYC running the AVX2 variant, 2026-11-27). */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define RT 16
 #else
-#define RT 4
+#define RT 8
 #endif
 /* Code bytes read ahead of the one in use (a software prefetch per 32-byte run). The hardware
    prefetcher alone left a 1.5B step's kernels at 64.5 ms (median of 12, 0.98 GB); 512 to 6144
@@ -342,15 +342,15 @@ INLINE void group_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tm
 INLINE void tile(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
                  const float *wm, int bits, int N, int K, int nb, int nsb, size_t gb, const int8_t *xq, const uint8_t *xu,
                  const float *xd, const int16_t *xs, int Mp, float *y, int g, int m0, int R) {
-#if RT > 4
+#if RT > 8
 #define WIDE(BITS) case 16: TILE(BITS, 16); break; case 15: TILE(BITS, 15); break; case 14: TILE(BITS, 14); break; \
     case 13: TILE(BITS, 13); break; case 12: TILE(BITS, 12); break; case 11: TILE(BITS, 11); break; \
-    case 10: TILE(BITS, 10); break; case 9: TILE(BITS, 9); break; case 8: TILE(BITS, 8); break; \
-    case 7: TILE(BITS, 7); break; case 6: TILE(BITS, 6); break; case 5: TILE(BITS, 5); break;
+    case 10: TILE(BITS, 10); break; case 9: TILE(BITS, 9); break;
 #else
 #define WIDE(BITS)
 #endif
-#define CASES(BITS) switch (R) { WIDE(BITS) \
+#define CASES(BITS) switch (R) { WIDE(BITS) case 8: TILE(BITS, 8); break; \
+    case 7: TILE(BITS, 7); break; case 6: TILE(BITS, 6); break; case 5: TILE(BITS, 5); break; \
     case 4: TILE(BITS, 4); break; case 3: TILE(BITS, 3); break; case 2: TILE(BITS, 2); break; \
     default: TILE(BITS, 1); }
     if (bits == 4) CASES(4) else CASES(8)
