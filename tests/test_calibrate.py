@@ -302,3 +302,24 @@ def test_a_handed_over_pair_is_not_held_twice(tok):
     assert choice.target == "fp32" and original() is t
     with pytest.raises(RuntimeError):  # taken: nothing left to give and no way back
         target.take()
+
+
+def test_an_int8_candidate_shares_the_fp32_tensors_and_leaves_the_model_intact():
+    """Issue 41: quantize_dynamic's own copy deep-copied the whole fp32 model (the 0.5B draft: a
+    first start peaked at 9.48 GB); the int8 candidate is now made on a twin sharing its memory."""
+    from torch import nn
+
+    from specviz.engine import calibrate, speed
+    from specviz.models.tiny import tiny_model
+    model = tiny_model(64, seed=0, layers=2, hidden=64)
+    want = speed.quantize_int8(tiny_model(64, seed=0, layers=2, hidden=64))
+    got = calibrate.convert(model, "int8")
+    assert speed.has_int8(got) and not speed.has_int8(model)
+    assert all(type(m) is nn.Linear for m in model.modules() if "Linear" in type(m).__name__)
+    emb = model.get_input_embeddings().weight
+    assert got.get_input_embeddings().weight.data_ptr() == emb.data_ptr()
+    ids = torch.tensor([[3, 14, 15, 9, 2]])
+    with torch.no_grad():
+        assert torch.equal(got(ids).logits, want(ids).logits)
+    model.to(torch.bfloat16)  # a later candidate's in-place cast leaves the int8 twin as it was
+    assert got.get_input_embeddings().weight.dtype == torch.float32

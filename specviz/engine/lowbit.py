@@ -275,10 +275,17 @@ def lowbit_copy(model: nn.Module, fmt: str) -> nn.Module:
     chosen w4a8 twin's norms to bf16; its layers then missed the one-call C path (fp32 norms
     only) and every plain step ran 34 % slower than the same choice loaded from the cache
     (33.5 vs 25.0 ms, 2-core AVX-512 EPYC, 2026-11-26; issue 41's "slow first start")."""
+    return pack(twin(model), fmt)
+
+
+def twin(model: nn.Module) -> nn.Module:
+    """A copy of `model` whose tensors are the model's memory, under Parameter objects of its own
+    (see lowbit_copy: a cast of the model after the copy leaves the copy as it was). Swapping the
+    copy's modules (packing, int8) never touches the model."""
     shared = {id(t): t for t in model.buffers()}  # .to() rebinds a buffer, never writes through it
     shared.update({id(p): nn.Parameter(p.detach(), requires_grad=p.requires_grad)
                    for p in model.parameters()})
-    return pack(copy.deepcopy(model, memo=shared), fmt)
+    return copy.deepcopy(model, memo=shared)
 
 
 def pack(model: nn.Module, fmt: str) -> nn.Module:
