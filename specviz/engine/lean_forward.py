@@ -41,7 +41,7 @@ def eligible(model, n: int) -> bool:
     one-token step would give it."""
     if n <= 0 or model._forward_hooks or model._forward_pre_hooks:
         return False
-    if n > ROWWISE_MAX and not (n <= PROMPT_MAX and _on_kernels(model)):
+    if n > ROWWISE_MAX and not (n <= PROMPT_MAX and _structs(getattr(model, "model", None)) is not None):
         return False
     if not supported(model) or not is_rowwise(model):
         return False
@@ -52,11 +52,14 @@ def eligible(model, n: int) -> bool:
                for layer in model.model.layers)
 
 
-def _on_kernels(model) -> bool:
-    """Every layer on the C kernels with the family's standard rotary (forward's one-call branch)."""
-    body = getattr(model, "model", None)
-    return (body is not None and kernel_layer.covers(model)
-            and all(layer.self_attn._rotary in _STANDARD for layer in body.layers))
+def _structs(body) -> list | None:
+    """Every layer of a model body as kernels/qgemm.c's layer_t, or None unless all of them are on the
+    C kernels with the family's standard rotary (the one-call branch of forward, forward_masked)."""
+    layers = getattr(body, "layers", None)
+    structs = [kernel_layer.layer_struct(layer) for layer in layers or ()]
+    if not structs or any(s is None for s in structs):
+        return None  # a kernel layer's attention is a FusedAttention: it has a _rotary
+    return structs if all(layer.self_attn._rotary in _STANDARD for layer in layers) else None
 
 
 def _attend(attn, q, k, v) -> torch.Tensor:
@@ -113,14 +116,14 @@ def forward(model, ids: list[int], cache, keep: int) -> torch.Tensor:
     x = torch.tensor([ids], device=model.device)
     h = body.embed_tokens(x)
     cos, sin = body.rotary_emb(h, torch.arange(p, p + n, device=model.device).unsqueeze(0))
-    joint = all(layer.self_attn._rotary in _STANDARD for layer in body.layers)
-    structs = [kernel_layer.layer_struct(layer) for layer in body.layers] if joint else [None]
-    if all(s is not None for s in structs) and h.dtype == torch.float32 and h.device.type == "cpu":
+    structs = _structs(body)
+    if structs is not None and h.dtype == torch.float32 and h.device.type == "cpu":
         h, cos, sin = h.contiguous(), cos[0].contiguous(), sin[0].contiguous()
         if not kernel_layer.forward_stack(structs, h, cos, sin, cache):
             for i, s in enumerate(structs):
                 kernel_layer.forward(s, h, cos, sin, cache, i)
         return model.lm_head(body.norm(h)[:, -keep:])
+    joint = all(layer.self_attn._rotary in _STANDARD for layer in body.layers)
     for i, layer in enumerate(body.layers):
         attn = layer.self_attn
         qkv = attn.qkv_proj(layer.input_layernorm(h))
@@ -150,11 +153,11 @@ def forward_masked(model, ids: list[int], positions: list[int], bias: torch.Tens
     if body is None or not eligible(model, n) or bias.shape[-1] != cache.get_seq_length() + n:
         return None
     visible = visible_keys(bias, n, bias.shape[-1])
-    if visible is None or not all(layer.self_attn._rotary in _STANDARD for layer in body.layers):
+    structs = None if visible is None else _structs(body)
+    if structs is None:
         return None
-    structs = [kernel_layer.layer_struct(layer) for layer in body.layers]
     h = body.embed_tokens(torch.tensor([ids], device=model.device))
-    if any(s is None for s in structs) or h.dtype != torch.float32 or h.device.type != "cpu":
+    if h.dtype != torch.float32 or h.device.type != "cpu":
         return None
     cos, sin = body.rotary_emb(h, torch.tensor([positions], device=model.device))
     h = h.contiguous()

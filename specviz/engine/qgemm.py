@@ -2,7 +2,7 @@
 
 Weights as 4-bit or 8-bit codes in super-blocks of 8 × 32 (GGUF Q4_K's shape: an 8-bit
 sub-scale, and for 4-bit an 8-bit sub-minimum, per 32; float scales per 256), weight rows
-interleaved in groups of 8 so that a vector's lanes are output columns (no horizontal sums;
+interleaved in groups of 16 so that a vector's lanes are output columns (no horizontal sums;
 activation rows read as broadcasts), activations quantised per row and per 256 to int8 inside
 the call: each row's result depends only on that row (row-exact), and the weights are read once
 per call whatever the number of rows (docs/every_cpu.md has v(k) per CPU class).
@@ -51,13 +51,14 @@ def _cpu_ok() -> str | None:
     better; F16C comes with every AVX2 CPU but is read from /proc/cpuinfo where there is one."""
     if sys.platform != "linux" or torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         return "needs an x86 CPU with AVX2 (Linux)"
-    info = Path("/proc/cpuinfo")
-    if info.exists() and " f16c" not in info.read_text(errors="ignore"):
+    flags = _cpu_flags()
+    if flags and "f16c" not in flags:
         return "needs F16C"
     return None
 
 
 def _cpu_flags() -> set[str]:
+    """The CPU's flags from /proc/cpuinfo (empty where there is none)."""
     info = Path("/proc/cpuinfo")
     text = info.read_text(errors="ignore") if info.exists() else ""
     line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
@@ -143,8 +144,6 @@ def library() -> ctypes.CDLL:
     if why:
         raise RuntimeError(f"block-quantised kernel {why}")
     return variant_library(isa())
-
-
 
 
 def cache_clear() -> None:
@@ -455,4 +454,6 @@ def attends(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 if __name__ == "__main__":  # scripts/setup.sh: python -m specviz.engine.qgemm
-    print("\n".join(build_all()) + f"\n(in use here: {isa()})" if not _cpu_ok() else "\n".join(build_all()))
+    print("\n".join(build_all()))
+    if not _cpu_ok():
+        print(f"(in use here: {isa()})")

@@ -31,7 +31,7 @@
 #else
 #define RT 8
 #endif
-/* Code bytes read ahead of the one in use (a software prefetch per 32-byte run). The hardware
+/* Code bytes read ahead of the one in use (a software prefetch per 64-byte line). The hardware
    prefetcher alone left a 1.5B step's kernels at 64.5 ms (median of 12, 0.98 GB); 512 to 6144
    bytes ahead all gave 57.5-59.1 (2026-11-25, AVX2 EPYC, 2 threads) */
 #define PF 1536
@@ -216,31 +216,31 @@ INLINE __m256i dpw(__m256i acc, __m256i a, __m256i b) { /* int16 pairs' products
 #endif
 }
 
-/* Halves h0 .. h0 + hs - 1 of a group (rows 8h .. 8h + 7) against R activation rows: both halves
-   in one pass for one or two rows (a step reads each code line once), else a pass a half (the
-   other half's bytes then come from L2). */
-INLINE void halves_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
-                       const float *wm, int nb, int bits, const int8_t *xq, const uint8_t *xu, const float *xd,
-                       const int16_t *xs, int K, int Mp, int R, float *y, size_t ys, int nv, int h0, int hs) {
+/* Group g's 16 weight rows against R activation rows, as two halves e (rows 8e .. 8e + 7) in one
+   pass: each code line is read once. The half count is a constant: with it a variable (one half or
+   two), the accumulator arrays lived on the stack (2081 of 5833 instructions touched it, and a
+   5-row call cost 2.1-2.3 steps, AVX-512 EPYC running this variant, 2026-11-27). */
+INLINE void group_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
+                      const float *wm, int nb, int bits, const int8_t *xq, const uint8_t *xu, const float *xd,
+                      const int16_t *xs, int K, int Mp, int R, float *y, size_t ys, int nv) {
     const int nsb = (nb + SB - 1) / SB;
     const __m256i z = _mm256_setzero_si256(), m4 = _mm256_set1_epi8(0x0F);
     __m256 facc[2][RT], macc[2][RT];
-    for (int e = 0; e < hs; e++)
+    for (int e = 0; e < 2; e++)
         for (int r = 0; r < R; r++) facc[e][r] = macc[e][r] = _mm256_setzero_ps();
     for (int S = 0; S < nsb; S++) {
         const int b0 = S * SB, ns = nb - b0 < SB ? nb - b0 : SB;
         __m256i acc[2][RT];
-        for (int e = 0; e < hs; e++)
+        for (int e = 0; e < 2; e++)
             for (int r = 0; r < R; r++) acc[e][r] = z;
         for (int b = b0; b < b0 + ns; b++)
-            for (int e = 0; e < hs; e++) {
-                const int h = h0 + e;
-                const __m256i sv = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sub + b * GR + 8 * h)));
+            for (int e = 0; e < 2; e++) {
+                const __m256i sv = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sub + b * GR + 8 * e)));
                 /* chunk by chunk, each row's partial sums of the block kept in registers */
                 __m256i part[RT];
                 for (int r = 0; r < R; r++) part[r] = z;
                 if (bits == 4) {
-                    const uint8_t *c = codes + (size_t)b * 256 + 32 * h;
+                    const uint8_t *c = codes + (size_t)b * 256 + 32 * e;
                     for (int q = 0; q < 4; q++) {
                         if (e == 0) _mm_prefetch((const char *)c + 64 * q + PF, _MM_HINT_T0);
                         const __m256i raw = _mm256_loadu_si256((const __m256i *)(c + 64 * q));
@@ -262,14 +262,14 @@ INLINE void halves_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *t
                         acc[e][r] = _mm256_add_epi32(acc[e][r], _mm256_madd_epi16(part[r], _mm256_or_si256(sv, _mm256_slli_epi32(sv, 16))));
 #endif
                 } else {
-                    const uint8_t *c = codes + (size_t)b * 512 + 32 * h;
+                    const uint8_t *c = codes + (size_t)b * 512 + 32 * e;
 #if VNNI_XU
                     __m256i corr = z;
 #else
                     const __m256i sw = _mm256_or_si256(sv, _mm256_slli_epi32(sv, 16)); /* (s, s) word pairs */
 #endif
                     for (int q = 0; q < 8; q++) {
-                        if (e == 0 && !(q & 1)) _mm_prefetch((const char *)c + 64 * q + PF, _MM_HINT_T0);
+                        if (e == 0) _mm_prefetch((const char *)c + 64 * q + PF, _MM_HINT_T0);
                         const __m256i w = _mm256_loadu_si256((const __m256i *)(c + 64 * q));
 #if VNNI_XU /* the activations + 128 against signed codes, minus 128 * the codes' sum */
                         corr = _mm256_dpbusd_avx_epi32(corr, _mm256_set1_epi8((char)0x80), w);
@@ -289,16 +289,15 @@ INLINE void halves_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *t
 #endif
                 }
             }
-        for (int e = 0; e < hs; e++) {
-            const int h = h0 + e;
-            const __m256 wdv = _mm256_loadu_ps(wd + S * GR + 8 * h);
+        for (int e = 0; e < 2; e++) {
+            const __m256 wdv = _mm256_loadu_ps(wd + S * GR + 8 * e);
             for (int r = 0; r < R; r++)
                 facc[e][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[e][r]), _mm256_mul_ps(wdv, _mm256_set1_ps(xd[(size_t)S * Mp + r])), facc[e][r]);
             if (bits == 4) {
-                const int8_t *tm = tmin + (size_t)S * 128 + 16 * h;
+                const int8_t *tm = tmin + (size_t)S * 128 + 16 * e;
                 __m256i T[4];
                 for (int j = 0; j < 4; j++) T[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(tm + 32 * j)));
-                const __m256 wmv = _mm256_loadu_ps(wm + S * GR + 8 * h);
+                const __m256 wmv = _mm256_loadu_ps(wm + S * GR + 8 * e);
                 for (int r = 0; r < R; r++) {
                     const int16_t *bs = xs + ((size_t)S * Mp + r) * SB;
                     __m256i m = z;
@@ -308,26 +307,18 @@ INLINE void halves_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *t
             }
         }
     }
-    for (int e = 0; e < hs; e++) {
-        const int h = h0 + e, left = nv - 8 * h;
+    for (int e = 0; e < 2; e++) {
+        const int left = nv - 8 * e;
         for (int r = 0; r < R; r++) {
             const __m256 o = _mm256_add_ps(facc[e][r], macc[e][r]);
-            if (left >= 8) _mm256_storeu_ps(y + r * ys + 8 * h, o);
+            if (left >= 8) _mm256_storeu_ps(y + r * ys + 8 * e, o);
             else {
                 float t[8];
                 _mm256_storeu_ps(t, o);
-                for (int i = 0; i < left; i++) y[r * ys + 8 * h + i] = t[i];
+                for (int i = 0; i < left; i++) y[r * ys + 8 * e + i] = t[i];
             }
         }
     }
-}
-
-INLINE void group_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
-                      const float *wm, int nb, int bits, const int8_t *xq, const uint8_t *xu, const float *xd,
-                      const int16_t *xs, int K, int Mp, int R, float *y, size_t ys, int nv) {
-    /* hs a constant: with it a variable, the accumulator arrays lived on the stack (2081 of 5833
-       instructions touched it, and a 5-row call cost 2.1-2.3 steps) */
-    halves_dot(codes, sub, tmin, wd, wm, nb, bits, xq, xu, xd, xs, K, Mp, R, y, ys, nv, 0, 2);
 }
 #endif
 
