@@ -33,8 +33,12 @@
 #endif
 /* Code bytes read ahead of the one in use (a software prefetch per 64-byte line). The hardware
    prefetcher alone left a 1.5B step's kernels at 64.5 ms (median of 12, 0.98 GB); 512 to 6144
-   bytes ahead all gave 57.5-59.1 (2026-11-25, AVX2 EPYC, 2 threads) */
+   bytes ahead all gave 57.5-59.1 (2026-11-25, AVX2 EPYC, 2 threads). A step or verify (one row
+   tile) reads PF_FAR ahead: a verify's rows take longer per line, and 1536 bytes no longer covered
+   the memory's latency (docs/every_cpu.md, 2026-11-27). A prompt (weight chunks re-read per row
+   tile) keeps PF: far reads there fetched the next chunk too early (64 rows: 9.4 -> 11.2 steps). */
 #define PF 1536
+#define PF_FAR 32768
 /* Weight rows a chunk when a call has more rows than a tile (a prompt): 128-512 all took 8 %
    off a 100-row gate/up call (35.6 -> 32.8 ms, AVX2 EPYC, 2026-11-26); 16 and 64 lost. */
 #define NC 256
@@ -133,7 +137,7 @@ INLINE __m512i bc4(const void *p) { return _mm512_set1_epi32(load4(p)); }
 /* Group g's 16 weight rows against R activation rows: y[r * ys + i] for i < nv. */
 INLINE void group_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
                       const float *wm, int nb, int bits, const int8_t *xq, const uint8_t *xu, const float *xd,
-                      const int16_t *xs, int K, int Mp, int R, float *y, size_t ys, int nv) {
+                      const int16_t *xs, int K, int Mp, int R, float *y, size_t ys, int nv, int pf) {
     const int nsb = (nb + SB - 1) / SB;
     const __m512i z = _mm512_setzero_si512(), m4 = _mm512_set1_epi8(0x0F), h80 = _mm512_set1_epi8((char)0x80);
     __m512 facc[RT], macc[RT];
@@ -148,7 +152,7 @@ INLINE void group_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tm
                 const uint8_t *c = codes + (size_t)b * 256;
                 __m512i lo[4], hi[4];
                 for (int q = 0; q < 4; q++) {
-                    _mm_prefetch((const char *)c + 64 * q + PF, _MM_HINT_T0);
+                    _mm_prefetch((const char *)c + 64 * q + pf, _MM_HINT_T0);
                     const __m512i raw = _mm512_loadu_si512(c + 64 * q);
                     lo[q] = _mm512_and_si512(raw, m4);
                     hi[q] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
@@ -164,7 +168,7 @@ INLINE void group_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tm
                 const uint8_t *c = codes + (size_t)b * 512;
                 __m512i w[8], corr = z;
                 for (int q = 0; q < 8; q++) {
-                    _mm_prefetch((const char *)c + 64 * q + PF, _MM_HINT_T0);
+                    _mm_prefetch((const char *)c + 64 * q + pf, _MM_HINT_T0);
                     w[q] = _mm512_loadu_si512(c + 64 * q);
                     corr = _mm512_dpbusd_epi32(corr, h80, w[q]);
                 }
@@ -206,7 +210,7 @@ INLINE void group_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tm
 #define VNNI_XU 0
 #endif
 
-INLINE __m256i bc4(const void *p) { return _mm256_set1_epi32(load4(p)); }
+INLINE __m256i bc4(const void *p) { return _mm256_broadcastd_epi32(_mm_loadu_si32(p)); }
 
 INLINE __m256i dpw(__m256i acc, __m256i a, __m256i b) { /* int16 pairs' products summed into int32 */
 #ifdef __AVXVNNI__
@@ -222,7 +226,7 @@ INLINE __m256i dpw(__m256i acc, __m256i a, __m256i b) { /* int16 pairs' products
    5-row call cost 2.1-2.3 steps, AVX-512 EPYC running this variant, 2026-11-27). */
 INLINE void group_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
                       const float *wm, int nb, int bits, const int8_t *xq, const uint8_t *xu, const float *xd,
-                      const int16_t *xs, int K, int Mp, int R, float *y, size_t ys, int nv) {
+                      const int16_t *xs, int K, int Mp, int R, float *y, size_t ys, int nv, int pf) {
     const int nsb = (nb + SB - 1) / SB;
     const __m256i z = _mm256_setzero_si256(), m4 = _mm256_set1_epi8(0x0F);
     __m256 facc[2][RT], macc[2][RT];
@@ -235,6 +239,12 @@ INLINE void group_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tm
             for (int r = 0; r < R; r++) acc[e][r] = z;
         for (int b = b0; b < b0 + ns; b++)
             for (int e = 0; e < 2; e++) {
+#ifndef __AVXVNNI__
+                /* Each half broadcasts its own activations: left to itself gcc kept all of a block's
+                   broadcasts for the second half, on the stack (kernel alone, 5 rows: 1.73 -> 1.55 steps,
+                   8 rows: 2.84 -> 2.49; AVX-512 EPYC running this variant, 2026-11-27). */
+                __asm__ volatile("" ::: "memory");
+#endif
                 const __m256i sv = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sub + b * GR + 8 * e)));
                 /* chunk by chunk, each row's partial sums of the block kept in registers */
                 __m256i part[RT];
@@ -242,7 +252,7 @@ INLINE void group_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tm
                 if (bits == 4) {
                     const uint8_t *c = codes + (size_t)b * 256 + 32 * e;
                     for (int q = 0; q < 4; q++) {
-                        if (e == 0) _mm_prefetch((const char *)c + 64 * q + PF, _MM_HINT_T0);
+                        if (e == 0) _mm_prefetch((const char *)c + 64 * q + pf, _MM_HINT_T0);
                         const __m256i raw = _mm256_loadu_si256((const __m256i *)(c + 64 * q));
                         const __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
                         for (int r = 0; r < R; r++) {
@@ -269,7 +279,7 @@ INLINE void group_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tm
                     const __m256i sw = _mm256_or_si256(sv, _mm256_slli_epi32(sv, 16)); /* (s, s) word pairs */
 #endif
                     for (int q = 0; q < 8; q++) {
-                        if (e == 0) _mm_prefetch((const char *)c + 64 * q + PF, _MM_HINT_T0);
+                        if (e == 0) _mm_prefetch((const char *)c + 64 * q + pf, _MM_HINT_T0);
                         const __m256i w = _mm256_loadu_si256((const __m256i *)(c + 64 * q));
 #if VNNI_XU /* the activations + 128 against signed codes, minus 128 * the codes' sum */
                         corr = _mm256_dpbusd_avx_epi32(corr, _mm256_set1_epi8((char)0x80), w);
@@ -327,12 +337,12 @@ INLINE void group_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tm
                                 wm ? wm + (size_t)g * nsb * GR : 0, nb, BITS, xq + (size_t)m0 * K, \
                                 xu ? xu + (size_t)m0 * K : 0, \
                                 xd + m0, xs + (size_t)m0 * SB, K, Mp, R, y + (size_t)m0 * N + (size_t)g * GR, N, \
-                                N - g * GR < GR ? N - g * GR : GR)
+                                N - g * GR < GR ? N - g * GR : GR, pf)
 
 /* Group g against activation rows m0 .. m0 + R - 1 (R <= RT, a constant in each case). */
 INLINE void tile(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
                  const float *wm, int bits, int N, int K, int nb, int nsb, size_t gb, const int8_t *xq, const uint8_t *xu,
-                 const float *xd, const int16_t *xs, int Mp, float *y, int g, int m0, int R) {
+                 const float *xd, const int16_t *xs, int Mp, float *y, int g, int m0, int R, int pf) {
 #if RT > 8
 #define WIDE(BITS) case 16: TILE(BITS, 16); break; case 15: TILE(BITS, 15); break; case 14: TILE(BITS, 14); break; \
     case 13: TILE(BITS, 13); break; case 12: TILE(BITS, 12); break; case 11: TILE(BITS, 11); break; \
@@ -365,7 +375,7 @@ static void gemm_blocks(const uint8_t *codes, const uint8_t *sub, const int8_t *
        100-token prompt 1.70-2.02 -> 1.40-1.66 s, a step within noise. */
     if (M <= RT) {
 #pragma omp parallel for num_threads(nt) schedule(guided, 1)
-        for (int g = 0; g < ng; g++) tile(codes, sub, tmin, wd, wm, bits, N, K, nb, nsb, gb, xq, xu, xd, xs, Mp, y, g, 0, M);
+        for (int g = 0; g < ng; g++) tile(codes, sub, tmin, wd, wm, bits, N, K, nb, nsb, gb, xq, xu, xd, xs, Mp, y, g, 0, M, PF_FAR);
         return;
     }
     const int nch = (ng + NC / GR - 1) / (NC / GR), cw = (ng + nch - 1) / nch;
@@ -374,7 +384,7 @@ static void gemm_blocks(const uint8_t *codes, const uint8_t *sub, const int8_t *
         for (int m0 = 0; m0 < M; m0 += RT)
             for (int g = c * cw; g < ng && g < (c + 1) * cw; g++)
                 tile(codes, sub, tmin, wd, wm, bits, N, K, nb, nsb, gb, xq, xu, xd, xs, Mp, y, g, m0,
-                     M - m0 < RT ? M - m0 : RT);
+                     M - m0 < RT ? M - m0 : RT, PF);
 }
 
 /* One call per forward: x's rows quantised into scratch of the calling thread (grown, never
