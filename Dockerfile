@@ -32,7 +32,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN useradd --create-home --uid 1000 user
 WORKDIR /home/user/app
 
-# gcc builds the w4a8 CPU kernel (specviz/engine/kernels/qgemm.c) for the CPU it runs on, at its
+# gcc builds the w4a8 CPU kernel (specviz/engine/cpu/kernels/qgemm.c) for the CPU it runs on, at its
 # first use (an image is built on another machine); without gcc that format is simply not offered
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*

@@ -19,10 +19,10 @@ import argparse
 import os
 import sys
 
-from specviz.flags import add_pair_args
 from specviz.models import ModelError, resolve_pair
-from specviz.race import DEFAULT_MODE, MODES
-from specviz.request import Limits
+from specviz.run.flags import add_pair_args
+from specviz.run.race import DEFAULT_MODE, MODES
+from specviz.run.request import Limits
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,7 +118,7 @@ def _default_mode(args) -> str:
 
 def create_app(args):
     """(demo, manager): the Blocks page and the model manager, loading started."""
-    from specviz.engine.handoff import freeze_imports
+    from specviz.engine.cpu.memory import freeze_imports
     from specviz.hosting.gpu import host_loader
     from specviz.ui.blocks import build_demo
     from specviz.ui.loader import ModelManager

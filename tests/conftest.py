@@ -8,10 +8,10 @@ from specviz.models.tiny import tiny_model, tiny_tokenizer
 
 def pytest_collection_finish(session):
     """Every test module imported: what exists now goes out of the cycle collector's walk, as app.py
-    does before its first model (engine/handoff.py freeze_imports). Without it every full
+    does before its first model (engine/cpu/memory.py freeze_imports). Without it every full
     collection walked the whole worker: a process running one test with four tiny calibrations
     spent 15.2 s in the collector, 5.1 s with it (2026-11-26)."""
-    from specviz.engine.handoff import freeze_imports
+    from specviz.engine.cpu.memory import freeze_imports
     freeze_imports()
 
 

@@ -302,7 +302,7 @@ def test_unexpected_failure_before_the_run(inproc, monkeypatch):
 
 
 def cli(capsys, *argv):
-    from specviz.cli import main
+    from specviz.cli.main import main
     try:
         code = main(["generate", *argv])
     except SystemExit as e:  # argparse

@@ -57,7 +57,7 @@ def test_quick_bench_writes_json_csv_and_plots(pair_dirs, tmp_path, capsys):
     plain = next(r for r in summary if r["variant"] == "plain" and r["task"] == "code")
     assert float(plain["speedup"]) == pytest.approx(1.0)
     assert data["meta"]["machine"]["torch"] == torch.__version__
-    assert data["meta"]["command"].startswith("python -m specviz.bench --target")
+    assert data["meta"]["command"].startswith("python -m specviz bench --target")
     for name in ("speedup_vs_gamma.svg", "alpha_by_task.svg", "plots.html", "table.txt", "per_prompt.csv"):
         assert (out / name).stat().st_size > 0
     for name in ("speedup_vs_gamma.svg", "alpha_by_task.svg"):
@@ -66,7 +66,7 @@ def test_quick_bench_writes_json_csv_and_plots(pair_dirs, tmp_path, capsys):
     assert {r["prompt_id"] for r in per_prompt} == {"code/a", "code/b", "grounded/a"}
     text = capsys.readouterr().out
     assert "SpecViz draft γ=4" in text and "load average" in text
-    assert "command: python -m specviz.bench" in text
+    assert "command: python -m specviz bench" in text
 
 
 def test_first_difference():
@@ -176,8 +176,8 @@ def test_prompts_file_with_every_field_loads(tmp_path):
 
 
 def test_unavailable_method_is_skipped_with_a_note(pair_dirs, tmp_path, monkeypatch, capsys):
-    from specviz import runner
-    from specviz.request import RequestError
+    from specviz.run import runner
+    from specviz.run.request import RequestError
     real = runner.make_proposer
 
     def no_lookup(pair, method, req=None):
@@ -196,7 +196,7 @@ def test_unavailable_method_is_skipped_with_a_note(pair_dirs, tmp_path, monkeypa
 
 
 def test_ui_bench_compares_streaming_with_headless(pair_dirs, tmp_path, capsys):
-    """python -m specviz.bench.ui_overhead: the real page over gradio_client vs the bare race."""
+    """python -m specviz ui-overhead: the real page over gradio_client vs the bare race."""
     pytest.importorskip("gradio_client")
     from specviz.bench import ui_overhead as bench_ui
     t, d = pair_dirs

@@ -43,7 +43,7 @@ def _sampled_trace(path):
     from specviz.engine.proposers import DraftModelProposer
     from specviz.engine.sampling import SamplingParams
     from specviz.models.tiny import tiny_model, tiny_tokenizer
-    from specviz.trace import new_trace
+    from specviz.run.trace import new_trace
     tok = tiny_tokenizer()
     target, draft = tiny_model(len(tok), seed=0, layers=3), tiny_model(len(tok), seed=1, layers=1)
     ids, params = tok.encode("abc"), SamplingParams(temperature=1.0)

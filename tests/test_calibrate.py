@@ -3,13 +3,13 @@ calibration cache, the auto-γ policy and the greedy near-tie verdict."""
 import pytest
 import torch
 
-from specviz.engine import calibrate as cal
+from specviz.calibration import calibrate as cal
 from specviz.engine.costs import CostModel
-from specviz.engine.equality import compare_greedy
 from specviz.engine.events import Outcome, TokenEvent
 from specviz.engine.gamma import AutoGamma, FixedGamma, make_policy
 from specviz.engine.sampling import Gap
 from specviz.engine.theory import ALPHA_MAX, best_gamma
+from specviz.run.equality import compare_greedy
 
 BIG, DRAFT = 1_500_000_000, 500_000_000
 BUSY = cal.busy  # the real one (the fixture below replaces it)
@@ -80,7 +80,7 @@ def test_cost_model_and_cache_roundtrip(tmp_path):
 
 
 def test_a_new_kernel_is_timed_again(tmp_path, monkeypatch):
-    from specviz.engine import qgemm
+    from specviz.engine.cpu import qgemm
     where = dict(target_ref="t", draft_ref="d", precision="auto", quantize=None, device="cpu")
     before = cal.cache_path(tmp_path, **where)
     monkeypatch.setattr(qgemm, "source_key", lambda: "another kernel")
@@ -217,7 +217,7 @@ def test_greedy_equality_verdicts():
 
 def test_request_gamma_auto():
     from specviz.errors import RequestError
-    from specviz.request import MAX_GAMMA, make_request
+    from specviz.run.request import MAX_GAMMA, make_request
     req = make_request("x", gamma="auto")
     assert req.gamma_auto and req.gamma == MAX_GAMMA and req.gamma_label == "auto"
     assert not make_request("x", gamma="3").gamma_auto
@@ -245,7 +245,7 @@ def test_bench_output_check_tells_near_tie_from_bug():
 
 
 def test_cli_gamma_auto_and_greedy_check(tmp_path, capsys):
-    from specviz.cli import main
+    from specviz.cli.main import main
     from specviz.models.tiny import save_tiny_pair
     t, d = save_tiny_pair(tmp_path)
     rc = main(["generate", "--target", t, "--draft", d, "--prompt", "def f(x):", "--mode", "both",
@@ -309,7 +309,8 @@ def test_an_int8_candidate_shares_the_fp32_tensors_and_leaves_the_model_intact()
     first start peaked at 9.48 GB); the int8 candidate is now made on a twin sharing its memory."""
     from torch import nn
 
-    from specviz.engine import calibrate, speed
+    from specviz.calibration import calibrate
+    from specviz.engine.cpu import speed
     from specviz.models.tiny import tiny_model
     model = tiny_model(64, seed=0, layers=2, hidden=64)
     want = speed.quantize_int8(tiny_model(64, seed=0, layers=2, hidden=64))

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from specviz.cli import main
+from specviz.cli.main import main
 
 
 def cli(capsys, *args):

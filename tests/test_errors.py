@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from specviz import cli
 from specviz.bench import cli as bench_cli
+from specviz.cli import main as cli
 from specviz.errors import OOM_ADVICE, ModelError, RequestError, exit_code
 
 

@@ -110,8 +110,8 @@ def test_race_runs_the_baseline_on_its_own_pair(mode, tok, target, draft):
 
     from specviz.engine.events import RunSummary
     from specviz.models import ModelPair, PairSpec
-    from specviz.race import race
-    from specviz.request import make_request
+    from specviz.run.race import race
+    from specviz.run.request import make_request
     spec = PairSpec("t", "t", "d", "t", True)
     pair = ModelPair(target, draft, tok, spec, target.device, target.dtype, [0])
     other = copy.deepcopy(target)

@@ -1,4 +1,4 @@
-"""Memory handed back after a conversion (engine/handoff.py): the checkpoint pages a conversion
+"""Memory handed back after a conversion (engine/cpu/memory.py): the checkpoint pages a conversion
 read leave the process, the bytes read again are the same, and a mapping something wrote into
 is never dropped (its written pages would be lost)."""
 import sys
@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from specviz.engine.handoff import _mappings, drop_file_pages
+from specviz.engine.cpu.memory import _mappings, drop_file_pages
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
 

@@ -10,15 +10,15 @@ from helpers import NullTok, check_stream, exact_sequence_probs, run
 from scipy.stats import chisquare
 
 from specviz.engine.decoding import baseline, speculative
+from specviz.engine.proposers import heads as store
 from specviz.engine.proposers import make_proposer, method_names
-from specviz.engine.proposers.heads import HeadsProposer
+from specviz.engine.proposers.heads import Heads, HeadsProposer, head_logits
 from specviz.engine.sampling import SamplingParams
 from specviz.errors import RequestError
-from specviz.heads import data, store
-from specviz.heads.model import Heads, head_logits
+from specviz.heads import data
 from specviz.heads.train import train
 from specviz.models.tiny import tiny_model
-from specviz.request import METHODS, make_request
+from specviz.run.request import METHODS, make_request
 
 GREEDY = SamplingParams(temperature=0)
 PROMPT = "def quicksort(arr): arr arr"
@@ -145,17 +145,17 @@ def test_sequences_follow_target_distribution(params, gamma):
 def test_missing_or_corrupt_heads_name_the_train_command(target, tok):
     req = make_request(PROMPT, method="heads")
     pair = pair_of(target, tok, name="default")
-    with pytest.raises(RequestError, match=r"No trained .* python -m specviz\.heads train$"):
+    with pytest.raises(RequestError, match=r"No trained .* python -m specviz heads train$"):
         make_proposer(pair, "heads", req)
     store.heads_dir(pair).mkdir(parents=True)
     (store.heads_dir(pair) / "heads.pt").write_bytes(b"garbage")
-    with pytest.raises(RequestError, match="cannot be read.*python -m specviz.heads train"):
+    with pytest.raises(RequestError, match="cannot be read.*python -m specviz heads train"):
         make_proposer(pair, "heads", req)
     store.save(pair, Heads(16, 2), {})  # another hidden size
     with pytest.raises(RequestError, match="does not fit"):
         make_proposer(pair, "heads", req)
     custom = pair_of(target, tok, name="custom")
-    assert store.train_command(custom) == "python -m specviz.heads train --target tiny --draft tiny-draft"
+    assert store.train_command(custom) == "python -m specviz heads train --target tiny --draft tiny-draft"
     store.save(custom, Heads(32, 2), {})
     assert isinstance(make_proposer(custom, "heads", req), HeadsProposer)
 
@@ -163,15 +163,15 @@ def test_missing_or_corrupt_heads_name_the_train_command(target, tok):
 def test_cli_trains_a_tiny_target_then_generates(tmp_path, capsys):
     import json
 
-    from specviz.cli import main as cli_main
-    from specviz.heads.__main__ import main
+    from specviz.cli.main import main as cli_main
+    from specviz.heads.cli import main
     from specviz.models.tiny import save_tiny_pair
     t, d = save_tiny_pair(tmp_path / "m")
     pair_args = ["--target", t, "--draft", d]
     gen = ["generate", *pair_args, "--prompt", "def f(x):", "--json", "--mode", "both", "--max-new-tokens",
            "16", "--gamma", "3", "--method", "heads"]
     assert cli_main(gen) == 2  # nothing trained yet: one line naming the command
-    assert f"python -m specviz.heads train --target {t} --draft {d}" in capsys.readouterr().err
+    assert f"python -m specviz heads train --target {t} --draft {d}" in capsys.readouterr().err
     argv = [*pair_args, "--tokens", "300", "--heads", "2", "--minutes", "1"]
     assert main(["train", *argv]) == 0
     assert "held-out top-1 agreement" in capsys.readouterr().err
@@ -185,17 +185,17 @@ def test_cli_trains_a_tiny_target_then_generates(tmp_path, capsys):
 
 @pytest.mark.parametrize("mode", ["fair", "parallel"])
 def test_race_without_heads_is_one_message(target, tok, mode):
-    from specviz.race import race
+    from specviz.run.race import race
     req = make_request(PROMPT, method="heads", max_new_tokens=8)
-    with pytest.raises(RequestError, match="python -m specviz.heads train"):
+    with pytest.raises(RequestError, match="python -m specviz heads train"):
         list(race(pair_of(target, tok, name="default"), req, tok.encode(PROMPT), mode))
 
 
 @pytest.mark.parametrize("mode", ["fair", "parallel"])
 def test_race_and_trace_roundtrip(target, tok, tmp_path, mode):
     from specviz.engine.events import RoundEvent, RunSummary
-    from specviz.race import race
-    from specviz.trace import load_trace, new_trace, record, replay
+    from specviz.run.race import race
+    from specviz.run.trace import load_trace, new_trace, record, replay
     pair = pair_of(target, tok, name="default")
     store.save(pair, random_heads(32, 3, scale=0.05), {})
     req = make_request(PROMPT, method="heads", gamma=3, max_new_tokens=16)

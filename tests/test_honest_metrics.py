@@ -133,7 +133,7 @@ def test_no_disturbed_note_on_a_quiet_run_a_short_one_or_a_model_free_one():
 
 
 def test_no_disturbed_note_on_the_shipped_quiet_recordings():
-    from specviz.race_bundle import load_bundle
+    from specviz.run.race_bundle import load_bundle
     from specviz.ui.replay import final_view, shipped
     board = load_bundle("assets/races/01-code-quicksort.json")
     traces = [*shipped().values(), *(board.trace(k) for k in board.runs)]

@@ -126,3 +126,46 @@ def test_deferred_edges_still_exist():
 def test_the_cycle_finder_finds_cycles():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+# Folders from the bottom up: a module may import from its own folder or one below it, never above
+# (README "How it fits together"). The top-level utilities (errors, paths, ...) are the floor.
+LAYERS = ["specviz", "specviz.engine.cpu", "specviz.engine", "specviz.engine.proposers", "specviz.calibration",
+          "specviz.models", "specviz.hosting", "specviz.run", "specviz.ui", "specviz.bench", "specviz.heads",
+          "specviz.cli"]
+ENTRY = {"specviz", "specviz.__main__"}  # `python -m specviz`: the CLI's door, above everything
+
+
+def folder(mod: str, mods) -> str:
+    return mod if mods[mod][1] else mod.rsplit(".", 1)[0]
+
+
+def back_arrows() -> list[str]:
+    mods = modules()
+    _, full = graph()
+    rank = {f: i for i, f in enumerate(LAYERS)}
+    out = []
+    for a, targets in full.items():
+        if a in ENTRY:
+            continue
+        for b in targets:
+            fa, fb = folder(a, mods), folder(b, mods)
+            if rank[fb] > rank[fa]:
+                out.append(f"{a} -> {b}")
+    return sorted(out)
+
+
+def test_no_back_arrows_between_folders():
+    assert back_arrows() == []
+
+
+def test_every_folder_has_a_layer():
+    mods = modules()
+    assert {folder(m, mods) for m in mods} <= set(LAYERS)
+
+
+def test_a_small_top_level_and_engine():
+    """At most 6 loose modules at specviz/'s top level, at most 20 files in engine/'s."""
+    loose = [p for p in ROOT.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+    assert len(loose) <= 6, sorted(p.name for p in loose)
+    assert len(list((ROOT / "engine").glob("*.py"))) <= 20

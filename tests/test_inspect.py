@@ -6,7 +6,7 @@ from specviz.engine.decoding import speculative
 from specviz.engine.proposers import DraftModelProposer
 from specviz.engine.sampling import SamplingParams, residual
 from specviz.engine.topk_view import TOP_K, round_dists
-from specviz.trace import event_from_dict, event_to_dict
+from specviz.run.trace import event_from_dict, event_to_dict
 
 
 def test_round_dists_top_k_and_residual():

@@ -4,8 +4,8 @@ import threading
 import time
 from types import SimpleNamespace
 
-from specviz import isolation, race
 from specviz.engine.events import Outcome, RunSummary, TokenEvent
+from specviz.run import isolation, race
 
 WORK = {"baseline": 0.010, "speculative": 0.004}  # seconds of "engine work" per event
 N = 6

@@ -1,4 +1,4 @@
-"""Race all methods (specviz/leaderboard.py) on the tiny random pair: every number
+"""Race all methods (specviz/run/leaderboard.py) on the tiny random pair: every number
 of the table is the run's own, the greedy check, the sort, Stop, the CLI and the
 race bundle's round trip."""
 import json
@@ -7,15 +7,15 @@ from dataclasses import replace
 
 import pytest
 
-from specviz.cli import main
+from specviz.cli.main import main
 from specviz.engine import datastore as store
 from specviz.engine.events import RoundEvent, RunSummary, TokenEvent
 from specviz.engine.metrics import run_stats
-from specviz.leaderboard import END, PLAIN, START, new_board, parse_keys, race_methods
 from specviz.models import load_pair, resolve_pair
-from specviz.race_bundle import bundle_dict, load_bundle, save_bundle
-from specviz.request import encode_prompt, make_request
-from specviz.trace import load_trace, trace_costs
+from specviz.run.leaderboard import END, PLAIN, START, new_board, parse_keys, race_methods
+from specviz.run.race_bundle import bundle_dict, load_bundle, save_bundle
+from specviz.run.request import encode_prompt, make_request
+from specviz.run.trace import load_trace, trace_costs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 PROMPT = "x = [1, 2, 3]\ny = [1, 2, 3]\nx = ["

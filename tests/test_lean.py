@@ -1,4 +1,4 @@
-"""Issue 27: the lean Llama-family block (engine/lean.py) — fused q/k/v and gate/up swapped
+"""Issue 27: the lean Llama-family block (engine/cpu/lean.py) — fused q/k/v and gate/up swapped
 into the transformers skeleton. Same logits as the stock model (fp32 and every low-bit
 format), greedy speculative identical to plain, and sampling follows the target (χ²)."""
 import copy
@@ -8,9 +8,9 @@ import torch
 from helpers import acceptance, assert_follows_target, noisy_copy, run, sample_sequences
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specviz.engine import lowbit
+from specviz.engine.cpu import lowbit
+from specviz.engine.cpu.lean import FusedAttention, FusedMLP, is_lean, make_lean
 from specviz.engine.decoding import baseline, speculative
-from specviz.engine.lean import FusedAttention, FusedMLP, is_lean, make_lean
 from specviz.engine.proposers import DraftModelProposer
 from specviz.engine.sampling import SamplingParams
 from specviz.models.tiny import tiny_model
@@ -94,10 +94,10 @@ def test_step_profile_splits_a_step():
 
 @pytest.mark.skipif("w4a8" not in lowbit.available(), reason="no C kernels here")
 def test_step_profile_sees_inside_kernel_layers():
-    """A w4a8 layer runs as two C calls (engine/kernel_layer.py), past the Linears' hooks: the
+    """A w4a8 layer runs as two C calls (engine/cpu/kernel_layer.py), past the Linears' hooks: the
     profile times the split on the module path and still counts every matmul."""
     from specviz.bench.step_profile import profile_side
-    from specviz.engine import kernel_layer
+    from specviz.engine.cpu import kernel_layer
     m = lowbit.to_lowbit(make_lean(tiny_model(500, seed=0, layers=2, hidden=64)), "w4a8")
     assert kernel_layer.covers(m)
     r = profile_side(m, context=8, steps=6)
@@ -134,10 +134,10 @@ def _chain(model, cache, hooked: bool):
 @pytest.mark.parametrize("fmt", lowbit.available())
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
 def test_lean_forward_is_bit_identical(build, fmt, kind):
-    """engine/lean_forward.py runs the same aten calls as model(...): every logit agrees to the bit,
+    """engine/cpu/lean_forward.py runs the same aten calls as model(...): every logit agrees to the bit,
     through a DynamicCache and an eager StaticKV, so both paths can share a run. w4a8 layers run
-    as two C calls each (engine/kernel_layer.py): the same bits too."""
-    from specviz.engine import kernel_layer, lean_forward
+    as two C calls each (engine/cpu/kernel_layer.py): the same bits too."""
+    from specviz.engine.cpu import kernel_layer, lean_forward
     from specviz.engine.forward import new_cache, set_cache
     model = lowbit.to_lowbit(make_lean(build()), fmt)
     set_cache(model, kind)
@@ -151,8 +151,8 @@ def test_lean_forward_is_bit_identical(build, fmt, kind):
 
 def test_lean_forward_steps_aside():
     """Hooked, unfused, non-row-wise models and long forwards keep transformers' path."""
-    from specviz.engine import lean_forward
-    from specviz.engine.rowwise_attention import ROWWISE_MAX, use_rowwise
+    from specviz.engine.cpu import lean_forward
+    from specviz.engine.cpu.rowwise_attention import ROWWISE_MAX, use_rowwise
     model = make_lean(tiny_model(96, seed=0, layers=2))
     assert not lean_forward.eligible(model, 1)  # sdpa, not row-wise
     use_rowwise(model)
@@ -169,7 +169,7 @@ def test_lean_forward_steps_aside():
 def test_kernel_rows_in_low_bit_models_only():
     """A low-bit family model's RMSNorms are one C call each: within float rounding of
     transformers' own, a row's bits the same alone or among others; float models keep theirs."""
-    from specviz.engine.lean import KernelRMSNorm
+    from specviz.engine.cpu.lean import KernelRMSNorm
     model = tiny_model(96, seed=0, layers=2)
     stock = copy.deepcopy(model.model.norm)
     assert not any(isinstance(m, KernelRMSNorm) for m in make_lean(model).modules())
@@ -184,10 +184,10 @@ def test_kernel_rows_in_low_bit_models_only():
 
 @pytest.mark.skipif("w4a8" not in lowbit.available(), reason="no C kernels here")
 def test_one_call_stack_agrees_through_crops_and_tree_selects(monkeypatch):
-    """engine/kernel_layer.forward_stack (every layer in one C call, the DynamicCache's keys in a
+    """engine/cpu/kernel_layer.forward_stack (every layer in one C call, the DynamicCache's keys in a
     buffer of its own) against the layer-by-layer path: the same bits after rollbacks (a crop keeps
     the buffer), a tree's index_select and a growth past the buffer's room (both copied back in)."""
-    from specviz.engine import kernel_layer
+    from specviz.engine.cpu import kernel_layer
     from specviz.engine.forward import crop_cache, forward_logits, keep_cache_slots, new_cache
     model = lowbit.to_lowbit(make_lean(tiny_model(96, seed=0, layers=3)), "w4a8")
     ids = torch.randint(0, 96, (400,), generator=torch.Generator().manual_seed(5)).tolist()
@@ -215,8 +215,8 @@ def test_one_call_stack_agrees_through_crops_and_tree_selects(monkeypatch):
 def test_a_deferred_fusion_gives_the_model_a_fused_load_gives(fmt):
     """Issue 41: a calibration's fp32 model is fused only as it is converted (lean.defer/settle,
     a layer at a time): same modules and the same logits as fusing at load, original left fp32."""
-    from specviz.engine import calibrate as cal
-    from specviz.engine.lean import LATER, defer
+    from specviz.calibration import calibrate as cal
+    from specviz.engine.cpu.lean import LATER, defer
     build = lambda: tiny_model(96, seed=0, layers=3)  # noqa: E731
     src = defer(build())
     assert getattr(src, LATER) and not is_lean(src)
@@ -238,7 +238,7 @@ def test_a_tree_forward_on_the_c_stack_is_each_paths_chain(monkeypatch):
     """A token tree's verify as one layers_forward call (lean_forward.forward_masked, each row's
     ancestors read in place) gives every node the bits of a chain forward along its path, and the
     same logits and cache as the module path (model(...) with the 4D mask)."""
-    from specviz.engine import lean_forward
+    from specviz.engine.cpu import lean_forward
     from specviz.engine.forward import forward_logits, new_cache
     from specviz.engine.tree_forward import tree_forward_logits
     from specviz.engine.tree_sampling import depths_of

@@ -13,8 +13,8 @@ from specviz.engine.forward import bias_of, keep_cache_slots, masked_forward
 from specviz.engine.proposers.lookahead import Layout, LookaheadProposer, build_mask, lookahead, positions
 from specviz.engine.sampling import SamplingParams
 from specviz.errors import RequestError
-from specviz.request import make_request
-from specviz.runner import run_events
+from specviz.run.request import make_request
+from specviz.run.runner import run_events
 
 GREEDY = SamplingParams(temperature=0)
 PROMPTS = ["def quicksort(arr): arr arr arr", "x = [1, 2, 3]\ny = [1, 2, 3]\nz = ["]
@@ -139,7 +139,7 @@ def test_winning_ngram_reaches_trace_page_and_cli_summary(tok, target):
     import json
 
     from specviz.engine.method_info import summarize
-    from specviz.trace import event_from_dict, event_to_dict
+    from specviz.run.trace import event_from_dict, event_to_dict
     from specviz.ui.render import round_html
     ids = tok.encode(PROMPTS[0])
     rounds, _ = run(lookahead(target, LookaheadProposer(ngram=4, window=6, max_guesses=5), tok, ids, 60,
@@ -155,7 +155,7 @@ def test_winning_ngram_reaches_trace_page_and_cli_summary(tok, target):
 def test_cli_lookahead_flags_and_refusals(capsys, pair_dirs):
     import json
 
-    from specviz.cli import main
+    from specviz.cli.main import main
     t, d = pair_dirs
     base = ["generate", "--target", t, "--draft", d, "--method", "lookahead",
             "--prompt", "x = [1, 2, 3]\ny = ["]

@@ -1,4 +1,4 @@
-"""Issue 22, item 1: the greedy near-tie rule (engine/equality.py) cannot excuse a bug.
+"""Issue 22, item 1: the greedy near-tie rule (run/equality.py) cannot excuse a bug.
 
 Bugs are injected into the speculative engine (decoding.py's verify and
 residual), the run is compared with plain decoding in bf16 and fp16 on a tiny
@@ -10,11 +10,11 @@ import torch
 from helpers import noisy_copy, run
 
 import specviz.engine.decoding as dec
-from specviz.engine.equality import compare_greedy, fp32_recompute, output_tokens
 from specviz.engine.events import Outcome, TokenEvent
 from specviz.engine.proposers import DraftModelProposer
 from specviz.engine.sampling import Gap, SamplingParams
 from specviz.models.tiny import tiny_model
+from specviz.run.equality import compare_greedy, fp32_recompute, output_tokens
 
 GREEDY = SamplingParams(0.0)
 MODELS = {"tiny": (96, 3), "real-vocab": (151_936, 2)}
@@ -156,7 +156,7 @@ def test_a_token_that_is_not_its_rows_top_is_a_bug():
 
 
 def test_threshold_scales_with_the_logits_and_the_dtype():
-    from specviz.engine.equality import near_tie_threshold
+    from specviz.run.equality import near_tie_threshold
     assert near_tie_threshold("torch.bfloat16", 20.0) == pytest.approx(10 * near_tie_threshold("bfloat16", 2.0))
     assert near_tie_threshold("float16", 20.0) == pytest.approx(near_tie_threshold("bfloat16", 20.0) / 8)
     assert near_tie_threshold("float32", 20.0) < 1e-3

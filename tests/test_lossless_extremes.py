@@ -12,8 +12,8 @@ from specviz.engine.forward import set_cache
 from specviz.errors import ModelError, RequestError
 from specviz.models import load_pair, resolve_pair
 from specviz.models.tiny import save_tiny_pair
-from specviz.request import METHODS, encode_prompt, make_request
-from specviz.runner import run_events
+from specviz.run.request import METHODS, encode_prompt, make_request
+from specviz.run.runner import run_events
 
 LAYERS = 3  # save_tiny_pair's target
 
@@ -114,7 +114,7 @@ def test_backwards_skip_range_is_refused(skip):
 
 
 def test_cli_extremes_are_one_error_line(tmp_path, capsys):
-    from specviz.cli import main
+    from specviz.cli.main import main
     t, d = save_tiny_pair(tmp_path)
     base = ["generate", "--target", t, "--draft", d, "--prompt", "def f(x):", "--max-new-tokens", "3"]
     assert main(base + ["--cache", "static", "--method", "early-exit", "--exit-layer", "1"]) == 0

@@ -1,4 +1,4 @@
-"""Low-bit weights (engine/lowbit.py): each format computes x·dequant(W)ᵀ, no row
+"""Low-bit weights (engine/cpu/lowbit.py): each format computes x·dequant(W)ᵀ, no row
 depends on the other rows of the same forward, int4 groups reproduce GGUF Q4_K
 blocks (dequantised by gguf-py) to float rounding, greedy speculative output
 equals plain output on one shared low-bit target, and calibration offers and
@@ -8,8 +8,8 @@ import pytest
 import torch
 from helpers import run
 
-from specviz.engine import calibrate as cal
-from specviz.engine import lowbit, qgemm
+from specviz.calibration import calibrate as cal
+from specviz.engine.cpu import lowbit, qgemm
 from specviz.engine.decoding import baseline, speculative
 from specviz.engine.proposers import DraftModelProposer
 from specviz.engine.sampling import SamplingParams
@@ -152,9 +152,9 @@ def test_verify_forward_is_bit_identical_to_single_steps(tok, cache, lean, fmt):
                                          n_target=10**9, n_draft=None, lowbit_candidates=FORMATS)[0]
         return
     from specviz.engine import kvcache
+    from specviz.engine.cpu.lean import make_lean
+    from specviz.engine.cpu.rowwise_attention import is_rowwise
     from specviz.engine.forward import forward_logits, new_cache
-    from specviz.engine.lean import make_lean
-    from specviz.engine.rowwise_attention import is_rowwise
     base = tiny_model(len(tok), seed=0, layers=3, hidden=128)
     model = lowbit.to_lowbit(make_lean(base) if lean else base, fmt)
     assert is_rowwise(model)
@@ -177,7 +177,7 @@ def test_w8a8_first_verify_reads_the_prompt_as_plain_prefill_does(tok):
     greedy draft and lookahead then differed at token 12; with the prompt read apart
     (forward.context_apart) they are identical. Here: the first verify row equals plain's."""
     from specviz.engine import forward
-    from specviz.engine.rowwise_attention import ROWWISE_MAX
+    from specviz.engine.cpu.rowwise_attention import ROWWISE_MAX
     model = lowbit.to_lowbit(tiny_model(len(tok), seed=0, layers=3, hidden=128), "w8a8")
     prompt, drafts = [3 + i % 50 for i in range(ROWWISE_MAX + 9)], [7, 8, 9, 10]
     calls = []
@@ -220,8 +220,8 @@ def test_w8a8_pair_greedy_every_kind_equals_plain(w8a8_pair, method, prompt):
     """Chain, tree and Jacobi masks: each attention row gathers exactly the keys its
     one-token step would see, and a long prompt is read as plain reads it, so greedy
     output is plain's on a w8a8 target."""
-    from specviz.request import encode_prompt, make_request
-    from specviz.runner import run_events
+    from specviz.run.request import encode_prompt, make_request
+    from specviz.run.runner import run_events
     assert lowbit.lowbit_format(w8a8_pair.target) == "w8a8"
     req = make_request(prompt, method=method, gamma=3, max_new_tokens=24, temperature=0.0)
     ids = encode_prompt(w8a8_pair.tokenizer, req)
@@ -286,7 +286,7 @@ def test_a_candidate_whose_step_already_loses_is_not_timed_further(monkeypatch, 
         order.append((lowbit.lowbit_format(m), tuple(out)))
         return out
     monkeypatch.setattr(cal, "time_forwards", fake)
-    from specviz.engine import draft_compile  # w4 near the eager winner is timed compiled: slower here
+    from specviz.calibration import draft_compile  # w4 near the eager winner is timed compiled: slower here
     monkeypatch.setattr(draft_compile, "compile_draft", lambda m, progress=None: draft_compile.DraftStep(
         True, 110.0, 200.0, 1.0))
     t, d, choice = cal.calibrate(tiny_model(len(tok), seed=0, layers=2, hidden=64),
@@ -308,7 +308,7 @@ def test_early_exit_on_a_w8a8_target_keeps_its_own_cache(w8a8_pair):
     on the default pair's w8a8 target greedy differed from plain at γ 2 (64-token prompts)."""
     from specviz.engine.proposers import make_proposer
     from specviz.engine.proposers.early_exit import LayerSubsetProposer
-    from specviz.request import make_request
+    from specviz.run.request import make_request
     req = make_request("hi", method="early-exit", options={"exit_layer": 1, "kv_reuse": True})
     assert type(make_proposer(w8a8_pair, "early-exit", req)) is LayerSubsetProposer
 
@@ -344,8 +344,8 @@ def test_a_twin_keeps_its_float_tensors_when_the_original_is_cast_after(tok):
     target to bf16 in place (nn.Module.to writes param.data). A twin that shared the Parameter
     objects came out with bf16 norms, off the one-call C path: 34 % slower plain steps after a
     first calibration than after a cached load of the same choice."""
-    from specviz.engine import kernel_layer
-    from specviz.engine.lean import make_lean
+    from specviz.engine.cpu import kernel_layer
+    from specviz.engine.cpu.lean import make_lean
     model = make_lean(tiny_model(len(tok), seed=0, layers=2, hidden=64))
     twins = {fmt: lowbit.lowbit_copy(model, fmt) for fmt in FORMATS}
     covered = {fmt: kernel_layer.covers(t) for fmt, t in twins.items()}
@@ -360,8 +360,8 @@ def test_a_twin_keeps_its_float_tensors_when_the_original_is_cast_after(tok):
 def test_a_calibrated_choice_is_the_same_model_as_the_cached_one(monkeypatch, tok):
     """The model a first calibration hands over (bf16 timed after the w4a8 twin) is the one a
     cached choice loads: same modules, dtypes and C path, same logits."""
-    from specviz.engine import kernel_layer
-    from specviz.engine.lean import make_lean
+    from specviz.engine.cpu import kernel_layer
+    from specviz.engine.cpu.lean import make_lean
     monkeypatch.setattr(cal, "busy", lambda *a: False)
     monkeypatch.setattr(cal.lowbit, "available", lambda: ("w4a8",))
     monkeypatch.setattr(cal.lowbit, "row_exact", lambda: ("w4a8",))

@@ -1,5 +1,5 @@
 """The three no-chain-change methods (lookahead, REST, staged) through the race
-(fair and parallel) and a trace file, as the page and `specviz.trace` use them."""
+(fair and parallel) and a trace file, as the page and `specviz.run.trace` use them."""
 from types import SimpleNamespace
 
 import pytest
@@ -7,9 +7,9 @@ import torch
 
 from specviz.engine import datastore as store
 from specviz.engine.events import RoundEvent, RunSummary
-from specviz.race import race
-from specviz.request import make_request
-from specviz.trace import load_trace, new_trace, record, replay
+from specviz.run.race import race
+from specviz.run.request import make_request
+from specviz.run.trace import load_trace, new_trace, record, replay
 
 
 @pytest.fixture

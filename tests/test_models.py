@@ -416,8 +416,8 @@ def test_default_pair_cache_built_verified_and_rebuilt_when_broken(fake_embedded
 
 
 def test_handing_freed_heap_back_is_safe_anywhere():
-    """glibc: malloc_trim returns the conversions' freed pages (engine/calibrate.trim_heap);
+    """glibc: malloc_trim returns the conversions' freed pages (engine/cpu/memory.trim_heap);
     elsewhere it does nothing, and never raises."""
-    from specviz.engine.calibrate import trim_heap
+    from specviz.engine.cpu.memory import trim_heap
     trim_heap()
     trim_heap()

@@ -1,11 +1,12 @@
-"""Low-bit candidates timed on a slice before the whole model is packed (engine/probe.py): the
+"""Low-bit candidates timed on a slice before the whole model is packed (calibration/probe.py): the
 slice shares the model's tensors and leaves it intact, a slice that loses by PROBE_PRUNE is
 never packed whole, and the page says so; the packers give the same bits a few rows at a time."""
 import pytest
 import torch
 
-from specviz.engine import calibrate as cal
-from specviz.engine import lowbit, probe, qgemm
+from specviz.calibration import calibrate as cal
+from specviz.calibration import probe
+from specviz.engine.cpu import lowbit, qgemm
 from specviz.models.tiny import tiny_model
 
 VOCAB = 300
@@ -31,7 +32,7 @@ def test_a_slice_shares_the_first_layers_and_leaves_the_model_whole(monkeypatch)
 
 
 def test_a_trimmed_draft_slices_its_kept_rows():
-    from specviz.engine import vocab_trim
+    from specviz.models import vocab_trim
     model = tiny_model(VOCAB, seed=0, layers=4, hidden=64)
     vocab_trim.trim(model, list(range(0, VOCAB, 2)))
     probe.SLICE_BYTES, old = 1, probe.SLICE_BYTES
@@ -70,7 +71,7 @@ def test_prune_keeps_near_candidates_and_bounds_the_ones_behind(monkeypatch):
     assert said["partial"] == ["w16"] and said["pruned"]["w16"] == pytest.approx(2.2)
     assert probe.note("target", said) == " (target not timed whole: w16 >2.2x w4's time on 1 layers)"
     # a draft format that would compile is given the compile hope: 2.1 is past 1.6, 2.1 / 1.5 is not
-    from specviz.engine import draft_compile
+    from specviz.calibration import draft_compile
     monkeypatch.setattr(draft_compile, "unwanted", lambda m: None if lowbit.lowbit_format(m) == "w16" else "no")
     times = _fake_time({"w4": 1.0, "w8": 1.5, "w16": 2.1})
     assert probe.prune(model, cands, times, score)[0] == ["fp32", "w4", "w8"]

@@ -1,10 +1,10 @@
-"""Block-quantised kernel (engine/qgemm.py): packers round-trip, the kernel computes the product
+"""Block-quantised kernel (engine/cpu/qgemm.py): packers round-trip, the kernel computes the product
 of its quantised operands, rows never depend on each other, and a machine without the kernel
 gets a reason, not a crash."""
 import pytest
 import torch
 
-from specviz.engine import lowbit, qgemm
+from specviz.engine.cpu import lowbit, qgemm
 
 needs_kernel = pytest.mark.skipif("w4a8" not in lowbit.available(), reason="no AVX2 kernel here")
 
@@ -129,7 +129,7 @@ def test_unavailable_kernel_is_a_reason(monkeypatch):
 
 
 def test_a_forced_format_this_machine_lacks_is_a_clear_error(monkeypatch):
-    from specviz.engine import calibrate
+    from specviz.calibration import calibrate
     from specviz.errors import ModelError
     from specviz.models.tiny import tiny_model
     monkeypatch.setattr(qgemm, "_cpu_ok", lambda: "needs an x86 CPU with AVX2 (Linux)")

@@ -9,9 +9,9 @@ from specviz.engine.events import Outcome, RoundEvent
 from specviz.engine.theory import best_gamma
 from specviz.engine.theory import expected_tokens as expected_tokens_per_round
 from specviz.engine.theory import speedup as predicted_speedup
-from specviz.race import race
-from specviz.request import encode_prompt, make_request
-from specviz.trace import record, trace_for
+from specviz.run.race import race
+from specviz.run.request import encode_prompt, make_request
+from specviz.run.trace import record, trace_for
 from specviz.ui import render, theory
 from specviz.ui import replay as rp
 from specviz.ui.panes import PaneStream

@@ -12,8 +12,8 @@ from specviz.engine.proposers.rest import RestProposer
 from specviz.engine.sampling import SamplingParams
 from specviz.errors import RequestError
 from specviz.models.tiny import tiny_model
-from specviz.request import make_request
-from specviz.runner import run_events
+from specviz.run.request import make_request
+from specviz.run.runner import run_events
 
 GREEDY = SamplingParams(temperature=0)
 
@@ -147,7 +147,7 @@ def test_datastore_command_builds_and_describes(tmp_path, capsys):
 
 
 def test_cli_bad_datastore_is_one_line(tmp_path, capsys, pair_dirs):
-    from specviz.cli import main
+    from specviz.cli.main import main
     t, d = pair_dirs
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"\x00" * 100)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import acceptance, assert_follows_target, check_stream, run, sample_sequences
 
-from specviz import selfspec
+from specviz.calibration import selfspec
 from specviz.engine.decoding import baseline, speculative
 from specviz.engine.layers import layers_forward
 from specviz.engine.proposers import make_proposer, method_names
@@ -16,8 +16,8 @@ from specviz.engine.proposers.early_exit import LayerSubsetProposer
 from specviz.engine.sampling import SamplingParams
 from specviz.errors import RequestError
 from specviz.models.tiny import tiny_model
-from specviz.request import make_request
-from specviz.runner import build_proposer
+from specviz.run.request import make_request
+from specviz.run.runner import build_proposer
 
 GREEDY = SamplingParams(temperature=0)
 PROMPT = "def quicksort(arr): arr arr"
@@ -181,7 +181,8 @@ def test_real_calibration_runs_on_tiny(deep, tok):
 # --- draft-size analysis ------------------------------------------------------------
 
 def test_draft_size_analysis_on_tiny(deep, tok, tmp_path):
-    from specviz.bench import draft_size, draft_size_plot
+    from specviz.bench import draft_size
+    from specviz.ui import draft_size_plot
     pair = SimpleNamespace(**vars(pair_of(deep, tok)), quantize=None)
     pair.draft = tiny_model(len(tok), seed=1, layers=1)
     ids = [tok.encode(PROMPT)]

@@ -54,8 +54,8 @@ SCRIPT = textwrap.dedent("""
     import specviz.models.embedded as e
     e.packages_installed = lambda name: False   # the Space never installed requirements-models.txt
     import app
-    from specviz.race import race
-    from specviz.request import encode_prompt, make_request
+    from specviz.run.race import race
+    from specviz.run.request import encode_prompt, make_request
     from specviz.engine.events import RunSummary
     args = app.build_parser().parse_args(["--device", "cpu", "--quantize", "none"])
     demo, manager = app.create_app(args)
@@ -99,7 +99,7 @@ def test_default_pair_choice(monkeypatch):
 
 
 def test_zerogpu_duration_follows_the_run_limits(monkeypatch):
-    from specviz.request import Limits
+    from specviz.run.request import Limits
     assert spaces.zerogpu_seconds(16, 300) < spaces.zerogpu_seconds(512, 300)
     assert spaces.zerogpu_seconds(512, 30) == 30 + spaces.ZEROGPU_OVERHEAD_S  # capped by max-seconds
     assert spaces.zerogpu_seconds(10**6, 10**6) == spaces.ZEROGPU_MAX_S

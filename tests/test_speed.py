@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specviz.engine import speed
+from specviz.engine.cpu import speed
 
 
 @pytest.mark.parametrize("m", [1, 2, 5, 9, 40])

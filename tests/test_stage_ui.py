@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from specviz.engine import calibrate as cal
+from specviz.calibration import calibrate as cal
 from specviz.engine.events import RoundEvent
 from specviz.ui import busy, render
 from specviz.ui.loader import ModelManager

@@ -12,8 +12,8 @@ from specviz.engine.proposers import DraftModelProposer, PromptLookupProposer
 from specviz.engine.proposers.staged import StagedProposer, check_guesses
 from specviz.engine.sampling import SamplingParams
 from specviz.models.tiny import tiny_model
-from specviz.request import make_request
-from specviz.runner import run_events
+from specviz.run.request import make_request
+from specviz.run.runner import run_events
 
 GREEDY = SamplingParams(temperature=0)
 PROMPT = "def quicksort(arr): arr arr arr"

@@ -33,11 +33,11 @@ from specviz.engine import datastore
 from specviz.engine.costs import CostModel
 from specviz.engine.events import RoundEvent, RunSummary, TokenEvent
 from specviz.engine.forward import set_cache
-from specviz.heads import store
-from specviz.heads.model import Heads
+from specviz.engine.proposers import heads as store
+from specviz.engine.proposers.heads import Heads
 from specviz.models.tiny import tiny_model
-from specviz.request import make_request
-from specviz.runner import run_events
+from specviz.run.request import make_request
+from specviz.run.runner import run_events
 
 FIXTURES = Path(__file__).parent / "fixtures" / "streams"
 RECORD = os.environ.get("SPECVIZ_RECORD_STREAMS") == "1"

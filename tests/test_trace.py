@@ -7,7 +7,7 @@ from specviz.engine.decoding import baseline, speculative
 from specviz.engine.events import RoundEvent, RunSummary
 from specviz.engine.proposers import DraftModelProposer
 from specviz.engine.sampling import SamplingParams
-from specviz.trace import event_time, load_trace, new_trace, replay
+from specviz.run.trace import event_time, load_trace, new_trace, replay
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from specviz.engine.tree_forward import tree_bias
 from specviz.engine.tree_sampling import TreeVerdict, children_of, draw_children
 from specviz.errors import RequestError
 from specviz.models.tiny import tiny_model
-from specviz.trace import event_from_dict, event_to_dict
+from specviz.run.trace import event_from_dict, event_to_dict
 
 SHAPES = [(None, 3), (None, 8), (None, 16), ((4, 2, 2, 1, 1), 64), ((2, 2), 64), ((3, 1), 5)]
 

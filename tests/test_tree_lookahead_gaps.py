@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from specviz.engine.events import RoundEvent, RunSummary
-from specviz.request import encode_prompt, make_request
-from specviz.runner import run_events
+from specviz.run.request import encode_prompt, make_request
+from specviz.run.runner import run_events
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import gradio as gr
 import pytest
 
-from specviz.cli import build_parser
+from specviz.cli.main import build_parser
 from specviz.engine.proposers import REGISTRY, method_names
-from specviz.flags import method_flags
-from specviz.trace import load_trace
+from specviz.run.flags import method_flags
+from specviz.run.trace import load_trace
 from specviz.ui import method_options as mo
 from specviz.ui import render
 from specviz.ui import replay as rp
@@ -81,7 +81,7 @@ def test_options_text():
 
 
 def test_page_builds_with_the_group_hidden_for_draft():
-    from specviz.request import Limits
+    from specviz.run.request import Limits
     from specviz.ui.layout import build_page
     from specviz.ui.loader import ModelManager
 
@@ -102,7 +102,7 @@ def test_page_builds_with_the_group_hidden_for_draft():
 def handlers(tmp_path_factory):
     from specviz.models import resolve_pair
     from specviz.models.tiny import save_tiny_pair
-    from specviz.request import Limits
+    from specviz.run.request import Limits
     from specviz.ui.loader import ModelManager
 
     target, draft = save_tiny_pair(tmp_path_factory.mktemp("tiny"))

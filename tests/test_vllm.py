@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fake_vllm import ACCEPTS, TOKENS, Fake, serve
 
-from specviz import cli
+from specviz.cli import main as cli
 from specviz.hosting.vllm_stream import parse_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,8 +198,8 @@ def test_page_on_vllm_servers(pair_dirs, servers):
     """The app with --engine vllm: loads through the page's manager, the race
     streams both sides, the numbers vLLM cannot give are n/a, the note says why."""
     import app
-    from specviz.race import race
-    from specviz.request import encode_prompt, make_request
+    from specviz.run.race import race
+    from specviz.run.request import encode_prompt, make_request
     from specviz.ui import render
     from specviz.ui.state import RunView
     (plain, u1), (spec, u2) = servers

@@ -1,4 +1,4 @@
-"""A draft with a trimmed output layer (engine/vocab_trim.py) stays lossless: greedy
+"""A draft with a trimmed output layer (models/vocab_trim.py) stays lossless: greedy
 output equals plain, sampled sequences follow the target's law, and the draft
 never proposes a token outside its kept set."""
 from collections import Counter
@@ -6,10 +6,10 @@ from collections import Counter
 import torch
 from helpers import assert_follows_target, noisy_copy, run, sample_sequences
 
-from specviz.engine import vocab_trim
 from specviz.engine.decoding import baseline, speculative
 from specviz.engine.proposers import DraftModelProposer
 from specviz.engine.sampling import SamplingParams
+from specviz.models import vocab_trim
 from specviz.models.tiny import tiny_model
 
 GREEDY = SamplingParams(temperature=0)

@@ -1,9 +1,9 @@
 """Benchmark: plain target decoding vs SpecViz speculative decoding vs Hugging
 Face assisted generation, on the same pair, prompts and machine, in one process.
 
-    python -m specviz.bench --quick              # a few minutes on a 2-core CPU
-    python -m specviz.bench                      # the full run (about 30 min on CPU)
-    python -m specviz.bench --quick --quantize int8
+    python -m specviz bench --quick              # a few minutes on a 2-core CPU
+    python -m specviz bench                      # the full run (about 30 min on CPU)
+    python -m specviz bench --quick --quantize int8
 
 Every prompt is run by every method, `--repeats` times, interleaved: for each
 prompt and repeat the methods run one after another, their order rotated each
@@ -34,11 +34,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..engine.handoff import freeze_imports
+from ..engine.cpu.memory import freeze_imports
 from ..errors import RequestError, exit_code
-from ..flags import add_pair_args
 from ..hosting.bandwidth import bench_lines, weight_bytes
 from ..machine import loadavg
+from ..run.flags import add_pair_args
 from . import llamacpp_rows, vllm_rows
 from . import runs as runs_mod
 from .plots import write_plots
@@ -58,7 +58,7 @@ from .summary import SUMMARY_COLUMNS, best_lines, median, summarize
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m specviz.bench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m specviz bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(ap)
     ap.add_argument("--quick", action="store_true",
@@ -134,12 +134,12 @@ def _estimate(warm: dict[str, Run], n_tokens: int) -> float:
 def _load(bench: Bench, args, argv: list[str], t_start: float) -> None:
     import transformers
 
-    from ..flags import load_from_args
+    from ..run.flags import load_from_args
     transformers.logging.set_verbosity_error()
     _log(f"loading the pair (load average {loadavg()}) ...")
     bench.pair = pair = load_from_args(args, progress=lambda msg, frac: _log(f"  [{frac:4.0%}] {msg}"))
     bench.meta = {"machine": machine_info(pair, pair.target.device),
-                  "command": "python -m specviz.bench " + shlex.join(argv), "pair": pair.spec.label,
+                  "command": "python -m specviz bench " + shlex.join(argv), "pair": pair.spec.label,
                   "pair_target": pair.spec.target, "pair_draft": pair.spec.draft,
                   "max_new_tokens": bench.settings.max_new_tokens, "repeats": bench.settings.repeats,
                   "warmup": args.warmup, "settings": asdict(bench.settings),
@@ -155,7 +155,7 @@ def _load(bench: Bench, args, argv: list[str], t_start: float) -> None:
 
 def _encode(bench: Bench, prompts: list[BenchPrompt]) -> None:
     """Tokenize every prompt once; skip (with a note) those that do not fit."""
-    from ..request import encode_prompt, make_request
+    from ..run.request import encode_prompt, make_request
     n = bench.settings.max_new_tokens
     for p in prompts:
         req = make_request(p.text, max_new_tokens=n, chat_template=p.chat_template)
@@ -320,7 +320,7 @@ def run_bench(argv: list[str]) -> int:
     if args.engine == "vllm":  # add the vLLM rows; our own rows still run on our engine
         bench.settings.families.extend(f for f in vllm_rows.FAMILIES if f not in bench.settings.families)
         args.engine = "specviz"
-    freeze_imports()  # before the pair loads (engine/handoff.py)
+    freeze_imports()  # before the pair loads (engine/cpu/memory.py)
     _load(bench, args, argv, t_start)
     nbytes = {k: weight_bytes(m) for k, m in (("target", bench.pair.target), ("draft", bench.pair.draft))
               if m is not None}

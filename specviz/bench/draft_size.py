@@ -3,7 +3,7 @@ for drafts of different cost on the same prompts: early exit at several
 depths L, layer skip, the separate draft model (int8 and fp32), and the other
 registered draft-free methods (prompt lookup, staged, rest when present).
 
-    python -m specviz.bench.draft_size --prompts 2 --max-new-tokens 32 --gammas 1,2,4,6,8 \
+    python -m specviz draft-size --prompts 2 --max-new-tokens 32 --gammas 1,2,4,6,8 \
         --out docs/draft_size.json
 
 Each size runs every γ on every prompt (greedy; outputs checked against plain).
@@ -31,8 +31,8 @@ from ..engine.proposers import make_proposer, method_names
 from ..engine.sampling import SamplingParams
 from ..engine.theory import ALPHA_MAX, speedup
 from ..errors import ModelError, RequestError
-from ..flags import add_pair_args, load_from_args
 from ..machine import hardware, loadavg
+from ..run.flags import add_pair_args, load_from_args
 
 GREEDY = SamplingParams(temperature=0)
 EXIT_LAYERS = (4, 8, 12, 16, 20, 24)
@@ -89,7 +89,7 @@ def run_size(pair, method, options, prompts, gammas, n_new, plain_outs, step_s):
     """One size over every γ and prompt: α, α̂, τ, c, v(γ), tokens/s per γ."""
     from types import SimpleNamespace
 
-    from ..selfspec import resolve_options
+    from ..calibration.selfspec import resolve_options
     options = resolve_options(pair, method, options)  # an empty skip set: the calibrated one
     rows = []
     for g in gammas:
@@ -148,7 +148,7 @@ def _drafts(pair, sizes) -> dict:
 
     import torch
 
-    from ..engine import speed
+    from ..engine.cpu import speed
     out = {}
     if pair.draft is None or pair.quantize is not None:
         return out
@@ -185,7 +185,7 @@ def analyse(pair, sizes, prompts, gammas, n_new, on_size=None) -> dict:
 
 
 def _calibrate(pair) -> dict:
-    from .. import selfspec
+    from ..calibration import selfspec
     t0 = time.perf_counter()
     res = {"early-exit": selfspec.cached(pair, "early-exit", selfspec.calibrate_exit_layer),
            "layer-skip": selfspec.cached(pair, "layer-skip", selfspec.calibrate_skip_layers)}
@@ -199,7 +199,7 @@ def _calibrate(pair) -> dict:
 
 
 def build_parser():
-    ap = argparse.ArgumentParser(prog="python -m specviz.bench.draft_size", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m specviz draft-size", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(ap)
     ap.set_defaults(quantize="none")  # fp32 draft loaded; its int8 copy is made here
@@ -235,7 +235,7 @@ def main(argv=None) -> int:
     except (ValueError, RequestError, ModelError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from ..selfspec import calib_prompts
+    from ..calibration.selfspec import calib_prompts
     prompts = calib_prompts(pair, args.prompts, args.prompt_tokens)
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     load_before = loadavg()
@@ -255,7 +255,6 @@ def main(argv=None) -> int:
                          on_size=lambda res: write(dict(res))), final=True)
     _log(f"wrote {out}")
     if args.png:
-        from .draft_size_plot import write_png
         for note in write_png(data, Path(args.png)):
             _log(note)
     return 0
@@ -263,7 +262,7 @@ def main(argv=None) -> int:
 
 def _document(args, argv, pair, prompts, gammas, res, load_before, calibration) -> dict:
     res = dict(res)
-    inv = dict(command="python -m specviz.bench.draft_size " + shlex.join(argv or sys.argv[1:]),
+    inv = dict(command="python -m specviz draft-size " + shlex.join(argv or sys.argv[1:]),
                date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                load_before=load_before, load_after=loadavg(), sizes=[s["name"] for s in res["sizes"]],
                plain_tps_before=res.pop("plain_tps_before"), plain_tps_after=res.pop("plain_tps_after"))
@@ -273,6 +272,10 @@ def _document(args, argv, pair, prompts, gammas, res, load_before, calibration) 
         data["calibration"] = calibration
     return data
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+def write_png(data: dict, path: Path) -> list[str]:
+    """path (heatmap) and path with _lines (lines) as PNG/SVG via kaleido; returns notes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stem = path.with_suffix("")
+    from ..ui.draft_size_plot import heatmap, lines
+    from .plots import export_images
+    return export_images({stem.name: heatmap(data), f"{stem.name}_lines": lines(data)}, path.parent)

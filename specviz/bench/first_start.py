@@ -1,7 +1,7 @@
 """The app's first start against a later start, as a visitor meets them, side by side.
 
-    python -m specviz.bench.first_start                     # empty cache: conversion included
-    python -m specviz.bench.first_start --models-from DIR   # reuse DIR's converted models (faster)
+    python -m specviz first-start                     # empty cache: conversion included
+    python -m specviz first-start --models-from DIR   # reuse DIR's converted models (faster)
 
 Starts `python app.py` in a subprocess on an empty cache ($SPECVIZ_CACHE set to a fresh folder),
 waits until Run is enabled and the background calibration has ended, sends the quicksort
@@ -188,7 +188,7 @@ def table(starts: list[dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specviz.bench.first_start", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m specviz first-start", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3, help="requests per start (default 3)")
     ap.add_argument("--models-from", metavar="DIR", help="copy the converted models of this cache folder "
@@ -228,7 +228,3 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  resident {gb:.2f} GB at {t} s: ...{what}")
     print(f"written: {out / 'result.json'}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

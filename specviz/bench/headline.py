@@ -1,6 +1,6 @@
 """The docs' headline from one or more bench runs: per-prompt speedups with their spread.
 
-    python -m specviz.bench.headline bench-results/A [bench-results/B ...] [--json out.json]
+    python -m specviz headline bench-results/A [bench-results/B ...] [--json out.json]
 
 Reads each run's runs.csv and pairs every run with the plain run of the same prompt and repeat
 (the bench interleaves them, so both saw the same machine). Reports, per task and pooled:
@@ -178,7 +178,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(h, indent=1, default=str))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

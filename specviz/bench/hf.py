@@ -47,7 +47,7 @@ def stock_draft(pair):
     if pair.quantize != "draft-int8":
         return pair.draft  # fp32: the same object, run with speed.unpatched
     if id(pair) not in _STOCK:
-        from ..engine import speed
+        from ..engine.cpu import speed
         from ..models import load_stock, local_refs
         _STOCK[id(pair)] = load_stock(local_refs(pair.spec)["draft"], pair.target.device, pair.dtype)
         speed.warm_up(_STOCK[id(pair)])
@@ -61,7 +61,7 @@ def _assistant(pair, family: str, gamma: int, ctx: contextlib.ExitStack):
         if family == "hf-stock":
             # what `generate(assistant_model=...)` gives out of the box: fp32 draft,
             # stock nn.Linear kernels in both models (our speed patch removed)
-            from ..engine import speed
+            from ..engine.cpu import speed
             draft = stock_draft(pair)
             ctx.enter_context(speed.unpatched(pair.target, draft))
         # constant γ, and no early stop on low draft confidence: γ drafts every round

@@ -6,7 +6,8 @@ import os
 import shutil
 from pathlib import Path
 
-PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000"]
+from ..ui.charts import PALETTE
+
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")  # kaleido 1.x drives an installed browser
 SIZE = {"width": 680, "height": 420}
 LINES = (("measured", "speedup", "solid"), ("measured, decode", "decode_speedup", "dot"),

@@ -1,6 +1,6 @@
 """Where a speculative round's time goes: model forwards vs everything else.
 
-    python -m specviz.bench.round_profile [--method draft] [--gamma 4] [--max-new-tokens 64]
+    python -m specviz round-profile [--method draft] [--gamma 4] [--max-new-tokens 64]
 
 Runs the method once untimed (kernels warm), then once measured, with forward hooks on the
 target and the draft that add up the time spent inside their forwards (perf_counter; the CPU
@@ -50,7 +50,7 @@ class ForwardTimer:
 
 def run_once(pair, req, ids, timer: ForwardTimer | None = None, prof: cProfile.Profile | None = None):
     """One run; with a timer/profiler, both run from the end of round 1 to the summary."""
-    from ..runner import run_events
+    from ..run.runner import run_events
     summary, t_first = None, None
     for ev in run_events(pair, req, "speculative", ids):
         if isinstance(ev, RoundEvent) and t_first is None and timer is not None:
@@ -65,7 +65,7 @@ def run_once(pair, req, ids, timer: ForwardTimer | None = None, prof: cProfile.P
 
 
 def profile(pair, *, method: str, gamma: int, max_new_tokens: int, prompt: str = PROMPT) -> dict:
-    from ..request import encode_prompt, make_request
+    from ..run.request import encode_prompt, make_request
     req = make_request(prompt, method=method, gamma=gamma, max_new_tokens=max_new_tokens, temperature=0.0)
     ids = encode_prompt(pair.tokenizer, req)
     run_once(pair, req, ids)  # warm: AMX/oneDNN build a kernel per shape on first use
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     ap.add_argument("--method", default="draft")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    from ..flags import add_pair_args, load_from_args
+    from ..run.flags import add_pair_args, load_from_args
     add_pair_args(ap)  # the same pair, precision, int8 and cache flags as the bench and the CLI
     args = ap.parse_args(argv)
     pair = load_from_args(args)
@@ -96,7 +96,3 @@ def main(argv=None) -> int:
     for k, v in r.items():
         print(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

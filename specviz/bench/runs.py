@@ -10,10 +10,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..engine.equality import judge
 from ..engine.events import RoundEvent, RunSummary, TokenEvent
 from ..engine.metrics import Stats, run_stats
-from ..request import METHODS, RequestError, make_request
+from ..run.equality import judge
+from ..run.request import METHODS, RequestError, make_request
 from .hf import run_hf
 from .settings import BenchPrompt, Settings
 
@@ -136,7 +136,7 @@ def check_outputs(runs: list[Run], strict_only: bool = True, precision: str = "f
     (its first repeat); fills run.match / run.first_diff.
 
     Raises OutputMismatch listing every strict (SpecViz) run that differs,
-    unless engine/equality.py judges the first difference a numerical near-tie
+    unless run/equality.py judges the first difference a numerical near-tie
     (both runs' tokens top of their own rows and each other's runner-up, both
     top-2 gaps within rounding of the target's precision). Returns warning
     lines for near-ties and non-strict (HF) runs."""
@@ -176,7 +176,7 @@ def check_outputs(runs: list[Run], strict_only: bool = True, precision: str = "f
 
 def build_variants(pair, settings: Settings, notes: list[str]) -> list[Variant]:
     """Every (method, γ) to run on this pair; methods the pair cannot run get a note."""
-    from .. import runner
+    from ..run import runner
     variants = [Variant("plain", "plain", "specviz")]
     families = settings.families
     has_draft = pair.draft is not None
@@ -237,7 +237,7 @@ def _peak_rss_mb() -> float:
 
 def run_specviz(pair, variant: Variant, req, ids: list[int]) -> tuple[RunSummary, dict]:
     """One SpecViz run through run_events; returns (RunSummary, first-chunk info)."""
-    from ..runner import run_events
+    from ..run.runner import run_events
     mode = "baseline" if variant.family in ("plain", "vllm") else "speculative"
     first_t, first_n, summary, gaps = None, 0, None, []
     for ev in run_events(pair, req, mode, ids):

@@ -5,7 +5,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..request import METHODS, RequestError
+from ..run.request import METHODS, RequestError
 from .hf import HF_FAMILIES
 
 QUICK = dict(tasks="code,grounded", n_prompts="code=2,grounded=1", max_new_tokens=32,

@@ -1,6 +1,6 @@
 """Where one plain decoding step goes: the weight matmuls vs everything else, per side.
 
-    python -m specviz.bench.step_profile [--precision w8a8] [--steps 24] [--context 64] [--json]
+    python -m specviz step-profile [--precision w8a8] [--steps 24] [--context 64] [--json]
 
 Loads the default pair in one precision (both sides), runs `steps` KV-cached one-token
 forwards after a `context`-token prefill, and reports per side:
@@ -8,7 +8,7 @@ forwards after a `context`-token prefill, and reports per side:
 - matmul: the time inside the weight matmuls of those same steps (every Linear or low-bit twin,
   timed in place by hooks; re-running a matmul alone reads its weights from a warm cache and
   came out 40 % low on the 1.5B, 2026-11-25); where the layers run as two C calls each
-  (engine/kernel_layer.py, w4a8) the hooks cannot see inside, so the same steps are re-run on
+  (engine/cpu/kernel_layer.py, w4a8) the hooks cannot see inside, so the same steps are re-run on
   the module path for this column;
 - other: step - matmul (norms, rotary, attention, the cache, Python and dispatch);
 - bytes: weights read per step (every tensor once, but of the input embedding table only one
@@ -29,7 +29,7 @@ from torch import nn
 
 
 def _linears(model) -> list[nn.Module]:
-    """The weight matmuls: nn.Linear, our low-bit twins (engine/lowbit.py) and torch.ao's
+    """The weight matmuls: nn.Linear, our low-bit twins (engine/cpu/lowbit.py) and torch.ao's
     quantised Linear, all leaf modules named *Linear."""
     return [m for m in model.modules() if type(m).__name__.endswith("Linear") and not list(m.children())]
 
@@ -58,7 +58,7 @@ class _MatmulClock:
 def step_bytes(model) -> int:
     """Weight bytes one decoding step reads: every tensor once, the input embedding table
     one row (unless it is also the output layer, which reads it whole)."""
-    from ..engine import lowbit
+    from ..engine.cpu import lowbit
     from ..hosting.bandwidth import weight_bytes
     emb = model.get_input_embeddings().weight
     out = model.get_output_embeddings()
@@ -73,7 +73,7 @@ def step_bytes(model) -> int:
 @torch.inference_mode()
 def profile_side(model, context: int = 64, steps: int = 24, seed: int = 0) -> dict:
     """One side's step split (see the module doc)."""
-    from ..engine import kernel_layer
+    from ..engine.cpu import kernel_layer
     from ..engine.forward import crop_cache, forward_logits, new_cache
     vocab = model.get_input_embeddings().weight.shape[0]
     g = torch.Generator().manual_seed(seed)
@@ -122,13 +122,13 @@ def report(sides: dict[str, dict], sum_gbs: float | None) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specviz.bench.step_profile", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m specviz step-profile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--precision", default="w8a8", help="fp32, bf16 or a low-bit format (both sides)")
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--lean", choices=("on", "off"), default=None,
-                    help="the lean Llama-family decoder (engine/lean.py) on or off; default: the pair's")
+                    help="the lean Llama-family decoder (engine/cpu/lean.py) on or off; default: the pair's")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     from ..hosting.bandwidth import measure_cpu_read_gbs
@@ -144,7 +144,3 @@ def main(argv=None) -> int:
         print(f"{pair.precision}; plain-sum read {bw['sum_gbs']:.1f} GB/s, {torch.get_num_threads()} threads")
         print("\n".join(report(sides, bw["sum_gbs"])))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

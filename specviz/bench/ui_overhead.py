@@ -1,7 +1,7 @@
 """Engine speed with the page streaming vs headless, measured side by side.
 
-    python -m specviz.bench.ui_overhead                     # default pair, 3 repeats
-    python -m specviz.bench.ui_overhead --compare-settle    # also the page without its pause
+    python -m specviz ui-overhead                     # default pair, 3 repeats
+    python -m specviz ui-overhead --compare-settle    # also the page without its pause
 
 One process loads the pair once, serves the real page (specviz.ui.blocks) on a
 local port, and alternates, per repeat:
@@ -30,10 +30,10 @@ import statistics
 import sys
 import time
 
-from ..flags import add_pair_args, load_from_args
 from ..hosting.vllm_server import free_port
-from ..race import race
-from ..request import encode_prompt, make_request
+from ..run.flags import add_pair_args, load_from_args
+from ..run.race import race
+from ..run.request import encode_prompt, make_request
 
 PROMPT = "def quicksort(arr):\n"
 
@@ -55,7 +55,7 @@ def through_ui(client, records, req) -> tuple[dict, float, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specviz.bench.ui_overhead", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m specviz ui-overhead", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(ap)
     ap.add_argument("--prompt", default=PROMPT)
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from gradio_client import Client
 
-    from ..race import on_engine_thread
+    from ..run.race import on_engine_thread
     from ..ui import handlers
     from ..ui.blocks import build_demo
     from ..ui.loader import ModelManager
@@ -130,7 +130,3 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "median": med, "ui_over_headless": ratio, "settle": settle}, f, indent=1)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -274,9 +274,9 @@ def for_tokenizer(tokenizer, path=None) -> Datastore:
 
 
 def main(argv=None) -> int:
-    """python -m specviz.engine.datastore build --tokenizer DIR [--out FILE] [--max-chars N]"""
+    """python -m specviz datastore build --tokenizer DIR [--out FILE] [--max-chars N]"""
     import argparse
-    ap = argparse.ArgumentParser(prog="python -m specviz.engine.datastore")
+    ap = argparse.ArgumentParser(prog="python -m specviz datastore")
     ap.add_argument("command", choices=["build", "info"])
     ap.add_argument("--tokenizer", help="tokenizer folder or model id (build)")
     ap.add_argument("--out", help="output file (build; default: the cache) or file to describe (info)")
@@ -297,7 +297,3 @@ def main(argv=None) -> int:
     except RequestError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -62,7 +62,7 @@ class TokenEvent:
     q: float | None = None  # draft probability of this token
     u: float | None = None  # uniform drawn for the accept test
     # greedy runs: the target's top-2 logit gap at this position, from the run's
-    # own logits (tells a numerical near-tie from a bug, see engine/equality.py)
+    # own logits (tells a numerical near-tie from a bug, see run/equality.py)
     gap: float | None = None
 
     @property

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from . import kernel_layer, kvcache, lean_forward
-from .rowwise_attention import is_rowwise
+from . import kvcache
+from .cpu import kernel_layer, lean_forward
+from .cpu.rowwise_attention import is_rowwise
 from .sampling import SamplingParams, sample
 
 CACHES = ("dynamic", "static")

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-from . import lean_forward
-from .lowbit import lowbit_format
-from .rowwise_attention import NAME as ROWWISE
-from .speed import has_int8
+from .cpu import lean_forward
+from .cpu.lowbit import lowbit_format
+from .cpu.rowwise_attention import NAME as ROWWISE
+from .cpu.speed import has_int8
 
 GROW = 512  # positions added when a run outgrows the buffer (a compiled graph then recompiles once)
 # forwards of more new tokens (the prompt) run eagerly: one graph per prompt length otherwise
@@ -65,7 +65,7 @@ def supported(model) -> bool:
     cfg = model.config
     impl = getattr(cfg, "_attn_implementation", None) or "eager"
     types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
-    # row-wise attention (engine/rowwise_attention.py) is SDPA row by row; it reads float masks too
+    # row-wise attention (engine/cpu/rowwise_attention.py) is SDPA row by row; it reads float masks too
     return types == {"full_attention"} and impl in ("sdpa", "eager", ROWWISE)
 
 
@@ -103,7 +103,7 @@ class StaticKV:
 
     def buffers(self):
         """(keys, values, pos) for a C forward that writes its new entries at pos in place
-        (engine/kernel_layer.py); None in the masked layout, written at write_pos."""
+        (engine/cpu/kernel_layer.py); None in the masked layout, written at write_pos."""
         return None if self.full else (self.keys, self.values, self.pos)
 
     def crop(self, length: int) -> None:

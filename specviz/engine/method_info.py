@@ -3,7 +3,7 @@ fields, for the CLI, bench and page: each method's MethodSpec.summarize and
 round_note (in its proposer file). Empty for methods without them (the chains)."""
 from __future__ import annotations
 
-from .proposers.base import REGISTRY
+from .proposer import REGISTRY
 
 
 def summarize(rounds, method: str | None) -> dict:

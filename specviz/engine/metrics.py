@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .events import RunSummary
-from .proposers import REGISTRY
+from .proposer import REGISTRY
 from .theory import best_gamma, v_at, verify_curve
 from .theory import speedup as predicted
 

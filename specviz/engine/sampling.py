@@ -62,7 +62,7 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 class Gap(float):
     """A greedy row's top-1 minus top-2 logit: a plain float to every reader (JSON,
     charts), which also remembers the two tokens and the top logit, so
-    engine/equality.py can check a differing token against the row that chose it."""
+    run/equality.py can check a differing token against the row that chose it."""
 
     def __new__(cls, gap: float, top: int, second: int, top_logit: float):
         g = super().__new__(cls, gap)

@@ -1,7 +1,7 @@
 """The speedup theory, once: what α (acceptance), γ (draft length), c (draft
 step ÷ plain target step) and v(γ) (a verify forward of γ+1 tokens, in plain
 target steps) predict. Used by auto γ (gamma.py), the run statistics
-(metrics.py), self-speculation calibration (selfspec.py), the page's theory
+(metrics.py), self-speculation calibration (calibration/selfspec.py), the page's theory
 tab (ui/theory.py) and the bench.
 
     E[tokens per round](α, γ) = (1 - α^{γ+1}) / (1 - α)

@@ -18,7 +18,7 @@ from transformers import DynamicCache
 from .clock import Clock
 from .events import Outcome, RoundEvent, RunSummary, commit_round, round_tokens
 from .forward import crop_cache, keep_cache_slots
-from .proposers.base import TreeProposer
+from .proposer import TreeProposer
 from .rounds import cut_at_eos, drive_rounds, make_generator, new_summary, pad_to
 from .sampling import SamplingParams, overlap, top2_gap, warp
 from .text import TextStream

@@ -18,7 +18,7 @@ import time
 import torch
 
 from ..engine import datastore as ds_mod
-from .store import heads_dir
+from ..engine.proposers.heads import heads_dir
 
 SEQ = 256
 PER_DOC = 2  # windows taken from one file at most: 16k tokens span 30+ files

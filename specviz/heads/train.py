@@ -18,8 +18,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ..engine.proposers.heads import Heads, head_logits
 from .data import SEQ, corpus_states, pairs, progress
-from .model import Heads, head_logits
 
 LOSSES = ("ce", "mse")
 

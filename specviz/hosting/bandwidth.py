@@ -64,7 +64,7 @@ def bound_line(label: str, nbytes: int, step_s: float | None, device_name: str |
 
 
 def bench_lines(device, nbytes: dict[str, int], runs) -> list[str]:
-    """`python -m specviz.bench --device cuda`: measured step times of the target
+    """`python -m specviz bench --device cuda`: measured step times of the target
     (plain runs) and draft (draft-model runs) against their bandwidth limits."""
     import statistics
     if not str(device).startswith("cuda"):
@@ -116,7 +116,9 @@ def measure_cpu_read_gbs(gib: float = 3.0, dtype=None, repeats: int = 5) -> dict
     return out
 
 
-if __name__ == "__main__":
+def main(argv=None) -> int:
+    """python -m specviz bandwidth [SECONDS]: this machine's plain-sum read bandwidth, as JSON."""
     import json
-    import sys
-    print(json.dumps(measure_cpu_read_gbs(float(sys.argv[1]) if len(sys.argv) > 1 else 3.0), indent=1))
+    argv = list(argv or [])
+    print(json.dumps(measure_cpu_read_gbs(float(argv[0]) if argv else 3.0), indent=1))
+    return 0

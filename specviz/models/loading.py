@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..engine import speed
 from ..engine.costs import CostModel
+from ..engine.cpu import speed
 from ..errors import OOM_LOADING, ModelError, first_line, is_oom
 from .embedded import Progress, cache_root, local_refs
 from .registry import PairSpec, _hub_reachable, _looks_like_path, pick_device_dtype
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # "auto": the draft's int8 / float candidates are timed at load and the fastest
-# kept (engine/calibrate.py; int8 made c 0.38 -> 0.13 on the default pair in fp32)
+# kept (calibration/calibrate.py; int8 made c 0.38 -> 0.13 on the default pair in fp32)
 QUANTIZE = (None, "", "none", "auto", "int8", "draft-int8")
 
 
@@ -37,10 +37,10 @@ class ModelPair:
     eos_ids: list[int]
     precision: str = ""  # what both sides run: "float32", "bfloat16", "int8 (dynamic)"
     quantize: str | None = None  # None, "int8" (both models) or "draft-int8"
-    costs: CostModel | None = None  # measured plain step, v(k), draft step (engine/calibrate.py)
+    costs: CostModel | None = None  # measured plain step, v(k), draft step (calibration/calibrate.py)
     precision_note: str = ""  # what runs and why, e.g. "target bfloat16 (128 ms/step vs 279 ms fp32 ...)"
-    choice: object = None  # the calibration's Choice (engine/calibrate.py): what was timed, what won
-    draft_step: object = None  # engine/draft_compile.DraftStep: the draft's step, eager or compiled
+    choice: object = None  # the calibration's Choice (calibration/calibrate.py): what was timed, what won
+    draft_step: object = None  # calibration/draft_compile.DraftStep: the draft's step, eager or compiled
 
     @property
     def has_chat_template(self) -> bool:
@@ -140,13 +140,13 @@ def _load_one(ref: str, device: torch.device, dtype: torch.dtype):
 
 
 def _loader(dev: torch.device, lean: bool | None):
-    """_load_one, then the lean Llama-family swap (engine/lean.py) unless lean is False
+    """_load_one, then the lean Llama-family swap (engine/cpu/lean.py) unless lean is False
     (None: SPECVIZ_LEAN=0 turns it off)."""
-    from ..engine.lean import defer, make_lean
+    from ..engine.cpu.lean import defer, make_lean
     on = lean if lean is not None else os.environ.get("SPECVIZ_LEAN", "1") != "0"
 
     def load(ref: str, dtype: torch.dtype, lowbit_fmt: str | None = None):
-        from ..engine import lowbit
+        from ..engine.cpu import lowbit
         model, tok = _load_one(ref, dev, dtype)
         if on and dev.type == "cpu" and dtype == torch.float32:  # a low-bit choice loads in fp32 too
             model = defer(model)  # fused as it is converted: calibration holds no fused fp32 copy
@@ -174,7 +174,7 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
               draft_vocab: int | None = None, calibration: str = "auto",
               cache_file: Path | None = None, lean: bool | None = None) -> ModelPair:
     """Load target (+ draft) and the target's tokenizer, checking that the vocabularies agree,
-    in the precision chosen by measurement on this machine (engine/calibrate.py).
+    in the precision chosen by measurement on this machine (calibration/calibrate.py).
 
     precision (both models' float type): "auto" times fp32 and bf16 on a CPU with
     native bf16 (fp32 elsewhere, and for models under 100M parameters; the
@@ -187,12 +187,12 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
     The choice, its reason and the measured CostModel land on pair.costs and
     pair.precision_note; they are cached per pair and machine (or in `cache_file`).
     draft_vocab: the draft's output layer keeps this many most frequent tokens
-    (engine/vocab_trim.py; lossless); 0 keeps all; None: 32,768 on a CPU for
+    (models/vocab_trim.py; lossless); 0 keeps all; None: 32,768 on a CPU for
     vocabularies of 65,536 or more.
-    calibration: engine/calibrate.MODES ("cached": never time anything now).
-    lean: fuse the Llama family's q/k/v and gate/up projections (engine/lean.py); None: on
-    unless SPECVIZ_LEAN=0."""
-    from ..engine import calibrate, lean
+    calibration: calibration/calibrate.MODES ("cached": never time anything now).
+    lean: fuse the Llama family's q/k/v and gate/up (engine/cpu/lean.py); None: on unless SPECVIZ_LEAN=0."""
+    from ..calibration import calibrate
+    from ..engine.cpu import lean
     if quantize not in QUANTIZE:
         raise ModelError(f"unknown quantisation '{quantize}': use int8, draft-int8, auto or none")
     if precision not in calibrate.PRECISIONS:
@@ -251,13 +251,14 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
 
 
 def _warm(target, draft, costs, progress):
-    """Own the weights, hold a low-bit model's input table in bfloat16 (engine/lowbit.HalfEmbedding),
+    """Own the weights, hold a low-bit model's input table in bfloat16 (engine/cpu/lowbit.HalfEmbedding),
     run each model's shapes once, and compile the draft's step where that
-    measures faster (engine/draft_compile.py); -> (costs with the draft step that will run, DraftStep)."""
+    measures faster (calibration/draft_compile.py) -> (costs with the draft step that will run, DraftStep)."""
     from dataclasses import replace
 
-    from ..engine import draft_compile, lowbit
-    from ..engine.calibrate import trim_heap
+    from ..calibration import draft_compile
+    from ..engine.cpu import lowbit
+    from ..engine.cpu.memory import trim_heap
     progress("warming up", 0.95)
     trim_heap()  # calibration's candidates and fp32 originals, before the copies below
     for m in (m for m in (target, draft) if m is not None):
@@ -316,7 +317,7 @@ def _inside(ranges: list[tuple[int, int]] | None, address: int) -> bool:
 
 def _draft_keep(draft_vocab, draft, tok, dev, eos, progress) -> list[int] | None:
     """The token ids the draft's output layer keeps, or None to keep them all."""
-    from ..engine import vocab_trim
+    from . import vocab_trim
     if draft is None or draft_vocab == 0:
         return None
     n = draft_vocab or (vocab_trim.DEFAULT_KEEP if dev.type == "cpu" and len(tok) >= vocab_trim.MIN_VOCAB
@@ -328,7 +329,7 @@ def _draft_keep(draft_vocab, draft, tok, dev, eos, progress) -> list[int] | None
 
 
 def _trimmed(draft, keep):
-    from ..engine import vocab_trim
+    from . import vocab_trim
     if draft is not None and keep:
         vocab_trim.trim(draft, keep)
     return draft
@@ -336,5 +337,5 @@ def _trimmed(draft, keep):
 
 def _precision_of(dtype: torch.dtype) -> str:
     """A caller's explicit dtype as a forced precision."""
-    from ..engine.calibrate import DTYPES
+    from ..calibration.calibrate import DTYPES
     return next((k for k, v in DTYPES.items() if v == dtype), "fp32")

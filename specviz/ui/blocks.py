@@ -1,7 +1,7 @@
 """The Gradio page, assembled: handlers (ui/handlers.py), then the layout
 (ui/layout.py) inside `gr.Blocks`, then the event wiring below.
 
-Only events reach the page (through specviz.race); the HTML comes from
+Only events reach the page (through specviz.run.race); the HTML comes from
 render.py, the figures from charts.py, the numbers from state.RunView.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import gradio as gr
 from ..hosting.spaces import gpu_decorator
 from ..models import PairSpec
 from ..prompts import load_presets
-from ..request import Limits
+from ..run.request import Limits
 from . import inspector, method_options, stage
 from . import leaderboard as board_ui
 from . import replay as replay_ui

@@ -18,6 +18,8 @@ SKY = "#56B4E9"
 PURPLE = "#CC79A7"
 GRID = "rgba(128,128,128,0.25)"
 FONT = "#8c8c8c"
+# Okabe-Ito, colour-blind safe: one colour per line of a many-line chart (bench, draft sizes)
+PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000"]
 
 
 def _layout(fig: go.Figure, title: str, xaxis: str, yaxis: str, **kw) -> go.Figure:

@@ -1,5 +1,5 @@
 """The "Draft size" tab: the committed result of the draft-size analysis
-(docs/draft_size.json, made by `python -m specviz.bench.draft_size`), shown as
+(docs/draft_size.json, made by `python -m specviz draft-size`), shown as
 a heatmap and lines. Static: nothing is measured on the page."""
 from __future__ import annotations
 
@@ -41,11 +41,11 @@ def build_tab(path: Path = RESULT):
     """The tab's layout (call inside a gr.Blocks)."""
     import gradio as gr
 
-    from ..bench.draft_size_plot import heatmap, lines, table_md
+    from .draft_size_plot import heatmap, lines, table_md
     data = load_result(path)
     with gr.Tab("Draft size", id="draft-size", elem_id="sv-tab-draft-size"):
         if not data or not data.get("sizes"):
-            gr.Markdown("No draft-size result committed yet: run `python -m specviz.bench.draft_size "
+            gr.Markdown("No draft-size result committed yet: run `python -m specviz draft-size "
                         "--out docs/draft_size.json`.")
             return
         gr.HTML(intro_html(data))

@@ -2,7 +2,7 @@
 
 Handlers get and return component values; ui/layout.py builds the components
 and ui/blocks.py wires them together. Only events reach this module (through
-specviz.race); HTML comes from render.py, figures from charts.py.
+specviz.run.race); HTML comes from render.py, figures from charts.py.
 """
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
-from .. import isolation
 from ..errors import ModelError, free_memory, run_error_text
 from ..models import PairSpec, available_pairs, resolve_pair
-from ..race import MODES, RaceInfo, race
-from ..request import Limits, RequestError, encode_prompt, make_request
-from ..trace import record, trace_for
+from ..run import isolation
+from ..run.race import MODES, RaceInfo, race
+from ..run.request import Limits, RequestError, encode_prompt, make_request
+from ..run.trace import record, trace_for
 from . import busy, inspector, method_options, render
 from . import replay as replay_ui
 from .loader import ModelManager
@@ -174,7 +174,7 @@ class Handlers:
 
     def method_choices(self) -> list:
         try:
-            from ..heads.store import heads_dir
+            from ..engine.proposers.heads import heads_dir
             trained = (heads_dir(self.manager.pair) / "heads.pt").is_file()
         except Exception:  # noqa: BLE001 - no pair, or a target the heads cannot read: not offered
             trained = False
@@ -220,7 +220,7 @@ class Handlers:
             status = self.manager.status(session_key(request))
             return (render.message_html(str(e)) + render.status_html(status), button_state(status),
                     gr.Timer(active=False))
-        if isolation.race_running():  # it would share the CPU with timed steps (specviz/isolation.py)
+        if isolation.race_running():  # it would share the CPU with timed steps (specviz/run/isolation.py)
             gr.Warning(isolation.REFUSE_LOAD)
             status = self.manager.status(session_key(request))
             return (render.message_html(isolation.REFUSE_LOAD, "warning") + render.status_html(status),

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from ..request import MAX_GAMMA, Limits
+from ..run.request import MAX_GAMMA, Limits
 from . import draft_size, inspector, method_options, render, theory
 from . import leaderboard as board_ui
 from . import replay as replay_ui

@@ -1,11 +1,11 @@
 """The "Race all methods" tab: one prompt, the ticked methods, one shared plain
-baseline, then each method timed alone (specviz/leaderboard.py), a sorted
+baseline, then each method timed alone (specviz/run/leaderboard.py), a sorted
 leaderboard with a bar chart, and each method's panes one pick away.
 
 The panes are the live tab's (PaneStream over a RunView): while the race runs
 they follow the run in progress; afterwards the selector re-renders any
 method's recorded events (Board.trace) through the same path a replay takes.
-A whole race saves and loads as one bundle (specviz/race_bundle.py); bundles
+A whole race saves and loads as one bundle (specviz/run/race_bundle.py); bundles
 shipped in assets/races/ show instantly, for a stage.
 """
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 import gradio as gr
 
 from ..errors import free_memory, run_error_text
-from ..leaderboard import DEFAULT_KEYS, END, PLAIN, START, Board, all_keys, entry, new_board, race_methods
-from ..race_bundle import load_bundle, save_bundle
-from ..request import MAX_GAMMA, Limits, RequestError
+from ..run.leaderboard import DEFAULT_KEYS, END, PLAIN, START, Board, all_keys, entry, new_board, race_methods
+from ..run.race_bundle import load_bundle, save_bundle
+from ..run.request import MAX_GAMMA, Limits, RequestError
 from . import render
 from . import replay as replay_ui
 from .charts import all_charts
@@ -222,7 +222,7 @@ class BoardHandlers:
     def run(self, methods, prompt, gamma, max_new, temperature, seed, request: gr.Request = None):
         key = self.session_key(request)
         try:
-            from ..leaderboard import parse_keys
+            from ..run.leaderboard import parse_keys
             keys = parse_keys(methods or [])
             req, pair, ids = self.page._checked(prompt, gamma, max_new, temperature, 1.0, 0, seed, False,
                                                 "fair", "draft")

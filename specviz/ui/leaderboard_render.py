@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from ..format import number
-from ..leaderboard import PLAIN, Board, Row
+from ..run.leaderboard import PLAIN, Board, Row
 from .charts import BLUE, FONT, GREEN, GRID, VERMILLION
 from .render import esc
 
@@ -22,7 +22,7 @@ HEAD = [("#", ""), ("method", ""), ("γ", "draft length (auto: chosen each round
         ("c", "one draft forward ÷ one plain target step (0: no draft model)"),
         ("v", "one verify pass in plain target steps, measured in this run"),
         ("output", "greedy: the method's text against plain decoding's, token for token "
-                   "(engine/equality.py)")]
+                   "(run/equality.py)")]
 
 
 def _num(x, fmt: str) -> str:

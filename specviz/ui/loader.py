@@ -20,9 +20,9 @@ import threading
 import time
 from pathlib import Path
 
-from .. import isolation
 from ..errors import load_error_text
 from ..models import PairSpec, load_pair
+from ..run import isolation
 
 CALIBRATION = ("background", "off", "blocking")  # off: --no-calibrate; blocking: measure before ready
 BUDGET = float(os.environ.get("SPECVIZ_CALIBRATION_BUDGET", 300))  # seconds, the background calibration
@@ -187,8 +187,8 @@ def available_memory() -> float:
 def prewarm(pair, tokens: int = 8) -> None:
     """A short greedy run of each side, untimed: the first run on stage then starts warm
     (allocator, kernels and the tokenizer's caches ready). Best effort."""
-    from ..request import encode_prompt, make_request
-    from ..runner import run_events
+    from ..run.request import encode_prompt, make_request
+    from ..run.runner import run_events
     try:
         req = make_request("def add(a, b):", max_new_tokens=tokens, gamma=4)
         ids = encode_prompt(pair.tokenizer, req, getattr(pair, "max_positions", None))
@@ -244,7 +244,7 @@ class BackgroundCalibration:
         return need <= 0.9 * available_memory()
 
     def _run(self) -> None:
-        from ..engine import calibrate
+        from ..calibration import calibrate
         if not self._room():
             self._set(state="skipped", step="not enough free memory for a second copy of the pair; "
                                            "`python -m specviz generate` calibrates once and caches it")
@@ -267,5 +267,5 @@ class BackgroundCalibration:
             self.m.pair = pair  # runs under way keep the pair they started with
         self._set(state="done", step=getattr(pair, "precision_note", ""))
         del self.pair
-        from ..engine.handoff import trim_heap
+        from ..engine.cpu.memory import trim_heap
         trim_heap()  # the untimed pair's memory back to the OS: 4.48 GB resident after runs, 3.28 without

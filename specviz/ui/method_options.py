@@ -1,5 +1,5 @@
 """The page's "Method settings": the controls built from each method's declared
-options (MethodSpec.options, engine/proposers/options.py), and the options dict a
+options (MethodSpec.options, engine/proposer.py), and the options dict a
 run sends to make_request (MethodSpec.check_options validates it).
 
 rest's `datastore` is CLI-only on purpose (Option.page=False): a visitor must not
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..engine.proposer import TEXT, Option, blank
 from ..engine.proposers import REGISTRY, method_names, method_spec
-from ..engine.proposers.options import TEXT, Option, blank
 
 NO_SETTINGS = "This method has no settings beyond γ."
 

@@ -1,7 +1,7 @@
 """The one rendering path from a (side, event) stream to the page's outputs.
 
-A live run (events from specviz.race) and a replay (events from
-specviz.trace.replay) both go through PaneStream, so they show the same panes,
+A live run (events from specviz.run.race) and a replay (events from
+specviz.run.trace.replay) both go through PaneStream, so they show the same panes,
 colours, numbers, badge and charts. Updates are throttled: at most one page
 update per `ui_interval`, charts at most once per `chart_every`, except that a
 slow stream (≥ 0.5 s between events) gets every redraw.

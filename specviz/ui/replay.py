@@ -1,10 +1,10 @@
 """Record & replay in the page.
 
-* Every live run is recorded (specviz.trace.record around the race stream) and
+* Every live run is recorded (specviz.run.trace.record around the race stream) and
   kept per browser session in `Records`; when it ends the page offers it as a
   JSON trace and a per-round CSV, and places it on the theory explorer.
 * A replay plays a shipped trace (assets/traces/*.json) or an uploaded one
-  through specviz.trace.replay at the recorded times, through the same
+  through specviz.run.trace.replay at the recorded times, through the same
   PaneStream as a live run, under a banner that says it is not live.
 """
 from __future__ import annotations
@@ -26,11 +26,11 @@ from typing import Callable, Iterator
 
 import gradio as gr  # module level: handlers' `request: gr.Request` annotations must resolve
 
-from .. import isolation
 from ..engine.events import RoundEvent, RunSummary
 from ..engine.proposers import REGISTRY
-from ..race import SIDES
-from ..trace import Trace, event_time, load_trace, replay, trace_costs
+from ..run import isolation
+from ..run.race import SIDES
+from ..run.trace import Trace, event_time, load_trace, replay, trace_costs
 from . import inspector, render, theory
 from .charts import all_charts
 from .method_options import options_text

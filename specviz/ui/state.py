@@ -193,7 +193,7 @@ class RunView:
         if a.token_ids == b.token_ids:
             return {"identical": True, "first_diff": None}
         # they differ: a numerical near-tie or a bug? the top-2 logit gaps of both runs say
-        from ..engine.equality import compare_greedy, output_tokens
+        from ..run.equality import compare_greedy, output_tokens
         eq = compare_greedy(output_tokens(self.base.tokens), output_tokens(self.spec.rounds), self.precision)
         verdict = "mismatch" if eq.verdict == "identical" else eq.verdict
         first = eq.position if eq.position is not None else next(

@@ -1,4 +1,4 @@
-"""Where draft tokens come from: one interface (base.Proposer), one file per
+"""Where draft tokens come from: one interface (engine/proposer.py), one file per
 method. Each method file registers itself with `@register(...)`; every module
 in this folder is imported here, so a new method is one new file."""
 from __future__ import annotations
@@ -7,15 +7,14 @@ import importlib
 import pkgutil
 
 from ...errors import RequestError
-from .base import REGISTRY, MethodSpec, Proposal, Proposer, register, target_vocab
+from ..proposer import REGISTRY, MethodSpec, Proposal, Proposer, register, target_vocab
 
 __all__ = ["Proposal", "Proposer", "MethodSpec", "register", "make_proposer", "method_names",
            "method_spec", "target_vocab", "AdaptiveDraftProposer", "DraftModelProposer",
            "PromptLookupProposer"]
 
 for _mod in pkgutil.iter_modules(__path__):
-    if _mod.name != "base":
-        importlib.import_module(f"{__name__}.{_mod.name}")
+    importlib.import_module(f"{__name__}.{_mod.name}")
 
 from .draft import AdaptiveDraftProposer, DraftModelProposer  # noqa: E402
 from .lookup import PromptLookupProposer  # noqa: E402

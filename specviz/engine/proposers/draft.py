@@ -8,8 +8,8 @@ import torch
 
 from ...errors import RequestError
 from ..forward import crop_cache, forward_logits, new_cache, pick
+from ..proposer import Proposal, Proposer, register, target_vocab
 from ..sampling import warp
-from .base import Proposal, Proposer, register, target_vocab
 
 
 @dataclass

@@ -13,12 +13,11 @@ import torch
 from transformers import DynamicCache
 
 from ...errors import RequestError
+from ..cpu.rowwise_attention import is_rowwise
 from ..forward import crop_cache, pick
 from ..layers import decoder_parts, embed, layers_forward, logits_of, n_layers, run_layers
-from ..rowwise_attention import is_rowwise
+from ..proposer import FLAG, Option, Proposal, Proposer, check_options, register, target_vocab
 from ..sampling import warp
-from .base import Proposal, Proposer, register, target_vocab
-from .options import FLAG, Option, check_options
 
 
 @dataclass
@@ -162,9 +161,9 @@ def _build_early_exit(pair, req=None):
     decoder_parts(pair.target)
     options = check_exit_options(dict(getattr(req, "options", None) or {}))
     exit_layer = options.get("exit_layer")
-    if exit_layer is None:  # specviz.selfspec.resolve_options chooses it above the engine (runner.py)
+    if exit_layer is None:  # calibration/selfspec.resolve_options chooses it above the engine (run/runner.py)
         raise RequestError("early-exit needs an exit layer: set exit_layer, or run it through "
-                           "specviz.runner, which calibrates one for this pair.")
+                           "specviz.run.runner, which calibrates one for this pair.")
     layers, vocab = exit_layers(pair.target, exit_layer), target_vocab(pair.target)
     # a row-exact target (w8a8) gets its own draft cache: sharing the target's cache makes the upper
     # layers read the prompt and drafts in one call, in another shape than plain's prefill, which

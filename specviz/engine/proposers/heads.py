@@ -1,5 +1,6 @@
 """Medusa heads: K trained residual blocks on the target's last hidden state
-propose the next K tokens as a chain (specviz/heads/ trains and caches them).
+propose the next K tokens as a chain (specviz/heads/ trains them; this file holds
+the heads' model, their cache and the proposer).
 
 No second model and no extra target forward: the hidden state comes from the
 verify forward the engine runs anyway. This proposer runs that forward itself
@@ -19,19 +20,158 @@ the last committed token), not that token itself: Medusa's design.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
+from torch import nn
+from torch.nn import functional as F
 
 from ...errors import RequestError
-from ...heads import store
-from ...heads.model import head_logits
+from ...paths import cache_root
 from ..forward import forward_logits, pick
+from ..proposer import Proposal, Proposer, register, target_vocab
 from ..sampling import warp
-from .base import Proposal, Proposer, register, target_vocab
+
+# ------------------------------------------------------------------ the heads
+# Medusa heads: K small residual blocks on the target's last (post-norm) hidden
+# state h. Head k (1..K) predicts the token k positions after the one the target's
+# own LM head predicts from h; every head reuses that frozen LM head:
+# 
+#     logits_k = lm_head(h + SiLU(W_k h + b_k))
+# 
+# W_k and b_k start at zero, so a fresh head equals the base head (SiLU(0) = 0)
+# while its gradient is not zero (SiLU'(0) = 1/2).
 
 
+class Heads(nn.Module):
+    def __init__(self, hidden: int, k: int):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(k))
+        for b in self.blocks:
+            nn.init.zeros_(b.weight)
+            nn.init.zeros_(b.bias)
+
+    @property
+    def k(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def hidden(self) -> int:
+        return self.blocks[0].in_features
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """(..., H) hidden states -> (K, ..., H) head states, in the heads' float type."""
+        h = h.to(self.blocks[0].weight.dtype)
+        return torch.stack([h + F.silu(b(h)) for b in self.blocks])
+
+
+def head_logits(heads: Heads, lm_head: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """(..., H) -> (K, ..., V) float logits through the shared LM head, in one call
+    (the LM head's weights are read once for all K heads)."""
+    z = heads(h)
+    dtype = h.dtype if h.is_floating_point() else z.dtype  # what the LM head reads in the target
+    return lm_head(z.to(dtype)).float()
+
+
+# ------------------------------------------------------------------ where trained heads live
+# Where trained heads live: cache_root()/heads/<key>/heads.pt + report.json.
+# 
+# The key is the target's identity (pair name, model id or folder, layers,
+# hidden size, vocabulary), not its precision or the machine: heads trained once
+# serve the bf16, fp32 and int8 target alike, and the hidden-state cache of the
+# corpus (data.py) sits in the same folder.
+
+VERSION = 1
+
+
+def target_dims(model) -> tuple[int, int, int]:
+    """(layers, hidden, vocab of the output layer)"""
+    cfg = model.config
+    return (int(cfg.num_hidden_layers), int(cfg.hidden_size),
+            int(model.get_output_embeddings().out_features))
+
+
+def heads_key(pair) -> str:
+    spec = getattr(pair, "spec", None)
+    ident = "|".join([getattr(spec, "name", ""), getattr(spec, "target", ""),
+                      *map(str, target_dims(pair.target)), str(VERSION)])
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def heads_dir(pair) -> Path:
+    return cache_root() / "heads" / heads_key(pair)
+
+
+def train_command(pair) -> str:
+    """The command that trains heads for this pair (shown when none are cached)."""
+    spec = getattr(pair, "spec", None)
+    name, target = getattr(spec, "name", "default"), getattr(spec, "target", "")
+    if name == "default":
+        args = ""
+    elif name == "custom" or not name:
+        args = f" --target {target} --draft {getattr(spec, 'draft', '')}"
+    else:
+        args = f" --pair {name}"
+    return f"python -m specviz heads train{args}"
+
+
+def save(pair, heads: Heads, report: dict) -> Path:
+    d = heads_dir(pair)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / "heads.pt.tmp"
+    torch.save({"k": heads.k, "hidden": heads.hidden, "state": heads.state_dict(),
+                "version": VERSION}, tmp)
+    tmp.replace(d / "heads.pt")
+    (d / "report.json").write_text(json.dumps(report, indent=1))
+    return d / "heads.pt"
+
+
+def _missing(pair, why: str) -> RequestError:
+    return RequestError(f"{why} Train them once (a progress bar shows; about 30 minutes on a 2-core CPU) "
+                        f"with: {train_command(pair)}")
+
+
+_LOADED: dict[tuple, Heads] = {}  # a run builds its proposer on every request: read the file once
+
+
+def load(pair) -> Heads:
+    """The cached heads of this pair's target, or one RequestError with the train command."""
+    path = heads_dir(pair) / "heads.pt"
+    if not path.is_file():
+        raise _missing(pair, "No trained multi-token heads are cached for this target.")
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size)  # a retrained file is read again
+    if key not in _LOADED:
+        _LOADED[key] = _read(pair, path)
+    return _LOADED[key]
+
+
+def _read(pair, path: Path) -> Heads:
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+        heads = Heads(int(blob["hidden"]), int(blob["k"]))
+        heads.load_state_dict(blob["state"])
+    except Exception as e:  # noqa: BLE001 - zip, pickle, key or shape errors alike: the file is bad
+        raise _missing(pair, f"The cached heads file {str(path)!r} cannot be read ({type(e).__name__}).") \
+            from None
+    if heads.hidden != target_dims(pair.target)[1]:
+        raise _missing(pair, f"The cached heads file {str(path)!r} does not fit this target.")
+    return heads.eval().requires_grad_(False)
+
+
+def report(pair) -> dict | None:
+    path = heads_dir(pair) / "report.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# ------------------------------------------------------------------ the proposer
 def final_norm(model):
     body = getattr(model, "model", None)
     return getattr(body, "norm", None)
@@ -43,7 +183,7 @@ class HeadsProposer(Proposer):
     supplies_verify_logits = True
 
     model: torch.nn.Module
-    heads: torch.nn.Module  # specviz.heads.model.Heads
+    heads: torch.nn.Module  # Heads, above
     vocab_size: int
     name: str = "heads"
     cache: object = field(default=None, repr=False)
@@ -95,10 +235,10 @@ class HeadsProposer(Proposer):
 @register("heads", "Medusa heads", order=22, note="The heads are trained once on the server (python -m "
           "specviz.heads train); γ above their number K proposes K tokens.",
           description="K trained heads on the target's last hidden state propose the next K tokens "
-                      "(train once: python -m specviz.heads train)")
+                      "(train once: python -m specviz heads train)")
 def _build_heads(pair, req=None):
     if final_norm(pair.target) is None:
         raise RequestError("Medusa heads need a decoder with a final norm (model.norm); this target "
                            "has another layout.")
-    heads = store.load(pair).to(pair.target.device)
+    heads = load(pair).to(pair.target.device)
     return HeadsProposer(pair.target, heads, target_vocab(pair.target))

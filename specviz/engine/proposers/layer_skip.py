@@ -1,15 +1,14 @@
 """Layer skip (Draft & Verify / SWIFT, no training): the full target minus a
 set of skipped layers drafts; the full target verifies. The skip set comes
-from a short measured calibration (specviz.selfspec), or `skip_layers`."""
+from a short measured calibration (specviz.calibration.selfspec), or `skip_layers`."""
 from __future__ import annotations
 
 import re
 
 from ...errors import RequestError
 from ..layers import decoder_parts, n_layers
-from .base import register, target_vocab
+from ..proposer import TEXT, Option, check_options, register, target_vocab
 from .early_exit import LayerSubsetProposer
-from .options import TEXT, Option, check_options
 
 
 def parse_skip(value) -> tuple[int, ...]:
@@ -74,8 +73,8 @@ def kept_layers(model, skip) -> tuple[int, ...]:
 def _build_layer_skip(pair, req=None):
     decoder_parts(pair.target)
     skip = check_skip_options(dict(getattr(req, "options", None) or {})).get("skip_layers")
-    if skip is None:  # specviz.selfspec.resolve_options chooses it above the engine (runner.py)
+    if skip is None:  # calibration/selfspec.resolve_options chooses it above the engine (run/runner.py)
         raise RequestError("layer-skip needs a skip set: set skip_layers, or run it through "
-                           "specviz.runner, which calibrates one for this pair.")
+                           "specviz.run.runner, which calibrates one for this pair.")
     return LayerSubsetProposer(pair.target, kept_layers(pair.target, skip),
                                vocab_size=target_vocab(pair.target), name="layer-skip")

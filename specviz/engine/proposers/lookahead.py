@@ -21,7 +21,7 @@ built, so temperature > 0 is refused.
 
 Settings: γ = N-1 (the guess length), `window` W, `guesses` G.
 This file holds the state, the mask and the method's verifier loop (its kind is
-"jacobi": runner.py calls lookahead() for it). One target forward per round reads
+"jacobi": run/runner.py calls lookahead() for it). One target forward per round reads
 the fed tokens, the Jacobi window and the pool's guesses under a 4D mask
 (forward.masked_forward; checked exactly against a plain causal forward on a tiny
 Qwen2). Afterwards the cache keeps the fed tokens and the winning guess's accepted
@@ -42,11 +42,10 @@ from ...errors import RequestError
 from ..clock import Clock
 from ..events import Outcome, RoundEvent, RunSummary, commit_round, round_tokens
 from ..forward import bias_of, context_apart, keep_cache_slots, masked_forward
+from ..proposer import Option, Proposer, register
 from ..rounds import cut_at_eos, drive_rounds, new_summary
 from ..sampling import SamplingParams, top2_gap
 from ..text import TextStream
-from .base import Proposer, register
-from .options import Option
 
 DEFAULT_WINDOW = 4  # each extra token in a forward costs on a CPU: keep the branches small
 DEFAULT_GUESSES = 2

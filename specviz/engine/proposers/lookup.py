@@ -8,7 +8,7 @@ from typing import Callable
 
 import torch
 
-from .base import Proposal, Proposer, register, target_vocab
+from ..proposer import Proposal, Proposer, register, target_vocab
 
 
 @dataclass

@@ -15,8 +15,7 @@ import torch
 
 from ...errors import RequestError
 from .. import datastore as store
-from .base import Proposal, Proposer, register, target_vocab
-from .options import TEXT, Option
+from ..proposer import TEXT, Option, Proposal, Proposer, register, target_vocab
 
 
 @dataclass

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..forward import crop_cache, pick
+from ..proposer import Proposal, register, target_vocab
 from ..sampling import residual, sample, warp
-from .base import Proposal, register, target_vocab
 from .draft import DraftModelProposer, _need_draft
 from .lookup import PromptLookupProposer
 

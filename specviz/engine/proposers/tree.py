@@ -21,10 +21,9 @@ from transformers import DynamicCache
 
 from ...errors import RequestError
 from ..forward import crop_cache, forward_logits, keep_cache_slots, masked_forward
+from ..proposer import TEXT, Option, Proposer, check_options, register, target_vocab
 from ..sampling import warp
 from ..tree_forward import frontier_bias
-from .base import Proposer, register, target_vocab
-from .options import TEXT, Option, check_options
 
 MAX_NODES = 64
 # bf16 verify cost on this CPU is flat up to ~8 new tokens; fp32 is not

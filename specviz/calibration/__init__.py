@@ -1,0 +1,1 @@
+"""What runs on each side and why: precision timings per machine, self-speculative settings."""

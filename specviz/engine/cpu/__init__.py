@@ -1,0 +1,1 @@
+"""The CPU speed work: block-quantised kernels, low-bit weights, the lean forward."""

@@ -1,0 +1,167 @@
+"""The Llama family's chain forward without transformers' per-call machinery, bit for bit.
+
+A batch-1 step on a CPU spends a quarter of its time outside the weight matmuls
+(bench/step_profile.py: w4a8 target 28.5 of 97.6 ms, w8a8 27.1 of 112.3, AVX2 EPYC
+2026-11-25), and part of that is the orchestration around the maths: output
+capturing and kwargs merging decorators, the mask builder, the attention-interface
+lookup, per-layer module calls with their keyword plumbing. This forward runs the
+same modules (norms, fused projections, MLP, rotary table, embeddings, output layer)
+in the same order with the same aten calls, so its logits are bit-identical to
+`model(...)`'s; only the Python around them goes. Row-wise attention
+(engine/cpu/rowwise_attention.py) is inlined: row j of an n-token forward attends to the
+first kv - n + j + 1 keys through the one SDPA call a one-token step makes.
+
+It serves chain forwards of at most ROWWISE_MAX new tokens (steps, verifies, a short
+prompt) of a fused (engine/cpu/lean.py), row-wise Llama-family model with no forward
+hooks on it; everything else (trees' masks, long prompts, compiled caches, other
+architectures, a model someone is timing through hooks) keeps `model(...)`. Because
+the two paths agree to the bit, mixing them inside one run changes nothing.
+Measured (2026-11-25, AVX2 EPYC, one process, alternating calls): w4a8 target
+one token 108.5 -> 99.5 ms, five tokens 226 -> 201; w4a8 draft 54.4 -> 47.5 ms.
+Where every layer is on the C kernels (w4a8: engine/cpu/kernel_layer.py) each layer is two C
+calls around the cache's update instead, bit-identical too.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import kernel_layer, qgemm
+from .lean import FusedAttention, FusedMLP, supported
+from .rowwise_attention import ROWWISE_MAX, is_rowwise, visible_keys
+
+PROMPT_MAX = 2048  # a prompt's rows in one C stack call, at most (its scratch grows with them)
+
+
+def eligible(model, n: int) -> bool:
+    """Whether an n-token chain forward of `model` can take this path: up to ROWWISE_MAX tokens on
+    any fused row-wise model, a prompt of up to PROMPT_MAX where every layer is on the C kernels.
+    Why prompts too: a 118-token prompt of the 1.5B w4a8 target read in 295 ms on the C layers
+    against 344 through model(...) (AVX-512 EPYC, 2026-11-27), and each row then has the bits a
+    one-token step would give it."""
+    if n <= 0 or model._forward_hooks or model._forward_pre_hooks:
+        return False
+    if n > ROWWISE_MAX and not (n <= PROMPT_MAX and _structs(getattr(model, "model", None)) is not None):
+        return False
+    if not supported(model) or not is_rowwise(model):
+        return False
+    cfg = model.config
+    if set(getattr(cfg, "layer_types", None) or ["full_attention"]) != {"full_attention"}:
+        return False
+    return all(isinstance(layer.self_attn, FusedAttention) and isinstance(layer.mlp, FusedMLP)
+               for layer in model.model.layers)
+
+
+def _structs(body) -> list | None:
+    """Every layer of a model body as kernels/qgemm.c's layer_t, or None unless all of them are on the
+    C kernels with the family's standard rotary (the one-call branch of forward, forward_masked)."""
+    layers = getattr(body, "layers", None)
+    structs = [kernel_layer.layer_struct(layer) for layer in layers or ()]
+    if not structs or any(s is None for s in structs):
+        return None  # a kernel layer's attention is a FusedAttention: it has a _rotary
+    return structs if all(layer.self_attn._rotary in _STANDARD for layer in layers) else None
+
+
+def _attend(attn, q, k, v) -> torch.Tensor:
+    """Row-wise causal attention over the cache (keys k hold the n new ones last):
+    (1, heads, n, dim) -> (1, n, heads, dim), each row as its own one-query SDPA call
+    (what rowwise_attention makes through transformers' sdpa_attention_forward), or all rows
+    in one C call where the layer's kernel flag is set (the same call rowwise_attention makes)."""
+    n, kv, scaling = q.shape[2], k.shape[2], attn.scaling
+    if attn.kernel and qgemm.attends(q, k, v):
+        return qgemm.attend(q, k, v, [kv - n + j + 1 for j in range(n)], scaling)
+    rows = []
+    for j in range(n):
+        end = kv - n + j + 1
+        rows.append(F.scaled_dot_product_attention(
+            q[:, :, j:j + 1], k[:, :, :end], v[:, :, :end], attn_mask=None, dropout_p=0.0,
+            scale=scaling, is_causal=False, enable_gqa=True).transpose(1, 2).contiguous())
+    return rows[0] if n == 1 else torch.cat(rows, dim=1)
+
+
+def _standard_rotaries() -> tuple:
+    """transformers' apply_rotary_pos_emb of the family's modules: q*cos + rotate_half(q)*sin."""
+    import importlib
+    fns = []
+    for arch in ("llama", "qwen2", "mistral"):
+        try:
+            fns.append(importlib.import_module(f"transformers.models.{arch}.modeling_{arch}").apply_rotary_pos_emb)
+        except (ImportError, AttributeError):
+            pass
+    return tuple(fns)
+
+
+_STANDARD = _standard_rotaries()
+
+
+def _rotate_joint(qkv, attn, cos, sin):
+    """q and k rotated as one tensor in the projection's own (1, n, heads, dim) layout: the
+    same multiply, negate and add per element as apply_rotary_pos_emb (so the same bits) in
+    5 calls instead of 14, and no transposed copies."""
+    n, hd = qkv.shape[1], attn.head_dim
+    heads = qkv.view(1, n, -1, hd)
+    nq, nk = attn.sizes[0] // hd, attn.sizes[1] // hd
+    qk, half = heads[:, :, :nq + nk], hd // 2
+    qk = qk * cos[:, :, None] + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin[:, :, None]
+    return (qk[:, :, :nq].transpose(1, 2), qk[:, :, nq:].transpose(1, 2),
+            heads[:, :, nq + nk:].transpose(1, 2))
+
+
+def forward(model, ids: list[int], cache, keep: int) -> torch.Tensor:
+    """One KV-cached forward of `ids` (positions from the cache's length); returns the
+    (1, keep, vocab) logits `model(...).logits` would. The cache is a DynamicCache or an
+    eager StaticKV (whose caller moves its pointer); both are written through update()."""
+    n, p = len(ids), cache.get_seq_length()
+    body = model.model
+    x = torch.tensor([ids], device=model.device)
+    h = body.embed_tokens(x)
+    cos, sin = body.rotary_emb(h, torch.arange(p, p + n, device=model.device).unsqueeze(0))
+    structs = _structs(body)
+    if structs is not None and h.dtype == torch.float32 and h.device.type == "cpu":
+        h, cos, sin = h.contiguous(), cos[0].contiguous(), sin[0].contiguous()
+        if not kernel_layer.forward_stack(structs, h, cos, sin, cache):
+            for i, s in enumerate(structs):
+                kernel_layer.forward(s, h, cos, sin, cache, i)
+        return model.lm_head(body.norm(h)[:, -keep:])
+    joint = all(layer.self_attn._rotary in _STANDARD for layer in body.layers)
+    for i, layer in enumerate(body.layers):
+        attn = layer.self_attn
+        qkv = attn.qkv_proj(layer.input_layernorm(h))
+        if joint:
+            q, k, v = _rotate_joint(qkv, attn, cos, sin)
+        else:
+            q, k, v = (t.view(1, n, -1, attn.head_dim).transpose(1, 2) for t in qkv.split(attn.sizes, -1))
+            q, k = attn._rotary(q, k, cos, sin)
+        k, v = cache.update(k, v, i)
+        out = _attend(attn, q, k, v)
+        h = h + attn.o_proj(out.reshape(1, n, -1).contiguous())
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    h = body.norm(h)
+    return model.lm_head(h[:, -keep:])
+
+
+def forward_masked(model, ids: list[int], positions: list[int], bias: torch.Tensor, cache,
+                   keep: int) -> torch.Tensor | None:
+    """A masked forward (a token tree, lookahead's guesses: forward.masked_forward's arguments) as
+    one C call of the whole layer stack, each row attending to the keys its mask row allows, in
+    cache order: the bits `model(...)` gives through row-wise attention. Float logits of the last
+    `keep` inputs, or None where this path does not serve (then nothing was done).
+    Why: through `model(...)` a tree's 9-row verify cost 2.07 plain steps where a chain's 9 rows
+    cost 1.57 (AVX-512 EPYC, 2026-11-27, docs/every_cpu.md)."""
+    n = len(ids)
+    body = getattr(model, "model", None)
+    if body is None or not eligible(model, n) or bias.shape[-1] != cache.get_seq_length() + n:
+        return None
+    visible = visible_keys(bias, n, bias.shape[-1])
+    structs = None if visible is None else _structs(body)
+    if structs is None:
+        return None
+    h = body.embed_tokens(torch.tensor([ids], device=model.device))
+    if h.dtype != torch.float32 or h.device.type != "cpu":
+        return None
+    cos, sin = body.rotary_emb(h, torch.tensor([positions], device=model.device))
+    h = h.contiguous()
+    if not kernel_layer.forward_stack(structs, h, cos[0].contiguous(), sin[0].contiguous(), cache,
+                                      kernel_layer.tree_rows(visible)):
+        return None
+    return model.lm_head(body.norm(h)[:, -keep:])[0].float()

@@ -1,0 +1,236 @@
+"""Race: run the baseline and speculative decoding side by side as one stream.
+
+`race()` yields `(side, event)` pairs, side being "baseline" or "speculative"
+and event the engine's own TokenEvent / RoundEvent / RunSummary, in display
+order. Two execution modes:
+
+fair (default on CPU)
+    Both engines run in this thread, one step at a time. Each has its own
+    VirtualClock that only counts while that engine is being stepped, so each
+    side is timed as if it ran alone on the machine. We always step the side
+    whose virtual clock is behind and emit events in virtual-time order, so the
+    two sides can be shown on one shared (virtual) clock. Work done by the
+    consumer between events (rendering, charts) is never counted.
+
+parallel
+    Two worker threads run both engines at the same time (on a CUDA device each
+    on its own stream). Events are merged through a queue in wall-clock order.
+    On CPU the two sides compete for the same cores, which distorts the
+    measured speedup (see the report in the UI/README); this mode shows what a
+    naive side-by-side demo would measure.
+
+Both modes stop promptly when `stop` is set (the engines check it between
+steps), when `time_limit` seconds of wall time have passed, or when the
+consumer closes the generator; worker threads are always joined.
+
+No gradio or plotly here: the UI, tests and scripts all consume this stream.
+"""
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator
+
+import torch
+
+from ..engine.clock import Clock, VirtualClock
+from ..engine.events import RoundEvent, RunSummary, TokenEvent, event_time
+from . import isolation
+from .runner import run_events, side_pair
+
+SIDES = ("baseline", "speculative")
+MODES = ("fair", "parallel")
+
+Event = TokenEvent | RoundEvent | RunSummary
+
+
+DEFAULT_MODE = "fair"  # on CPU two threads share the cores; on a GPU parallel is an option, fair stays honest
+
+
+class _Either:
+    """Duck-typed stop flag for the engines: set when any of its events is."""
+
+    def __init__(self, *events: threading.Event | None):
+        self.events = [e for e in events if e is not None]
+
+    def is_set(self) -> bool:
+        return any(e.is_set() for e in self.events)
+
+
+class RaceInfo:
+    """What the consumer may want to know besides the events."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.timed_out = False
+        self.wall_start = time.perf_counter()
+
+    @property
+    def wall(self) -> float:
+        return time.perf_counter() - self.wall_start
+
+
+def race(pair, req, prompt_ids: list[int], mode: str = "fair", *, stop: threading.Event | None = None,
+         sides: tuple[str, ...] = SIDES, time_limit: float | None = None,
+         info: RaceInfo | None = None) -> Iterator[tuple[str, Event]]:
+    """Run `sides` of one request and yield (side, event) in display order.
+
+    The generators are created through runner.run_events, so the engines are
+    called exactly as the CLI calls them. Exceptions from an engine (e.g. out
+    of memory) propagate to the consumer after the other side was stopped.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown execution mode {mode!r}: choose one of {', '.join(MODES)}")
+    info = info or RaceInfo(mode)
+    halt = threading.Event()
+    if time_limit:
+        timer = threading.Timer(time_limit, lambda: (setattr(info, "timed_out", True), halt.set()))
+        timer.daemon = True
+        timer.start()
+    else:
+        timer = None
+    either = _Either(stop, halt)
+    try:
+        with isolation.racing():  # the page refuses pair loads meanwhile
+            if mode == "fair":
+                yield from _fair(pair, req, prompt_ids, either, sides)
+            else:
+                yield from _parallel(pair, req, prompt_ids, either, halt, sides)
+    finally:
+        halt.set()
+        if timer is not None:
+            timer.cancel()
+
+
+_DONE = object()
+
+# Fair mode steps both engines on this one long-lived thread, whichever thread
+# the consumer calls next() from (a web server resumes a generator from any of
+# its worker threads). Torch's CPU thread pool belongs to the calling thread, so
+# this keeps one warm pool instead of one per server thread; and two fair races
+# (two visitors, a test and the app) never overlap, so each side stays timed in
+# isolation.
+_FAIR_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specviz-fair")
+
+
+def on_engine_thread(fn, *args, **kwargs):
+    """Run `fn` (e.g. load_pair) on the thread that steps fair races. Every thread
+    that computes gets its own OpenMP team; a process that loaded its models on a
+    thread that stays alive (the main thread) and then raced here decoded ~20 %
+    slower per step on 2 cores (measured 2.1 vs 2.6 tok/s). Loading on a thread
+    that exits, as the app's loader does, or on this one, avoids it."""
+    return _FAIR_THREAD.submit(fn, *args, **kwargs).result()
+
+
+def _step(gen, clock: VirtualClock):
+    # the lock first: waiting for a replay's render or a load is not this side's time
+    with isolation.timed_step():
+        clock.resume()
+        try:
+            return next(gen)
+        finally:
+            clock.pause()
+
+
+def _fair(pair, req, prompt_ids, stop, sides) -> Iterator[tuple[str, Event]]:
+    clocks = {side: VirtualClock(side_pair(pair, side).device) for side in sides}
+    gens = {side: run_events(pair, req, side, prompt_ids, stop=stop, clock=clocks[side]) for side in sides}
+    pending: dict[str, list[Event]] = {side: [] for side in sides}
+    running = set(sides)
+    try:
+        while running or any(pending.values()):
+            if running:
+                # step the side whose virtual clock is behind (ties: baseline first)
+                side = min(running, key=lambda side: (clocks[side].now(), sides.index(side)))
+                ev = on_engine_thread(_step, gens[side], clocks[side])
+                pending[side].append(ev)
+                if isinstance(ev, RunSummary):
+                    running.discard(side)
+            # emit every pending event that no running side can still precede:
+            # a running side's next event is stamped at or after its clock now
+            horizon = min((clocks[side].now() for side in running), default=float("inf"))
+            while True:
+                ready = [(event_time(evs[0]), sides.index(side), side) for side, evs in pending.items()
+                         if evs and event_time(evs[0]) <= horizon]
+                if not ready:
+                    break
+                _, _, side = min(ready)
+                yield side, pending[side].pop(0)
+    finally:
+        for g in gens.values():
+            g.close()
+
+
+def _parallel(pair, req, prompt_ids, stop, halt, sides) -> Iterator[tuple[str, Event]]:
+    q: queue.Queue = queue.Queue()
+    t0 = time.perf_counter()
+    start = threading.Barrier(len(sides))
+
+    def work(side: str) -> None:
+        try:
+            device = torch.device(side_pair(pair, side).device)  # two GPUs: each side its own
+            cuda = device.type == "cuda"
+            stream = torch.cuda.Stream(device=device) if cuda else None
+            ctx = torch.cuda.stream(stream) if cuda else contextlib.nullcontext()
+            with torch.cuda.device(device) if cuda else contextlib.nullcontext(), ctx:
+                clock = Clock(device, t0)
+                gen = run_events(pair, req, side, prompt_ids, stop=stop, clock=clock)
+                try:
+                    start.wait(timeout=30)
+                except threading.BrokenBarrierError:
+                    pass
+                try:
+                    for ev in gen:
+                        q.put((side, ev))
+                finally:
+                    gen.close()
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer
+            halt.set()
+            start.abort()  # a side that failed to start (a method's bad setup) frees the other at once
+            q.put((side, err))
+        finally:
+            q.put((side, _DONE))
+
+    threads = [threading.Thread(target=work, args=(s,), name=f"specviz-{s}", daemon=True) for s in sides]
+    for t in threads:
+        t.start()
+    live = len(threads)
+    error: BaseException | None = None
+    try:
+        while live:
+            side, item = q.get()
+            if item is _DONE:
+                live -= 1
+            elif isinstance(item, BaseException):
+                error = error or item
+            elif error is None:
+                yield side, item
+        if error is not None:
+            raise error
+    finally:
+        halt.set()
+        for t in threads:
+            t.join()
+
+
+# ------------------------------------------------------------ measurement
+
+
+def measure(pair, req, prompt_ids, mode: str, repeats: int = 1) -> list[dict]:
+    """Run the race `repeats` times in `mode`; per run: tokens/s of each side
+    (on that side's own clock), the speedup and the wall time."""
+    from ..engine.metrics import run_stats
+    rows = []
+    for _ in range(repeats):
+        info = RaceInfo(mode)
+        summaries = {s: ev for s, ev in race(pair, req, prompt_ids, mode, info=info)
+                     if isinstance(ev, RunSummary)}
+        base, spec = summaries["baseline"], summaries["speculative"]
+        st = run_stats(spec, base, getattr(pair, "costs", None))
+        rows.append(dict(mode=mode, base_tps=base.tokens_per_s, spec_tps=spec.tokens_per_s,
+                         speedup=st.speedup, alpha=st.alpha, c=st.c, predicted=st.predicted,
+                         wall=info.wall, tokens=(base.n_tokens, spec.n_tokens)))
+    return rows

@@ -1,0 +1,63 @@
+"""Glue: one RunRequest + a loaded ModelPair -> an event stream.
+
+The CLI, the UI, the race and the bench all start runs through run_events(),
+so they share the exact same engine calls.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+from ..calibration.selfspec import resolve_options
+from ..engine.decoding import baseline, speculative
+from ..engine.gamma import make_policy
+from ..engine.proposers import make_proposer, method_spec, target_vocab  # noqa: F401 (re-exported)
+from ..engine.proposers.lookahead import lookahead
+from ..engine.tree_decoding import tree_speculative
+from ..errors import RequestError
+from .request import RunRequest
+
+
+def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], *, stop=None, clock=None):
+    if hasattr(pair, "run_events"):  # another engine (hosting/vllm.py) producing the same events
+        return pair.run_events(req, mode, prompt_ids, stop=stop, clock=clock)
+    pair = side_pair(pair, mode)
+    common = dict(max_new_tokens=req.max_new_tokens, params=req.sampling, eos_ids=pair.eos_ids,
+                  seed=req.seed, stop=stop, clock=clock)
+    if mode == "baseline":
+        return baseline(pair.target, pair.tokenizer, prompt_ids, **common)
+    if mode == "speculative":
+        # the verifier is chosen by the method's declared kind (engine/proposer.py); same events
+        prop = build_proposer(pair, req.method, req)
+        kind = method_spec(req.method).kind
+        if kind == "tree":  # γ is the tree depth
+            return tree_speculative(pair.target, prop, pair.tokenizer, prompt_ids, depth=req.gamma, **common)
+        if kind == "jacobi":  # γ set the proposer's n-gram length; greedy only: no seed
+            common.pop("seed")
+            return lookahead(pair.target, prop, pair.tokenizer, prompt_ids, **common)
+        # γ is the draft length, or the auto policy's cap
+        return speculative(pair.target, prop, pair.tokenizer, prompt_ids,
+                           gamma=req.gamma, policy=gamma_policy(pair, req), **common)
+    raise RequestError(f"Unknown mode {mode!r}.")
+
+
+def build_proposer(pair, method: str, req=None):
+    """The method's proposer, its calibrated options (self-speculation's layer choice)
+    resolved first: builders receive values, the engine never calibrates."""
+    options = resolve_options(pair, method, getattr(req, "options", None))
+    return make_proposer(pair, method, replace(req, options=options) if req is not None
+                         else SimpleNamespace(options=options))
+
+
+def side_pair(pair, side: str):
+    """The pair that runs `side`: with two GPUs the baseline has its own copy of
+    the target on its own device (hosting/gpu.py), else both share `pair`."""
+    return (getattr(pair, "baseline_pair", None) or pair) if side == "baseline" else pair
+
+
+def gamma_policy(pair, req: RunRequest):
+    """The auto-γ policy for `req` on `pair` (None: the proposer's own γ)."""
+    if not req.gamma_auto:
+        return None
+    return make_policy(getattr(pair, "costs", None), needs_draft=method_spec(req.method).needs_draft,
+                       max_gamma=req.gamma)
