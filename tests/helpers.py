@@ -3,14 +3,28 @@ stream, and the whole-sequence law check every sampling method goes through
 (enumerate the target's exact law of short sequences, sample many seeded runs,
 chi-square the counts)."""
 import itertools
+from types import SimpleNamespace
 
 import torch
 
 from specviz.engine.events import Outcome, RoundEvent, RunSummary
+from specviz.engine.pair import OURS
 from specviz.engine.sampling import warp
 from specviz.models.tiny import tiny_model
 
-LAW_PROMPT = [1, 2, 3, 1, 2]  # repeats give the lookup stages something to copy
+LAW_PROMPT = [1, 2, 3, 1, 2]
+
+
+def fake_pair(target=None, draft=None, **kw):
+    """A stand-in for a loaded pair with every field of the Pair protocol (engine/pair.py): the
+    fields a test names, the rest as a pair that nothing was timed for."""
+    spec = SimpleNamespace(name="tiny-test", label="tiny test pair", target="tiny", draft="tiny-draft")
+    fields = dict(target=target, draft=draft, tokenizer=None, spec=spec,
+                  device=getattr(target, "device", torch.device("cpu")), dtype=torch.float32, eos_ids=[],
+                  precision="", precision_note="", quantize=None, costs=None, calibration="", note="",
+                  unmeasured=(), baseline_pair=None, draft_step=None, engine=OURS, has_chat_template=False,
+                  max_positions=None, close=lambda: None)
+    return SimpleNamespace(**{**fields, **kw})  # repeats give the lookup stages something to copy
 
 
 def run(gen):

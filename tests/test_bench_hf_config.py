@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import fake_pair
 from transformers import GenerationConfig
 
 from specviz.bench.hf import clean_defaults, greedy_config, run_hf
@@ -52,7 +53,7 @@ def test_no_sampling_field_is_inherited(hostile_target, target):
 
 def test_hf_greedy_matches_plain_greedy_despite_model_defaults(hostile_target, tok):
     ids = tok.encode("abcab")
-    pair = SimpleNamespace(target=hostile_target, eos_ids=(), draft=None, quantize=None)
+    pair = fake_pair(target=hostile_target, eos_ids=(), draft=None, quantize=None)
     hf = run_hf(pair, "hf-greedy", 4, ids, 12)
     ours = list(baseline(hostile_target, tok, ids, 12, SamplingParams()))[-1]
     assert hf["token_ids"] == ours.token_ids

@@ -197,22 +197,22 @@ def toks(ids, gaps):
 
 
 def test_greedy_equality_verdicts():
-    same = compare_greedy(toks([1, 2, 3], [1, 1, 1]), toks([1, 2, 3], [1, 1, 1]), "bfloat16")
+    same = compare_greedy(toks([1, 2, 3], [1, 1, 1]), toks([1, 2, 3], [1, 1, 1]), torch.bfloat16)
     assert same.verdict == "identical" and same.ok
     # a swap of the top two, both gaps within rounding at |top| 20 (16 bf16 eps there: 2.5)
     tie = compare_greedy(toks([1, 2, 3], [2, Gap(0.0, 2, 5, 20.0), 1]),
-                         toks([1, 5, 3], [2, Gap(0.125, 5, 2, 20.0), 1]), "bfloat16")
+                         toks([1, 5, 3], [2, Gap(0.125, 5, 2, 20.0), 1]), torch.bfloat16)
     assert tie.verdict == "near-tie" and tie.position == 1 and tie.gap == 0.125 and tie.ok
     assert "near-tie" in tie.message()
     bug = compare_greedy(toks([1, 2], [2, Gap(3.0, 2, 5, 20.0)]), toks([1, 5], [2, Gap(3.0, 5, 2, 20.0)]),
-                         "bfloat16")
+                         torch.bfloat16)
     assert bug.verdict == "mismatch" and not bug.ok and "bug" in bug.message()
     # the same 0.125 gap is a bug in fp32, where both paths agree to ~1e-5
     assert compare_greedy(toks([1, 2], [2, Gap(0.125, 2, 5, 20.0)]), toks([1, 5], [2, Gap(0.125, 5, 2, 20.0)]),
-                          "float32").verdict == "mismatch"
-    assert compare_greedy(toks([1, 2], [1, 1]), toks([1], [1]), "bfloat16").verdict == "mismatch"
+                          torch.float32).verdict == "mismatch"
+    assert compare_greedy(toks([1, 2], [1, 1]), toks([1], [1]), torch.bfloat16).verdict == "mismatch"
     # plain float gaps (no record of the tokens) can never excuse a difference
-    assert compare_greedy(toks([1, 2], [2, 0.0]), toks([1, 5], [2, 0.0]), "bfloat16").verdict == "mismatch"
+    assert compare_greedy(toks([1, 2], [2, 0.0]), toks([1, 5], [2, 0.0]), torch.bfloat16).verdict == "mismatch"
 
 
 def test_request_gamma_auto():
@@ -233,13 +233,13 @@ def test_bench_output_check_tells_near_tie_from_bug():
         return Run(variant, family, engine, 0, "code", "p1", 0, 0, token_ids=ids, gaps=gaps)
     plain = run("plain", "plain", "specviz", [1, 2, 3], [1.0, Gap(0.0, 2, 7, 20.0), 2.0])
     tie = run("draft:4", "draft", "specviz", [1, 7, 3], [1.0, Gap(0.125, 7, 2, 20.0), 2.0])
-    warnings = check_outputs([plain, tie], precision="torch.bfloat16")
+    warnings = check_outputs([plain, tie], dtype=torch.bfloat16)
     assert tie.first_diff == 1 and warnings and warnings[0].startswith("numerical near-tie")
     with pytest.raises(OutputMismatch):
-        check_outputs([plain, tie], precision="torch.float32")
+        check_outputs([plain, tie], dtype=torch.float32)
     bug = run("draft:4", "draft", "specviz", [9, 2, 3], [1.0, 0.0, 2.0])
     with pytest.raises(OutputMismatch):
-        check_outputs([plain, bug], precision="torch.bfloat16")
+        check_outputs([plain, bug], dtype=torch.bfloat16)
     assert _gammas("2,4,auto") == ([2, 4], True) and _gammas("auto") == ([], True)
     assert _gammas("3") == ([3], False)
 

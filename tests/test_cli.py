@@ -35,7 +35,7 @@ def test_greedy_modes_agree(capsys, pair_dirs):
     code, out, _ = cli(capsys, "--target", t, "--draft", d, "--prompt", "hello", "--json",
                        "--mode", "both", "--max-new-tokens", "20")
     base, spec = [json.loads(x) for x in out.splitlines()]
-    assert (base["mode"], spec["mode"]) == ("baseline", "speculative")
+    assert (base["side"], spec["side"]) == ("baseline", "speculative")
     assert base["token_ids"] == spec["token_ids"]
     assert spec["stats"]["speedup"] > 0
 

@@ -4,6 +4,7 @@ speculative output stays plain greedy's, and a sampled run stays the target's di
 (the draft's q is whatever the compiled step computed, recorded as such)."""
 import pytest
 import torch
+from helpers import fake_pair
 
 from specviz.calibration import draft_compile
 from specviz.engine import kvcache
@@ -96,7 +97,7 @@ def test_cli_default_cache_keeps_a_compiled_draft(tok):
     from specviz.run.flags import apply_cache_args
     target, draft = tiny_model(len(tok), seed=0, layers=1), tiny_model(len(tok), seed=1, layers=1)
     set_cache(draft, "static", compile=True, masked=False)
-    pair = SimpleNamespace(target=target, draft=draft,
+    pair = fake_pair(target=target, draft=draft,
                            draft_step=draft_compile.DraftStep(True, 20.0, 10.0, 1.0))
     assert apply_cache_args(pair, SimpleNamespace(cache="dynamic", compile=False)) == "dynamic"
     assert cache_kind(draft) == ("static", True, False)

@@ -88,11 +88,10 @@ def test_host_loader_places_each_side():
     assert (two.device, two.has_draft) == ("cuda:0", True)
     assert (two.baseline_pair.device, two.baseline_pair.has_draft) == ("cuda:1", False)
     assert two.note.startswith("why this pair") and "true parallelism" in two.note
-    assert two.default_mode == "parallel"
     one = host_loader(devices=[gpu(0, 70)], load=_fake_load)(spec)
     assert not hasattr(one, "baseline_pair") and "sharing" not in one.note and "share" in one.note
     cpu = host_loader(devices=[gpu(0, 70)], load=_fake_load)(spec, device="cpu")
-    assert cpu.device == "cpu" and cpu.note == "" and cpu.default_mode == "fair"
+    assert cpu.device == "cpu" and cpu.note == ""
 
 
 def test_host_default_pair():

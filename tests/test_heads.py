@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import NullTok, check_stream, exact_sequence_probs, run
+from helpers import NullTok, check_stream, exact_sequence_probs, fake_pair, run
 from scipy.stats import chisquare
 
 from specviz.engine.decoding import baseline, speculative
@@ -35,7 +35,7 @@ def one_thread(tmp_path, monkeypatch):
 
 
 def pair_of(model, tok, name="tiny-test"):
-    return SimpleNamespace(target=model, draft=None, tokenizer=tok, eos_ids=[0], device=model.device,
+    return fake_pair(target=model, draft=None, tokenizer=tok, eos_ids=[0], device=model.device,
                            spec=SimpleNamespace(name=name, target="tiny", draft="tiny-draft"))
 
 

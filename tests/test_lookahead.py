@@ -1,10 +1,9 @@
 """Lookahead decoding on tiny fp32 models: the 4D mask, cache gathering,
 greedy output identical to plain decoding, and refusing sampling."""
-from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import check_stream, run
+from helpers import check_stream, fake_pair, run
 from transformers import DynamicCache
 
 from specviz.engine.decoding import baseline
@@ -123,7 +122,7 @@ def test_bad_options(opts):
 
 
 def test_runner_dispatches_and_draft_is_ignored(tok, target, draft):
-    pair = SimpleNamespace(target=target, draft=None, tokenizer=tok, eos_ids=[])
+    pair = fake_pair(target=target, draft=None, tokenizer=tok, eos_ids=[])
     req = make_request(PROMPTS[1], method="lookahead", gamma=3, max_new_tokens=20,
                        options={"window": 3, "guesses": 2})
     ids = tok.encode(req.prompt)
@@ -138,7 +137,7 @@ def test_runner_dispatches_and_draft_is_ignored(tok, target, draft):
 def test_winning_ngram_reaches_trace_page_and_cli_summary(tok, target):
     import json
 
-    from specviz.engine.method_info import summarize
+    from specviz.engine.proposer import summarize
     from specviz.run.trace import event_from_dict, event_to_dict
     from specviz.ui.render import round_html
     ids = tok.encode(PROMPTS[0])
@@ -172,7 +171,7 @@ def test_cli_lookahead_flags_and_refusals(capsys, pair_dirs):
 
 def test_auto_gamma_falls_back_to_five_grams(target):
     from specviz.engine.proposers import make_proposer
-    pair = SimpleNamespace(target=target, draft=None)
+    pair = fake_pair(target=target, draft=None)
     prop = make_proposer(pair, "lookahead", make_request("hi", method="lookahead", gamma="auto"))
     assert prop.ngram == 5
     prop = make_proposer(pair, "lookahead", make_request("hi", method="lookahead", gamma=2))

@@ -93,7 +93,7 @@ def verdicts(model: str, dtype: str, bug: str | None, mp) -> list[tuple[str, lis
         prompt = torch.randint(0, vocab, (8,), generator=torch.Generator().manual_seed(s)).tolist()
         base, _ = run(dec.baseline(target, Tok(), prompt, NEW, GREEDY))
         spec, ss = run(dec.speculative(target, DraftModelProposer(draft), Tok(), prompt, NEW, GAMMA, GREEDY))
-        eq = compare_greedy(output_tokens(base), output_tokens(spec), str(target.dtype),
+        eq = compare_greedy(output_tokens(base), output_tokens(spec), target.dtype,
                             recompute=fp32_recompute(target, prompt))
         out.append((eq.verdict, ss.token_ids))
     return out
@@ -141,30 +141,30 @@ def test_tokens_must_be_each_others_runner_up():
     # the audit's case: baseline 9 vs speculative 77, small gaps, unrelated tokens
     base = [tok(1, Gap(1.0, 1, 2, 3.0)), tok(9, Gap(0.004, 9, 12, 3.0))]
     spec = [tok(1, Gap(1.0, 1, 2, 3.0)), tok(77, Gap(0.0045, 77, 40, 3.0))]
-    assert compare_greedy(base, spec, "torch.bfloat16").verdict == "mismatch"
+    assert compare_greedy(base, spec, torch.bfloat16).verdict == "mismatch"
     spec[1] = tok(77, Gap(0.0045, 77, 9, 3.0))  # 77 is not the baseline's runner-up
-    assert compare_greedy(base, spec, "torch.bfloat16").verdict == "mismatch"
+    assert compare_greedy(base, spec, torch.bfloat16).verdict == "mismatch"
     base[1] = tok(9, Gap(0.004, 9, 77, 3.0))  # now a swap of the top two: a near-tie
-    assert compare_greedy(base, spec, "torch.bfloat16").verdict == "near-tie"
+    assert compare_greedy(base, spec, torch.bfloat16).verdict == "near-tie"
 
 
 def test_a_token_that_is_not_its_rows_top_is_a_bug():
     base = [tok(9, Gap(0.004, 9, 77, 3.0))]
     spec = [tok(77, Gap(0.004, 9, 77, 3.0))]  # the runner-up accepted: its own row says 9
-    eq = compare_greedy(base, spec, "torch.bfloat16")
+    eq = compare_greedy(base, spec, torch.bfloat16)
     assert eq.verdict == "mismatch" and "own" in eq.message()
 
 
 def test_threshold_scales_with_the_logits_and_the_dtype():
     from specviz.run.equality import near_tie_threshold
-    assert near_tie_threshold("torch.bfloat16", 20.0) == pytest.approx(10 * near_tie_threshold("bfloat16", 2.0))
-    assert near_tie_threshold("float16", 20.0) == pytest.approx(near_tie_threshold("bfloat16", 20.0) / 8)
-    assert near_tie_threshold("float32", 20.0) < 1e-3
+    assert near_tie_threshold(torch.bfloat16, 20.0) == pytest.approx(10 * near_tie_threshold(torch.bfloat16, 2.0))
+    assert near_tie_threshold(torch.float16, 20.0) == pytest.approx(near_tie_threshold(torch.bfloat16, 20.0) / 8)
+    assert near_tie_threshold(torch.float32, 20.0) < 1e-3
     base = [tok(9, Gap(0.5, 9, 77, 3.0))]  # 0.5 at |top| 3 is 20 bf16 steps: no tie (the old rule's 0.5)
     spec = [tok(77, Gap(0.5, 77, 9, 3.0))]
-    assert compare_greedy(base, spec, "bfloat16").verdict == "mismatch"
+    assert compare_greedy(base, spec, torch.bfloat16).verdict == "mismatch"
     big = [tok(9, Gap(0.5, 9, 77, 30.0))], [tok(77, Gap(0.5, 77, 9, 30.0))]  # the same gap at |top| 30 is one
-    assert compare_greedy(*big, "bfloat16").verdict == "near-tie"
+    assert compare_greedy(*big, torch.bfloat16).verdict == "near-tie"
 
 
 def test_fp32_recompute_decides_an_ambiguous_flip():
@@ -172,9 +172,9 @@ def test_fp32_recompute_decides_an_ambiguous_flip():
     spec = [tok(77, Gap(0.01, 77, 9, 3.0))]
     row = torch.zeros(100)
     row[9], row[77] = 3.0, 2.995  # fp32 agrees: a true near-tie
-    assert compare_greedy(base, spec, "bfloat16", recompute=lambda ids: row[None]).verdict == "near-tie"
+    assert compare_greedy(base, spec, torch.bfloat16, recompute=lambda ids: row[None]).verdict == "near-tie"
     row[77] = 2.5  # fp32: 77 is far below the top, the speculative side's row was wrong
-    eq = compare_greedy(base, spec, "bfloat16", recompute=lambda ids: row[None])
+    eq = compare_greedy(base, spec, torch.bfloat16, recompute=lambda ids: row[None])
     assert eq.verdict == "mismatch" and "fp32" in eq.message()
 
 
@@ -193,18 +193,18 @@ def test_a_bug_after_a_near_tie_is_still_a_bug():
     tie_b, tie_s = tok(9, Gap(0.01, 9, 77, 3.0)), tok(77, Gap(0.01, 77, 9, 3.0))
     base = [tok(1, Gap(1.0, 1, 2, 3.0)), tie_b, tok(4, Gap(2.0, 4, 5, 3.0))]
     spec = [tok(1, Gap(1.0, 1, 2, 3.0)), tie_s, tok(6, Gap(2.0, 6, 8, 3.0))]
-    assert compare_greedy(base, spec, "bfloat16").verdict == "near-tie"
+    assert compare_greedy(base, spec, torch.bfloat16).verdict == "near-tie"
     spec[2] = tok(8, Gap(2.0, 6, 8, 3.0))  # the runner-up of its own row
-    eq = compare_greedy(base, spec, "bfloat16")
+    eq = compare_greedy(base, spec, torch.bfloat16)
     assert eq.verdict == "mismatch" and eq.position == 2 and "after a near-tie at token 1" in eq.message()
     # with an fp32 recompute: a later token its own row ranks top, but fp32 does not (a wrong row)
     spec[2] = tok(6, Gap(2.0, 6, 8, 3.0))
     rows = torch.zeros(3, 100)
     rows[0, 1], rows[1, 9], rows[1, 77] = 3.0, 3.0, 2.995
     rows[2, 6], rows[2, 8] = 3.0, 1.0
-    assert compare_greedy(base, spec, "bfloat16", recompute=lambda ids: rows).verdict == "near-tie"
+    assert compare_greedy(base, spec, torch.bfloat16, recompute=lambda ids: rows).verdict == "near-tie"
     rows[2, 5] = 4.0  # fp32 puts another token on top there
-    eq = compare_greedy(base, spec, "bfloat16", recompute=lambda ids: rows)
+    eq = compare_greedy(base, spec, torch.bfloat16, recompute=lambda ids: rows)
     assert eq.verdict == "mismatch" and "fp32" in eq.reason and eq.position == 2
 
 
@@ -214,4 +214,4 @@ def test_fp32_recompute_runs_only_when_a_verdict_needs_it():
         raise AssertionError("recomputed for a verdict the records already settle")
     base = [tok(9, Gap(0.5, 9, 77, 3.0))]
     spec = [tok(77, Gap(0.5, 77, 9, 3.0))]  # a gap beyond bf16 rounding at |top| 3
-    assert compare_greedy(base, spec, "bfloat16", recompute=never).verdict == "mismatch"
+    assert compare_greedy(base, spec, torch.bfloat16, recompute=never).verdict == "mismatch"

@@ -1,9 +1,9 @@
 """The three no-chain-change methods (lookahead, REST, staged) through the race
 (fair and parallel) and a trace file, as the page and `specviz.run.trace` use them."""
-from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import fake_pair
 
 from specviz.engine import datastore as store
 from specviz.engine.events import RoundEvent, RunSummary
@@ -17,7 +17,7 @@ def pair(tok, target, draft, monkeypatch):
     # a small stand-in for the default datastore (the real one is built from the stdlib)
     ds = store.from_tokens(tok.encode("x = [1, 2, 3]\ny = [1, 2, 3]\n"))
     monkeypatch.setattr(store, "for_tokenizer", lambda tokenizer, path=None: ds)
-    return SimpleNamespace(target=target, draft=draft, tokenizer=tok, eos_ids=[], device=torch.device("cpu"))
+    return fake_pair(target=target, draft=draft, tokenizer=tok, eos_ids=[], device=torch.device("cpu"))
 
 
 @pytest.mark.parametrize("method,opts", [("lookahead", {"window": 3, "guesses": 2}), ("rest", {}),

@@ -1,10 +1,9 @@
 """REST retrieval drafts: the suffix array, lookups, datastore files (good,
 missing, corrupt), greedy equality and the target's law under sampling."""
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from helpers import acceptance, assert_follows_target, check_stream, run, sample_sequences
+from helpers import acceptance, assert_follows_target, check_stream, fake_pair, run, sample_sequences
 
 from specviz.engine import datastore as store
 from specviz.engine.decoding import baseline, speculative
@@ -84,7 +83,7 @@ def test_datastore_of_another_tokenizer_is_refused(tok, target, tmp_path):
     ds.meta["tokenizer"] = "someoneelse"
     path = store.save(ds, tmp_path / "other.npz")
     req = make_request("ab", method="rest", options={"datastore": str(path)})
-    pair = SimpleNamespace(target=target, draft=None, tokenizer=tok, eos_ids=[])
+    pair = fake_pair(target=target, draft=None, tokenizer=tok, eos_ids=[])
     with pytest.raises(RequestError, match="another tokenizer"):
         run_events(pair, req, "speculative", [1, 2])
 

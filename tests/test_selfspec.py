@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import acceptance, assert_follows_target, check_stream, run, sample_sequences
+from helpers import acceptance, assert_follows_target, check_stream, fake_pair, run, sample_sequences
 
 from specviz.calibration import selfspec
 from specviz.engine.decoding import baseline, speculative
@@ -29,7 +29,7 @@ def deep(tok):
 
 
 def pair_of(model, tok):
-    return SimpleNamespace(target=model, draft=None, tokenizer=tok, eos_ids=[0], precision="float32",
+    return fake_pair(target=model, draft=None, tokenizer=tok, eos_ids=[0], precision="float32",
                            spec=SimpleNamespace(name="tiny-test", target="tiny"), device=model.device)
 
 
@@ -183,7 +183,7 @@ def test_real_calibration_runs_on_tiny(deep, tok):
 def test_draft_size_analysis_on_tiny(deep, tok, tmp_path):
     from specviz.bench import draft_size
     from specviz.ui import draft_size_plot
-    pair = SimpleNamespace(**vars(pair_of(deep, tok)), quantize=None)
+    pair = pair_of(deep, tok)
     pair.draft = tiny_model(len(tok), seed=1, layers=1)
     ids = [tok.encode(PROMPT)]
     res = draft_size.analyse(pair, ["early-exit:2", "layer-skip:1-3", "draft-fp32", "lookup", "no-such"],
@@ -261,7 +261,7 @@ def test_kv_reuse_sequences_follow_target_distribution(params, gamma):
 def test_draft_size_int8_copy_from_a_bf16_draft(deep, tok):
     # --precision auto loads the draft in bf16 on a CPU with native bf16: the int8 size must still run
     from specviz.bench import draft_size
-    pair = SimpleNamespace(**vars(pair_of(deep, tok)), quantize=None)
+    pair = pair_of(deep, tok)
     pair.draft = tiny_model(len(tok), seed=1, layers=1).to(torch.bfloat16)
     drafts = draft_size._drafts(pair, ["draft-int8", "draft-fp32"])
     assert drafts["draft-fp32"].dtype == torch.float32 and pair.draft.dtype == torch.bfloat16

@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-import torch
+from helpers import fake_pair
 
 from specviz.calibration import calibrate as cal
 from specviz.engine.events import RoundEvent
@@ -75,9 +75,8 @@ def test_check_hook_stops_a_calibration(tok, quiet):
     assert cal.CHECK.get() is None  # the hook lives in that thread's context only
 
 
-class FakePair:
-    def __init__(self, calibration, note):
-        self.calibration, self.precision_note, self.device, self.dtype = calibration, note, "cpu", torch.float32
+def FakePair(calibration, note):  # noqa: N802 - stands for a class
+    return fake_pair(calibration=calibration, precision_note=note, device="cpu")
 
 
 def test_ready_at_once_then_calibrated_in_the_background():

@@ -1,11 +1,18 @@
 """Staged speculation (prompt lookup -> draft model -> target) on tiny fp32
 models: the draft's chain is its own, forwards are saved, greedy output equals
 plain decoding, and sampled sequences follow the target."""
-from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import acceptance, assert_follows_target, check_stream, noisy_copy, run, sample_sequences
+from helpers import (
+    acceptance,
+    assert_follows_target,
+    check_stream,
+    fake_pair,
+    noisy_copy,
+    run,
+    sample_sequences,
+)
 
 from specviz.engine.decoding import baseline, speculative
 from specviz.engine.proposers import DraftModelProposer, PromptLookupProposer
@@ -97,6 +104,6 @@ def test_staged_sequences_follow_target_distribution(params, gamma):
 
 def test_staged_needs_a_draft(tok, target):
     from specviz.errors import RequestError
-    pair = SimpleNamespace(target=target, draft=None, tokenizer=tok, eos_ids=[])
+    pair = fake_pair(target=target, draft=None, tokenizer=tok, eos_ids=[])
     with pytest.raises(RequestError, match="no draft model"):
         run_events(pair, make_request("ab", method="staged"), "speculative", [1, 2])

@@ -28,6 +28,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import fake_pair
 
 from specviz.engine import datastore
 from specviz.engine.costs import CostModel
@@ -88,16 +89,16 @@ def _cases():
                 dict(method="lookahead", gamma=4, eos=True, options={"window": 2, "guesses": 3}, **GREEDY)))
     out.append(("lookahead", "lookahead-auto", dict(method="lookahead", gamma=8, auto=True, **GREEDY)))
     for cache in ("static", "static-full"):
-        out.append(("static", f"{cache}-plain-greedy", dict(method="draft", mode="baseline", cache=cache, **GREEDY)))
-        out.append(("static", f"{cache}-plain-sampled", dict(method="draft", mode="baseline", cache=cache, **SAMPLED)))
+        out.append(("static", f"{cache}-plain-greedy", dict(method="draft", side="baseline", cache=cache, **GREEDY)))
+        out.append(("static", f"{cache}-plain-sampled", dict(method="draft", side="baseline", cache=cache, **SAMPLED)))
         for method in ("draft", "adaptive", "lookup"):
             out.append(("static", f"{cache}-{method}-g4-greedy", dict(method=method, gamma=4, cache=cache, **GREEDY)))
         out.append(("static", f"{cache}-draft-g8-sampled-eos",
                     dict(method="draft", gamma=8, eos=True, cache=cache, **SAMPLED)))
-    out.append(("plain", "plain-greedy", dict(method="draft", mode="baseline", **GREEDY)))
-    out.append(("plain", "plain-sampled", dict(method="draft", mode="baseline", **SAMPLED)))
-    out.append(("plain", "plain-greedy-eos", dict(method="draft", mode="baseline", eos=True, **GREEDY)))
-    out.append(("plain", "plain-nucleus-eos", dict(method="draft", mode="baseline", eos=True, **NUCLEUS)))
+    out.append(("plain", "plain-greedy", dict(method="draft", side="baseline", **GREEDY)))
+    out.append(("plain", "plain-sampled", dict(method="draft", side="baseline", **SAMPLED)))
+    out.append(("plain", "plain-greedy-eos", dict(method="draft", side="baseline", eos=True, **GREEDY)))
+    out.append(("plain", "plain-nucleus-eos", dict(method="draft", side="baseline", eos=True, **NUCLEUS)))
     return out
 
 
@@ -155,7 +156,7 @@ def stream(events) -> dict:
         else:
             assert isinstance(ev, RunSummary)
             s = ev
-    summary = dict(mode=s.mode, method=s.method, token_ids=s.token_ids, text=s.text, n_tokens=s.n_tokens,
+    summary = dict(side=s.side, method=s.method, token_ids=s.token_ids, text=s.text, n_tokens=s.n_tokens,
                    stop_reason=s.stop_reason, rounds=s.rounds, drafted=s.drafted, accepted=s.accepted,
                    target_forwards=s.target_forwards, draft_forwards=s.draft_forwards,
                    prompt_rounds=s.prompt_rounds, gamma=s.gamma, gamma_policy=s.gamma_policy,
@@ -209,7 +210,7 @@ def _pair(w, cfg):
         target, draft = w.static[cache]
     if cfg.get("same"):
         draft = target
-    return SimpleNamespace(target=target, draft=draft, tokenizer=w.tok, eos_ids=[], device=target.device,
+    return fake_pair(target=target, draft=draft, tokenizer=w.tok, eos_ids=[], device=target.device,
                            precision="float32", costs=COSTS if cfg.get("costs") else None,
                            spec=SimpleNamespace(name="tiny-test", target="tiny", draft="tiny-draft"))
 
@@ -228,7 +229,7 @@ def run_case(w, cfg) -> dict:
                        top_k=cfg.get("top_k", 0), seed=cfg.get("seed", 0), options=options)
     if cfg.get("auto") and cfg.get("gamma"):  # auto with a cap other than the page's 16
         req = replace(req, gamma=cfg["gamma"])
-    out = stream(run_events(pair, req, cfg.get("mode", "speculative"), w.ids))
+    out = stream(run_events(pair, req, cfg.get("side", "speculative"), w.ids))
     out["eos_ids"] = pair.eos_ids
     return out
 

@@ -54,7 +54,7 @@ def test_same_json_lines_as_our_engine(pair_dirs, servers, capsys):
     code, theirs, err = run_cli(capsys, *common, "--engine", "vllm", "--vllm-url", u2, "--vllm-url", u1)
     assert code == 0, err
     ours, theirs = [[json.loads(ln) for ln in out.splitlines()] for out in (ours, theirs)]
-    assert [o["mode"] for o in theirs] == ["baseline", "speculative"]
+    assert [o["side"] for o in theirs] == ["baseline", "speculative"]
     for a, b in zip(ours, theirs, strict=True):
         assert a.keys() == b.keys() and a["stats"].keys() == b["stats"].keys()
     base, sp = theirs

@@ -34,6 +34,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import torch
+
 from ..engine.cpu.memory import freeze_imports
 from ..errors import RequestError, exit_code
 from ..hosting.bandwidth import bench_lines, weight_bytes
@@ -215,8 +217,8 @@ def _run_block(bench: Bench, prompt: BenchPrompt, ids: list[int], repeat: int, r
         block.append(run)
     base = next(r for r in block if r.family == "plain")
     for run in block:
-        if run.summary is not None and run.summary.mode == "speculative":  # ours and llama.cpp's
-            runs_mod.add_stats(run, base.summary, getattr(bench.pair, "costs", None))
+        if run.summary is not None and run.summary.side == "speculative":  # ours and llama.cpp's
+            runs_mod.add_stats(run, base.summary, bench.pair.costs)
     with open(bench.out / "runs.partial.jsonl", "a") as f:  # what a killed bench leaves behind
         for run in block:
             f.write(json.dumps({**run.row(), "token_ids": run.token_ids}) + "\n")
@@ -237,14 +239,14 @@ def _run_all(bench: Bench) -> None:
                  f"{spent / 60:.1f} min so far, about {spent / done * (blocks - done) / 60:.1f} min left")
 
 
-def _check(bench: Bench, precision: str) -> str | None:
+def _check(bench: Bench, dtype: torch.dtype) -> str | None:
     """Greedy outputs against plain: HF differences become notes, a SpecViz one the failure text.
-    `precision`: the target's dtype (the near-tie threshold), read before vLLM rows free our pair."""
-    for warning in check_outputs(bench.runs, strict_only=False, precision=precision):
+    `dtype`: the target's float type (the near-tie threshold), read before vLLM rows free our pair."""
+    for warning in check_outputs(bench.runs, strict_only=False, dtype=dtype):
         bench.notes.append(warning if warning.startswith("numerical near-tie") else
                            "HF, vLLM or llama.cpp output differs from plain (near-tie?): " + warning)
     try:
-        check_outputs(bench.runs, precision=precision)
+        check_outputs(bench.runs, dtype=dtype)
     except OutputMismatch as e:
         return str(e)
     return None
@@ -324,12 +326,12 @@ def run_bench(argv: list[str]) -> int:
     _load(bench, args, argv, t_start)
     nbytes = {k: weight_bytes(m) for k, m in (("target", bench.pair.target), ("draft", bench.pair.draft))
               if m is not None}
-    device, precision = bench.pair.target.device, str(bench.pair.dtype)
+    device, dtype = bench.pair.target.device, bench.pair.dtype
     _encode(bench, prompts)
     _measure_all(bench, args)
     bench.notes += bench_lines(device, nbytes, bench.runs)  # --device cuda: steps against the bandwidth limit
     vllm_rows.run_rows(bench, args, _log)
-    mismatch = _check(bench, precision)
+    mismatch = _check(bench, dtype)
     print(_write(bench, mismatch, t_start))
     print(f"\nwrote {out}/ (bench.json, runs.csv, summary.csv, per_prompt.csv, table.txt, plots)")
     if mismatch:

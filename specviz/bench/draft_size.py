@@ -47,7 +47,7 @@ def _log(msg: str) -> None:
 def decode_rate(events) -> tuple[float, float]:
     """(tokens, seconds) after the prefill (round 1 / first token) of one run."""
     s = events[-1]
-    first = events[0].total_tokens if s.mode == "speculative" else 1
+    first = events[0].total_tokens if s.side == "speculative" else 1
     return s.n_tokens - first, s.elapsed - s.prefill
 
 
@@ -163,7 +163,7 @@ def _drafts(pair, sizes) -> dict:
 def analyse(pair, sizes, prompts, gammas, n_new, on_size=None) -> dict:
     plain_tps, step_s, plain_outs = plain_runs(pair, prompts, n_new)
     _log(f"plain: {plain_tps:.2f} tokens/s (load {loadavg()})")
-    drafts, costs, result = _drafts(pair, sizes), getattr(pair, "costs", None), []
+    drafts, costs, result = _drafts(pair, sizes), pair.costs, []
     for name in sizes:
         spec = resolve_size(pair, name, drafts)
         if spec is None:

@@ -102,9 +102,9 @@ class LlamaCppRows:
         rounds = int(steps1 - steps0) if steps0 is not None and steps1 is not None else 0
         run.token_ids, run.n_tokens, run.elapsed, run.stop_reason = c.token_ids, len(c.token_ids), \
             c.elapsed, c.stop_reason
-        mode = "speculative" if variant.gamma else "baseline"
+        side = "speculative" if variant.gamma else "baseline"
         run.summary = RunSummary(
-            mode=mode, method=f"llama.cpp {'draft-simple' if variant.gamma else 'plain'}",
+            side=side, method=f"llama.cpp {'draft-simple' if variant.gamma else 'plain'}",
             token_ids=c.token_ids, text=c.text, n_tokens=len(c.token_ids), elapsed=c.elapsed,
             prefill=c.prompt_ms / 1e3, target_forwards=rounds + 1 if variant.gamma else len(c.token_ids),
             stop_reason=c.stop_reason, rounds=rounds, drafted=c.drafted, accepted=c.accepted,

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from ..engine.events import RoundEvent, RunSummary, TokenEvent
 from ..engine.metrics import Stats, run_stats
 from ..run.equality import judge
@@ -131,7 +133,7 @@ def first_difference(ref: list[int], got: list[int]) -> int | None:
     return None if len(ref) == len(got) else min(len(ref), len(got))
 
 
-def check_outputs(runs: list[Run], strict_only: bool = True, precision: str = "float32") -> list[str]:
+def check_outputs(runs: list[Run], strict_only: bool = True, dtype: torch.dtype = torch.float32) -> list[str]:
     """Compare every run's token ids with the plain baseline of the same prompt
     (its first repeat); fills run.match / run.first_diff.
 
@@ -155,7 +157,7 @@ def check_outputs(runs: list[Run], strict_only: bool = True, precision: str = "f
             continue
         eq = None
         if pos < min(len(base), len(r.token_ids), len(base_gaps), len(r.gaps)):
-            eq = judge(pos, base[pos], r.token_ids[pos], base_gaps[pos], r.gaps[pos], precision)
+            eq = judge(pos, base[pos], r.token_ids[pos], base_gaps[pos], r.gaps[pos], dtype)
         near = eq is not None and eq.verdict == "near-tie"
         what = (f"{r.variant} on {r.prompt_id} (repeat {r.repeat + 1}): first differing position {pos} "
                 f"(baseline token {base[pos] if pos < len(base) else 'END'}, "

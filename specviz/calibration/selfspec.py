@@ -86,7 +86,7 @@ def step_seconds(model, layers, n_tokens: int = 1, ctx: int = 16, reps: int = 5)
 
 def verify_cost_fn(pair, plain_s: float, step=step_seconds):
     """v(γ) in plain steps: from pair.costs when calibrated, else measured here."""
-    costs = getattr(pair, "costs", None)
+    costs = pair.costs
     if costs is not None:
         return costs.verify_cost
     every = tuple(range(n_layers(pair.target)))
@@ -197,9 +197,9 @@ def calibrate_skip_layers(pair, *, ids_list=None, step=step_seconds, measure=Non
 def pair_key(pair) -> str:
     from ..machine import machine_key
     # only the target drafts and verifies here: the draft's precision does not matter
-    spec, target_int8 = pair.spec, getattr(pair, "quantize", None) == "int8"
+    spec, target_int8 = pair.spec, pair.quantize == "int8"
     ident = "|".join([getattr(spec, "name", ""), getattr(spec, "target", ""),
-                      str(getattr(pair, "dtype", "")), "int8" if target_int8 else "",
+                      str(pair.dtype), "int8" if target_int8 else "",
                       str(n_layers(pair.target)), machine_key(), str(VERSION)])
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 

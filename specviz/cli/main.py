@@ -17,7 +17,7 @@ import json
 import sys
 from dataclasses import asdict
 
-from ..engine import method_info
+from ..engine import proposer as method_info
 from ..engine.events import OUTCOME_ANSI, Outcome, RoundEvent, RunSummary, TokenEvent
 from ..engine.metrics import run_stats
 from ..errors import exit_code
@@ -63,7 +63,8 @@ def _generate_args(sub) -> None:
     g = sub.add_parser("generate", help="generate text with the baseline or speculative decoding")
     add_pair_args(g)
     g.add_argument("--prompt", required=True)
-    g.add_argument("--mode", choices=["speculative", "baseline", "both"], default="speculative")
+    g.add_argument("--side", "--mode", dest="side", choices=["speculative", "baseline", "both"],
+                   default="speculative", help="which side runs (--mode: its older name)")
     g.add_argument("--method", choices=METHODS, default="draft", help="where drafts come from")
     g.add_argument("--gamma", default=4, help="draft tokens per round (1-16), or auto: chosen each round "
                                               "from the measured verify cost v(γ), c and the running α̂")
@@ -74,7 +75,7 @@ def _generate_args(sub) -> None:
     g.add_argument("--seed", default=0)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     g.add_argument("--num-samples", type=int, default=1)
-    g.add_argument("--json", action="store_true", help="one JSON object per sample and mode")
+    g.add_argument("--json", action="store_true", help="one JSON object per sample and side")
     add_method_args(g)
 
 
@@ -138,10 +139,10 @@ def _round_dict(r: RoundEvent) -> dict:
     return d
 
 
-def run_once(pair, req, mode, ids, stop=None):
-    """Run one mode to completion; returns (events, summary)."""
+def run_once(pair, req, side, ids, stop=None):
+    """Run one side to completion; returns (events, summary)."""
     from ..run.runner import run_events
-    events = list(run_events(pair, req, mode, ids, stop=stop))
+    events = list(run_events(pair, req, side, ids, stop=stop))
     return events[:-1], events[-1]
 
 
@@ -161,24 +162,23 @@ def generate(args) -> int:
     try:
         return _generate(args, req, pair)
     finally:
-        if hasattr(pair, "close"):  # vLLM servers this run started
-            pair.close()
+        pair.close()
 
 
 def _generate(args, req, pair) -> int:
     ids = encode_prompt(pair.tokenizer, req, pair.max_positions)
-    modes = ["baseline", "speculative"] if args.mode == "both" else [args.mode]
+    sides = ["baseline", "speculative"] if args.side == "both" else [args.side]
     if not args.json and pair.precision_note:
         print(f"precision: {pair.precision_note}")  # stdout: part of the report; stderr stays errors only
     failed = False
     for i in range(args.num_samples):
         sreq = req if req.seed is None else req.__class__(**{**req.__dict__, "seed": req.seed + i})
         results = {}
-        for mode in modes:  # each row as soon as its run ends: a run stopped later keeps what finished
-            results[mode] = run_once(pair, sreq, mode, ids)
-            eq = _greedy_check(pair, sreq, results, ids) if mode == "speculative" else None
+        for side in sides:  # each row as soon as its run ends: a run stopped later keeps what finished
+            results[side] = run_once(pair, sreq, side, ids)
+            eq = _greedy_check(pair, sreq, results, ids) if side == "speculative" else None
             failed |= eq is not None and not eq.ok
-            _report(args, pair, sreq, i, mode, *results[mode], results.get("baseline", (None, None))[1], eq)
+            _report(args, pair, sreq, i, side, *results[side], results.get("baseline", (None, None))[1], eq)
             if eq is not None and not args.json:
                 print(f"greedy check: {eq.message()}")
     return 1 if failed else 0
@@ -192,34 +192,33 @@ def _greedy_check(pair, req, results, ids):
     import torch
 
     from ..run.equality import compare_greedy, fp32_recompute, output_tokens
-    target = getattr(pair, "target", None)
-    recompute = fp32_recompute(target, ids) if isinstance(target, torch.nn.Module) else None
+    recompute = fp32_recompute(pair.target, ids) if isinstance(pair.target, torch.nn.Module) else None
     return compare_greedy(*(output_tokens(results[m][0]) for m in ("baseline", "speculative")),
-                          str(pair.dtype), recompute=recompute)
+                          pair.dtype, recompute=recompute)
 
 
-def _report(args, pair, sreq, i: int, mode: str, events, summary: RunSummary, base, eq) -> None:
+def _report(args, pair, sreq, i: int, side: str, events, summary: RunSummary, base, eq) -> None:
     """One finished run: a JSON row (--json) or the human report."""
-    costs = getattr(pair, "costs", None)
-    stats = run_stats(summary, base, costs).to_dict() if mode == "speculative" else None
+    costs = pair.costs
+    stats = run_stats(summary, base, costs).to_dict() if side == "speculative" else None
     if stats is not None and method_info.summarize(events, sreq.method):
         stats["method_info"] = method_info.summarize(events, sreq.method)
     if not args.json:
-        return _print_human(mode, events, summary, stats)
-    obj = {"sample": i, "mode": mode, "seed": sreq.seed, "token_ids": summary.token_ids,
+        return _print_human(side, events, summary, stats)
+    obj = {"sample": i, "side": side, "seed": sreq.seed, "token_ids": summary.token_ids,
            "text": summary.text, "stats": {**summary.to_dict(), **(stats or {})},
            "precision": pair.precision, "precision_note": pair.precision_note, "gamma": sreq.gamma_label}
     obj["stats"].pop("token_ids"), obj["stats"].pop("text")
-    if mode == "speculative":
+    if side == "speculative":
         obj["rounds"] = [_round_dict(r) for r in events]
         obj["greedy_equality"] = asdict(eq) if eq is not None else None
     print(json.dumps(obj), flush=True)
 
 
-def _print_human(mode, events, summary: RunSummary, stats):
+def _print_human(side, events, summary: RunSummary, stats):
     policy = f", γ {summary.gamma_policy}" if summary.gamma_policy else ""
-    print(f"\n== {mode} ({summary.method}{policy}) ==")
-    if mode == "speculative":
+    print(f"\n== {side} ({summary.method}{policy}) ==")
+    if side == "speculative":
         print("".join(_ansi(t) for r in events for t in r.tokens))
         legend = "  ".join(f"{OUTCOME_ANSI[o]}{o.value}{RESET}" for o in
                            (Outcome.ACCEPTED, Outcome.REJECTED, Outcome.RESAMPLED, Outcome.BONUS))

@@ -61,7 +61,7 @@ def baseline(
             break
         feed = [x]
     yield RunSummary(
-        mode="baseline", method="plain", token_ids=out, text=stream.final(), n_tokens=len(out),
+        side="baseline", method="plain", token_ids=out, text=stream.final(), n_tokens=len(out),
         elapsed=clock.now(), prefill=prefill, target_forwards=forwards, stop_reason=reason,
         device=str(model.device),
     )

@@ -113,7 +113,7 @@ class RoundEvent:
 class RunSummary:
     """Totals of a finished (or stopped) run. Every field is measured."""
 
-    mode: str  # "baseline" | "speculative"
+    side: str  # "baseline" | "speculative"
     method: str  # proposer name for speculative, "plain" for baseline
     token_ids: list[int]
     text: str

@@ -45,7 +45,7 @@ def run_state(model, tokenizer, eos_ids, seed, clock):
 
 def new_summary(method: str, gamma: int, device, **extra) -> RunSummary:
     """A speculative run's summary before its first round; finish_run closes it."""
-    return RunSummary(mode="speculative", method=method, token_ids=[], text="", n_tokens=0,
+    return RunSummary(side="speculative", method=method, token_ids=[], text="", n_tokens=0,
                       elapsed=0.0, prefill=0.0, target_forwards=0, stop_reason="max_new_tokens",
                       gamma=gamma, device=str(device), **extra)
 

@@ -154,7 +154,6 @@ def host_loader(notes: dict[str, str] | None = None, devices=None, load=None):
         else:
             pair = load_fn(spec, device=device, progress=progress, **kw)
         pair.note = " ".join(n for n in (notes.get(spec.name, ""), place.note if devs else "") if n)
-        pair.default_mode = place.default_mode
         return pair
     return loader
 

@@ -44,6 +44,10 @@ class VllmPair:
     unmeasured = UNMEASURED
     costs = None  # no calibration: vLLM's own kernels, timed only end to end
     precision_note = ""
+    calibration = ""
+    note = ""
+    baseline_pair = None  # the servers run both sides
+    draft_step = None
 
     def __init__(self, spec: PairSpec, tokenizer, *, refs: dict | None = None, servers=(), device="cpu",
                  max_model_len: int = 4096, one_at_a_time: bool = True, progress=None):
@@ -69,15 +73,15 @@ class VllmPair:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
-    def server(self, mode: str, req) -> Server:
+    def server(self, side: str, req) -> Server:
         """The server for one side: an external one, else one we start (and keep)."""
-        want = (False, 0, "") if mode == "baseline" else (True, req.gamma, METHOD_MAP.get(req.method, ""))
+        want = (False, 0, "") if side == "baseline" else (True, req.gamma, METHOD_MAP.get(req.method, ""))
         for s in self.external:
             if bool(s.gamma) == want[0]:
                 return s
         if self.refs is None:
-            side = "plain (no speculative_config)" if mode == "baseline" else "speculative"
-            raise VllmError(f"no {side} vLLM server among the --vllm-url given: add one for the {mode} side")
+            kind = "plain (no speculative_config)" if side == "baseline" else "speculative"
+            raise VllmError(f"no {kind} vLLM server among the --vllm-url given: add one for the {side} side")
         with self._lock:
             if want not in self.started:
                 if self.one_at_a_time:
@@ -101,11 +105,11 @@ class VllmPair:
             s.stop()
         self.started.clear()
 
-    def run_events(self, req, mode: str, prompt_ids: list[int], stop=None, clock=None):
-        if mode == "speculative" and req.method not in METHOD_MAP:
+    def run_events(self, req, side: str, prompt_ids: list[int], stop=None, clock=None):
+        if side == "speculative" and req.method not in METHOD_MAP:
             raise RequestError(f"The vLLM engine runs the methods {', '.join(METHOD_MAP)}; "
                                f"{req.method!r} is ours only.")
-        events = _events(self, req, mode, prompt_ids, stop, clock)
+        events = _events(self, req, side, prompt_ids, stop, clock)
         # the fair race times each side on a clock that runs only while it is
         # stepped; a server keeps generating between our reads, so there the
         # whole request runs inside one step (timed alone) and its events follow
@@ -116,14 +120,14 @@ def _buffered(events):
     yield from list(events)
 
 
-def _events(pair: VllmPair, req, mode: str, prompt_ids, stop, clock):
-    server = pair.server(mode, req)
+def _events(pair: VllmPair, req, side: str, prompt_ids, stop, clock):
+    server = pair.server(side, req)
     now = clock.now if clock is not None else time.perf_counter
-    before = read_counters(server.url) if mode == "speculative" else None
+    before = read_counters(server.url) if side == "speculative" else None
     t0 = now()
     chunks = stream_completion(server.url, server.model, list(prompt_ids), max_tokens=req.max_new_tokens,
                                temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed)
-    build = _Run(pair.tokenizer, mode, server.gamma, len(prompt_ids))
+    build = _Run(pair.tokenizer, side, server.gamma, len(prompt_ids))
     try:
         for chunk in chunks:
             yield from build.step(chunk, now() - t0)
@@ -135,9 +139,9 @@ def _events(pair: VllmPair, req, mode: str, prompt_ids, stop, clock):
         raise VllmError(f"{e}{why}") from None
     finally:
         chunks.close()  # closes the connection: vLLM aborts the request
-    after = read_counters(server.url) if mode == "speculative" else None
+    after = read_counters(server.url) if side == "speculative" else None
     summary = build.summary(now() - t0, server, before, after)
-    if mode == "speculative" and server.gamma != req.gamma:  # a deployment's γ is its own
+    if side == "speculative" and server.gamma != req.gamma:  # a deployment's γ is its own
         summary.extra["gamma_note"] = f"γ {req.gamma} was asked for; the vLLM server drafts {server.gamma}"
     yield summary
 
@@ -145,8 +149,8 @@ def _events(pair: VllmPair, req, mode: str, prompt_ids, stop, clock):
 class _Run:
     """Turns chunks into our events and keeps the totals."""
 
-    def __init__(self, tokenizer, mode: str, gamma: int, prompt_tokens: int):
-        self.text, self.mode = TextStream(tokenizer), mode
+    def __init__(self, tokenizer, side: str, gamma: int, prompt_tokens: int):
+        self.text, self.side = TextStream(tokenizer), side
         self.gamma, self.prompt_tokens = gamma, prompt_tokens
         self.out: list[int] = []
         self.steps = self.rounds = self.drafted = self.accepted = self.merged = 0
@@ -160,7 +164,7 @@ class _Run:
         self.steps += 1
         if chunk.finish_reason:
             self.reason = FINISH.get(chunk.finish_reason, chunk.finish_reason)
-        if self.mode == "baseline":
+        if self.side == "baseline":
             for x in chunk.token_ids:
                 self.out.append(x)
                 yield TokenEvent(x, self.text.push(x), Outcome.TARGET, t)
@@ -205,7 +209,7 @@ class _Run:
         extra = {"engine": ENGINE, "server": server.url, "vllm_method": server.method or "plain",
                  "not_exposed": NOT_EXPOSED}
         drafted, accepted = self.drafted, self.accepted
-        if self.mode == "speculative":
+        if self.side == "speculative":
             extra["acceptance_source"] = "vLLM stream (tokens per engine step)"
             if before is not None and after is not None and after.present:
                 d = after.minus(before)
@@ -216,14 +220,14 @@ class _Run:
             if self.merged:
                 extra["merged_steps"] = self.merged
         return RunSummary(
-            mode=self.mode, method=f"vllm {server.method}" if self.mode == "speculative" else "vllm plain",
+            side=self.side, method=f"vllm {server.method}" if self.side == "speculative" else "vllm plain",
             token_ids=self.out, text=self.text.final(), n_tokens=len(self.out), elapsed=elapsed,
             prefill=self.prefill, target_forwards=self.steps, stop_reason=self.reason,
-            rounds=self.rounds if self.mode == "speculative" else 0, drafted=drafted, accepted=accepted,
-            verify_time=max(0.0, elapsed - self.prefill) if self.mode == "speculative" else 0.0,
+            rounds=self.rounds if self.side == "speculative" else 0, drafted=drafted, accepted=accepted,
+            verify_time=max(0.0, elapsed - self.prefill) if self.side == "speculative" else 0.0,
             gamma=self.gamma, device=f"vllm@{server.url}",
-            prompt_rounds=1 if self.mode == "speculative" and self.rounds else 0,
-            engine=ENGINE, unmeasured=list(UNMEASURED) if self.mode == "speculative" else [], extra=extra)
+            prompt_rounds=1 if self.side == "speculative" and self.rounds else 0,
+            engine=ENGINE, unmeasured=list(UNMEASURED) if self.side == "speculative" else [], extra=extra)
 
 
 # ------------------------------------------------------------------ loading

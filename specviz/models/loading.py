@@ -14,6 +14,7 @@ import torch
 
 from ..engine.costs import CostModel
 from ..engine.cpu import speed
+from ..engine.pair import OURS
 from ..errors import OOM_LOADING, ModelError, first_line, is_oom
 from .embedded import Progress, cache_root, local_refs
 from .registry import PairSpec, _hub_reachable, _looks_like_path, pick_device_dtype
@@ -41,6 +42,11 @@ class ModelPair:
     precision_note: str = ""  # what runs and why, e.g. "target bfloat16 (128 ms/step vs 279 ms fp32 ...)"
     choice: object = None  # the calibration's Choice (calibration/calibrate.py): what was timed, what won
     draft_step: object = None  # calibration/draft_compile.DraftStep: the draft's step, eager or compiled
+    calibration: str = ""  # "untimed" / "noisy": the page recalibrates in the background (ui/loader.py)
+    note: str = ""  # why this pair runs here (hosting/gpu.py's placement)
+    unmeasured: tuple = ()  # every Stats field is measured by our engine
+    baseline_pair: ModelPair | None = None  # two GPUs: the baseline's own copy (hosting/gpu.py)
+    engine: str = OURS
 
     @property
     def has_chat_template(self) -> bool:
@@ -50,6 +56,12 @@ class ModelPair:
     def max_positions(self) -> int | None:
         """The target's context length (prompt + new tokens), when its config says."""
         return getattr(self.target.config, "max_position_embeddings", None)
+
+    def run_events(self, req, side, prompt_ids, stop=None, clock=None):
+        raise NotImplementedError("our engine runs this pair (run/runner.py)")
+
+    def close(self) -> None:
+        """Nothing to stop: the models are in this process."""
 
 
 def _output_size(model) -> int:

@@ -48,19 +48,14 @@ from ..engine.events import RoundEvent, TokenEvent
 from ..engine.sampling import Gap
 
 FACTOR = 16
-EPS = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10, "float32": 2.0 ** -23}
-LOW_PRECISION = ("bfloat16", "float16")
+EPS = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10, torch.float32: 2.0 ** -23}
+LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
-def _dtype_name(precision: str) -> str:
-    """"torch.bfloat16", "bf16"... -> "bfloat16"; an int8 target runs fp32 activations."""
-    p = (precision or "").replace("bf16", "bfloat16").replace("fp16", "float16")
-    return next((n for n in EPS if n in p), "float32")
-
-
-def near_tie_threshold(precision: str, top_logit: float = 1.0) -> float:
-    """The largest logit difference rounding can explain at this magnitude and dtype."""
-    return FACTOR * EPS[_dtype_name(precision)] * max(1.0, abs(top_logit))
+def near_tie_threshold(dtype: torch.dtype, top_logit: float = 1.0) -> float:
+    """The largest logit difference rounding can explain at this magnitude, for logits computed in
+    `dtype` (the target's float type: engine/pair.dtype_of reads one from a label)."""
+    return FACTOR * EPS.get(dtype, EPS[torch.float32]) * max(1.0, abs(top_logit))
 
 
 @dataclass
@@ -110,7 +105,7 @@ def output_tokens(events) -> list[TokenEvent]:
 Recompute = Callable[[list[int]], "torch.Tensor | None"]
 
 
-def judge(pos: int, b: int, s: int, gb, gs, precision: str,
+def judge(pos: int, b: int, s: int, gb, gs, dtype: torch.dtype,
           fp32_row: Callable[[], "torch.Tensor | None"] | None = None) -> Equality:
     """A near-tie or a bug, at the first position where baseline token b and
     speculative token s differ; gb, gs: each run's Gap there; fp32_row(): the
@@ -123,7 +118,7 @@ def judge(pos: int, b: int, s: int, gb, gs, precision: str,
     if gb.top != b or gs.top != s:
         side = "plain" if gb.top != b else "speculative"
         return verdict("mismatch", f"the {side} run's token is not the top of its own logits")
-    thr = near_tie_threshold(precision, max(abs(gb.top_logit), abs(gs.top_logit)))
+    thr = near_tie_threshold(dtype, max(abs(gb.top_logit), abs(gs.top_logit)))
     if max(gb, gs) > thr:
         return verdict("mismatch", "a gap beyond rounding", thr)
     swapped = gb.second == s and gs.second == b
@@ -152,7 +147,7 @@ def _fp32_decides(row: torch.Tensor, b, s, gb: Gap, gs: Gap, thr: float, verdict
     return verdict("near-tie", f"the fp32 recompute agrees (both within {below:.3g} of its top)", thr)
 
 
-def _after_tie(tie: Equality, base: list[TokenEvent], spec: list[TokenEvent], precision: str,
+def _after_tie(tie: Equality, base: list[TokenEvent], spec: list[TokenEvent], dtype: torch.dtype,
                rows: torch.Tensor | None) -> Equality:
     """Rules 5 and 6: the tokens after an excused flip, each run on its own prefix."""
     def bug(j: int, side: str, reason: str, thr: float = 0.0) -> Equality:
@@ -170,7 +165,7 @@ def _after_tie(tie: Equality, base: list[TokenEvent], spec: list[TokenEvent], pr
                 return bug(j, side, "is not the top of its own logits")
     for j in range(tie.position + 1, len(spec) if rows is not None else 0):
         g, row = spec[j].gap, rows[j].float()
-        thr = near_tie_threshold(precision, float(row.max()))
+        thr = near_tie_threshold(dtype, float(row.max()))
         below = float(row.max()) - float(row[spec[j].token_id])
         if below > thr:
             return bug(j, "speculative", f"lies {below:.3g} below the fp32 top on its own prefix", thr)
@@ -180,27 +175,27 @@ def _after_tie(tie: Equality, base: list[TokenEvent], spec: list[TokenEvent], pr
     return tie
 
 
-def _first_difference(i: int, base: list[TokenEvent], spec: list[TokenEvent], precision: str,
+def _first_difference(i: int, base: list[TokenEvent], spec: list[TokenEvent], dtype: torch.dtype,
                       recompute: Recompute | None) -> Equality:
     """Rules 1-6 at the first differing position i."""
-    low = recompute is not None and _dtype_name(precision) in LOW_PRECISION
+    low = recompute is not None and dtype in LOW_PRECISION
 
     @functools.cache
     def rows():  # one fp32 forward over the speculative run's tokens, only if a verdict needs it
         return recompute([t.token_id for t in spec]) if low else None
-    eq = judge(i, base[i].token_id, spec[i].token_id, base[i].gap, spec[i].gap, precision,
+    eq = judge(i, base[i].token_id, spec[i].token_id, base[i].gap, spec[i].gap, dtype,
                lambda: None if rows() is None else rows()[i])
-    return eq if eq.verdict == "mismatch" else _after_tie(eq, base, spec, precision, rows())
+    return eq if eq.verdict == "mismatch" else _after_tie(eq, base, spec, dtype, rows())
 
 
-def compare_greedy(base: list[TokenEvent], spec: list[TokenEvent], precision: str = "float32",
+def compare_greedy(base: list[TokenEvent], spec: list[TokenEvent], dtype: torch.dtype = torch.float32,
                    recompute: Recompute | None = None) -> Equality:
     """Compare two greedy outputs token by token (see the module docstring).
     recompute(ids): the target's fp32 logits (len(ids), V) on prompt + ids, row j
     predicting ids[j] (fp32_recompute builds one), or None."""
     for i, (b, s) in enumerate(zip(base, spec, strict=False)):
         if b.token_id != s.token_id:
-            return _first_difference(i, base, spec, precision, recompute)
+            return _first_difference(i, base, spec, dtype, recompute)
     if len(base) != len(spec):  # one stopped early with the same prefix: nothing numerical explains that
         i = min(len(base), len(spec))
         return Equality("mismatch", i, reason="one run stopped early")
@@ -213,7 +208,7 @@ def fp32_recompute(model, prompt_ids: list[int]) -> Recompute | None:
     (the low-precision tensors are put back untouched; memory: one fp32 copy
     meanwhile). None for an fp32 target: nothing finer to ask.
     Not thread-safe: call it when no other run uses the model."""
-    if _dtype_name(str(model.dtype)) not in LOW_PRECISION:
+    if model.dtype not in LOW_PRECISION:
         return None
 
     @torch.inference_mode()

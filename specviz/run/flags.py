@@ -74,7 +74,7 @@ def apply_cache_args(pair, args) -> str:
     from ..engine.forward import set_cache
     compile = getattr(args, "compile", False)
     kind = "static" if compile else getattr(args, "cache", "dynamic")
-    step = getattr(pair, "draft_step", None)
+    step = pair.draft_step
     keep = step is not None and step.compiled and kind == "dynamic"  # the draft's measured compiled step
     used = [set_cache(m, kind, compile=compile) for m in (pair.target, pair.draft)
             if m is not None and not (keep and m is pair.draft)]

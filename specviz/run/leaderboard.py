@@ -25,6 +25,7 @@ from typing import Iterator
 
 from ..engine.events import RoundEvent, RunSummary, TokenEvent
 from ..engine.metrics import run_stats
+from ..engine.pair import dtype_of
 from ..engine.proposers import REGISTRY
 from ..errors import ModelError, RequestError, first_line, free_memory, is_oom
 from .equality import compare_greedy, output_tokens
@@ -206,7 +207,7 @@ class Board:
         if base is None or {base.stop_reason, run.summary.stop_reason} & {"stopped", "error"}:
             return "–", "a run was stopped before its end: nothing to compare"
         eq = compare_greedy(output_tokens(self.baseline), output_tokens(run.events),
-                            str(self.meta.get("precision") or "float32"))
+                            dtype_of(self.meta.get("precision") or ""))
         return eq.verdict, eq.message()
 
     def trace(self, key: str) -> Trace:

@@ -229,7 +229,7 @@ def measure(pair, req, prompt_ids, mode: str, repeats: int = 1) -> list[dict]:
         summaries = {s: ev for s, ev in race(pair, req, prompt_ids, mode, info=info)
                      if isinstance(ev, RunSummary)}
         base, spec = summaries["baseline"], summaries["speculative"]
-        st = run_stats(spec, base, getattr(pair, "costs", None))
+        st = run_stats(spec, base, pair.costs)
         rows.append(dict(mode=mode, base_tps=base.tokens_per_s, spec_tps=spec.tokens_per_s,
                          speedup=st.speedup, alpha=st.alpha, c=st.c, predicted=st.predicted,
                          wall=info.wall, tokens=(base.n_tokens, spec.n_tokens)))

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from ..calibration.selfspec import resolve_options
 from ..engine.decoding import baseline, speculative
 from ..engine.gamma import make_policy
+from ..engine.pair import OURS, Pair
 from ..engine.proposers import make_proposer, method_spec, target_vocab  # noqa: F401 (re-exported)
 from ..engine.proposers.lookahead import lookahead
 from ..engine.tree_decoding import tree_speculative
@@ -18,15 +19,16 @@ from ..errors import RequestError
 from .request import RunRequest
 
 
-def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], *, stop=None, clock=None):
-    if hasattr(pair, "run_events"):  # another engine (hosting/vllm.py) producing the same events
-        return pair.run_events(req, mode, prompt_ids, stop=stop, clock=clock)
-    pair = side_pair(pair, mode)
+def run_events(pair: Pair, req: RunRequest, side: str, prompt_ids: list[int], *, stop=None, clock=None):
+    """The events of one side ("baseline" or "speculative") of `req` on `pair`."""
+    if pair.engine != OURS:  # another engine (hosting/vllm.py) producing the same events
+        return pair.run_events(req, side, prompt_ids, stop=stop, clock=clock)
+    pair = side_pair(pair, side)
     common = dict(max_new_tokens=req.max_new_tokens, params=req.sampling, eos_ids=pair.eos_ids,
                   seed=req.seed, stop=stop, clock=clock)
-    if mode == "baseline":
+    if side == "baseline":
         return baseline(pair.target, pair.tokenizer, prompt_ids, **common)
-    if mode == "speculative":
+    if side == "speculative":
         # the verifier is chosen by the method's declared kind (engine/proposer.py); same events
         prop = build_proposer(pair, req.method, req)
         kind = method_spec(req.method).kind
@@ -38,7 +40,7 @@ def run_events(pair, req: RunRequest, mode: str, prompt_ids: list[int], *, stop=
         # γ is the draft length, or the auto policy's cap
         return speculative(pair.target, prop, pair.tokenizer, prompt_ids,
                            gamma=req.gamma, policy=gamma_policy(pair, req), **common)
-    raise RequestError(f"Unknown mode {mode!r}.")
+    raise RequestError(f"Unknown side {side!r}: baseline or speculative.")
 
 
 def build_proposer(pair, method: str, req=None):
@@ -49,15 +51,15 @@ def build_proposer(pair, method: str, req=None):
                          else SimpleNamespace(options=options))
 
 
-def side_pair(pair, side: str):
+def side_pair(pair: Pair, side: str) -> Pair:
     """The pair that runs `side`: with two GPUs the baseline has its own copy of
     the target on its own device (hosting/gpu.py), else both share `pair`."""
-    return (getattr(pair, "baseline_pair", None) or pair) if side == "baseline" else pair
+    return (pair.baseline_pair or pair) if side == "baseline" else pair
 
 
-def gamma_policy(pair, req: RunRequest):
+def gamma_policy(pair: Pair, req: RunRequest):
     """The auto-γ policy for `req` on `pair` (None: the proposer's own γ)."""
     if not req.gamma_auto:
         return None
-    return make_policy(getattr(pair, "costs", None), needs_draft=method_spec(req.method).needs_draft,
+    return make_policy(pair.costs, needs_draft=method_spec(req.method).needs_draft,
                        max_gamma=req.gamma)

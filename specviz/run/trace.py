@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from ..engine.events import Outcome, RoundEvent, RunSummary, TokenEvent, event_time
+from ..engine.pair import precision_label
 from ..engine.sampling import Gap
 from ..machine import hardware  # noqa: F401 (traces record it)
 
@@ -146,20 +147,20 @@ def request_meta(req, pair, chat_applied: bool | None = None) -> dict:
     """Extra trace metadata for a run of `req` on `pair` (a ModelPair)."""
     chat = bool(req.chat_template and getattr(pair.tokenizer, "chat_template", None)) \
         if chat_applied is None else chat_applied
-    costs = getattr(pair, "costs", None)
+    costs = pair.costs
     return {"pair_label": pair.spec.label, "pair_name": pair.spec.name, "chat_applied": chat,
-            "precision_note": getattr(pair, "precision_note", ""),  # what ran and why (calibrate.py)
+            "precision_note": pair.precision_note,  # what ran and why (calibrate.py)
             "costs": costs.to_dict() if costs is not None else None}
 
 
 def trace_for(req, pair, mode: str, label: str = "") -> Trace:
     """An empty trace for a run of `req` (a RunRequest) on `pair`, meta filled."""
     tr = new_trace(asdict(req), pair.spec.target, pair.spec.draft or "", str(pair.device),
-                   getattr(pair, "precision", "") or str(pair.dtype).removeprefix("torch."), mode, label)
+                   precision_label(pair), mode, label)
     tr.meta.update(request_meta(req, pair))
     import torch
     tr.meta["torch_threads"] = torch.get_num_threads()  # CPU timings depend on it
-    costs = getattr(pair, "costs", None)
+    costs = pair.costs
     if costs is not None:  # the calibration (plain step, v(k)) the page's predictions use
         tr.meta["costs"] = costs.to_dict()
     return tr

@@ -290,10 +290,10 @@ class Handlers:
         stream = panes = None
         try:
             view = RunView(req.gamma, req.temperature, mode, req.prompt, req.chat_template)
-            view.method, view.gamma_auto, view.precision = req.method, req.gamma_auto, str(pair.dtype)
+            view.method, view.gamma_auto, view.dtype = req.method, req.gamma_auto, pair.dtype
             view.options = req.options  # shown next to the method in the run header
-            view.costs = getattr(pair, "costs", None)  # calibration at load: plain step and v(k)
-            view.unmeasured = getattr(pair, "unmeasured", ())  # another engine (vLLM): n/a, never 0
+            view.costs = pair.costs  # calibration at load: plain step and v(k)
+            view.unmeasured = pair.unmeasured  # another engine (vLLM): n/a, never 0
             inspector.LATEST.put(key, view.spec.rounds)  # the p/q inspector reads the rounds as they come
             head = render.prompt_span(req.prompt, req.chat_template and pair.has_chat_template)
             info = RaceInfo(mode)

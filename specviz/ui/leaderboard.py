@@ -18,6 +18,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from ..engine.pair import dtype_of
 from ..errors import free_memory, run_error_text
 from ..run.leaderboard import DEFAULT_KEYS, END, PLAIN, START, Board, all_keys, entry, new_board, race_methods
 from ..run.race_bundle import load_bundle, save_bundle
@@ -176,7 +177,7 @@ def pane_stream(board: Board, key: str, banner: str = "") -> PaneStream:
     tr = board.trace(key)
     view, head = replay_ui.view_for(tr)
     view.gamma_auto = bool(tr.meta["settings"].get("gamma_auto"))
-    view.precision = str(board.meta.get("precision") or "float32")
+    view.dtype = dtype_of(board.meta.get("precision") or "")
     panes = PaneStream(view, head, banner=banner)
     for side, ev in tr.events:
         panes.add(side, ev)

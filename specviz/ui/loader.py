@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..engine.pair import precision_label
 from ..errors import load_error_text
 from ..models import PairSpec, load_pair
 from ..run import isolation
@@ -125,7 +126,7 @@ class ModelManager:
             self.message = "models ready"
             self.generation += 1
         gc.collect()
-        if self.calibration == "background" and getattr(pair, "calibration", "") in ("untimed", "noisy"):
+        if self.calibration == "background" and pair.calibration in ("untimed", "noisy"):
             BackgroundCalibration(self, spec, pair).start()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -161,14 +162,13 @@ class ModelManager:
                 label=spec.label if spec else None,
                 name=spec.name if spec else None,
                 device=str(pair.device) if pair is not None else None,
-                precision=getattr(pair, "precision", "") or (str(pair.dtype).removeprefix("torch.")
-                                                             if pair is not None else ""),
-                precision_note=getattr(pair, "precision_note", "") if pair is not None else "",
-                calibration=getattr(pair, "calibration", "") if pair is not None else "",
+                precision=precision_label(pair) if pair is not None else "",
+                precision_note=pair.precision_note if pair is not None else "",
+                calibration=pair.calibration if pair is not None else "",
                 calib=dict(self.calib), calibration_mode=self.calibration,
                 generation=self.generation,
                 # why this pair / where each side runs / what the engine cannot show
-                note=getattr(pair, "note", "") if pair is not None else "",
+                note=pair.note if pair is not None else "",
             )
 
 
@@ -191,7 +191,7 @@ def prewarm(pair, tokens: int = 8) -> None:
     from ..run.runner import run_events
     try:
         req = make_request("def add(a, b):", max_new_tokens=tokens, gamma=4)
-        ids = encode_prompt(pair.tokenizer, req, getattr(pair, "max_positions", None))
+        ids = encode_prompt(pair.tokenizer, req, pair.max_positions)
         for mode in ("baseline", "speculative"):
             for _ in run_events(pair, req, mode, ids):
                 pass
@@ -238,8 +238,7 @@ class BackgroundCalibration:
 
     def _room(self) -> bool:
         """A second copy (and a fp32 reload while casting) must fit in the free memory."""
-        need = 2 * sum(p.numel() * p.element_size() for m in (getattr(self.pair, "target", None),
-                                                              getattr(self.pair, "draft", None))
+        need = 2 * sum(p.numel() * p.element_size() for m in (self.pair.target, self.pair.draft)
                        if m is not None and hasattr(m, "parameters") for p in m.parameters())
         return need <= 0.9 * available_memory()
 
@@ -265,7 +264,7 @@ class BackgroundCalibration:
             if self.m.spec is not self.spec:  # another pair was loaded meanwhile
                 return
             self.m.pair = pair  # runs under way keep the pair they started with
-        self._set(state="done", step=getattr(pair, "precision_note", ""))
+        self._set(state="done", step=pair.precision_note)
         del self.pair
         from ..engine.cpu.memory import trim_heap
         trim_heap()  # the untimed pair's memory back to the OS: 4.48 GB resident after runs, 3.28 without

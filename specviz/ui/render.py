@@ -14,7 +14,7 @@ from __future__ import annotations
 import html
 
 from ..engine.events import OUTCOME_COLOURS, OUTCOME_LABELS, Outcome, RoundEvent, TokenEvent
-from ..engine.method_info import round_note
+from ..engine.proposer import round_note
 from ..format import number
 from .method_options import options_text
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+import torch
+
 from ..engine.events import RoundEvent, RunSummary, TokenEvent, book_round
 from ..engine.metrics import disturbed_note, run_stats
 
@@ -22,7 +24,7 @@ class SideView:
     t: float = 0.0  # latest event time on this side's clock
     # running totals over rounds (speculative), booked by the engine's own ledger (events.commit_round)
     books: RunSummary = field(default_factory=lambda: RunSummary(
-        mode="speculative", method="", token_ids=[], text="", n_tokens=0, elapsed=0.0, prefill=0.0,
+        side="speculative", method="", token_ids=[], text="", n_tokens=0, elapsed=0.0, prefill=0.0,
         target_forwards=0, stop_reason="running"))
 
     @property
@@ -61,13 +63,13 @@ class SideView:
         if self.summary is not None:
             return self.summary
         if self.name == "baseline":
-            return RunSummary(mode="baseline", method="plain", token_ids=[t.token_id for t in self.tokens],
+            return RunSummary(side="baseline", method="plain", token_ids=[t.token_id for t in self.tokens],
                               text="", n_tokens=len(self.tokens), elapsed=self.t,
                               prefill=self.tokens[0].t if self.tokens else 0.0,
                               target_forwards=len(self.tokens), stop_reason="running")
         last = self.rounds[-1] if self.rounds else None
         return RunSummary(
-            mode="speculative", method="draft", token_ids=[], text="", n_tokens=self.n_tokens,
+            side="speculative", method="draft", token_ids=[], text="", n_tokens=self.n_tokens,
             elapsed=self.t, prefill=self._prefill(),
             target_forwards=self.target_forwards, stop_reason="running", rounds=len(self.rounds),
             drafted=last.total_drafted if last else 0, accepted=last.total_accepted if last else 0,
@@ -100,7 +102,7 @@ class RunView:
         self.method = "draft"  # where the guesses came from (RunRequest.method)
         self.options: dict = {}  # its settings (RunRequest.options: tree shape, exit layer, ...)
         self.gamma_auto = False  # γ chosen each round (engine/gamma.py): predict at the mean drafted γ
-        self.precision = "float32"  # the target's dtype: sets the greedy near-tie threshold
+        self.dtype = torch.float32  # the target's float type: sets the greedy near-tie threshold
         self.error = ""  # a failed run's message for the visitor
         self.unmeasured: tuple = ()  # Stats fields the engine cannot measure (vLLM: α̂, c, prediction)
         self.costs = None  # the pair's CostModel (engine/costs.py) when it was calibrated at load
@@ -146,7 +148,7 @@ class RunView:
         if n == 0:
             return None, None
         # still running at t: tokens done by t over t; the step from the gaps between them
-        part = RunSummary(mode="baseline", method="plain", token_ids=[], text="", n_tokens=n,
+        part = RunSummary(side="baseline", method="plain", token_ids=[], text="", n_tokens=n,
                           elapsed=self._base_times[n - 1], prefill=self._base_times[0], target_forwards=n,
                           stop_reason="running")
         return (n / t if t > 0 else None), part
@@ -194,7 +196,7 @@ class RunView:
             return {"identical": True, "first_diff": None}
         # they differ: a numerical near-tie or a bug? the top-2 logit gaps of both runs say
         from ..run.equality import compare_greedy, output_tokens
-        eq = compare_greedy(output_tokens(self.base.tokens), output_tokens(self.spec.rounds), self.precision)
+        eq = compare_greedy(output_tokens(self.base.tokens), output_tokens(self.spec.rounds), self.dtype)
         verdict = "mismatch" if eq.verdict == "identical" else eq.verdict
         first = eq.position if eq.position is not None else next(
             (i for i, (u, v) in enumerate(zip(a.token_ids, b.token_ids, strict=False)) if u != v),

@@ -96,8 +96,7 @@ def target_dims(model) -> tuple[int, int, int]:
 
 
 def heads_key(pair) -> str:
-    spec = getattr(pair, "spec", None)
-    ident = "|".join([getattr(spec, "name", ""), getattr(spec, "target", ""),
+    ident = "|".join([pair.spec.name, pair.spec.target,
                       *map(str, target_dims(pair.target)), str(VERSION)])
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
@@ -108,12 +107,11 @@ def heads_dir(pair) -> Path:
 
 def train_command(pair) -> str:
     """The command that trains heads for this pair (shown when none are cached)."""
-    spec = getattr(pair, "spec", None)
-    name, target = getattr(spec, "name", "default"), getattr(spec, "target", "")
+    name, target = pair.spec.name, pair.spec.target
     if name == "default":
         args = ""
     elif name == "custom" or not name:
-        args = f" --target {target} --draft {getattr(spec, 'draft', '')}"
+        args = f" --target {target} --draft {pair.spec.draft or ''}"
     else:
         args = f" --pair {name}"
     return f"python -m specviz heads train{args}"

@@ -123,6 +123,6 @@ class PromptLookupProposer(Proposer):
                       "with measured costs, only as many guesses as pay for their verify rows")
 def _build_lookup(pair, req=None):
     from ..gamma import monotone
-    costs = getattr(pair, "costs", None)
+    costs = pair.costs
     return PromptLookupProposer(target_vocab(pair.target),
                                 verify_cost=monotone(costs.verify_cost) if costs is not None else None)
