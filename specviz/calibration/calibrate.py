@@ -61,8 +61,8 @@ CONTEXT = 100  # tokens in the cache while timing: a typical prompt
 COMPILE_HOPE = 1.5
 REPEATS = 3  # median of 3: ~15 s for a first calibration of the default pair on 2 cores
 CONFIRM_MARGIN = 1.3  # the two fastest are re-timed only when this close (choice.PRUNE: further timings)
-# 2: the target choice counts the prompt's forward; 3: the draft's too (2026-11-25); 4: the target's
-# score is a whole request, plain run and speculative run (choice.PLAIN_WEIGHT, 2026-11-26)
+# 2: the target choice counts the prompt's forward; 3: the draft's too; 4: the target's score is a
+# whole request, plain run and speculative run (choice.PLAIN_WEIGHT)
 CACHE_VERSION = 4
 BUSY_LOAD_PER_CORE = 2.0  # above this 1-minute load per core a calibration is not cached
 
@@ -378,8 +378,7 @@ def _compiled_draft(models: dict, timings: dict[str, float], chosen: str, progre
     winner cannot compile, the traceable candidate that would win if compiling made its step
     COMPILE_HOPE times faster is timed compiled (a cold compile: 80-100 s on 2 cores), and wins
     if that scores better (draft_score: the step plus its prompt share); its step timing becomes
-    the compiled one. Emulated AVX2 on a Xeon, 2026-11-25: int8 (dynamic) won the eager steps
-    at 39 ms over w4 at 42; w4 compiled: 32 ms."""
+    the compiled one (why: docs/why.md#draft-compile)."""
     from . import draft_compile
     if draft_compile.unwanted(models[chosen]) is None:
         return chosen  # the winner compiles at load anyway

@@ -13,11 +13,8 @@ CHOICE_N = (1, 5, PROMPT_N)
 # run, both of which really run. A 64-token request: 64 plain steps, ~16 verify rounds (τ ≈ 4),
 # and a ~100-token prompt (1.6 of the timed 64) read by each run; per 8 steps that is
 # PLAIN_WEIGHT steps + VERIFY_WEIGHT verifies + 0.4 prompts (1 / PROMPT_SPREAD).
-# Why both runs: scoring the speculative round alone (weights 1:2:1/5 until 2026-11-26) made two
-# targets tie on the 2-core AVX2 EPYC (ms step/verify/prompt w8a8 102.9/125.1/1031 vs w4a8
-# 52.2/124.1/1377: 559 vs 576), and the class-default tie rule kept w8a8, whose plain step is
-# twice w4a8's: a speedup shown over a baseline slowed for it. Weighed by the request, 1485 vs
-# 1217: the speculative side is as fast either way and the baseline is the fastest there is.
+# Why both runs: scoring the speculative round alone could keep a target whose plain step is twice
+# another's, a speedup shown over a baseline slowed for it (docs/why.md#request-score).
 PLAIN_WEIGHT = 8
 VERIFY_WEIGHT = 2
 PROMPT_SPREAD = 2.5
@@ -25,9 +22,7 @@ PROMPT_SPREAD = 2.5
 DRAFT_PROMPT_SPREAD = 64
 NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8 (dynamic)", **lowbit.NAMES}
 # A candidate whose lower bound (see _score) is already PRUNE x the best full score is not timed
-# further. 2-core AVX2 EPYC, default pair, 2026-11-25: fp32/w8/w4 bounds 0.92/0.50/0.32 s vs
-# w8a8's 0.28 s score; the 5- and 64-token timings of those three and a w8a8/w4 re-timing
-# (calibration/calibrate._confirm) were ~130 s of a 363 s calibration.
+# further: timing a candidate already beaten was a third of a calibration (docs/why.md#prune).
 PRUNE = 1.15
 
 
@@ -72,10 +67,8 @@ def candidates(*, precision: str, quantize: str | None, device: str, native_bf16
 
 def _score(t: dict[int, float]) -> float:
     """A request's plain steps, γ=4 verifies and prompt reads (see PLAIN_WEIGHT). Why the
-    prompt: kernels differ most there. 2-core Xeon
-    (AVX-512/AMX), 1.5B target, 2026-11-25: w4 stepped in 90 ms and w8a8 in 96, but w4 read a
-    100-token prompt in 1.65 s and w8a8 in 0.44 s (torch's int4 kernel costs ~linearly in
-    rows; fbgemm's int8 GEMM does not), so the step alone picked w4 and lost 1.2 s a request."""
+    prompt: kernels differ most there, and the step alone picked a kernel that lost a request's
+    time reading prompts (docs/why.md#prompt-score)."""
     if set(t) == {1}:  # timed on its step alone (pruned): a verify of 5 costs at least a step
         return (PLAIN_WEIGHT + VERIFY_WEIGHT) * t[1]
     score = (PLAIN_WEIGHT * t.get(1, 0.0) + VERIFY_WEIGHT * t.get(5, 0.0)
@@ -95,9 +88,8 @@ def choose_target(timings: dict[str, dict[int, float]]) -> str:
 
 
 def draft_score(step: float, prompt: float | None = None) -> float:
-    """A draft step plus its prompt read spread over a request's draft steps. Why the prompt:
-    2-core AVX2 EPYC, 2026-11-25, bench of 7 prompts (33-205 tokens): the w4 draft (step 42 ms
-    compiled vs 48 ms int8) read each prompt at int4's per-row cost, ~2 s a request of 10.5 s."""
+    """A draft step plus its prompt read spread over a request's draft steps (why the prompt:
+    docs/why.md#prompt-score)."""
     return step + (prompt or 0.0) / DRAFT_PROMPT_SPREAD
 
 
@@ -149,12 +141,9 @@ def cost_model(timings: dict, target: str, draft: str | None, machine: str) -> C
 
 def class_default(cands: list[str], native_bf16: bool) -> str:
     """What a CPU of this class runs when timing cannot tell (a ranking that flips under load,
-    or no time to measure): w4a8 where our kernel builds, on every class where it was timed
-    (AVX2 EPYC, 2026-11-26, three calibrations: 50-52 ms/step vs w8a8's 103-117, by the request
-    score 1,217 vs 1,485; AVX-512 Xeon with native bf16: 45-47 ms vs bf16's 216-238; AVX-512 EPYC
-    with native bf16: 25-26 ms vs bf16's 119-122), else bf16 where it is native (2.2x fp32 on an
-    AVX512-BF16 Xeon), else w8a8 where fbgemm runs (AVX2 EPYC, 2026-11-23: 129-185 ms/step vs
-    568-644 fp32), else fp32."""
+    or no time to measure): w4a8 where our kernel builds, the fastest on every class where it was
+    timed, else bf16 where it is native, else w8a8 where fbgemm runs, else fp32
+    (docs/why.md#class-default)."""
     for p in ("w4a8",) + (("bf16",) if native_bf16 else ()) + ("w8a8", "fp32"):
         if p in cands:
             return p
@@ -162,6 +151,6 @@ def class_default(cands: list[str], native_bf16: bool) -> str:
 
 
 def draft_default(cands: list[str], target: str | None = None) -> str | None:
-    """What a draft runs untimed: w4a8 where it runs (AVX2 EPYC, 2026-11-26, three calibrations:
-    15-19 ms/step vs int8's 50-57), else int8, fp32, the target's format; timed first when timing."""
+    """What a draft runs untimed: w4a8 where it runs (docs/why.md#class-default), else int8, fp32,
+    the target's format; timed first when timing."""
     return next((p for p in ("w4a8", "int8", "fp32", target) if p in cands), cands[0]) if cands else None

@@ -1,9 +1,7 @@
 """The draft's one-token step under torch.compile on a CPU, kept only when it measures faster.
 
-A small draft's CPU step is mostly not its weights. 2026-11-25, 2-core Xeon (AVX-512, AMX),
-0.5B w4 draft with the 32,768-token output layer: 29.4 ms a step eager, of which about 14 ms
-in the int4 matmuls; compiled (inductor fuses the norms, rotary and casts between them and
-drops the Python around them) 17.7-19 ms. Cold compile 44 s, 14 s from inductor's disk cache.
+A small draft's CPU step is mostly not its weights: inductor fuses the norms, rotary and casts
+between them and drops the Python around them (docs/why.md#draft-compile).
 
 Only the draft, and only its one-token forward (the prompt and the odd two-token feed stay
 eager): the draft's logits may move by rounding under compilation, and nothing depends on them
@@ -64,7 +62,7 @@ def unwanted(draft) -> str | None:
         return "its weight format does not trace"
     if kernel_layer.covers(draft):
         # nothing left to fuse: a graph splits each layer back into aten calls around the kernel's
-        # custom op. 0.5B w4a8 draft, 2026-11-26, AVX2 EPYC: 19.3-20.2 ms eager vs 25.2-30.3 compiled
+        # custom op, and compiling lost (docs/why.md#draft-compile)
         return "its layers already run as kernel calls"
     if not kvcache.supported(draft):
         return "no static cache for this architecture"
@@ -103,8 +101,8 @@ def compile_draft(draft, progress=None, *, keep: str = "faster") -> DraftStep | 
     if rt.rows == 1 and draft in _DONE:
         # compiled by the calibration's draft choice, its input table already the one it runs with
         # (lowbit.half_embeddings): time the compiled step again, so that anything load changed since
-        # recompiles here, not in a visitor's first run. One cold compile instead of two: on a 2-core
-        # AVX2 EPYC, 2026-11-25, each took 77-100 s.
+        # recompiles here, not in a visitor's first run. One cold compile instead of two: each takes
+        # over a minute on 2 cores (docs/why.md#draft-compile).
         return replace(_DONE[draft], compiled_ms=step_ms(draft))
     if rt.rows == 1:  # compiled elsewhere: time both again
         _restore(draft, ("dynamic", False, False))

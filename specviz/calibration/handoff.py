@@ -20,9 +20,8 @@ class Handoff:
     """A model handed to calibrate() so that calibrate holds the only reference: a caller's local
     would keep the fp32 original (6.2 GB for the 1.5B) resident until calibrate returned, through
     the draft's whole timing. With a `reload`, the model may also be let go while the other side
-    is timed and loaded again from disk (page cache, ~1 s) when its turn comes. Cold load of the
-    default pair, 2-core AVX2 EPYC, 2026-11-26: peak resident 17.7 -> 14.9 GB
-    (anonymous 9.5 -> 8.7), while the draft is timed 17.7 -> 14.4 (anonymous 9.3 -> 6.0)."""
+    is timed and loaded again from disk (page cache, ~1 s) when its turn comes
+    (docs/why.md#handoff)."""
 
     def __init__(self, model, reload=None):
         self._model, self._reload = model, reload

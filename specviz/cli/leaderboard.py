@@ -15,6 +15,7 @@ import sys
 from ..format import number
 from ..run.flags import add_method_args, add_pair_args, load_from_args, method_options, preset_settings
 from ..run.leaderboard import DEFAULT_KEYS, END, PLAIN, START, Board, all_keys, new_board, race_methods
+from ..run.trace import headline, headline_text
 
 COLUMNS = ("#", "method", "γ", "tok/s", "× plain", "τ", "α̂", "c", "v", "tokens", "output")
 
@@ -125,13 +126,9 @@ def _print(args, board: Board) -> int:
     if args.json:
         print(json.dumps([r.to_dict() for r in board.rows()]))
         return 0
-    m = board.meta
     s = board.settings
-    how = "greedy" if board.greedy else f"sampled at T {s.get('temperature')}"
-    print(f"{m.get('pair_label') or m.get('target')}, {m.get('precision') or '?'} on "
-          f"{m.get('hardware') or '?'}, "
-          f"{str(m.get('recorded', '?'))[:10]}: {s.get('max_new_tokens')} new tokens, {how}, "
-          f"each run timed alone (fair)")
+    print(f"{headline_text(board.meta, s)}: {s.get('max_new_tokens')} new tokens, "
+          f"{headline(board.meta, s)['sampling']}, each run timed alone (fair)")
     print(table(board))
     bad = [r for r in board.rows() if r.identical == "mismatch"]
     for r in bad:

@@ -23,8 +23,8 @@ def pick(probs: torch.Tensor, params: SamplingParams, generator) -> int:
 def forward_logits(model, ids: list[int], cache, keep: int, *, exact: bool = True) -> torch.Tensor:
     """One KV-cached forward of `ids`; returns float logits of the last `keep` positions.
     exact=False (a draft: nothing depends on its bits but its own q, recorded as computed) skips
-    context_apart: a draft's two-token feed after a bonus round is one forward, not two (w4a8
-    0.5B draft, 2026-11-26, AVX2 EPYC: 61 ms as two forwards, one 1-token step 30 ms)."""
+    context_apart: a draft's two-token feed after a bonus round is one forward, not two
+    (docs/why.md#draft-inexact)."""
     return _forward(model, context_apart(model, cache, ids, keep) if exact else ids, cache, keep)
 
 

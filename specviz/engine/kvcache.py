@@ -169,7 +169,7 @@ causal_mask = _mask  # engine/layers.py runs a target's layers over the same cac
 
 def _call(model, x, pos_ids, mask, cache, keep):
     # Qwen2-style models take a mask per layer type; Llama/Mistral (5.23) a prepared 4D tensor,
-    # which they pass through (a dict there raised AttributeError, found 2026-11-25)
+    # which they pass through (a dict there raises AttributeError)
     if hasattr(model.config, "layer_types"):
         mask = {"full_attention": mask}
     elif mask is None:
@@ -248,8 +248,8 @@ def _inductor_cache_per_class() -> None:
     Why: inductor's FX graph cache key holds no CPU ISA (torch 2.13: no vec ISA in
     FxGraphHashDetails, its system info is CUDA's), but the generated kernels hard-code the
     vector width (AVX-512: loops step 16 floats). Reused under ATEN_CPU_CAPABILITY=avx2 they are
-    rebuilt against an 8-float Vectorized: a compiled greedy run emitted [41, 0, 0, ...] or the
-    process segfaulted (2026-11-25, and again 2026-11-26, issue 41). The class directory a parent
+    rebuilt against an 8-float Vectorized: wrong tokens or a segfault (docs/why.md#inductor-isa).
+    The class directory a parent
     process chose is not a user's choice: a child run under another capability (test_portable's
     emulated AVX2 inherits the xdist worker's environment, .../2.13.0_cpu-AVX512 once any test of
     that worker compiled) takes its own class beside it, not the parent's."""

@@ -19,7 +19,7 @@ from ..errors import RequestError
 from . import kvcache
 
 # Architectures whose forward is exactly embed_tokens -> layers -> norm -> lm_head, checked
-# against the model's own forward in tests/test_lossless_arch.py (transformers 5.23, 2026-11-23).
+# against the model's own forward in tests/test_lossless_arch.py.
 # Others refuse: their forward may scale on the way (Granite's embedding_multiplier and
 # logits_scaling, Cohere's logit_scale, Gemma 2's soft-capping), which the parts alone miss.
 VERIFIED = ("apertus", "arcee", "bitnet", "gemma", "llama", "mistral", "qwen2", "qwen3")

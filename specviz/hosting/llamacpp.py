@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ModelError
+from .logs import log_reason
 from .vllm_server import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,7 +163,7 @@ class Server:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise LlamaCppError(f"llama-server ({self.name}) exited with code {self.proc.returncode}: "
-                                    f"{_last_error(self.log)}")
+                                    f"{log_reason(self.log)}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:
@@ -206,14 +207,3 @@ class Server:
         self.proc = None
         if self.log is not None:
             self.log.unlink(missing_ok=True)
-
-
-def _last_error(log: Path | None) -> str:
-    try:
-        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    except (OSError, AttributeError):
-        return "no log"
-    for ln in reversed(lines):
-        if "error" in ln.lower() or "failed" in ln.lower():
-            return ln[-300:]
-    return lines[-1][-300:] if lines else "empty log"

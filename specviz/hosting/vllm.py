@@ -24,7 +24,8 @@ from ..engine.events import Outcome, RoundEvent, RunSummary, TokenEvent
 from ..engine.text import TextStream
 from ..errors import RequestError
 from ..models import PairSpec
-from .vllm_server import Server, VllmError, log_reason, start_server, vllm_python
+from .logs import log_reason
+from .vllm_server import Server, VllmError, start_server, vllm_python
 from .vllm_stream import read_counters, read_only_servers, stream_completion
 
 ENGINE = "vllm"

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..models import ModelError
+from .logs import log_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 SETUP_HINT = "run `bash scripts/setup.sh vllm` (a separate venv, .venv-vllm) or give --vllm-url"
@@ -99,18 +100,6 @@ def stop_process(proc: subprocess.Popen | None) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def log_reason(log: Path | None) -> str:
-    """The line of a failed server's log that says why (the last error), else its last line."""
-    try:
-        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    except (OSError, AttributeError):
-        return "no log"
-    for ln in reversed(lines):
-        if "Error" in ln or "error:" in ln:
-            return ln[-300:]
-    return lines[-1][-300:] if lines else "empty log"
 
 
 def server_command(python: str, model: str, port: int, *, name: str, spec_config: dict | None,

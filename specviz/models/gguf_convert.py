@@ -1,8 +1,8 @@
 """A GGUF file to a float32 safetensors folder, one tensor at a time.
 
 `from_pretrained(gguf_file=...)` dequantises every tensor into one state dict and builds the
-model from it before anything can be saved: 9.2 GB resident at the 1.5B's conversion (2-core
-AVX-512 EPYC, 2026-11-26), most of a first start's memory. Here each tensor is dequantised
+model from it before anything can be saved: most of a first start's memory
+(docs/why.md#gguf-convert). Here each tensor is dequantised
 with the same function transformers uses (gguf-py's `dequantize`, then its tensor processor
 and name map), written into shards of at most SHARD_BYTES, and let go: the same bytes on disk,
 in a sharded checkpoint that `from_pretrained(folder)` reads as it read the single file.

@@ -297,7 +297,7 @@ def _own_memory(model) -> None:
     once per model (a target converted at load is not copied again at the end).
     from_pretrained maps safetensors files; a tensor left as loaded (the fp32 embedding table
     beside low-bit Linears) keeps the whole file mapped, and every page the conversion read
-    counts as the process's memory: 9.5 GB RSS for a pair holding 2.8 GB of tensors, 2026-11-25."""
+    counts as the process's memory (docs/why.md#own-memory)."""
     if model in _OWNED:
         return
     mapped = _file_mappings()
@@ -310,7 +310,7 @@ def _own_memory(model) -> None:
 def _file_mappings() -> list[tuple[int, int]] | None:
     """This process's file-backed address ranges, sorted (/proc/self/maps); None where unknown.
     Why only those are copied: copying every tensor (fused, packed and converted ones are already
-    the process's own) took 24 of a 55-s fp32 pair load at one thread (2026-11-26, AVX2 EPYC)."""
+    the process's own) took most of a pair's load (docs/why.md#own-memory)."""
     try:
         with open("/proc/self/maps") as f:
             rows = [line.split(maxsplit=5) for line in f]

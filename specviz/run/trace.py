@@ -176,16 +176,35 @@ def trace_costs(tr: Trace):
         return None
 
 
+def headline(meta: dict, settings: dict | None = None) -> dict[str, str]:
+    """What a recorded run ran, from a trace's or a race's meta: its models, precision, hardware,
+    date and sampling. The CLI, the replay and the leaderboard all read them here."""
+    settings = (meta.get("settings") or {}) if settings is None else settings
+    temp, raw = settings.get("temperature"), str(meta.get("recorded") or "")
+    try:
+        date = datetime.fromisoformat(raw).strftime("%Y-%m-%d %H:%M UTC")
+    except ValueError:
+        date = raw or "an unknown date"
+    models = meta.get("pair_label") or " + ".join(x for x in (meta.get("target"), meta.get("draft")) if x)
+    return {"models": str(models or "unknown models"), "hardware": meta.get("hardware") or "unknown hardware",
+            "precision": meta.get("precision") or "unknown precision", "date": date,
+            "sampling": "greedy" if temp == 0 else f"sampled at T {temp}" if temp is not None else "?"}
+
+
+def headline_text(meta: dict, settings: dict | None = None) -> str:
+    """"Qwen2.5-Coder 1.5B + 0.5B, bfloat16 on AMD EPYC (2 cores), 2026-11-27 09:00 UTC"."""
+    h = headline(meta, settings)
+    return f"{h['models']}, {h['precision']} on {h['hardware']}, {h['date']}"
+
+
 def describe(tr: Trace) -> str:
-    """One line: label, models, hardware, date, and the measured speedup."""
-    m = tr.meta
-    s = tr.summaries()
+    """One line: label, models, settings, hardware, date, and the measured speedup."""
+    m, s = tr.meta, tr.summaries()
+    settings = m.get("settings") or {}
     base, spec = s.get("baseline"), s.get("speculative")
     speed = ""
     if base is not None and spec is not None and base.tokens_per_s > 0:
         speed = (f", {spec.tokens_per_s / base.tokens_per_s:.2f}× "
                  f"({spec.n_tokens} tokens, α {spec.accepted / spec.drafted if spec.drafted else 0:.2f})")
-    return (f"{m.get('label') or 'unlabelled'}: {m.get('pair_label') or m.get('target')}, "
-            f"{m.get('settings', {}).get('method', '?')} γ {m.get('settings', {}).get('gamma', '?')}, "
-            f"T {m.get('settings', {}).get('temperature', '?')}, {m.get('precision') or '?'} on "
-            f"{m.get('hardware') or '?'}, {str(m.get('recorded', '?'))[:10]}{speed}")
+    return (f"{m.get('label') or 'unlabelled'}: {settings.get('method', '?')} "
+            f"γ {settings.get('gamma', '?')}, {headline(m)['sampling']}, {headline_text(m)}{speed}")

@@ -6,6 +6,7 @@ import plotly.graph_objects as go
 
 from ..format import number
 from ..run.leaderboard import PLAIN, Board, Row
+from ..run.trace import headline
 from .charts import BLUE, FONT, GREEN, GRID, VERMILLION
 from .render import esc
 
@@ -122,8 +123,7 @@ def pick_choices(board: Board | None) -> list[tuple[str, str]]:
 
 
 def replay_banner(meta: dict, source: str) -> str:
+    h = headline(meta)
     return ("<div class='sv-replay-banner' role='status'><b>▶ Recorded race</b> "
-            f"({esc(source)}) on <b>{esc(meta.get('hardware') or 'unknown hardware')}</b>, "
-            f"{esc(str(meta.get('recorded') or '?')[:16].replace('T', ' '))}, "
-            f"{esc(meta.get('pair_label') or meta.get('target') or '?')}, {esc(meta.get('precision') or '?')}"
-            " — <b>not live</b>.</div>")
+            f"({esc(source)}) on <b>{esc(h['hardware'])}</b>, {esc(h['date'])}, {esc(h['models'])}, "
+            f"{esc(h['precision'])} — <b>not live</b>.</div>")

@@ -20,7 +20,6 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from dataclasses import replace as dc_replace
-from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -30,7 +29,7 @@ from ..engine.events import RoundEvent, RunSummary
 from ..engine.proposers import REGISTRY
 from ..run import isolation
 from ..run.race import SIDES
-from ..run.trace import Trace, event_time, load_trace, replay, trace_costs
+from ..run.trace import Trace, event_time, headline, headline_text, load_trace, replay, trace_costs
 from . import inspector, render, theory
 from .charts import all_charts
 from .method_options import options_text
@@ -105,19 +104,6 @@ def shipped() -> dict[str, Trace]:
     return out
 
 
-def _date(meta: dict) -> str:
-    raw = str(meta.get("recorded") or "")
-    try:
-        return datetime.fromisoformat(raw).strftime("%Y-%m-%d %H:%M UTC")
-    except ValueError:
-        return raw or "an unknown date"
-
-
-def _models(meta: dict) -> str:
-    return str(meta.get("pair_label") or " + ".join(x for x in (meta.get("target"), meta.get("draft")) if x)
-               or "unknown models")
-
-
 def _method_text(settings: dict) -> str:
     """The method and its recorded settings: "token tree · shape 4-2-2-1"."""
     extra = options_text(settings.get("method"), settings.get("options"))
@@ -139,24 +125,22 @@ def describe_html(tr: Trace, source: str) -> str:
     if base is not None and spec is not None and base.tokens_per_s > 0:
         res = (f" Result: {spec.n_tokens} tokens, {base.tokens_per_s:.2f} → {spec.tokens_per_s:.2f} tokens/s "
                f"(<b>{spec.tokens_per_s / base.tokens_per_s:.2f}×</b>).")
-    temp = settings.get("temperature")
-    how = "greedy" if temp == 0 else f"sampled at T {temp}" if temp is not None else "?"
+    h = headline(m, settings)
     return (f"<div class='sv-runinfo'><span class='sv-mode'>{render.esc(source)}: "
-            f"<b>{render.esc(m.get('label') or 'unlabelled')}</b>: {render.esc(_models(m))}, "
-            f"{render.esc(_method_text(settings))}, "
-            f"γ {render.esc(settings.get('gamma', '?'))}, "
-            f"{render.esc(how)}, {render.esc(m.get('precision') or '?')} on "
-            f"{render.esc(m.get('hardware') or '?')}, {render.esc(_date(m))}, "
+            f"<b>{render.esc(m.get('label') or 'unlabelled')}</b>: {render.esc(_method_text(settings))}, "
+            f"γ {render.esc(settings.get('gamma', '?'))}, {render.esc(h['sampling'])}, "
+            f"{render.esc(headline_text(m, settings))}, "
             f"{render.esc(m.get('execution_mode') or 'fair')} mode.{res}</span></div>")
 
 
 def banner_html(meta: dict, speed: float = 1.0) -> str:
     pace = "at the recorded pace" if speed == 1 else f"at {speed:g}× the recorded pace"
     label = meta.get("label")
+    h = headline(meta)
     return (
         "<div class='sv-replay-banner' role='status'><b>▶ Replay</b> of a run recorded on "
-        f"<b>{render.esc(meta.get('hardware') or 'unknown hardware')}</b>, {render.esc(_date(meta))}, "
-        f"{render.esc(_models(meta))}, {render.esc(meta.get('precision') or 'unknown precision')}"
+        f"<b>{render.esc(h['hardware'])}</b>, {render.esc(h['date'])}, "
+        f"{render.esc(h['models'])}, {render.esc(h['precision'])}"
         f" — <b>not live</b>. Played {pace}"
         + (f"; “{render.esc(label)}”" if label else "") + ".</div>")
 

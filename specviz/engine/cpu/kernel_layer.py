@@ -50,8 +50,7 @@ def _lin(m: BlockLinear) -> Lin:
 def _modules(layer) -> tuple | None:
     """(attention, MLP, the two norms, the four projections) of a kernel-flagged fused layer, read
     from the module dicts: this runs for every layer of every step, and an nn.Module attribute
-    lookup costs ~1.2 µs (layer_struct took 41 µs a layer through them, 10.8 this way: ~0.9 ms of a
-    28-layer step; tiny model, 2026-11-26, AVX2 EPYC)."""
+    lookup is slow (docs/why.md#module-dicts)."""
     m = layer._modules
     attn, mlp = m.get("self_attn"), m.get("mlp")
     if not (getattr(attn, "kernel", False) and getattr(mlp, "kernel", False)):

@@ -41,8 +41,7 @@ def cat_linear(parts: list[nn.Linear]) -> nn.Linear:
     """One nn.Linear whose output is the parts' outputs side by side."""
     w = torch.cat([p.weight.data for p in parts])
     has_bias = any(p.bias is not None for p in parts)
-    # skip_init: nn.Linear's random init of a weight replaced at once took 8 of a 55-s fp32 pair
-    # load at one thread (2026-11-26, AVX2 EPYC)
+    # skip_init: nn.Linear's random init of a weight replaced at once is wasted (docs/why.md#skip-init)
     out = nn.utils.skip_init(nn.Linear, w.shape[1], w.shape[0], bias=has_bias, device=w.device, dtype=w.dtype)
     out.weight.data = w
     if has_bias:
@@ -156,8 +155,7 @@ NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm")  # weight * (x * rsqr
 
 class KernelRMSNorm(nn.Module):
     """The family's RMSNorm as one C call (engine/cpu/qgemm.py's rms_norm) on a CPU's float32 rows,
-    where aten makes six: a 1536-wide row 42-67 µs through transformers' module, 30-45 through
-    F.rms_norm (2026-11-26, AVX2 EPYC), 57 of them a 1.5B step. Traced (the draft's compiled step)
+    where aten makes six (docs/why.md#rms-norm). Traced (the draft's compiled step)
     or off the CPU: transformers' own forward."""
 
     def __init__(self, norm: nn.Module):

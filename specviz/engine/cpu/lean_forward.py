@@ -1,8 +1,7 @@
 """The Llama family's chain forward without transformers' per-call machinery, bit for bit.
 
-A batch-1 step on a CPU spends a quarter of its time outside the weight matmuls
-(bench/step_profile.py: w4a8 target 28.5 of 97.6 ms, w8a8 27.1 of 112.3, AVX2 EPYC
-2026-11-25), and part of that is the orchestration around the maths: output
+A batch-1 step on a CPU spent a quarter of its time outside the weight matmuls
+(docs/why.md#lean-forward), and part of that is the orchestration around the maths: output
 capturing and kwargs merging decorators, the mask builder, the attention-interface
 lookup, per-layer module calls with their keyword plumbing. This forward runs the
 same modules (norms, fused projections, MLP, rotary table, embeddings, output layer)
@@ -16,8 +15,6 @@ prompt) of a fused (engine/cpu/lean.py), row-wise Llama-family model with no for
 hooks on it; everything else (trees' masks, long prompts, compiled caches, other
 architectures, a model someone is timing through hooks) keeps `model(...)`. Because
 the two paths agree to the bit, mixing them inside one run changes nothing.
-Measured (2026-11-25, AVX2 EPYC, one process, alternating calls): w4a8 target
-one token 108.5 -> 99.5 ms, five tokens 226 -> 201; w4a8 draft 54.4 -> 47.5 ms.
 Where every layer is on the C kernels (w4a8: engine/cpu/kernel_layer.py) each layer is two C
 calls around the cache's update instead, bit-identical too.
 """
@@ -36,9 +33,8 @@ PROMPT_MAX = 2048  # a prompt's rows in one C stack call, at most (its scratch g
 def eligible(model, n: int) -> bool:
     """Whether an n-token chain forward of `model` can take this path: up to ROWWISE_MAX tokens on
     any fused row-wise model, a prompt of up to PROMPT_MAX where every layer is on the C kernels.
-    Why prompts too: a 118-token prompt of the 1.5B w4a8 target read in 295 ms on the C layers
-    against 344 through model(...) (AVX-512 EPYC, 2026-11-27), and each row then has the bits a
-    one-token step would give it."""
+    Why prompts too: they read faster there (docs/why.md#lean-prompt), and each row then has the
+    bits a one-token step would give it."""
     if n <= 0 or model._forward_hooks or model._forward_pre_hooks:
         return False
     if n > ROWWISE_MAX and not (n <= PROMPT_MAX and _structs(getattr(model, "model", None)) is not None):
@@ -146,8 +142,8 @@ def forward_masked(model, ids: list[int], positions: list[int], bias: torch.Tens
     one C call of the whole layer stack, each row attending to the keys its mask row allows, in
     cache order: the bits `model(...)` gives through row-wise attention. Float logits of the last
     `keep` inputs, or None where this path does not serve (then nothing was done).
-    Why: through `model(...)` a tree's 9-row verify cost 2.07 plain steps where a chain's 9 rows
-    cost 1.57 (AVX-512 EPYC, 2026-11-27, docs/every_cpu.md)."""
+    Why: through `model(...)` a tree's verify cost far more than a chain's of as many rows
+    (docs/why.md#lean-masked)."""
     n = len(ids)
     body = getattr(model, "model", None)
     if body is None or not eligible(model, n) or bias.shape[-1] != cache.get_seq_length() + n:

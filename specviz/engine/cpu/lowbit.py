@@ -54,8 +54,8 @@ NAMES = {"w16": "fp16 weights, float32 activations", "w8a8": "int8 weights, 7-bi
 # from plain at token 21, top-2 gap 0.74); to_lowbit gives it row-wise attention
 # (engine/cpu/rowwise_attention.py), which makes a verify forward bit-identical to single steps, so
 # that cannot happen. Every format gets it, but w4/w8 round activations to bf16 and their logits
-# to bf16 steps (0.125 at |logit| 20), so a 1e-7 attention difference flipped greedy ties on an
-# AVX-512 Xeon (w4 target, 2026-11-25: 3 of 21 bench runs differed from plain at an exact bf16 tie).
+# to bf16 steps (0.125 at |logit| 20), so a 1e-7 attention difference flipped greedy ties
+# (docs/why.md#lowbit-ties).
 # Whether a Linear itself is row-exact is the CPU's kernels' business: fbgemm's fp16 GEMM was on
 # that Xeon, and on a 2-core AVX2 EPYC the same day 8 rows at once differed from single rows
 # by 6e-7 (w8a8, w8, w4 row-exact on both). So it is measured, never assumed by CPU name.
@@ -273,8 +273,8 @@ def lowbit_copy(model: nn.Module, fmt: str) -> nn.Module:
     own Parameter objects: nn.Module.to() casts a parameter in place (param.data = cast), so a
     shared Parameter let calibration's bf16 candidate, cast after the twins were made, turn the
     chosen w4a8 twin's norms to bf16; its layers then missed the one-call C path (fp32 norms
-    only) and every plain step ran 34 % slower than the same choice loaded from the cache
-    (33.5 vs 25.0 ms, 2-core AVX-512 EPYC, 2026-11-26; issue 41's "slow first start")."""
+    only) and every plain step ran slower than the same choice loaded from the cache
+    (docs/why.md#twin-parameters)."""
     return pack(twin(model), fmt)
 
 

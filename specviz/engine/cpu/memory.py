@@ -6,9 +6,7 @@ from __future__ import annotations
 def trim_heap() -> None:
     """Free what conversions leave in reference cycles (a model's modules point at each other, so
     only the cycle collector frees them), then hand the heap's free pages back to the OS (glibc
-    keeps them). 2-core AVX2 EPYC, default pair: resident right after load 4.42 GB with the trim
-    alone, 3.25 GB with gc first (2026-11-25); a first calibration held every candidate it had
-    timed until its end, 19.8 GB at its peak, when nothing was freed between them (2026-11-26)."""
+    keeps them): docs/why.md#trim-heap."""
     import ctypes
     import gc
     gc.collect()
@@ -62,9 +60,8 @@ def _mappings(smaps: str, suffix: str) -> list[tuple[int, int, int]]:
 
 def freeze_imports() -> None:
     """Put every object alive now (imported modules and their tables) out of the cycle collector's
-    walk, once, before any model exists: each trim_heap() then walks only what came later. Why: in
-    the app's process one gc.collect() took 0.19-0.22 s over 394k objects (gradio, transformers),
-    7 µs after gc.freeze(), and a calibration collects ~10 times (2026-11-26, AVX2 EPYC). Models
+    walk, once, before any model exists: each trim_heap() then walks only what came later, a
+    fraction of the app's objects (docs/why.md#freeze-imports). Models
     are never frozen (only the collector frees their modules' cycles): call it before one loads.
     Later calls do nothing, so a process that builds the app or the bench again (the tests do)
     never freezes the models that exist by then."""

@@ -289,8 +289,7 @@ CHUNK = 1 << 20  # weights packed this many at a time (whole groups of rows)
 
 def pack_rows(pack, w: torch.Tensor) -> dict[str, torch.Tensor | None]:
     """pack(w) a few rows at a time: the same bits (every packed value depends on its own row),
-    and a chunk's fp32 temporaries stay in cache. The 1.5B's w4a8 twin, 1 thread, 2-core AVX2
-    EPYC, 2026-11-26: 26.1 s packed whole; the 8960 x 1536 MLP shapes 0.24 -> 0.06 s a matrix."""
+    and a chunk's fp32 temporaries stay in cache (4x faster on the MLP shapes: docs/why.md#qgemm-pack)."""
     rows = max(1, CHUNK // w.shape[1] // GR) * GR
     if w.shape[0] <= rows:
         return pack(w)
@@ -360,7 +359,7 @@ class BlockLinear(nn.Module):
     def _weights(self) -> tuple:
         """The packed tensors' addresses and bits for the kernel, read from the buffers on every
         call (models/loading.py moves a loaded model's tensors with `t.data = t.data.clone()`:
-        addresses kept from an earlier call read freed memory, 2026-11-25)."""
+        addresses kept from an earlier call would read freed memory)."""
         b = self._buffers
         return _addresses(b["codes"], b["sub"], b["tmin"], b["wd"], b["wm"])
 

@@ -7,11 +7,10 @@
    dot of one row with one weight row is summed in the same order for any number of rows: a
    verify forward gives each token exactly its single-step logits.
 
-   Why hand-written: on an AVX2 EPYC torch's only int4 CPU kernel computes at ~4 GB/s of ~17
-   (docs/every_cpu.md); this is the integer-dot layout llama.cpp and ik_llama.cpp decode with
-   (u8 x s8 byte products), weight rows interleaved so that extra activation rows cost little, one
-   weight read per call whatever the number of rows. One source, three builds (qgemm.py's ISAS):
-   AVX2, AVX-VNNI and AVX-512 VNNI, each picked by the flags it is compiled with.
+   Why hand-written: torch's int4 CPU kernel reads well below the memory's speed
+   (docs/why.md#qgemm-hand-written); this is llama.cpp's integer-dot layout, weight rows
+   interleaved so that extra activation rows cost little, one weight read per call. One source,
+   three builds (qgemm.py's ISAS): AVX2, AVX-VNNI and AVX-512 VNNI, each picked by its flags.
 
    Below the GEMM: the pieces of a Llama-family layer between its matmuls (RMSNorm, row-wise
    attention, the SiLU gate) and the whole layer built from them (engine/cpu/kernel_layer.py). */
@@ -23,24 +22,19 @@
 #define QK 32 /* weights per block */
 #define SB 8  /* blocks per super-block */
 /* Activation rows a pass over a weight group (the group stays in L1 for the next pass): an int32
-   accumulator a row, 16 of AVX-512's 32 vector registers; 8 on AVX2 (with a row's block partial
-   sums the registers spill, but 4-row tiles made a 5-row verify two passes: v(4) 1.82 against
-   v(3) 1.31 in the calibration, AVX-512 EPYC running the AVX2 variant, 2026-11-27). */
+   accumulator a row, 16 of AVX-512's 32 vector registers; 8 on AVX2, where 4 made a 5-row verify
+   two passes (docs/why.md#qgemm-rt). */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define RT 16
 #else
 #define RT 8
 #endif
-/* Code bytes read ahead of the one in use (a software prefetch per 64-byte line). The hardware
-   prefetcher alone left a 1.5B step's kernels at 64.5 ms (median of 12, 0.98 GB); 512 to 6144
-   bytes ahead all gave 57.5-59.1 (2026-11-25, AVX2 EPYC, 2 threads). A step or verify (one row
-   tile) reads PF_FAR ahead: a verify's rows take longer per line, and 1536 bytes no longer covered
-   the memory's latency (docs/every_cpu.md, 2026-11-27). A prompt (weight chunks re-read per row
-   tile) keeps PF: far reads there fetched the next chunk too early (64 rows: 9.4 -> 11.2 steps). */
+/* Code bytes read ahead of the one in use (a software prefetch per 64-byte line): PF_FAR for a
+   step or verify, whose rows take longer per line; PF for a prompt, which re-reads weight chunks
+   per row tile (docs/why.md#qgemm-pf). */
 #define PF 1536
 #define PF_FAR 32768
-/* Weight rows a chunk when a call has more rows than a tile (a prompt): 128-512 all took 8 %
-   off a 100-row gate/up call (35.6 -> 32.8 ms, AVX2 EPYC, 2026-11-26); 16 and 64 lost. */
+/* Weight rows a chunk when a call has more rows than a tile (a prompt; docs/why.md#qgemm-nc). */
 #define NC 256
 #define INLINE static inline __attribute__((always_inline))
 
@@ -221,9 +215,8 @@ INLINE __m256i dpw(__m256i acc, __m256i a, __m256i b) { /* int16 pairs' products
 }
 
 /* Group g's 16 weight rows against R activation rows, as two halves e (rows 8e .. 8e + 7) in one
-   pass: each code line is read once. The half count is a constant: with it a variable (one half or
-   two), the accumulator arrays lived on the stack (2081 of 5833 instructions touched it, and a
-   5-row call cost 2.1-2.3 steps, AVX-512 EPYC running this variant, 2026-11-27). */
+   pass: each code line is read once. The half count is a constant, so the accumulators stay in
+   registers (docs/why.md#qgemm-halves). */
 INLINE void group_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tmin, const float *wd,
                       const float *wm, int nb, int bits, const int8_t *xq, const uint8_t *xu, const float *xd,
                       const int16_t *xs, int K, int Mp, int R, float *y, size_t ys, int nv, int pf) {
@@ -240,9 +233,7 @@ INLINE void group_dot(const uint8_t *codes, const uint8_t *sub, const int8_t *tm
         for (int b = b0; b < b0 + ns; b++)
             for (int e = 0; e < 2; e++) {
 #ifndef __AVXVNNI__
-                /* Each half broadcasts its own activations: left to itself gcc kept all of a block's
-                   broadcasts for the second half, on the stack (kernel alone, 5 rows: 1.73 -> 1.55 steps,
-                   8 rows: 2.84 -> 2.49; AVX-512 EPYC running this variant, 2026-11-27). */
+                /* each half broadcasts its own activations (docs/why.md#qgemm-broadcast) */
                 __asm__ volatile("" ::: "memory");
 #endif
                 const __m256i sv = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sub + b * GR + 8 * e)));
@@ -369,10 +360,8 @@ static void gemm_blocks(const uint8_t *codes, const uint8_t *sub, const int8_t *
     /* One tile or less (a step, a verify): every weight row against it, one weight read per call.
        More (a prompt): weight rows in chunks of NC, each chunk against every row tile, so a tile's
        activation codes stay near the core across the chunk. */
-    /* Rows handed out in shrinking runs (guided), chunks one at a time (dynamic): with even static
-       halves one thread waited for the other ~10 % of a 5-row verify (perf, 2026-11-26); real
-       1.5B w4a8, four interleaved rounds, AVX2 EPYC: a 5-token verify 118-129 -> 109-123 ms, a
-       100-token prompt 1.70-2.02 -> 1.40-1.66 s, a step within noise. */
+    /* Rows handed out in shrinking runs (guided), chunks one at a time (dynamic): even static halves
+       left one thread waiting (docs/why.md#qgemm-schedule). */
     if (M <= RT) {
 #pragma omp parallel for num_threads(nt) schedule(guided, 1)
         for (int g = 0; g < ng; g++) tile(codes, sub, tmin, wd, wm, bits, N, K, nb, nsb, gb, xq, xu, xd, xs, Mp, y, g, 0, M, PF_FAR);
@@ -388,9 +377,8 @@ static void gemm_blocks(const uint8_t *codes, const uint8_t *sub, const int8_t *
 }
 
 /* One call per forward: x's rows quantised into scratch of the calling thread (grown, never
-   shared between threads), then multiplied. Why one call: a Linear's Python side (allocating
-   the scratch tensors, reading their addresses, a second foreign call) cost ~40 µs of the ~55 a
-   small call took, ~5 ms of a 1.5B step's 113 calls (2026-11-25, AVX2 EPYC). */
+   shared between threads), then multiplied; a second call's Python side cost most of a small
+   call (docs/why.md#qgemm-one-call). */
 int block_mm(const float *x, int M, int K, const uint8_t *codes, const uint8_t *sub, const int8_t *tmin,
              const float *wd, const float *wm, int bits, int N, float *y, int nt) {
     static __thread int8_t *xq;
@@ -699,10 +687,8 @@ int layer_post(const layer_t *L, float *h, int n, const float *qkv, const float 
    the cache at positions p .. p+n-1, then layer_post with row r seeing p + r + 1 keys (a tree's
    rows: tends[r] keys, base and xidx as attend_rows). Layer i's
    keys are kb[i] + g*kh + j*kr for kv head g and position j (values vb[i], same strides), with
-   room for p + n positions. Why: a layer's two calls and the cache's update between them
-   (Python, a torch.cat of the layer's whole cache) cost 125-170 µs a layer: the real pair's w4a8
-   steps, four interleaved rounds (AVX2 EPYC, 2026-11-26), 1.5B 52.5 -> 47.8 ms, 0.5B 18.1 -> 15.1
-   (and 20.5 -> 15.9 at 480 positions). */
+   room for p + n positions. Why: Python between a layer's calls cost more than the layer's
+   attention (docs/why.md#qgemm-layers). */
 int layers_forward(const layer_t *Ls, int nl, float *h, int n, const float *cos, const float *sin,
                    float *const *kb, float *const *vb, long kr, long kh, int p, const int *tends,
                    const int *base, const int *xidx, int nt) {
