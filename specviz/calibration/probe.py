@@ -1,12 +1,13 @@
 """A candidate timed on a slice of the model before the whole model is converted to it.
 
 Packing costs more than timing (docs/why.md#probe), and a first calibration packed five. Where a
-format loses by 3x, its whole-model timing only repeats what a few layers already say. So each low-
-bit candidate is first packed and timed on a slice: the first decoder layers whose weights at 4 bits
-pass SLICE_BYTES (more than a CPU's last-level cache, so no format runs from cache) and PROBE_HEAD
-rows of the output layer. One whose slice scores PROBE_PRUNE times the best slice's is not packed
-whole. The margin covers what a slice leaves out (most of the output layer). Nothing is chosen on a
-slice: the survivors are timed whole, as before, and the page says what was pruned and by how much."""
+format loses by 3x, its whole-model timing only repeats what a few layers already say. So each
+low-bit candidate is first packed and timed on a slice: the first decoder layers whose weights at 4
+bits pass SLICE_BYTES (more than a CPU's last-level cache, so no format runs from cache) and
+PROBE_HEAD rows of the output layer. One whose slice scores PROBE_PRUNE times the best slice's is
+not packed whole. The margin covers what a slice leaves out (most of the output layer). Nothing is
+chosen on a slice: the survivors are timed whole, as before, and the page says what was pruned and
+by how much."""
 from __future__ import annotations
 
 import copy
