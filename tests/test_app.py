@@ -7,6 +7,7 @@ import pytest
 gradio_client = pytest.importorskip("gradio_client")
 from browser.server import shared_server  # noqa: E402
 from gradio_client import Client  # noqa: E402
+from helpers import fake_pair  # noqa: E402
 
 GOOD = dict(gamma=4, max_new_tokens=48, temperature=0.0, top_p=1.0, top_k=0, seed=0, chat_template=False,
             mode="fair")
@@ -209,7 +210,7 @@ def test_page_served_after_ready_paints_the_current_status():
     def gated(spec, device=None, progress=None):
         progress("joining 22 parts", 0.1)
         gate.wait(60)
-        return type("Pair", (), {"device": "cpu", "dtype": "torch.float32", "precision": "float32"})()
+        return fake_pair(device="cpu", precision="float32")
 
     spec = PairSpec("x", "t", "d", "X + Y", False)
     manager = ModelManager(loader=gated, calibration="off")
@@ -250,7 +251,7 @@ def test_loader_reports_progress_and_friendly_errors():
     def ok(spec, device=None, progress=None):
         progress("loading target t", 0.3)
         seen.append(manager.status()["message"])
-        return type("Pair", (), {"device": "cpu", "dtype": "torch.float32", "precision": "float32"})()
+        return fake_pair(device="cpu", precision="float32")
 
     manager = ModelManager(loader=ok)
     manager.start(spec)

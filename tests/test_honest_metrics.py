@@ -61,7 +61,7 @@ def _costs(draft=0.002):
 
 
 def _summary(**kw):
-    d = dict(mode="speculative", method="draft", token_ids=[], text="", n_tokens=30, elapsed=1.0, prefill=0.1,
+    d = dict(side="speculative", method="draft", token_ids=[], text="", n_tokens=30, elapsed=1.0, prefill=0.1,
              target_forwards=10, stop_reason="max_new_tokens", rounds=10, drafted=25, accepted=20,
              draft_time=0.05, verify_time=0.15, draft_forwards=25, overlap_sum=20.0, gamma=8, prompt_rounds=1)
     d.update(kw)

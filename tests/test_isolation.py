@@ -4,6 +4,8 @@ import threading
 import time
 from types import SimpleNamespace
 
+from helpers import fake_pair
+
 from specviz.engine.events import Outcome, RunSummary, TokenEvent
 from specviz.run import isolation, race
 
@@ -15,13 +17,13 @@ def _fake_run_events(pair, req, side, prompt_ids, stop=None, clock=None):
     for i in range(N):
         time.sleep(WORK[side])
         yield TokenEvent(i, "x", Outcome.TARGET, clock.now())
-    yield RunSummary(mode=side, method="plain", token_ids=[], text="", n_tokens=N, elapsed=clock.now(),
+    yield RunSummary(side=side, method="plain", token_ids=[], text="", n_tokens=N, elapsed=clock.now(),
                      prefill=0.0, target_forwards=N, stop_reason="max_new_tokens")
 
 
 def _elapsed(consumer_sleep: float) -> dict:
     out = {}
-    for side, ev in race.race(SimpleNamespace(device="cpu"), None, [], mode="fair"):
+    for side, ev in race.race(fake_pair(device="cpu"), None, [], mode="fair"):
         if isinstance(ev, RunSummary):
             out[side] = ev.elapsed
         time.sleep(consumer_sleep)  # rendering, sending, a slow browser…

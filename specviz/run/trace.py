@@ -53,6 +53,8 @@ def event_from_dict(d: dict):
         return _token(d)
     if cls is RoundEvent:
         kw["tokens"] = [_token(t) for t in kw.get("tokens", [])]
+    if cls is RunSummary and "side" not in kw and "mode" in d:  # recorded before 2026-11-27
+        kw["side"] = d["mode"]
     return cls(**kw)
 
 
