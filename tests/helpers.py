@@ -21,7 +21,7 @@ def fake_pair(target=None, draft=None, **kw):
     spec = SimpleNamespace(name="tiny-test", label="tiny test pair", target="tiny", draft="tiny-draft")
     fields = dict(target=target, draft=draft, tokenizer=None, spec=spec,
                   device=getattr(target, "device", torch.device("cpu")), dtype=torch.float32, eos_ids=[],
-                  precision="", precision_note="", quantize=None, costs=None, calibration="", note="",
+                  precision_label="", precision_note="", quantize=None, costs=None, calibration="", note="",
                   unmeasured=(), baseline_pair=None, draft_step=None, engine=OURS, has_chat_template=False,
                   max_positions=None, close=lambda: None)
     return SimpleNamespace(**{**fields, **kw})  # repeats give the lookup stages something to copy

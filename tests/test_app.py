@@ -210,7 +210,7 @@ def test_page_served_after_ready_paints_the_current_status():
     def gated(spec, device=None, progress=None):
         progress("joining 22 parts", 0.1)
         gate.wait(60)
-        return fake_pair(device="cpu", precision="float32")
+        return fake_pair(device="cpu", precision_label="float32")
 
     spec = PairSpec("x", "t", "d", "X + Y", False)
     manager = ModelManager(loader=gated, calibration="off")
@@ -251,7 +251,7 @@ def test_loader_reports_progress_and_friendly_errors():
     def ok(spec, device=None, progress=None):
         progress("loading target t", 0.3)
         seen.append(manager.status()["message"])
-        return fake_pair(device="cpu", precision="float32")
+        return fake_pair(device="cpu", precision_label="float32")
 
     manager = ModelManager(loader=ok)
     manager.start(spec)

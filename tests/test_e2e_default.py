@@ -37,13 +37,13 @@ def test_greedy_speculative_equals_baseline(real_pair, prompt, chat, quantize, p
         from specviz.calibration.calibrate import NAMES
         c = pair.choice
         assert not c.untimed and c.target in c.timings["target"] and c.draft in c.timings["draft"], c.timings
-        assert NAMES[c.target] in pair.precision and NAMES[c.draft] in pair.precision
+        assert NAMES[c.target] in pair.precision_label and NAMES[c.draft] in pair.precision_label
         # the app's default load's facts, here rather than in a test of their own: xdist ran such a
         # test apart from this one (the fp32 load between), and the pair was calibrated twice
         # (2 x 14 min of a 35-min suite, 2026-11-26)
         default_load_facts(pair)
     else:
-        assert pair.precision == "float32"
+        assert pair.precision_label == "float32"
     req = make_request(prompt, gamma=4, max_new_tokens=24, temperature=0, chat_template=chat)
     ids = encode_prompt(pair.tokenizer, req)
     *plain, base = run_events(pair, req, "baseline", ids)

@@ -29,7 +29,7 @@ def deep(tok):
 
 
 def pair_of(model, tok):
-    return fake_pair(target=model, draft=None, tokenizer=tok, eos_ids=[0], precision="float32",
+    return fake_pair(target=model, draft=None, tokenizer=tok, eos_ids=[0], precision_label="float32",
                            spec=SimpleNamespace(name="tiny-test", target="tiny"), device=model.device)
 
 

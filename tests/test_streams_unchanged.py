@@ -211,7 +211,7 @@ def _pair(w, cfg):
     if cfg.get("same"):
         draft = target
     return fake_pair(target=target, draft=draft, tokenizer=w.tok, eos_ids=[], device=target.device,
-                           precision="float32", costs=COSTS if cfg.get("costs") else None,
+                           precision_label="float32", costs=COSTS if cfg.get("costs") else None,
                            spec=SimpleNamespace(name="tiny-test", target="tiny", draft="tiny-draft"))
 
 

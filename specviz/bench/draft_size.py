@@ -266,7 +266,7 @@ def _document(args, argv, pair, prompts, gammas, res, load_before, calibration) 
                date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                load_before=load_before, load_after=loadavg(), sizes=[s["name"] for s in res["sizes"]],
                plain_tps_before=res.pop("plain_tps_before"), plain_tps_after=res.pop("plain_tps_after"))
-    data = dict(pair=pair.spec.label, precision=pair.precision, machine=hardware(), gammas=gammas,
+    data = dict(pair=pair.spec.label, precision=pair.precision_label, machine=hardware(), gammas=gammas,
                 prompts=len(prompts), max_new_tokens=args.max_new_tokens, invocations=[inv], **res)
     if calibration:
         data["calibration"] = calibration

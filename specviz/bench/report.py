@@ -7,7 +7,7 @@ import os
 import platform
 from pathlib import Path
 
-from ..engine.pair import precision_label
+from ..engine.pair import runs_as
 from ..format import number
 from ..machine import cpu_model, loadavg
 
@@ -19,7 +19,7 @@ def machine_info(pair, device) -> dict:
         "cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(), "torch": torch.__version__,
         "transformers": transformers.__version__, "device": str(device),
-        "precision": precision_label(pair),
+        "precision": runs_as(pair),
         "date": _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
         "loadavg_start": loadavg(), "platform": platform.platform(),
     }

@@ -139,8 +139,9 @@ def main(argv=None) -> int:
     sides = {"target": profile_side(pair.target, args.context, args.steps),
              "draft": profile_side(pair.draft, args.context, args.steps)}
     if args.json:
-        print(json.dumps({"precision": pair.precision, "sum_gbs": bw["sum_gbs"], "sides": sides}))
+        print(json.dumps({"precision": pair.precision_label, "sum_gbs": bw["sum_gbs"], "sides": sides}))
     else:
-        print(f"{pair.precision}; plain-sum read {bw['sum_gbs']:.1f} GB/s, {torch.get_num_threads()} threads")
+        print(f"{pair.precision_label}; plain-sum read {bw['sum_gbs']:.1f} GB/s, "
+              f"{torch.get_num_threads()} threads")
         print("\n".join(report(sides, bw["sum_gbs"])))
     return 0

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     med = {how: {k: statistics.median(r[k] for r in rows if r["how"] == how)
                  for k in ("spec_tok_s", "base_tok_s", "speedup", "wall_s")} for how in kinds}
     ratio = med["ui"]["spec_tok_s"] / med["headless"]["spec_tok_s"]
-    print(f"pair {pair.spec.label}, precision {pair.precision}, γ {args.gamma}, "
+    print(f"pair {pair.spec.label}, precision {pair.precision_label}, γ {args.gamma}, "
           f"{args.max_new_tokens} tokens, "
           f"median of {args.repeats}; the page pauses {settle:g} s after each update (SPECVIZ_UI_SETTLE)")
     for how in kinds:

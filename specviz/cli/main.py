@@ -207,7 +207,8 @@ def _report(args, pair, sreq, i: int, side: str, events, summary: RunSummary, ba
         return _print_human(side, events, summary, stats)
     obj = {"sample": i, "side": side, "seed": sreq.seed, "token_ids": summary.token_ids,
            "text": summary.text, "stats": {**summary.to_dict(), **(stats or {})},
-           "precision": pair.precision, "precision_note": pair.precision_note, "gamma": sreq.gamma_label}
+           "precision": pair.precision_label, "precision_note": pair.precision_note,
+           "gamma": sreq.gamma_label}
     obj["stats"].pop("token_ids"), obj["stats"].pop("text")
     if side == "speculative":
         obj["rounds"] = [_round_dict(r) for r in events]

@@ -22,7 +22,8 @@ class Pair(Protocol):
     device: torch.device
     dtype: torch.dtype  # the float type the models compute in
     eos_ids: list[int]
-    precision: str  # what both sides run, as a label ("int4 g32 weights, 8-bit per-block activations")
+    precision_label: str  # what both sides run, measured ("int4 g32 weights, 8-bit per-block activations");
+    # "precision" alone is what a user asks for (--precision auto|fp32|bf16|w4a8 ...)
     precision_note: str  # what runs and why, with the timings that chose it ("" if nothing was timed)
     quantize: str | None  # None, "int8" (both sides) or "draft-int8"
     costs: CostModel | None  # the measured plain step, v(k) and draft step; None: not timed
@@ -49,9 +50,9 @@ def dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def precision_label(pair: Pair) -> str:
-    """What a pair computes in, as one label: its measured precision, else its float type."""
-    return pair.precision or dtype_name(pair.dtype)
+def runs_as(pair: Pair) -> str:
+    """What a pair computes in, as one label: its measured precision label, else its float type."""
+    return pair.precision_label or dtype_name(pair.dtype)
 
 
 def dtype_of(label: str) -> torch.dtype:

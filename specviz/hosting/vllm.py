@@ -60,7 +60,7 @@ class VllmPair:
         self.max_positions = max_model_len
         self.draft = None
         self.dtype = torch.bfloat16
-        self.precision = "vLLM (bf16)" if device == "cpu" else "vLLM"
+        self.precision_label = "vLLM (bf16)" if device == "cpu" else "vLLM"
         self.quantize = None
         self.eos_ids = [i for i in [getattr(tokenizer, "eos_token_id", None)] if i is not None]
         self.refs = refs  # local folders / hub ids for servers we start; None: connect only

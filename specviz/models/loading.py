@@ -36,7 +36,7 @@ class ModelPair:
     device: torch.device
     dtype: torch.dtype
     eos_ids: list[int]
-    precision: str = ""  # what both sides run: "float32", "bfloat16", "int8 (dynamic)"
+    precision_label: str = ""  # what both sides run: "float32", "bfloat16", "int8 (dynamic)"
     quantize: str | None = None  # None, "int8" (both models) or "draft-int8"
     costs: CostModel | None = None  # measured plain step, v(k), draft step (calibration/calibrate.py)
     precision_note: str = ""  # what runs and why, e.g. "target bfloat16 (128 ms/step vs 279 ms fp32 ...)"

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from .leaderboard import Board, Entry, MethodRun
-from .trace import VERSION, event_from_dict, event_to_dict
+from .trace import VERSION, event_from_dict, event_to_dict, headline_text
 
 KIND = "race-methods"
 
@@ -81,6 +81,4 @@ def describe(board: Board) -> str:
     best = next((r for r in rows if r.key != "plain"), None)
     win = (f", fastest {best.label} {best.tokens_per_s:.2f} tok/s ({best.speedup or 0:.2f}× plain)"
            if best else "")
-    return (f"{m.get('label') or 'unlabelled'}: race of {len(board.keys)} methods, "
-            f"{m.get('pair_label') or m.get('target')}, {m.get('precision') or '?'} on "
-            f"{m.get('hardware') or '?'}, {str(m.get('recorded', '?'))[:10]}{win}")
+    return f"{m.get('label') or 'unlabelled'}: race of {len(board.keys)} methods, {headline_text(m)}{win}"

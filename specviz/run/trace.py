@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from ..engine.events import Outcome, RoundEvent, RunSummary, TokenEvent, event_time
-from ..engine.pair import precision_label
+from ..engine.pair import runs_as
 from ..engine.sampling import Gap
 from ..machine import hardware  # noqa: F401 (traces record it)
 
@@ -158,7 +158,7 @@ def request_meta(req, pair, chat_applied: bool | None = None) -> dict:
 def trace_for(req, pair, mode: str, label: str = "") -> Trace:
     """An empty trace for a run of `req` (a RunRequest) on `pair`, meta filled."""
     tr = new_trace(asdict(req), pair.spec.target, pair.spec.draft or "", str(pair.device),
-                   precision_label(pair), mode, label)
+                   runs_as(pair), mode, label)
     tr.meta.update(request_meta(req, pair))
     import torch
     tr.meta["torch_threads"] = torch.get_num_threads()  # CPU timings depend on it

@@ -23,6 +23,7 @@ from ..errors import free_memory, run_error_text
 from ..run.leaderboard import DEFAULT_KEYS, END, PLAIN, START, Board, all_keys, entry, new_board, race_methods
 from ..run.race_bundle import load_bundle, save_bundle
 from ..run.request import MAX_GAMMA, Limits, RequestError
+from ..run.trace import headline
 from . import render
 from . import replay as replay_ui
 from .charts import all_charts
@@ -113,7 +114,7 @@ def _controls(first: dict, limits: Limits) -> dict:
 
 
 def _recorded(races: dict) -> dict:
-    choices = [(f"{b.meta.get('label') or n} · {b.meta.get('hardware') or '?'}", n) for n, b in races.items()]
+    choices = [(f"{b.meta.get('label') or n} · {headline(b.meta)['hardware']}", n) for n, b in races.items()]
     with gr.Accordion("Recorded races · download yours", open=False, elem_id="sv-lb-recorded"):
         with gr.Row(equal_height=False):
             recorded = gr.Dropdown(choices, value=choices[0][1] if choices else None, label="Recorded races",

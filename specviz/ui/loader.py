@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..engine.pair import precision_label
+from ..engine.pair import runs_as
 from ..errors import load_error_text
 from ..models import PairSpec, load_pair
 from ..run import isolation
@@ -162,7 +162,7 @@ class ModelManager:
                 label=spec.label if spec else None,
                 name=spec.name if spec else None,
                 device=str(pair.device) if pair is not None else None,
-                precision=precision_label(pair) if pair is not None else "",
+                precision=runs_as(pair) if pair is not None else "",
                 precision_note=pair.precision_note if pair is not None else "",
                 calibration=pair.calibration if pair is not None else "",
                 calib=dict(self.calib), calibration_mode=self.calibration,

@@ -112,7 +112,7 @@ def _method_text(settings: dict) -> str:
 
 def choice_label(name: str, tr: Trace) -> str:
     m = tr.meta
-    return f"{m.get('label') or name}  ·  {m.get('hardware') or 'unknown hardware'}"
+    return f"{m.get('label') or name}  ·  {headline(m)['hardware']}"
 
 
 def describe_html(tr: Trace, source: str) -> str:
