@@ -91,7 +91,9 @@ class TreeDraftProposer(Proposer):
     def propose(self, committed, depth, params, generator, eos_ids) -> TreeProposal:
         feed = committed[self.cache.get_seq_length():]
         t = _Tree()
-        t.rows[-1] = self._row(forward_logits(self.model, feed, self.cache, 1)[-1], params)
+        # exact=False: only the draft's own q depends on these bits, and a two-token feed (after a
+        # bonus round) is then one forward, not two (docs/why.md#draft-inexact)
+        t.rows[-1] = self._row(forward_logits(self.model, feed, self.cache, 1, exact=False)[-1], params)
         t.left[-1] = t.rows[-1].clone()
         self.n_prefix = len(committed)
         grow = self._grow_static if self.shape else self._grow_dynamic
