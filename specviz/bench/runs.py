@@ -207,8 +207,12 @@ def build_variants(pair, settings: Settings, notes: list[str]) -> list[Variant]:
         for name, values in settings.sweeps.get(method, {}).items():  # e.g. tree budget 4,8,16
             variants += [Variant(f"{method}:{g}[{name}={v}]", method, "specviz", g, options=((name, v),))
                          for g in gammas for v in values]
-        if method == "draft" and settings.gamma_auto:
+        if method in ("draft", "tree") and settings.gamma_auto:  # a tree's depth is its γ
             variants.append(Variant(f"{method}:auto", method, "specviz", 0, auto=True))
+            if method == "tree":
+                variants += [Variant(f"{method}:auto[{name}={v}]", method, "specviz", 0, auto=True,
+                                     options=((name, v),))
+                             for name, values in settings.sweeps.get(method, {}).items() for v in values]
     return variants
 
 

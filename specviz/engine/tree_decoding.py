@@ -49,6 +49,14 @@ def _node_stats(prop, p, q):
     return q_x, p_x, overlap(p[rows], q[rows]).tolist()
 
 
+def _tested(prop, v, n_path: int, ov: list[float]) -> list[float]:
+    """Σ min(p, q) along the accepted path, then at the path end's first tested child: the
+    positions a chain's γ policy learns from."""
+    end = v.path[n_path - 1] if n_path else -1
+    failed = [c for c in v.tested if prop.parents[c] == end and c not in v.path[:n_path]]
+    return [ov[i] for i in v.path[:n_path]] + [ov[c] for c in failed[:1]]
+
+
 def _round_tokens(stream, prop, v, new, n_path, appended, p, p_x, q_x, r, t, gaps):
     """TokenEvents of a round in display order: path, first rejected child, appended.
     A node's token was chosen at its parent's row (row 0: the last committed token)."""
@@ -71,9 +79,10 @@ def _round_tokens(stream, prop, v, new, n_path, appended, p, p_x, q_x, r, t, gap
 def tree_speculative(target, proposer: TreeProposer, tokenizer, prompt_ids: list[int], max_new_tokens: int,
                      depth: int, params: SamplingParams, eos_ids=(), seed: int | None = None,
                      stop: threading.Event | None = None,
-                     clock: Clock | None = None) -> Iterator[RoundEvent | RunSummary]:
+                     clock: Clock | None = None, *, policy=None) -> Iterator[RoundEvent | RunSummary]:
     """Tree speculation; `depth` is the deepest tree level (the page's γ; see proposers/tree.py).
-    The summary's gamma records it."""
+    The summary's gamma records it. policy: γ auto's (engine/gamma.py) picks each round's depth, at
+    most `depth`, and learns from the overlaps along the accepted path and the child that failed."""
     eos = frozenset(eos_ids)
     gen = make_generator(target.device, seed)
     clock = clock or Clock(target.device)
@@ -81,13 +90,15 @@ def tree_speculative(target, proposer: TreeProposer, tokenizer, prompt_ids: list
     stream = TextStream(tokenizer)
     # Leviathan's chain formula does not model a tree (on the default pair it predicted 0.94× for a
     # 16-node tree that measured 1.83×): no prediction or best γ is shown; τ is the tree's measure
-    s = new_summary(proposer.name, depth, target.device, unmeasured=["predicted"])
+    s = new_summary(proposer.name, depth, target.device, unmeasured=["predicted"],
+                    gamma_policy=getattr(policy, "name", ""))
     committed = list(prompt_ids)
     proposer.reset(prompt_ids)
 
     def one_round(r: int, remaining: int) -> RoundEvent:
         t_start = clock.now()
-        prop = proposer.propose(committed, min(depth, max(1, remaining - 1)), params, gen, eos)
+        d = policy.next_gamma(depth) if policy is not None else depth
+        prop = proposer.propose(committed, min(d, max(1, remaining - 1)), params, gen, eos)
         t_drafted = clock.now()
         n_prefix = len(committed)
         fed = committed[cache.get_seq_length():]
@@ -103,6 +114,8 @@ def tree_speculative(target, proposer: TreeProposer, tokenizer, prompt_ids: list
         proposer.rollback_tree(committed, v.path[:n_path])
 
         q_x, p_x, ov = _node_stats(prop, p, q)
+        if policy is not None:
+            policy.observe(_tested(prop, v, n_path, ov), n_path)
         tokens = _round_tokens(stream, prop, v, new, n_path, appended, p, p_x, q_x, r, t_end, gaps)
         texts = [stream.token_text(x) for x in prop.tokens + [v.token]]
         commit_round(s, new, drafted=len(prop.tokens), accepted=n_path, draft_forwards=prop.forwards,

@@ -32,8 +32,9 @@ def run_events(pair: Pair, req: RunRequest, side: str, prompt_ids: list[int], *,
         # the verifier is chosen by the method's declared kind (engine/proposer.py); same events
         prop = build_proposer(pair, req.method, req)
         kind = method_spec(req.method).kind
-        if kind == "tree":  # γ is the tree depth
-            return tree_speculative(pair.target, prop, pair.tokenizer, prompt_ids, depth=req.gamma, **common)
+        if kind == "tree":  # γ is the tree depth (auto: chosen each round, as a chain's γ)
+            return tree_speculative(pair.target, prop, pair.tokenizer, prompt_ids, depth=req.gamma,
+                                    policy=gamma_policy(pair, req), **common)
         if kind == "jacobi":  # γ set the proposer's n-gram length; greedy only: no seed
             common.pop("seed")
             return lookahead(pair.target, prop, pair.tokenizer, prompt_ids, **common)
