@@ -49,12 +49,16 @@ def _node_stats(prop, p, q):
     return q_x, p_x, overlap(p[rows], q[rows]).tolist()
 
 
-def _tested(prop, v, n_path: int, ov: list[float]) -> list[float]:
+def _tested(prop, v, n_path: int, ov: list[float], greedy: bool) -> list[float]:
     """Σ min(p, q) along the accepted path, then at the path end's first tested child: the
-    positions a chain's γ policy learns from."""
+    positions a chain's γ policy learns from. Greedy: 1 for a kept node, 0 for the failed one, as
+    a chain's one-hot q gives (a tree ranks its children by the draft's soft q, whose overlap with
+    p would read as a lower acceptance than the tree gets)."""
     end = v.path[n_path - 1] if n_path else -1
-    failed = [c for c in v.tested if prop.parents[c] == end and c not in v.path[:n_path]]
-    return [ov[i] for i in v.path[:n_path]] + [ov[c] for c in failed[:1]]
+    failed = [c for c in v.tested if prop.parents[c] == end and c not in v.path[:n_path]][:1]
+    if greedy:
+        return [1.0] * n_path + [0.0] * len(failed)
+    return [ov[i] for i in v.path[:n_path]] + [ov[c] for c in failed]
 
 
 def _round_tokens(stream, prop, v, new, n_path, appended, p, p_x, q_x, r, t, gaps):
@@ -115,7 +119,7 @@ def tree_speculative(target, proposer: TreeProposer, tokenizer, prompt_ids: list
 
         q_x, p_x, ov = _node_stats(prop, p, q)
         if policy is not None:
-            policy.observe(_tested(prop, v, n_path, ov), n_path)
+            policy.observe(_tested(prop, v, n_path, ov, params.greedy), n_path)
         tokens = _round_tokens(stream, prop, v, new, n_path, appended, p, p_x, q_x, r, t_end, gaps)
         texts = [stream.token_text(x) for x in prop.tokens + [v.token]]
         commit_round(s, new, drafted=len(prop.tokens), accepted=n_path, draft_forwards=prop.forwards,
