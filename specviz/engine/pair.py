@@ -40,7 +40,7 @@ class Pair(Protocol):
     @property
     def max_positions(self) -> int | None: ...  # the target's context length, when known
 
-    def run_events(self, req, side: str, prompt_ids, stop=None) -> Iterator: ...  # engine != OURS only
+    def run_events(self, req, side: str, prompt_ids, stop=None, clock=None) -> Iterator: ...  # engine != OURS
 
     def close(self) -> None: ...  # servers this pair started (vLLM); nothing for ours
 
