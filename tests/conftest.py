@@ -2,6 +2,7 @@ import contextlib
 import os
 
 import pytest
+import torch
 
 from specviz.models.tiny import tiny_model, tiny_tokenizer
 
@@ -28,6 +29,19 @@ def target(tok):
 @pytest.fixture(scope="session")
 def draft(tok):
     return tiny_model(len(tok), seed=1, layers=1)
+
+
+@pytest.fixture(scope="session")
+def peaked(tok):
+    """A target with peaked laws and a close draft (its output layer perturbed:
+    top-1 agrees ~3/4 of the time, top-3 ~9/10): trees grow deep paths and the
+    second and third children matter."""
+    t = tiny_model(len(tok), seed=0, layers=3, init=0.8)
+    d = tiny_model(len(tok), seed=0, layers=3, init=0.8)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        d.lm_head.weight.add_(torch.randn(d.lm_head.weight.shape, generator=g) * 0.16)
+    return t, d
 
 
 @pytest.fixture(scope="session")

@@ -272,3 +272,29 @@ def test_a_tree_forward_on_the_c_stack_is_each_paths_chain(monkeypatch):
     assert torch.equal(fast, slow)
     assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
                for a, b in zip(cache.layers, slow_cache.layers, strict=True))
+
+
+@pytest.mark.skipif("w4a8" not in lowbit.available(), reason="no C kernels here")
+def test_held_layer_structs_follow_a_rehome_and_never_read_freed_memory():
+    """kernel_layer holds each layer's C struct until moved(): after tensors are re-homed
+    (`t.data = t.data.clone()`, as models/loading.py does) and moved() is said, the structs point at
+    the new storage; without moved() the held ones keep the old storage alive, and read it."""
+    from specviz.engine.cpu import kernel_layer
+    from specviz.engine.forward import forward_logits, new_cache
+    model = lowbit.to_lowbit(make_lean(tiny_model(96, seed=0, layers=2)), "w4a8")
+    ids = list(range(3, 20))
+
+    def logits():
+        with torch.no_grad():
+            return forward_logits(model, ids, new_cache(model), 4)
+
+    want, layer = logits(), model.model.layers[0]
+    before = kernel_layer.layer_struct(layer)
+    for t in (*model.parameters(), *model.buffers()):
+        t.data = t.data.clone()
+    assert kernel_layer.layer_struct(layer) is before  # not told: the old copy, kept alive
+    assert torch.equal(logits(), want)
+    kernel_layer.moved()
+    after = kernel_layer.layer_struct(layer)
+    assert after is not before and after.ln1 == layer.input_layernorm.weight.data_ptr()
+    assert torch.equal(logits(), want)

@@ -22,19 +22,6 @@ from specviz.run.trace import event_from_dict, event_to_dict
 SHAPES = [(None, 3), (None, 8), (None, 16), ((4, 2, 2, 1, 1), 64), ((2, 2), 64), ((3, 1), 5)]
 
 
-@pytest.fixture(scope="module")
-def peaked(tok):
-    """A target with peaked laws and a close draft (its output layer perturbed:
-    top-1 agrees ~3/4 of the time, top-3 ~9/10): trees grow deep paths and the
-    second and third children matter."""
-    t = tiny_model(len(tok), seed=0, layers=3, init=0.8)
-    d = tiny_model(len(tok), seed=0, layers=3, init=0.8)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        d.lm_head.weight.add_(torch.randn(d.lm_head.weight.shape, generator=g) * 0.16)
-    return t, d
-
-
 def check_tree_round(r):
     tr = r.tree
     kids = children_of(tr["parents"])
@@ -151,7 +138,7 @@ def test_tree_bias_and_children():
 
 
 def test_tree_options():
-    assert check_tree_options({}) == {"tree_shape": None, "tree_budget": 8}
+    assert check_tree_options({}) == {"tree_shape": None, "tree_budget": None}
     assert check_tree_options({"tree_shape": "4-2-2-1-1"})["tree_shape"] == [4, 2, 2, 1, 1]
     assert check_tree_options({"tree_budget": "12"})["tree_budget"] == 12
     for bad in ({"tree_shape": "4-x"}, {"tree_shape": "0-2"}, {"tree_budget": 0}, {"tree_budget": "a"},

@@ -9,7 +9,7 @@ the running Σ min(p, q) over the positions the target actually tested.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from .theory import ALPHA_MAX, MAX_GAMMA, best_gamma
@@ -82,3 +82,76 @@ def monotone(verify_cost: Callable[[int], float], max_gamma: int = MAX_GAMMA) ->
     for g in range(1, max_gamma + 1):
         top = env[g] = max(top, verify_cost(g))
     return lambda g: env[min(max(g, 1), max_gamma)]
+
+
+# A tree's width: its r-th child of a node (r = 1 the draft's first choice) is accepted, once its
+# elder siblings were not, at a rate learned per r; priors weigh as PRIOR_WEIGHT positions
+MAX_ORDER = 4
+PRIOR_ORDER = (PRIOR_ALPHA, 0.5, 0.3, 0.2)
+MAX_TREE = MAX_GAMMA  # nodes of an auto-sized tree, at most (v is measured up to 16 drafts)
+
+
+@dataclass
+class TreeWidth:
+    """Sizes a dynamic tree each round from measured costs (a "budget" of auto): the next node is
+    drawn only while its expected tokens pay for what it adds to the round's cost.
+
+    A round of n nodes and F draft forwards costs C = c·F + v(n) plain steps and yields
+    E = 1 + Σ P(node accepted) tokens; a node (or a forward that opens a new layer) is added while
+    its gain ÷ its cost ≥ E ÷ C. P(node accepted) multiplies, down its path, the chance that each
+    node's parent's first child fails, m(w) = (1 - a₁) · δ(w) / δ̄ (δ(w) = 1 - max q at w, δ̄ its
+    running mean: the draft's own doubt, scaled to the learned miss rate), and the learned a_r.
+    Why the doubt: on the default pair, code prompts, the target's choice was the draft's first
+    where max q ≥ 0.9 in 99 % of rows and in 50 % where max q < 0.5 (docs/why.md#tree-width)."""
+
+    c: float
+    verify_cost: Callable[[int], float]  # v(n), non-decreasing (monotone())
+    s: list = field(default_factory=lambda: [a * PRIOR_WEIGHT for a in PRIOR_ORDER])
+    n: list = field(default_factory=lambda: [PRIOR_WEIGHT] * MAX_ORDER)
+    doubt_s: float = (1 - PRIOR_ALPHA) * PRIOR_WEIGHT
+    doubt_n: float = PRIOR_WEIGHT
+    name: str = "auto"
+
+    def rate(self, r: int) -> float:
+        """a_r: the r-th child's acceptance once the first r - 1 failed (1-based)."""
+        return min(self.s[r - 1] / self.n[r - 1], ALPHA_MAX)
+
+    def miss(self, doubt: float) -> float:
+        """m(w): P(the first child at a row of this doubt fails)."""
+        mean = self.doubt_s / self.doubt_n
+        return min(1.0, (1 - self.rate(1)) * doubt / mean) if mean > 0 else 1 - self.rate(1)
+
+    def child_share(self, doubt: float, r: int) -> float:
+        """P(the r-th child is the accepted one | its parent is reached)."""
+        m = self.miss(doubt)
+        if r == 1:
+            return 1 - m
+        out = m * self.rate(r)
+        for j in range(2, r):
+            out *= 1 - self.rate(j)
+        return out
+
+    def pays(self, gain: float, cost: float, tokens: float, steps: float) -> bool:
+        """Whether gain tokens for cost more steps raise tokens ÷ steps."""
+        return gain * steps >= tokens * cost
+
+    def row_cost(self, n: int) -> float:
+        """What one more node adds to a verify of n drafts."""
+        return self.verify_cost(n + 1) - self.verify_cost(n)
+
+    def observe(self, rows: list[tuple[float, list[bool]]]) -> None:
+        """rows: (δ, outcomes by order) for each row whose children were put to the test; a greedy
+        row gives the outcomes up to the rank of the target's choice, the tree or not."""
+        for doubt, outcomes in rows:
+            self.doubt_s = DECAY * self.doubt_s + doubt
+            self.doubt_n = DECAY * self.doubt_n + 1
+            for r, ok in enumerate(outcomes[:MAX_ORDER]):
+                self.s[r] = DECAY * self.s[r] + float(ok)
+                self.n[r] = DECAY * self.n[r] + 1
+
+
+def make_width(costs, *, auto: bool) -> TreeWidth | None:
+    """The tree's width rule where its budget is auto and this pair's costs were measured."""
+    if not auto or costs is None or costs.c is None:
+        return None
+    return TreeWidth(costs.c, monotone(costs.verify_cost, MAX_GAMMA))

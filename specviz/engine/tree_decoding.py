@@ -38,15 +38,21 @@ def _verify(target, cache, fed, prop, params, gen):
     return p, accept_sampled(prop.tokens, prop.parents, p, q, gen), q, None
 
 
-def _node_stats(prop, p, q):
-    """q(x), p(x) and Σ min(p, q) of each node, read at its parent's row."""
-    rows = torch.tensor([par + 1 for par in prop.parents], dtype=torch.long)
-    x = torch.tensor(prop.tokens, dtype=torch.long).view(-1, 1)
+def _node_stats(prop, p, q, greedy: bool):
+    """q(x), p(x) and Σ min(p, q) of each node, read at its parent's row (gathered at the nodes,
+    the overlap once per parent: a copy of a full row per node costs time). Greedy p is one-hot
+    at its argmax, so Σ min(p, q) is q there."""
     if not prop.tokens:
         return [], [], []
-    q_x = q[rows].gather(-1, x).squeeze(-1).tolist()
-    p_x = p[rows].gather(-1, x).squeeze(-1).tolist()
-    return q_x, p_x, overlap(p[rows], q[rows]).tolist()
+    rows = torch.tensor([par + 1 for par in prop.parents], dtype=torch.long)
+    x = torch.tensor(prop.tokens, dtype=torch.long)
+    at = torch.tensor(sorted(set(prop.parents)), dtype=torch.long) + 1
+    if greedy:
+        ov = q[at, p[at].argmax(-1)]
+    else:
+        ov = overlap(p[at], q[at])
+    ov = dict(zip((at - 1).tolist(), ov.tolist(), strict=True))
+    return q[rows, x].tolist(), p[rows, x].tolist(), [ov[u] for u in prop.parents]
 
 
 def _tested(prop, v, n_path: int, ov: list[float], greedy: bool) -> list[float]:
@@ -59,6 +65,24 @@ def _tested(prop, v, n_path: int, ov: list[float], greedy: bool) -> list[float]:
     if greedy:
         return [1.0] * n_path + [0.0] * len(failed)
     return [ov[i] for i in v.path[:n_path]] + [ov[c] for c in failed]
+
+
+def _width_rows(prop, v, q, greedy: bool) -> list[tuple[float, list[bool]]]:
+    """What gamma.TreeWidth learns from: each row whose children were tested, its draft doubt
+    (1 - max q) and the outcomes by child order. Greedy: up to the rank in q of the target's
+    choice (its accepted child's token, or the appended one), whatever children the tree had."""
+    kept = {prop.parents[c]: c for c in v.path}
+    out = []
+    for w in dict.fromkeys(prop.parents[c] for c in v.tested):
+        qrow = q[w + 1]
+        doubt = prop.doubt[w] if w in prop.doubt else 1.0 - float(qrow.max())
+        if greedy:
+            x = prop.tokens[kept[w]] if w in kept else v.token
+            rank = int((qrow > qrow[x]).sum())  # elder choices the target passed over
+            out.append((doubt, [False] * rank + [True]))
+        else:
+            out.append((doubt, [c in v.path for c in v.tested if prop.parents[c] == w]))
+    return out
 
 
 def _round_tokens(stream, prop, v, new, n_path, appended, p, p_x, q_x, r, t, gaps):
@@ -82,11 +106,13 @@ def _round_tokens(stream, prop, v, new, n_path, appended, p, p_x, q_x, r, t, gap
 @torch.inference_mode()
 def tree_speculative(target, proposer: TreeProposer, tokenizer, prompt_ids: list[int], max_new_tokens: int,
                      depth: int, params: SamplingParams, eos_ids=(), seed: int | None = None,
-                     stop: threading.Event | None = None,
-                     clock: Clock | None = None, *, policy=None) -> Iterator[RoundEvent | RunSummary]:
+                     stop: threading.Event | None = None, clock: Clock | None = None, *,
+                     policy=None, width=None) -> Iterator[RoundEvent | RunSummary]:
     """Tree speculation; `depth` is the deepest tree level (the page's γ; see proposers/tree.py).
     The summary's gamma records it. policy: γ auto's (engine/gamma.py) picks each round's depth, at
-    most `depth`, and learns from the overlaps along the accepted path and the child that failed."""
+    most `depth`, and learns from the overlaps along the accepted path and the child that failed.
+    width (gamma.TreeWidth, an auto budget): sizes each tree from measured costs, its depth too
+    (at most `depth`), and learns from every tested row."""
     eos = frozenset(eos_ids)
     gen = make_generator(target.device, seed)
     clock = clock or Clock(target.device)
@@ -101,8 +127,8 @@ def tree_speculative(target, proposer: TreeProposer, tokenizer, prompt_ids: list
 
     def one_round(r: int, remaining: int) -> RoundEvent:
         t_start = clock.now()
-        d = policy.next_gamma(depth) if policy is not None else depth
-        prop = proposer.propose(committed, min(d, max(1, remaining - 1)), params, gen, eos)
+        d = policy.next_gamma(depth) if policy is not None and width is None else depth
+        prop = proposer.propose(committed, min(d, max(1, remaining - 1)), params, gen, eos, width=width)
         t_drafted = clock.now()
         n_prefix = len(committed)
         fed = committed[cache.get_seq_length():]
@@ -117,7 +143,9 @@ def tree_speculative(target, proposer: TreeProposer, tokenizer, prompt_ids: list
         crop_cache(cache, len(committed) - 1)
         proposer.rollback_tree(committed, v.path[:n_path])
 
-        q_x, p_x, ov = _node_stats(prop, p, q)
+        q_x, p_x, ov = _node_stats(prop, p, q, params.greedy)
+        if width is not None:
+            width.observe(_width_rows(prop, v, q, params.greedy))
         if policy is not None:
             policy.observe(_tested(prop, v, n_path, ov, params.greedy), n_path)
         tokens = _round_tokens(stream, prop, v, new, n_path, appended, p, p_x, q_x, r, t_end, gaps)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..engine.costs import CostModel
-from ..engine.cpu import speed
+from ..engine.cpu import kernel_layer, speed
 from ..engine.pair import OURS
 from ..errors import OOM_LOADING, ModelError, first_line, is_oom
 from .embedded import Progress, cache_root, local_refs
@@ -304,6 +304,7 @@ def _own_memory(model) -> None:
     for t in (*model.parameters(), *model.buffers()):
         if t.device.type == "cpu" and _inside(mapped, t.untyped_storage().data_ptr()):
             t.data = t.data.clone()
+    kernel_layer.moved()
     _OWNED.add(model)
 
 

@@ -44,6 +44,7 @@ from typing import Callable
 
 import torch
 
+from ..engine.cpu import kernel_layer
 from ..engine.events import RoundEvent, TokenEvent
 from ..engine.sampling import Gap
 
@@ -215,6 +216,7 @@ def fp32_recompute(model, prompt_ids: list[int]) -> Recompute | None:
     def rows(ids: list[int]) -> torch.Tensor:
         saved = [(t, t.data) for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
         try:
+            kernel_layer.moved()
             for t, d in saved:
                 t.data = d.float()
             x = torch.tensor([list(prompt_ids) + list(ids[:-1])], device=model.device)
@@ -222,4 +224,5 @@ def fp32_recompute(model, prompt_ids: list[int]) -> Recompute | None:
         finally:
             for t, d in saved:
                 t.data = d
+            kernel_layer.moved()
     return rows

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from ..calibration.selfspec import resolve_options
 from ..engine.decoding import baseline, speculative
-from ..engine.gamma import make_policy
+from ..engine.gamma import make_policy, make_width
 from ..engine.pair import OURS, Pair
 from ..engine.proposers import make_proposer, method_spec, target_vocab  # noqa: F401 (re-exported)
 from ..engine.proposers.lookahead import lookahead
@@ -34,7 +34,7 @@ def run_events(pair: Pair, req: RunRequest, side: str, prompt_ids: list[int], *,
         kind = method_spec(req.method).kind
         if kind == "tree":  # γ is the tree depth (auto: chosen each round, as a chain's γ)
             return tree_speculative(pair.target, prop, pair.tokenizer, prompt_ids, depth=req.gamma,
-                                    policy=gamma_policy(pair, req), **common)
+                                    policy=gamma_policy(pair, req), width=tree_width(pair, prop), **common)
         if kind == "jacobi":  # γ set the proposer's n-gram length; greedy only: no seed
             common.pop("seed")
             return lookahead(pair.target, prop, pair.tokenizer, prompt_ids, **common)
@@ -56,6 +56,11 @@ def side_pair(pair: Pair, side: str) -> Pair:
     """The pair that runs `side`: with two GPUs the baseline has its own copy of
     the target on its own device (hosting/gpu.py), else both share `pair`."""
     return (pair.baseline_pair or pair) if side == "baseline" else pair
+
+
+def tree_width(pair: Pair, prop):
+    """The measured-cost sizing of a dynamic tree whose budget is auto (None: its own budget)."""
+    return make_width(pair.costs, auto=not prop.shape and prop.budget is None)
 
 
 def gamma_policy(pair: Pair, req: RunRequest):

@@ -30,6 +30,14 @@ from .qgemm import BlockLinear, Layer, Lin
 MAX_HEAD_DIM = 512  # layer_pre's rotary scratch
 GROW = 256  # positions of room added when a cache's buffer is (re)made
 _OFF = [False]  # off(): the module path, for a profile that times each Linear through hooks
+_EPOCH = [0]  # moved(): bumped wherever a model's tensors are re-homed, so held layer structs are rebuilt
+
+
+def moved() -> None:
+    """Say that some model's tensors were re-homed (`t.data = ...`): every held layer struct is
+    rebuilt at its next use. One missed call is safe, only wasteful: a held struct keeps the
+    storages it points into alive (layer_struct), so it reads the old copy, never freed memory."""
+    _EPOCH[0] += 1
 
 
 @contextlib.contextmanager
@@ -76,13 +84,14 @@ def _tensors(mods: tuple) -> list[torch.Tensor]:
 
 def layer_struct(layer) -> Layer | None:
     """The layer as kernels/qgemm.c's layer_t, kept on the layer and rebuilt when a module was
-    swapped or a tensor moved (models/loading.py re-homes a loaded model's tensors); None when it
-    is not all on the kernels."""
+    swapped or tensors moved (moved(): models/loading.py re-homes a loaded model's tensors); None
+    when it is not all on the kernels. What is held keeps the storages it points into (detached
+    views): checking every tensor's address instead cost ~0.5 ms a forward (docs/why.md#struct-epoch)."""
     mods = None if _OFF[0] else _modules(layer)
     if mods is None:
         return None
     held = layer.__dict__.get("_specviz_kernel_layer")
-    if held is not None and held[0] == mods and held[1] == tuple(t.data_ptr() for t in held[2]):
+    if held is not None and held[0] == mods and held[1] == _EPOCH[0]:
         return held[3]
     if not _fits(mods):
         return None
@@ -91,8 +100,7 @@ def layer_struct(layer) -> Layer | None:
     s = Layer(n1.weight.data_ptr(), n2.weight.data_ptr(), n1.variance_epsilon, n2.variance_epsilon,
               float(attn.scaling), _lin(qkv), _lin(o), _lin(gu), _lin(down), attn.sizes[0] // d,
               attn.sizes[1] // d, d, mlp.inter)
-    tensors = _tensors(mods)
-    layer._specviz_kernel_layer = (mods, tuple(t.data_ptr() for t in tensors), tensors, s)
+    layer._specviz_kernel_layer = (mods, _EPOCH[0], [t.detach() for t in _tensors(mods)], s)
     return s
 
 

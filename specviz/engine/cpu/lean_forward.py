@@ -37,15 +37,15 @@ def eligible(model, n: int) -> bool:
     bits a one-token step would give it."""
     if n <= 0 or model._forward_hooks or model._forward_pre_hooks:
         return False
-    if n > ROWWISE_MAX and not (n <= PROMPT_MAX and _structs(getattr(model, "model", None)) is not None):
-        return False
     if not supported(model) or not is_rowwise(model):
         return False
     cfg = model.config
     if set(getattr(cfg, "layer_types", None) or ["full_attention"]) != {"full_attention"}:
         return False
-    return all(isinstance(layer.self_attn, FusedAttention) and isinstance(layer.mlp, FusedMLP)
-               for layer in model.model.layers)
+    if _structs(model.model) is not None:  # kernel layers are fused ones (only those carry the flag)
+        return n <= PROMPT_MAX
+    return n <= ROWWISE_MAX and all(isinstance(layer.self_attn, FusedAttention)
+                                    and isinstance(layer.mlp, FusedMLP) for layer in model.model.layers)
 
 
 def _structs(body) -> list | None:

@@ -21,12 +21,14 @@ from transformers import DynamicCache
 
 from ...errors import RequestError
 from ..forward import crop_cache, forward_logits, keep_cache_slots, masked_forward
+from ..gamma import MAX_ORDER, MAX_TREE
 from ..proposer import TEXT, Option, Proposer, check_options, register, target_vocab
 from ..sampling import warp
 from ..tree_forward import frontier_bias
 
 MAX_NODES = 64
-# bf16 verify cost on this CPU is flat up to ~8 new tokens; fp32 is not
+# a blank budget without measured costs (tiny test pairs): bf16 verify cost on a CPU is flat up to
+# ~8 new tokens; fp32 is not. With them the tree is sized each round (gamma.TreeWidth)
 DEFAULT_BUDGET = 8
 
 
@@ -36,6 +38,20 @@ class TreeProposal:
     parents: list[int]  # -1: child of the root (the last committed token)
     q: torch.Tensor  # (N + 1, V): row 0 root, row i + 1 node i; the law its children came from
     forwards: int = 0
+    doubt: dict = field(default_factory=dict)  # node (-1 root) -> 1 - max q, where the grower read it
+
+
+class _Left(dict):
+    """node -> q mass not yet drawn as a child, copied from its row at its first draw (most rows
+    are never drawn from: a copy of a 152k-token row each costs time)."""
+
+    def __init__(self, rows: dict):
+        super().__init__()
+        self.rows = rows
+
+    def __missing__(self, u: int) -> torch.Tensor:
+        out = self[u] = self.rows[u].clone()
+        return out
 
 
 @dataclass
@@ -43,12 +59,18 @@ class _Tree:
     """The tree being grown: nodes, their draft rows, cache slots and cum. probs."""
 
     rows: dict = field(default_factory=dict)  # node (-1 root) -> q it draws children from
-    left: dict = field(default_factory=dict)  # node -> q mass not yet drawn as a child
+    left: _Left = None  # node -> q mass not yet drawn as a child
     tokens: list = field(default_factory=list)
     parents: list = field(default_factory=list)
     depth: list = field(default_factory=list)
     cum: list = field(default_factory=list)
     slot: dict = field(default_factory=dict)  # node -> draft cache position
+    doubt: dict = field(default_factory=dict)  # node -> 1 - max q (the auto tree's rows)
+    kids: dict = field(default_factory=dict)  # node -> children drawn
+    top: dict = field(default_factory=dict)  # node -> its row's first choices, best first (greedy)
+
+    def __post_init__(self):
+        self.left = _Left(self.rows)
 
     def add(self, parent: int, x: int) -> int:
         self.tokens.append(x)
@@ -56,7 +78,9 @@ class _Tree:
         self.depth.append(1 if parent < 0 else self.depth[parent] + 1)
         base = 1.0 if parent < 0 else self.cum[parent]
         self.cum.append(base * float(self.rows[parent][x]))
-        self.left[parent][x] = 0
+        if parent in self.left:  # drawn from (a greedy auto tree reads `top` instead)
+            self.left[parent][x] = 0
+        self.kids[parent] = self.kids.get(parent, 0) + 1
         return len(self.tokens) - 1
 
     def ancestors(self, i: int) -> list[int]:
@@ -72,7 +96,7 @@ class TreeDraftProposer(Proposer):
     model: torch.nn.Module
     vocab_size: int | None = None
     shape: tuple[int, ...] | None = None  # static children per depth; None: dynamic
-    budget: int = DEFAULT_BUDGET
+    budget: int | None = None  # None: auto (gamma.TreeWidth), DEFAULT_BUDGET without one
     name: str = "tree"
     cache: DynamicCache | None = field(default=None, repr=False)
 
@@ -88,21 +112,26 @@ class TreeDraftProposer(Proposer):
         # greedy ranks children by the plain softmax (the warped greedy q is one-hot)
         return logits.float().softmax(-1) if params.greedy else warp(logits, params)
 
-    def propose(self, committed, depth, params, generator, eos_ids) -> TreeProposal:
+    def propose(self, committed, depth, params, generator, eos_ids, width=None) -> TreeProposal:
+        """A tree of at most `depth` levels; width (gamma.TreeWidth): sized by measured costs where
+        the budget is auto."""
         feed = committed[self.cache.get_seq_length():]
         t = _Tree()
         # exact=False: only the draft's own q depends on these bits, and a two-token feed (after a
         # bonus round) is then one forward, not two (docs/why.md#draft-inexact)
         t.rows[-1] = self._row(forward_logits(self.model, feed, self.cache, 1, exact=False)[-1], params)
-        t.left[-1] = t.rows[-1].clone()
         self.n_prefix = len(committed)
-        grow = self._grow_static if self.shape else self._grow_dynamic
-        forwards = 1 + grow(t, depth, params, generator, frozenset(eos_ids))
+        if self.shape:
+            forwards = 1 + self._grow_static(t, depth, params, generator, frozenset(eos_ids))
+        elif self.budget is None and width is not None:
+            forwards = 1 + self._grow_auto(t, depth, params, generator, frozenset(eos_ids), width)
+        else:
+            forwards = 1 + self._grow_dynamic(t, depth, params, generator, frozenset(eos_ids))
         q = torch.zeros(len(t.tokens) + 1, t.rows[-1].shape[-1])
         for node, row in t.rows.items():
             q[node + 1] = row
         self.slots = t.slot
-        return TreeProposal(t.tokens, t.parents, q, forwards)
+        return TreeProposal(t.tokens, t.parents, q, forwards, t.doubt)
 
     def _expand(self, t: _Tree, nodes: list[int], params) -> None:
         """One draft forward of `nodes` (their ancestors are cached): their q rows."""
@@ -112,16 +141,23 @@ class TreeDraftProposer(Proposer):
         root = self.n_prefix - 1
         logits = masked_forward(self.model, self.cache, ids=[t.tokens[i] for i in nodes],
                                 positions=[root + t.depth[i] for i in nodes], bias=bias, keep=len(nodes))
+        rows = self._row(logits, params)  # one call for the layer: per row, each costs a dispatch
         for j, i in enumerate(nodes):
             t.slot[i] = n_cache + j
-            t.rows[i] = self._row(logits[j], params)
-            t.left[i] = t.rows[i].clone()
+            t.rows[i] = rows[j]
 
     def _draw(self, t: _Tree, u: int, params, generator) -> int:
         left = t.left[u]
         if params.greedy:
             return int(left.argmax())
         return int(torch.multinomial(left / left.sum(), 1, generator=generator))
+
+    def _next_choice(self, t: _Tree, u: int) -> int:
+        """A greedy auto tree's next child at u: its row's next first choice (one top-k a row, not
+        a copy and an argmax a child). At most MAX_ORDER of them; one of no mass is still a guess."""
+        if u not in t.top:
+            t.top[u] = t.rows[u].topk(min(MAX_ORDER, t.rows[u].shape[-1])).indices.tolist()
+        return t.top[u][t.kids.get(u, 0)]
 
     def _grow_static(self, t, depth, params, generator, eos) -> int:
         frontier, forwards = [-1], 0
@@ -155,7 +191,7 @@ class TreeDraftProposer(Proposer):
         def hope(c):
             return t.cum[c] * float(t.rows[t.parents[c]].max())
 
-        while len(t.tokens) < self.budget:
+        while len(t.tokens) < (self.budget or DEFAULT_BUDGET):
             open_ = [u for u in t.rows if float(t.left[u].max()) > 0]
             best = max(open_, key=value, default=None)
             if pending and forwards < depth - 1 and (best is None or max(map(hope, pending)) > value(best)):
@@ -169,6 +205,53 @@ class TreeDraftProposer(Proposer):
             if t.depth[i] < depth and t.tokens[i] not in eos:
                 pending.append(i)
         return forwards
+
+    def _grow_auto(self, t, depth, params, generator, eos, width) -> int:
+        """Grow while the best next move pays (gamma.TreeWidth): a child of a node with a q row, or
+        one draft forward for the pending layer (worth its best node's first child). What is drawn
+        depends only on rows and draws made before it, never on the child itself (tree_sampling.py),
+        and nothing drawn is dropped."""
+        doubt, reach, pending = {}, {-1: 1.0}, []  # doubt: the nodes open for a child
+        won = [1.0, 1]  # E (tokens the round yields, bonus included), F (draft forwards)
+
+        def opened(u):
+            doubt[u] = t.doubt[u] = 1 - float(t.rows[u].max())
+
+        def add(u):
+            x = self._next_choice(t, u) if params.greedy else self._draw(t, u, params, generator)
+            i = t.add(u, x)
+            reach[i] = reach[u] * width.child_share(doubt[u], t.kids[u])
+            won[0] += reach[i]
+            # greedy takes a row's first choices; a sampled row may run out (top-k, top-p)
+            if t.kids[u] >= min(MAX_ORDER, t.rows[u].shape[-1]) \
+                    or not (params.greedy or float(t.left[u].max()) > 0):
+                del doubt[u]  # no more children here
+            if t.depth[i] < depth and t.tokens[i] not in eos:
+                pending.append(i)
+
+        def gain(u):
+            return reach[u] * width.child_share(doubt[u], t.kids.get(u, 0) + 1)
+
+        opened(-1)
+        add(-1)  # every round drafts at least the root's first choice
+        while len(t.tokens) < MAX_TREE:
+            n, steps = len(t.tokens), width.c * won[1] + width.verify_cost(len(t.tokens))
+            best = max(doubt, key=gain, default=None)
+            g, cost = (gain(best) if best is not None else 0.0), width.row_cost(n)
+            hope = max((reach[i] for i in pending), default=0.0) * width.rate(1)
+            if pending and hope * cost > g * (width.c + cost):  # the forward buys more per step
+                if not width.pays(hope, width.c + cost, won[0], steps):
+                    break
+                self._expand(t, pending, params)
+                won[1] += 1
+                for i in pending:
+                    opened(i)
+                pending.clear()
+                continue
+            if best is None or not width.pays(g, cost, won[0], steps):
+                break
+            add(best)
+        return won[1] - 1
 
     def rollback_tree(self, committed: list[int], path: list[int]) -> None:
         """Keep the committed prefix and the accepted path's cached entries."""
@@ -190,31 +273,24 @@ def parse_shape(shape) -> list[int]:
     return shape
 
 
-def _budget_default(options: dict) -> dict:
-    """A dynamic tree (no shape) grows DEFAULT_BUDGET nodes unless told; a static one its whole shape."""
-    if options.get("tree_budget") is None and options.get("tree_shape") is None:
-        options["tree_budget"] = DEFAULT_BUDGET
-    return options
-
-
 OPTIONS = (
     Option("tree_shape", "Tree shape", "Children per depth, e.g. 4-2-2-1: 4 guesses for the next token, 2 "
            "after each, … Blank (default): a dynamic tree that grows its most likely nodes.",
            type=TEXT, keep=True, parse=parse_shape, short="shape", placeholder="e.g. 4-2-2-1"),
     Option("tree_budget", "Tree budget (nodes)", f"Most draft nodes per tree (1-{MAX_NODES}); the target "
-           f"checks them all in one pass. Blank: {DEFAULT_BUDGET} for a dynamic tree, the whole shape for a "
-           f"static one.", hi=MAX_NODES, keep=True, short="budget"),
+           f"checks them all in one pass. Blank: a dynamic tree grows while each node pays for its row, "
+           f"by this machine's measured costs ({DEFAULT_BUDGET} nodes where none were measured); a static "
+           f"one its whole shape.", hi=MAX_NODES, keep=True, short="budget"),
 )
 
 
 def check_tree_options(options: dict) -> dict:
     """tree_shape: children per depth ("4-2-2-1-1"; empty = dynamic tree);
-    tree_budget: most nodes per tree (dynamic default 8)."""
-    return _budget_default(check_options(OPTIONS, options))
+    tree_budget: most nodes per tree (blank: auto, see TreeWidth)."""
+    return check_options(OPTIONS, options)
 
 
-@register("tree", "token tree", needs_draft=True, order=10, options=OPTIONS, finish=_budget_default,
-          kind="tree",
+@register("tree", "token tree", needs_draft=True, order=10, options=OPTIONS, kind="tree",
           description="the draft grows several branches (γ = depth), the target checks them all in one pass")
 def _build_tree(pair, req=None):
     if pair.draft is None:
@@ -222,4 +298,4 @@ def _build_tree(pair, req=None):
     opts = check_tree_options(dict(getattr(req, "options", None) or {}))
     shape = tuple(opts["tree_shape"]) if opts["tree_shape"] else None
     return TreeDraftProposer(pair.draft, vocab_size=target_vocab(pair.target), shape=shape,
-                             budget=opts["tree_budget"] or MAX_NODES)
+                             budget=opts["tree_budget"] or (MAX_NODES if shape else None))
