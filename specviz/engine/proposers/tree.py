@@ -280,7 +280,7 @@ OPTIONS = (
     Option("tree_budget", "Tree budget (nodes)", f"Most draft nodes per tree (1-{MAX_NODES}); the target "
            f"checks them all in one pass. Blank: a dynamic tree grows while each node pays for its row, "
            f"by this machine's measured costs ({DEFAULT_BUDGET} nodes where none were measured); a static "
-           f"one its whole shape.", hi=MAX_NODES, keep=True, short="budget"),
+           f"one its whole shape.", hi=MAX_NODES, keep=True, short="budget", placeholder="blank: auto"),
 )
 
 
