@@ -109,9 +109,10 @@ def forward(model, ids: list[int], cache, keep: int) -> torch.Tensor:
     eager StaticKV (whose caller moves its pointer); both are written through update()."""
     n, p = len(ids), cache.get_seq_length()
     body = model.model
-    x = torch.tensor([ids], device=model.device)
+    dev = body.embed_tokens.weight.device  # model.device walks every module's parameters
+    x = torch.tensor([ids], device=dev)
     h = body.embed_tokens(x)
-    cos, sin = body.rotary_emb(h, torch.arange(p, p + n, device=model.device).unsqueeze(0))
+    cos, sin = body.rotary_emb(h, torch.arange(p, p + n, device=dev).unsqueeze(0))
     structs = _structs(body)
     if structs is not None and h.dtype == torch.float32 and h.device.type == "cpu":
         h, cos, sin = h.contiguous(), cos[0].contiguous(), sin[0].contiguous()
