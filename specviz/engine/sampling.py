@@ -40,9 +40,7 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """
     logits = logits.float()
     if params.greedy:
-        # ties broken by the lowest index, as torch.argmax does in plain decoding
-        idx = logits.argmax(dim=-1, keepdim=True)
-        return torch.zeros_like(logits).scatter_(-1, idx, 1.0)
+        return greedy_rows(logits)[0]
     logits = logits / params.temperature
     vocab = logits.shape[-1]
     if 0 < params.top_k < vocab:
@@ -71,6 +69,13 @@ class Gap(float):
 
     def __reduce__(self):  # copy/deepcopy/pickle keep the tokens
         return (Gap, (float(self), self.top, self.second, self.top_logit))
+
+
+def greedy_rows(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy p (one-hot at each row's argmax) and those argmaxes: ties broken by the lowest
+    index, as torch.argmax does in plain decoding."""
+    idx = logits.float().argmax(dim=-1, keepdim=True)
+    return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, idx, 1.0), idx.squeeze(-1)
 
 
 def top2_gap(logits: torch.Tensor) -> list[Gap]:

@@ -20,35 +20,37 @@ from .events import Outcome, RoundEvent, RunSummary, commit_round, round_tokens
 from .forward import crop_cache, keep_cache_slots
 from .proposer import TreeProposer
 from .rounds import cut_at_eos, drive_rounds, make_generator, new_summary, pad_to
-from .sampling import SamplingParams, overlap, top2_gap, warp
+from .sampling import SamplingParams, greedy_rows, overlap, top2_gap, warp
 from .text import TextStream
 from .tree_forward import tree_forward_logits
 from .tree_sampling import accept_greedy, accept_sampled, depths_of, describe_tree
 
 
 def _verify(target, cache, fed, prop, params, gen):
-    """One target forward over fed + tree; returns (p rows, verdict, q rows)."""
+    """One target forward over fed + tree; returns (p rows, verdict, q rows, gaps, argmaxes)."""
     depths = depths_of(prop.parents)
     logits = tree_forward_logits(target, cache, fed=fed, tokens=prop.tokens, parents=prop.parents,
                                  depths=depths, keep=len(prop.tokens) + 1)
-    p = warp(logits, params)
-    q = pad_to(prop.q.to(p.device), p.shape[-1])
+    q = pad_to(prop.q.to(logits.device), logits.shape[-1])
     if params.greedy:  # gaps: the bench tells a bf16 near-tie from a bug with them
-        return p, accept_greedy(prop.tokens, prop.parents, p), q, top2_gap(logits)
-    return p, accept_sampled(prop.tokens, prop.parents, p, q, gen), q, None
+        p, best = greedy_rows(logits)
+        best = best.tolist()
+        return p, accept_greedy(prop.tokens, prop.parents, p, best), q, top2_gap(logits), best
+    p = warp(logits, params)
+    return p, accept_sampled(prop.tokens, prop.parents, p, q, gen), q, None, None
 
 
-def _node_stats(prop, p, q, greedy: bool):
+def _node_stats(prop, p, q, best: list[int] | None):
     """q(x), p(x) and Σ min(p, q) of each node, read at its parent's row (gathered at the nodes,
     the overlap once per parent: a copy of a full row per node costs time). Greedy p is one-hot
-    at its argmax, so Σ min(p, q) is q there."""
+    at its row's argmax (`best`), so Σ min(p, q) is q there."""
     if not prop.tokens:
         return [], [], []
     rows = torch.tensor([par + 1 for par in prop.parents], dtype=torch.long)
     x = torch.tensor(prop.tokens, dtype=torch.long)
     at = torch.tensor(sorted(set(prop.parents)), dtype=torch.long) + 1
-    if greedy:
-        ov = q[at, p[at].argmax(-1)]
+    if best is not None:
+        ov = q[at, torch.tensor(best)[at]]
     else:
         ov = overlap(p[at], q[at])
     ov = dict(zip((at - 1).tolist(), ov.tolist(), strict=True))
@@ -67,18 +69,16 @@ def _tested(prop, v, n_path: int, ov: list[float], greedy: bool) -> list[float]:
     return [ov[i] for i in v.path[:n_path]] + [ov[c] for c in failed]
 
 
-def _width_rows(prop, v, q, greedy: bool) -> list[tuple[float, list[bool]]]:
+def _width_rows(prop, v, q, best: list[int] | None) -> list[tuple[float, list[bool]]]:
     """What gamma.TreeWidth learns from: each row whose children were tested, its draft doubt
     (1 - max q) and the outcomes by child order. Greedy: up to the rank in q of the target's
-    choice (its accepted child's token, or the appended one), whatever children the tree had."""
-    kept = {prop.parents[c]: c for c in v.path}
+    choice (the row's argmax, `best`), whatever children the tree had."""
     out = []
     for w in dict.fromkeys(prop.parents[c] for c in v.tested):
         qrow = q[w + 1]
         doubt = prop.doubt[w] if w in prop.doubt else 1.0 - float(qrow.max())
-        if greedy:
-            x = prop.tokens[kept[w]] if w in kept else v.token
-            rank = int((qrow > qrow[x]).sum())  # elder choices the target passed over
+        if best is not None:
+            rank = int((qrow > qrow[best[w + 1]]).sum())  # elder choices the target passed over
             out.append((doubt, [False] * rank + [True]))
         else:
             out.append((doubt, [c in v.path for c in v.tested if prop.parents[c] == w]))
@@ -132,7 +132,7 @@ def tree_speculative(target, proposer: TreeProposer, tokenizer, prompt_ids: list
         t_drafted = clock.now()
         n_prefix = len(committed)
         fed = committed[cache.get_seq_length():]
-        p, v, q, gaps = _verify(target, cache, fed, prop, params, gen)
+        p, v, q, gaps, best = _verify(target, cache, fed, prop, params, gen)
         t_end = clock.now()
         # EOS or the budget can end the output inside the path
         new, ended = cut_at_eos([prop.tokens[i] for i in v.path] + [v.token], eos, remaining)
@@ -143,9 +143,9 @@ def tree_speculative(target, proposer: TreeProposer, tokenizer, prompt_ids: list
         crop_cache(cache, len(committed) - 1)
         proposer.rollback_tree(committed, v.path[:n_path])
 
-        q_x, p_x, ov = _node_stats(prop, p, q, params.greedy)
+        q_x, p_x, ov = _node_stats(prop, p, q, best)
         if width is not None:
-            width.observe(_width_rows(prop, v, q, params.greedy))
+            width.observe(_width_rows(prop, v, q, best))
         if policy is not None:
             policy.observe(_tested(prop, v, n_path, ov, params.greedy), n_path)
         tokens = _round_tokens(stream, prop, v, new, n_path, appended, p, p_x, q_x, r, t_end, gaps)

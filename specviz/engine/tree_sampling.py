@@ -82,17 +82,19 @@ class TreeVerdict:
     u: list[float] = field(default_factory=list)  # uniform drawn for each tested node
 
 
-def accept_greedy(tokens: list[int], parents: list[int], p: torch.Tensor) -> TreeVerdict:
-    """Longest path that follows the target's argmax. p: (N + 1, V), row 0 = root."""
+def accept_greedy(tokens: list[int], parents: list[int], p: torch.Tensor,
+                  best: list[int] | None = None) -> TreeVerdict:
+    """Longest path that follows the target's argmax. p: (N + 1, V), row 0 = root; best: each
+    row's argmax where the caller has them (one pass over the rows, not one a row)."""
     kids = children_of(parents)
     path, node = [], -1
     tested: list[int] = []
     while True:
-        best = int(p[node + 1].argmax())
+        best_x = best[node + 1] if best is not None else int(p[node + 1].argmax())
         tested += kids[node]
-        nxt = next((c for c in kids[node] if tokens[c] == best), None)
+        nxt = next((c for c in kids[node] if tokens[c] == best_x), None)
         if nxt is None:
-            return TreeVerdict(path, best, bool(kids[node]), tested, [])
+            return TreeVerdict(path, best_x, bool(kids[node]), tested, [])
         path.append(nxt)
         node = nxt
 

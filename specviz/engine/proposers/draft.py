@@ -9,7 +9,7 @@ import torch
 from ...errors import RequestError
 from ..forward import crop_cache, forward_logits, new_cache, pick
 from ..proposer import Proposal, Proposer, register, target_vocab
-from ..sampling import warp
+from ..sampling import greedy_rows, warp
 
 
 @dataclass
@@ -41,8 +41,12 @@ class DraftModelProposer(Proposer):
         for _ in range(gamma):
             logits = self._logits(feed)[-1]
             raw.append(logits)  # a reference: the inspector's greedy softmax, computed off the clock
-            q = warp(logits, params)
-            x = pick(q, params, generator)
+            if params.greedy:  # q one-hot at the argmax: read it once, not again from q
+                q, x = greedy_rows(logits)
+                x = int(x)
+            else:
+                q = warp(logits, params)
+                x = pick(q, params, generator)
             tokens.append(x)
             qs.append(q)
             if x in eos_ids:  # nothing useful follows an end-of-sequence
