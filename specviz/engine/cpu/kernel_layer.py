@@ -22,6 +22,7 @@ import ctypes
 import weakref
 
 import torch
+from torch.nn.modules import module as _module
 
 from . import qgemm
 from .lean import KernelRMSNorm
@@ -30,14 +31,31 @@ from .qgemm import BlockLinear, Layer, Lin
 MAX_HEAD_DIM = 512  # layer_pre's rotary scratch
 GROW = 256  # positions of room added when a cache's buffer is (re)made
 _OFF = [False]  # off(): the module path, for a profile that times each Linear through hooks
-_EPOCH = [0]  # moved(): bumped wherever a model's tensors are re-homed, so held layer structs are rebuilt
+_EPOCH = [0]  # bumped by moved(), so held layer structs are rebuilt
 
 
-def moved() -> None:
-    """Say that some model's tensors were re-homed (`t.data = ...`): every held layer struct is
-    rebuilt at its next use. One missed call is safe, only wasteful: a held struct keeps the
-    storages it points into alive (layer_struct), so it reads the old copy, never freed memory."""
+def moved(*_) -> None:
+    """Say that some model's modules or tensors changed: every held layer struct (and lean_forward's
+    list of them) is rebuilt at its next use. Every module, buffer and parameter registration
+    anywhere says it (torch's global registration hooks, below); code that re-homes tensors
+    (`t.data = ...`) says it itself. One missed call is safe from freed memory, though not from
+    stale weights: a held struct keeps the storages it points into alive (layer_struct)."""
     _EPOCH[0] += 1
+
+
+def epoch() -> int:
+    """How many times moved() was said."""
+    return _EPOCH[0]
+
+
+def is_off() -> bool:
+    return _OFF[0]
+
+
+for _register in (_module.register_module_module_registration_hook,
+                  _module.register_module_buffer_registration_hook,
+                  _module.register_module_parameter_registration_hook):
+    _register(moved)
 
 
 @contextlib.contextmanager
@@ -83,16 +101,18 @@ def _tensors(mods: tuple) -> list[torch.Tensor]:
 
 
 def layer_struct(layer) -> Layer | None:
-    """The layer as kernels/qgemm.c's layer_t, kept on the layer and rebuilt when a module was
-    swapped or tensors moved (moved(): models/loading.py re-homes a loaded model's tensors); None
-    when it is not all on the kernels. What is held keeps the storages it points into (detached
-    views): checking every tensor's address instead cost ~0.5 ms a forward (docs/why.md#struct-epoch)."""
-    mods = None if _OFF[0] else _modules(layer)
-    if mods is None:
+    """The layer as kernels/qgemm.c's layer_t, kept on the layer until moved() is said (a module
+    swapped, tensors re-homed); None when it is not all on the kernels. What is held keeps the
+    storages it points into (detached views). Why not check the modules and every tensor's
+    address each time: that was most of the Python around a step (docs/why.md#struct-epoch)."""
+    if _OFF[0]:
         return None
     held = layer.__dict__.get("_specviz_kernel_layer")
-    if held is not None and held[0] == mods and held[1] == _EPOCH[0]:
+    if held is not None and held[1] == _EPOCH[0]:  # no module swapped, no tensor moved since
         return held[3]
+    mods = _modules(layer)
+    if mods is None:
+        return None
     if not _fits(mods):
         return None
     attn, mlp, n1, n2, qkv, o, gu, down = mods

@@ -50,12 +50,23 @@ def eligible(model, n: int) -> bool:
 
 def _structs(body) -> list | None:
     """Every layer of a model body as kernels/qgemm.c's layer_t, or None unless all of them are on the
-    C kernels with the family's standard rotary (the one-call branch of forward, forward_masked)."""
+    C kernels with the family's standard rotary (the one-call branch of forward, forward_masked).
+    Kept on the body until kernel_layer.moved() is said (eligible() and forward() both ask, each
+    forward: docs/why.md#struct-epoch)."""
+    if kernel_layer.is_off():
+        return None
+    held = body.__dict__.get("_specviz_structs")
+    if held is not None and held[0] == kernel_layer.epoch():
+        return held[1]
+    n = kernel_layer.epoch()
     layers = getattr(body, "layers", None)
     structs = [kernel_layer.layer_struct(layer) for layer in layers or ()]
     if not structs or any(s is None for s in structs):
-        return None  # a kernel layer's attention is a FusedAttention: it has a _rotary
-    return structs if all(layer.self_attn._rotary in _STANDARD for layer in layers) else None
+        structs = None  # a kernel layer's attention is a FusedAttention: it has a _rotary
+    elif not all(layer.self_attn._rotary in _STANDARD for layer in layers):
+        structs = None
+    body.__dict__["_specviz_structs"] = (n, structs)
+    return structs
 
 
 def _attend(attn, q, k, v) -> torch.Tensor:
