@@ -136,11 +136,16 @@ class TreeDraftProposer(Proposer):
     def _expand(self, t: _Tree, nodes: list[int], params) -> None:
         """One draft forward of `nodes` (their ancestors are cached): their q rows."""
         n_cache = self.cache.get_seq_length()
-        bias = frontier_bias([[t.slot[a] for a in t.ancestors(i)] for i in nodes],
-                             n_prefix=self.n_prefix, n_cache=n_cache)
-        root = self.n_prefix - 1
-        logits = masked_forward(self.model, self.cache, ids=[t.tokens[i] for i in nodes],
-                                positions=[root + t.depth[i] for i in nodes], bias=bias, keep=len(nodes))
+        anc = [[t.slot[a] for a in t.ancestors(i)] for i in nodes]
+        if len(nodes) == 1 and sorted(anc[0]) == list(range(self.n_prefix, n_cache)):
+            # the cache holds the prefix and this node's ancestors only: a causal step at the next
+            # position, the chain draft's own forward (the masked one cost more: docs/why.md#tree-step)
+            logits = forward_logits(self.model, [t.tokens[nodes[0]]], self.cache, 1, exact=False)
+        else:
+            bias = frontier_bias(anc, n_prefix=self.n_prefix, n_cache=n_cache)
+            logits = masked_forward(self.model, self.cache, ids=[t.tokens[i] for i in nodes],
+                                    positions=[self.n_prefix - 1 + t.depth[i] for i in nodes], bias=bias,
+                                    keep=len(nodes))
         rows = self._row(logits, params)  # one call for the layer: per row, each costs a dispatch
         for j, i in enumerate(nodes):
             t.slot[i] = n_cache + j
@@ -153,10 +158,9 @@ class TreeDraftProposer(Proposer):
         return int(torch.multinomial(left / left.sum(), 1, generator=generator))
 
     def _next_choice(self, t: _Tree, u: int) -> int:
-        """A greedy auto tree's next child at u: its row's next first choice (one top-k a row, not
-        a copy and an argmax a child). At most MAX_ORDER of them; one of no mass is still a guess."""
-        if u not in t.top:
-            t.top[u] = t.rows[u].topk(min(MAX_ORDER, t.rows[u].shape[-1])).indices.tolist()
+        """A greedy auto tree's next child at u: its row's next first choice (one top-k a row, read
+        when the row opened, not a copy and an argmax a child). At most MAX_ORDER of them; one of
+        no mass is still a guess."""
         return t.top[u][t.kids.get(u, 0)]
 
     def _grow_static(self, t, depth, params, generator, eos) -> int:
@@ -215,7 +219,12 @@ class TreeDraftProposer(Proposer):
         won = [1.0, 1]  # E (tokens the round yields, bonus included), F (draft forwards)
 
         def opened(u):
-            doubt[u] = t.doubt[u] = 1 - float(t.rows[u].max())
+            if params.greedy:  # the row's first choices, best first: its max is the first
+                top = t.rows[u].topk(min(MAX_ORDER, t.rows[u].shape[-1]))
+                t.top[u] = top.indices.tolist()
+                doubt[u] = t.doubt[u] = 1 - float(top.values[0])
+            else:
+                doubt[u] = t.doubt[u] = 1 - float(t.rows[u].max())
 
         def add(u):
             x = self._next_choice(t, u) if params.greedy else self._draw(t, u, params, generator)
@@ -242,9 +251,14 @@ class TreeDraftProposer(Proposer):
             if pending and hope * cost > g * (width.c + cost):  # the forward buys more per step
                 if not width.pays(hope, width.c + cost, won[0], steps):
                     break
-                self._expand(t, pending, params)
+                # the forward goes for its best node; another rides along only where it would have
+                # paid for a forward of its own (each row costs the draft too): the rest stay leaves
+                top = max(pending, key=reach.__getitem__)
+                rows = [i for i in pending if i == top or width.pays(
+                    reach[i] * width.rate(1), width.c + cost, won[0], steps)]
+                self._expand(t, rows, params)
                 won[1] += 1
-                for i in pending:
+                for i in rows:
                     opened(i)
                 pending.clear()
                 continue
