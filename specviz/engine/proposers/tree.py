@@ -158,10 +158,14 @@ class TreeDraftProposer(Proposer):
         return int(torch.multinomial(left / left.sum(), 1, generator=generator))
 
     def _next_choice(self, t: _Tree, u: int) -> int:
-        """A greedy auto tree's next child at u: its row's next first choice (one top-k a row, read
-        when the row opened, not a copy and an argmax a child). At most MAX_ORDER of them; one of
-        no mass is still a guess."""
-        return t.top[u][t.kids.get(u, 0)]
+        """A greedy auto tree's next child at u: its row's next choice (its first read when the row
+        opened, the others by one top-k when a second is asked for; not a copy and an argmax a
+        child). At most MAX_ORDER of them; one of no mass is still a guess."""
+        n, top = t.kids.get(u, 0), t.top[u]
+        if n >= len(top):  # after the first choice, the rest of the row's top k, in order
+            k = min(MAX_ORDER + 1, t.rows[u].shape[-1])
+            top += [j for j in t.rows[u].topk(k).indices.tolist() if j != top[0]][:MAX_ORDER - 1]
+        return top[n]
 
     def _grow_static(self, t, depth, params, generator, eos) -> int:
         frontier, forwards = [-1], 0
@@ -219,10 +223,10 @@ class TreeDraftProposer(Proposer):
         won = [1.0, 1]  # E (tokens the round yields, bonus included), F (draft forwards)
 
         def opened(u):
-            if params.greedy:  # the row's first choices, best first: its max is the first
-                top = t.rows[u].topk(min(MAX_ORDER, t.rows[u].shape[-1]))
-                t.top[u] = top.indices.tolist()
-                doubt[u] = t.doubt[u] = 1 - float(top.values[0])
+            if params.greedy:  # the row's first choice; the next ones only if asked (a top-k costs 2x)
+                best, at = t.rows[u].max(-1)
+                t.top[u] = [int(at)]
+                doubt[u] = t.doubt[u] = 1 - float(best)
             else:
                 doubt[u] = t.doubt[u] = 1 - float(t.rows[u].max())
 
