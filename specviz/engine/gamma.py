@@ -110,7 +110,6 @@ class TreeWidth:
     n: list = field(default_factory=lambda: [PRIOR_WEIGHT] * MAX_ORDER)
     doubt_s: float = (1 - PRIOR_ALPHA) * PRIOR_WEIGHT
     doubt_n: float = PRIOR_WEIGHT
-    name: str = "auto"
 
     def rate(self, r: int) -> float:
         """a_r: the r-th child's acceptance once the first r - 1 failed (1-based)."""
