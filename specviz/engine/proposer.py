@@ -207,7 +207,6 @@ class MethodSpec:
     greedy_only: bool = False  # make_request refuses temperature > 0 (no lossless sampling variant)
     # its settings, each declared once (Option, above): CLI flags, page controls, validation
     options: tuple[Option, ...] = ()
-    finish: Callable[[dict], dict] | None = None  # a rule across options, after each is checked
     note: str = ""  # the page's line for it in "Method settings" (when it shows no controls)
     # RoundEvent.info of its rounds -> run totals (CLI, bench), and one round's story (tooltips)
     summarize: Callable[[list[dict]], dict] | None = None
@@ -215,8 +214,7 @@ class MethodSpec:
 
     def check_options(self, options: dict) -> dict:
         """`options` validated and normalised; RequestError in the visitor's words."""
-        out = check_options(self.options, options)
-        return self.finish(out) if self.finish is not None else out
+        return check_options(self.options, options)
     kind: Kind = "chain"  # which verifier reads its proposals (see the module doc)
 
 

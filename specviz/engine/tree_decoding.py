@@ -74,14 +74,13 @@ def _width_rows(prop, v, q, best: list[int] | None) -> list[tuple[float, list[bo
     (1 - max q) and the outcomes by child order. Greedy: up to the rank in q of the target's
     choice (the row's argmax, `best`), whatever children the tree had."""
     out = []
-    for w in dict.fromkeys(prop.parents[c] for c in v.tested):
-        qrow = q[w + 1]
-        doubt = prop.doubt[w] if w in prop.doubt else 1.0 - float(qrow.max())
+    for w in dict.fromkeys(prop.parents[c] for c in v.tested):  # each was opened: its doubt is read
         if best is not None:
+            qrow = q[w + 1]
             rank = int((qrow > qrow[best[w + 1]]).sum())  # elder choices the target passed over
-            out.append((doubt, [False] * rank + [True]))
+            out.append((prop.doubt[w], [False] * rank + [True]))
         else:
-            out.append((doubt, [c in v.path for c in v.tested if prop.parents[c] == w]))
+            out.append((prop.doubt[w], [c in v.path for c in v.tested if prop.parents[c] == w]))
     return out
 
 
@@ -122,12 +121,14 @@ def tree_speculative(target, proposer: TreeProposer, tokenizer, prompt_ids: list
     # 16-node tree that measured 1.83×): no prediction or best γ is shown; τ is the tree's measure
     s = new_summary(proposer.name, depth, target.device, unmeasured=["predicted"],
                     gamma_policy=getattr(policy, "name", ""))
+    if width is not None:  # the width rule sizes the tree, its depth too: the γ policy is not asked
+        policy = None
     committed = list(prompt_ids)
     proposer.reset(prompt_ids)
 
     def one_round(r: int, remaining: int) -> RoundEvent:
         t_start = clock.now()
-        d = policy.next_gamma(depth) if policy is not None and width is None else depth
+        d = policy.next_gamma(depth) if policy is not None else depth
         prop = proposer.propose(committed, min(d, max(1, remaining - 1)), params, gen, eos, width=width)
         t_drafted = clock.now()
         n_prefix = len(committed)

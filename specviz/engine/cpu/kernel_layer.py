@@ -75,8 +75,7 @@ def _lin(m: BlockLinear) -> Lin:
 
 def _modules(layer) -> tuple | None:
     """(attention, MLP, the two norms, the four projections) of a kernel-flagged fused layer, read
-    from the module dicts: this runs for every layer of every step, and an nn.Module attribute
-    lookup is slow (docs/why.md#module-dicts)."""
+    from the module dicts: an nn.Module attribute lookup is slow (docs/why.md#module-dicts)."""
     m = layer._modules
     attn, mlp = m.get("self_attn"), m.get("mlp")
     if not (getattr(attn, "kernel", False) and getattr(mlp, "kernel", False)):
@@ -108,8 +107,8 @@ def layer_struct(layer) -> Layer | None:
     if _OFF[0]:
         return None
     held = layer.__dict__.get("_specviz_kernel_layer")
-    if held is not None and held[1] == _EPOCH[0]:  # no module swapped, no tensor moved since
-        return held[3]
+    if held is not None and held[0] == _EPOCH[0]:  # no module swapped, no tensor moved since
+        return held[2]
     mods = _modules(layer)
     if mods is None:
         return None
@@ -120,7 +119,7 @@ def layer_struct(layer) -> Layer | None:
     s = Layer(n1.weight.data_ptr(), n2.weight.data_ptr(), n1.variance_epsilon, n2.variance_epsilon,
               float(attn.scaling), _lin(qkv), _lin(o), _lin(gu), _lin(down), attn.sizes[0] // d,
               attn.sizes[1] // d, d, mlp.inter)
-    layer._specviz_kernel_layer = (mods, _EPOCH[0], [t.detach() for t in _tensors(mods)], s)
+    layer._specviz_kernel_layer = (_EPOCH[0], [t.detach() for t in _tensors(mods)], s)
     return s
 
 

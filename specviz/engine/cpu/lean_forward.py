@@ -55,10 +55,9 @@ def _structs(body) -> list | None:
     forward: docs/why.md#struct-epoch)."""
     if kernel_layer.is_off():
         return None
-    held = body.__dict__.get("_specviz_structs")
-    if held is not None and held[0] == kernel_layer.epoch():
+    n, held = kernel_layer.epoch(), body.__dict__.get("_specviz_structs")
+    if held is not None and held[0] == n:
         return held[1]
-    n = kernel_layer.epoch()
     layers = getattr(body, "layers", None)
     structs = [kernel_layer.layer_struct(layer) for layer in layers or ()]
     if not structs or any(s is None for s in structs):
