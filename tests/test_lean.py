@@ -298,3 +298,27 @@ def test_held_layer_structs_follow_a_rehome_and_never_read_freed_memory():
     after = kernel_layer.layer_struct(layer)
     assert after is not before and after.ln1 == layer.input_layernorm.weight.data_ptr()
     assert torch.equal(logits(), want)
+
+
+@pytest.mark.skipif("w4a8" not in lowbit.available(), reason="needs the C kernel")
+def test_a_long_prompt_splits_its_rows_between_threads_with_the_same_bits():
+    """A prompt big enough that the stack's norms, rotary, SiLU and residual adds run on both threads
+    (qgemm.c's ROWS_PAR: rows x width > 65,536): every row's logits are the bits one thread gives,
+    and the last rows' are those of one-token steps."""
+    from specviz.engine.forward import crop_cache, forward_logits, new_cache
+    model = lowbit.to_lowbit(make_lean(tiny_model(96, seed=0, layers=2, hidden=128)), "w4a8")
+    ids = torch.randint(0, 96, (600,), generator=torch.Generator().manual_seed(5)).tolist()
+    threads = torch.get_num_threads()
+    try:
+        with torch.no_grad():
+            torch.set_num_threads(2)
+            c = new_cache(model)
+            two = forward_logits(model, ids, c, len(ids))
+            crop_cache(c, len(ids) - 3)
+            steps = [forward_logits(model, [t], c, 1) for t in ids[-3:]]
+            torch.set_num_threads(1)
+            one = forward_logits(model, ids, new_cache(model), len(ids))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(two, one)
+    assert all(torch.equal(s[-1], two[-1 - k]) for k, s in zip((2, 1, 0), steps, strict=True))

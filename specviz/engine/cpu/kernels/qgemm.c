@@ -413,7 +413,13 @@ int block_mm(const float *x, int M, int K, const uint8_t *codes, const uint8_t *
 
 /* y = x * (1 / sqrt(mean(x^2) + eps)) * w, row by row: the Llama family's RMSNorm in one call where
    aten makes six (pow, mean, add, rsqrt, mul, mul). A row's sum never depends on M: row-exact. */
-void rms_norm(const float *x, const float *w, float eps, int M, int K, float *y) {
+/* Rows split between threads only where a call has many (a prompt): each row's arithmetic is the same
+   whichever thread runs it. Why: alone, one thread ran a prompt's norms, rotary, SiLU and residual
+   adds while the other waited (docs/why.md#qgemm-rows). */
+#define ROWS_PAR(M, W) ((size_t)(M) * (size_t)(W) > 65536 && (M) > 1)
+
+static void rms_rows(const float *x, const float *w, float eps, int M, int K, float *y, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static) if (ROWS_PAR(M, K))
     for (int m = 0; m < M; m++) {
         const float *v = x + (size_t)m * K;
         float *o = y + (size_t)m * K;
@@ -433,6 +439,8 @@ void rms_norm(const float *x, const float *w, float eps, int M, int K, float *y)
         for (; k < K; k++) o[k] = w[k] * (v[k] * r);
     }
 }
+
+void rms_norm(const float *x, const float *w, float eps, int M, int K, float *y) { rms_rows(x, w, eps, M, K, y, 1); }
 
 /* e^x for 8 floats (Cephes' polynomial on x - n ln2, scaled by 2^n; |error| ~2 ulp, 0 below
    e^-87.3). Deterministic: the same bits whatever the caller, unlike aten's, which differs
@@ -460,8 +468,9 @@ static inline float exp1(float x) {
 
 /* y [M, I] = silu(g) * u for rows gu [M, 2I] = [g | u]: the family's gated MLP activation in one
    call where aten makes four (split, silu, mul and an allocation each). */
-void silu_mul(const float *gu, int M, int I, float *y) {
+static void silu_rows(const float *gu, int M, int I, float *y, int nt) {
     const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+#pragma omp parallel for num_threads(nt) schedule(static) if (ROWS_PAR(M, I))
     for (int m = 0; m < M; m++) {
         const float *g = gu + (size_t)m * 2 * I, *u = g + I;
         float *o = y + (size_t)m * I;
@@ -474,6 +483,8 @@ void silu_mul(const float *gu, int M, int I, float *y) {
         for (; i < I; i++) o[i] = g[i] / (1.f + exp1(-g[i])) * u[i];
     }
 }
+
+void silu_mul(const float *gu, int M, int I, float *y) { silu_rows(gu, M, I, y, 1); }
 
 #define KT 64 /* keys a tile: a kv head's tile of keys (64 x d floats) stays in L1 for its group's heads */
 #define GMAX 16 /* query heads sharing a kv head, at most (larger groups: SDPA) */
@@ -642,10 +653,11 @@ int layer_pre(const layer_t *L, const float *h, int n, const float *cos, const f
     const int hidden = L->qkv.k, d = L->d, half = d / 2, w = L->qkv.n;
     float *x = malloc((size_t)n * hidden * sizeof(float));
     if (!x) return -1;
-    rms_norm(h, L->ln1, L->eps1, n, hidden, x);
+    rms_rows(h, L->ln1, L->eps1, n, hidden, x, nt);
     const int bad = linear(&L->qkv, x, n, qkv, nt);
     free(x);
     if (bad) return -1;
+#pragma omp parallel for num_threads(nt) schedule(static) if (ROWS_PAR(n, w))
     for (int r = 0; r < n; r++)
         for (int hd = 0; hd < L->hq + L->hkv; hd++) {
             float *v = qkv + (size_t)r * w + (size_t)hd * d, t[512];
@@ -655,6 +667,12 @@ int layer_pre(const layer_t *L, const float *h, int n, const float *cos, const f
             for (int i = 0; i < d; i++) v[i] = t[i];
         }
     return 0;
+}
+
+/* h += o, n values (a prompt's split between threads). */
+static void add_rows(float *h, const float *o, size_t n, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static) if (ROWS_PAR(n, 1))
+    for (size_t i = 0; i < n; i++) h[i] = h[i] + o[i];
 }
 
 /* h [n, hidden] += the layer's attention output and then its MLP's, in place: q from layer_pre's
@@ -669,16 +687,15 @@ int layer_post(const layer_t *L, float *h, int n, const float *qkv, const float 
                                 L->scale, a, nt);
     if (!bad) bad = linear(&L->o, a, n, o, nt);
     if (!bad) {
-        for (size_t i = 0; i < (size_t)n * hidden; i++) h[i] = h[i] + o[i];
-        rms_norm(h, L->ln2, L->eps2, n, hidden, o);
+        add_rows(h, o, (size_t)n * hidden, nt);
+        rms_rows(h, L->ln2, L->eps2, n, hidden, o, nt);
         bad = linear(&L->gu, o, n, gu, nt);
     }
     if (!bad) {
-        silu_mul(gu, n, I, act);
+        silu_rows(gu, n, I, act, nt);
         bad = linear(&L->down, act, n, o, nt);
     }
-    if (!bad)
-        for (size_t i = 0; i < (size_t)n * hidden; i++) h[i] = h[i] + o[i];
+    if (!bad) add_rows(h, o, (size_t)n * hidden, nt);
     free(a); free(o); free(gu); free(act);
     return bad ? -1 : 0;
 }
