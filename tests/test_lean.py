@@ -322,3 +322,26 @@ def test_a_long_prompt_splits_its_rows_between_threads_with_the_same_bits():
         torch.set_num_threads(threads)
     assert torch.equal(two, one)
     assert all(torch.equal(s[-1], two[-1 - k]) for k, s in zip((2, 1, 0), steps, strict=True))
+
+
+@pytest.mark.skipif("w4a8" not in lowbit.available(), reason="needs the C kernel")
+def test_a_prompt_on_the_c_stack_is_read_whole(monkeypatch):
+    """forward.context_apart reads a row-exact target's prompt apart from its last row; on the C
+    layer stack, where no row's bits depend on the shape, the prompt is one call: the same logits
+    and keys as the split read, one whole step and an output layer cheaper."""
+    from specviz.engine.cpu import kernel_layer, lean_forward
+    from specviz.engine.forward import forward_logits, new_cache
+    model = lowbit.to_lowbit(make_lean(tiny_model(96, seed=0, layers=2, hidden=64)), "w4a8")
+    ids = torch.randint(0, 96, (50,), generator=torch.Generator().manual_seed(6)).tolist()
+    rows, stack = [], kernel_layer.forward_stack
+    monkeypatch.setattr(kernel_layer, "forward_stack", lambda s, h, *a, **k: rows.append(h.shape[1]) or stack(s, h, *a, **k))
+    assert lean_forward.rows_exact(model, len(ids))
+    with torch.no_grad():
+        whole_cache, split_cache = new_cache(model), new_cache(model)
+        whole = forward_logits(model, ids, whole_cache, 1)
+        assert rows == [len(ids)]
+        forward_logits(model, ids[:-1], split_cache, 1)
+        split = forward_logits(model, ids[-1:], split_cache, 1)
+    assert torch.equal(whole, split)
+    for a, b in zip(whole_cache.layers, split_cache.layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)

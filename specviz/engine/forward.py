@@ -25,7 +25,7 @@ def forward_logits(model, ids: list[int], cache, keep: int, *, exact: bool = Tru
     exact=False (a draft: nothing depends on its bits but its own q, recorded as computed) skips
     context_apart: a draft's two-token feed after a bonus round is one forward, not two
     (docs/why.md#draft-inexact)."""
-    return _forward(model, context_apart(model, cache, ids, keep) if exact else ids, cache, keep)
+    return _forward(model, context_apart(model, cache, ids, keep, causal=True) if exact else ids, cache, keep)
 
 
 def _forward(model, ids: list[int], cache, keep: int) -> torch.Tensor:
@@ -38,14 +38,19 @@ def _forward(model, ids: list[int], cache, keep: int) -> torch.Tensor:
     return out.logits[0, -keep:]
 
 
-def context_apart(model, cache, ids: list[int], keep: int) -> list[int]:
+def context_apart(model, cache, ids: list[int], keep: int, *, causal: bool = False) -> list[int]:
     """Row-exact targets (w8a8 with row-wise attention): the rows before the `keep` read ones
     (the prompt, in a run's first forward) get a forward of their own, the one plain decoding's
     prefill makes, so both runs hold bit-identical KV for them; returns the ids left to feed.
     Why: one forward of prompt + drafts computed the prompt's KV in another shape, which flipped
-    a 7-bit activation code; greedy on the chat preset then differed at token 12 (gap 0.85)."""
+    a 7-bit activation code; greedy on the chat preset then differed at token 12 (gap 0.85).
+    causal (a chain forward follows): not where the C layer stack reads every row, whose bits
+    never depend on the shape; there the split cost a whole step and an output layer per prompt
+    (docs/why.md#prompt-whole)."""
     n = len(ids) - keep
     if n <= 0 or not is_rowwise(model):
+        return ids
+    if causal and not isinstance(cache, kvcache.StaticKV) and lean_forward.rows_exact(model, len(ids)):
         return ids
     _forward(model, ids[:n], cache, 1)  # one call for the whole context, as plain decoding's prefill
     return ids[n:]

@@ -48,6 +48,18 @@ def eligible(model, n: int) -> bool:
                                     and isinstance(layer.mlp, FusedMLP) for layer in model.model.layers)
 
 
+def rows_exact(model, n: int) -> bool:
+    """Whether an n-token chain forward of `model` runs every layer on the C kernels (forward's
+    one-call branch), where a row's bits never depend on the other rows: a prompt read whole gives
+    its last row the bits of a one-token step, and its keys those of any split."""
+    if not eligible(model, n):
+        return False
+    body = model.model
+    emb = body.embed_tokens  # a HalfEmbedding hands its rows on in out_dtype
+    return (_structs(body) is not None and emb.weight.device.type == "cpu"
+            and getattr(emb, "out_dtype", emb.weight.dtype) == torch.float32)
+
+
 def _structs(body) -> list | None:
     """Every layer of a model body as kernels/qgemm.c's layer_t, or None unless all of them are on the
     C kernels with the family's standard rotary (the one-call branch of forward, forward_masked).
