@@ -79,3 +79,13 @@ def test_a_blank_budget_is_auto_only_with_measured_costs():
     assert tree_width(SimpleNamespace(costs=costs), fixed) is None
     assert tree_width(SimpleNamespace(costs=costs), shaped) is None
     assert make_width(SimpleNamespace(c=None, verify_cost=FLAT[1]), auto=True) is None
+
+
+def test_a_flat_stretch_of_v_still_opens_the_next_layer(tok, peaked):
+    """Where one more row costs nothing (a flat v, as the running max of a noisy calibration makes)
+    siblings are free; once no row can take another, the next draft forward must still be weighed.
+    It was not, and every such tree stopped at the root's children."""
+    t, d = peaked
+    rounds, _ = run(tree_speculative(t, TreeDraftProposer(d), tok, tok.encode(PROMPT), 40, 6, GREEDY,
+                                     width=TreeWidth(0.3, lambda g: 1.0)))
+    assert max(max(r.tree["depth"]) for r in rounds) >= 2

@@ -252,7 +252,9 @@ class TreeDraftProposer(Proposer):
             best = max(doubt, key=gain, default=None)
             g, cost = (gain(best) if best is not None else 0.0), width.row_cost(n)
             hope = max((reach[i] for i in pending), default=0.0) * width.rate(1)
-            if pending and hope * cost > g * (width.c + cost):  # the forward buys more per step
+            # the forward buys more per step (or no row can take a child: a flat stretch of v makes
+            # a sibling free, and a forward must still be weighed once none is left)
+            if pending and (best is None or hope * cost > g * (width.c + cost)):
                 if not width.pays(hope, width.c + cost, won[0], steps):
                     break
                 # the forward goes for its best node; another rides along only where it would have
