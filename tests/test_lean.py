@@ -327,8 +327,9 @@ def test_a_long_prompt_splits_its_rows_between_threads_with_the_same_bits():
 @pytest.mark.skipif("w4a8" not in lowbit.available(), reason="needs the C kernel")
 def test_a_prompt_on_the_c_stack_is_read_whole(monkeypatch):
     """forward.context_apart reads a row-exact target's prompt apart from its last row; on the C
-    layer stack, where no row's bits depend on the shape, the prompt is one call: the same logits
-    and keys as the split read, one whole step and an output layer cheaper."""
+    layer stack, where no row's bits depend on the shape, the prompt is one call, into an empty
+    cache too (kernel_layer._open): the same logits and keys as the split read, one whole step and
+    an output layer cheaper."""
     from specviz.engine.cpu import kernel_layer, lean_forward
     from specviz.engine.forward import forward_logits, new_cache
     model = lowbit.to_lowbit(make_lean(tiny_model(96, seed=0, layers=2, hidden=64)), "w4a8")
@@ -339,7 +340,7 @@ def test_a_prompt_on_the_c_stack_is_read_whole(monkeypatch):
     with torch.no_grad():
         whole_cache, split_cache = new_cache(model), new_cache(model)
         whole = forward_logits(model, ids, whole_cache, 1)
-        assert rows == [len(ids)]
+        assert rows == [len(ids)] and whole_cache in kernel_layer._BUFFERS  # one stack call wrote it
         forward_logits(model, ids[:-1], split_cache, 1)
         split = forward_logits(model, ids[-1:], split_cache, 1)
     assert torch.equal(whole, split)
