@@ -411,13 +411,13 @@ int block_mm(const float *x, int M, int K, const uint8_t *codes, const uint8_t *
     return 0;
 }
 
-/* y = x * (1 / sqrt(mean(x^2) + eps)) * w, row by row: the Llama family's RMSNorm in one call where
-   aten makes six (pow, mean, add, rsqrt, mul, mul). A row's sum never depends on M: row-exact. */
 /* Rows split between threads only where a call has many (a prompt): each row's arithmetic is the same
    whichever thread runs it. Why: alone, one thread ran a prompt's norms, rotary, SiLU and residual
    adds while the other waited (docs/why.md#qgemm-rows). */
 #define ROWS_PAR(M, W) ((size_t)(M) * (size_t)(W) > 65536 && (M) > 1)
 
+/* y = x * (1 / sqrt(mean(x^2) + eps)) * w, row by row: the Llama family's RMSNorm in one call where
+   aten makes six (pow, mean, add, rsqrt, mul, mul). A row's sum never depends on M: row-exact. */
 static void rms_rows(const float *x, const float *w, float eps, int M, int K, float *y, int nt) {
 #pragma omp parallel for num_threads(nt) schedule(static) if (ROWS_PAR(M, K))
     for (int m = 0; m < M; m++) {
