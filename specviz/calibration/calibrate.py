@@ -153,11 +153,15 @@ def _sync(device) -> None:
 
 @torch.inference_mode()
 def time_forwards(model, ns, *, context: int = CONTEXT, repeats: int = REPEATS, enough=None,
-                  warm: bool = True, keep: dict | None = None) -> dict[int, float]:
+                  warm: bool = True, keep: dict | None = None, interleave: bool = False) -> dict[int, float]:
     """Median seconds of a KV-cached forward of n new tokens after `context` cached ones;
     enough(timings so far) -> True stops before the next n. keep: holds the model's cache of the
     context from one call to the next (re-timings: a 100-token prefill of the 1.5B is ~3 s at one
-    thread); warm=False: no untimed first call per shape (shapes this model has already run)."""
+    thread); warm=False: no untimed first call per shape (shapes this model has already run).
+    interleave: each repeat times every n in turn (no `enough`), so that ratios between shapes
+    share the machine's minute (docs/why.md#verify-interleaved)."""
+    if interleave:
+        return _time_interleaved(model, list(ns), context, repeats, warm, keep)
     from transformers import DynamicCache
 
     from ..engine.forward import crop_cache, forward_logits
@@ -166,6 +170,7 @@ def time_forwards(model, ns, *, context: int = CONTEXT, repeats: int = REPEATS, 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (context + max(MAX_VERIFY_TOKENS, *ns),), generator=g).tolist()
     keep = {} if keep is None else keep
+    keep["ids"] = ids
     if "cache" not in keep:
         keep["cache"] = DynamicCache()
         # forward_logits: the path runs take (engine/cpu/lean_forward.py where it applies)
@@ -191,6 +196,27 @@ def time_forwards(model, ns, *, context: int = CONTEXT, repeats: int = REPEATS, 
         if enough is not None and enough(out):
             break
     return out
+
+
+def _time_interleaved(model, ns: list[int], context: int, repeats: int, warm: bool, keep) -> dict[int, float]:
+    """time_forwards' interleave: the first repeat (each shape after its untimed call), then the
+    others round-robin over the shapes."""
+    from ..engine.forward import crop_cache, forward_logits
+    keep = {} if keep is None else keep
+    dev = next(model.parameters()).device
+    first = time_forwards(model, ns, context=context, repeats=1, warm=warm, keep=keep)
+    runs = {n: [t] for n, t in first.items()}
+    cache, ids = keep["cache"], keep["ids"]
+    for _ in range(repeats - 1):
+        for n in ns:
+            wait_for_runs()
+            _sync(dev)
+            t0 = time.perf_counter()
+            forward_logits(model, ids[context:context + n], cache, n)
+            _sync(dev)
+            runs[n].append(time.perf_counter() - t0)
+            crop_cache(cache, context)
+    return {n: statistics.median(v) for n, v in runs.items()}
 
 
 def _dtype_name(model) -> str:
@@ -324,8 +350,9 @@ def _time_target(target, cands, reload, progress, default, probes: dict,
         target = convert(target, chosen, reload)
     have = timings.get(chosen, {})
     progress(f"measuring verify costs v(k), k = 1..{MAX_VERIFY_TOKENS - 1}", 0.93)
-    rest = [n for n in range(1, MAX_VERIFY_TOKENS + 1) if n not in have]
-    timings[chosen] = dict(sorted({**have, **time_forwards(target, rest)}.items()))
+    # every shape again, the plain step too, side by side: v(k) is a ratio of two of them
+    curve = time_forwards(target, range(1, MAX_VERIFY_TOKENS + 1), interleave=True)
+    timings[chosen] = dict(sorted({**have, **curve}.items()))
     return target, chosen, timings, confirm
 
 
