@@ -60,6 +60,7 @@ CONTEXT = 100  # tokens in the cache while timing: a typical prompt
 # (the most measured: 0.5B w4 27.9 -> 18.4 ms on an AVX-512 Xeon; 63 -> 54 ms on an AVX2 EPYC)
 COMPILE_HOPE = 1.5
 REPEATS = 3  # median of 3: ~15 s for a first calibration of the default pair on 2 cores
+CURVE_REPEATS = 7  # the verify curve's rounds (docs/why.md#verify-interleaved)
 CONFIRM_MARGIN = 1.3  # the two fastest are re-timed only when this close (choice.PRUNE: further timings)
 # 2: the target choice counts the prompt's forward; 3: the draft's too; 4: the target's score is a
 # whole request, plain run and speculative run (choice.PLAIN_WEIGHT)
@@ -160,63 +161,48 @@ def time_forwards(model, ns, *, context: int = CONTEXT, repeats: int = REPEATS, 
     thread); warm=False: no untimed first call per shape (shapes this model has already run).
     interleave: each repeat times every n in turn (no `enough`), so that ratios between shapes
     share the machine's minute (docs/why.md#verify-interleaved)."""
-    if interleave:
-        return _time_interleaved(model, list(ns), context, repeats, warm, keep)
     from transformers import DynamicCache
 
     from ..engine.forward import crop_cache, forward_logits
-    dev = next(model.parameters()).device
+    dev, ns = next(model.parameters()).device, list(ns)
     vocab = model.get_input_embeddings().num_embeddings
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (context + max(MAX_VERIFY_TOKENS, *ns),), generator=g).tolist()
     keep = {} if keep is None else keep
-    keep["ids"] = ids
     if "cache" not in keep:
         keep["cache"] = DynamicCache()
         # forward_logits: the path runs take (engine/cpu/lean_forward.py where it applies)
         forward_logits(model, ids[:context], keep["cache"], 1)
-    cache = keep["cache"]
-    out: dict[int, float] = {}
-    for n in ns:
-        # each shape once untimed: oneDNN/AMX builds a kernel per new shape (bf16 measured
-        # 7x a warm step on its first call), and the first call also pays page faults
-        if warm:
-            forward_logits(model, ids[context:context + n], cache, n)
-            crop_cache(cache, context)
-        runs = []
+    cache, runs, out = keep["cache"], {n: [] for n in ns}, {}
+
+    def once(n, timed=True):
+        wait_for_runs()
+        _sync(dev)
+        t0 = time.perf_counter()
+        forward_logits(model, ids[context:context + n], cache, n)
+        _sync(dev)
+        if timed:
+            runs[n].append(time.perf_counter() - t0)
+        crop_cache(cache, context)
+
+    # each shape once untimed: oneDNN/AMX builds a kernel per new shape (bf16 measured
+    # 7x a warm step on its first call), and the first call also pays page faults
+    if interleave:
+        for n in ns if warm else ():
+            once(n, timed=False)
         for _ in range(repeats):
-            wait_for_runs()
-            _sync(dev)
-            t0 = time.perf_counter()
-            forward_logits(model, ids[context:context + n], cache, n)
-            _sync(dev)
-            runs.append(time.perf_counter() - t0)
-            crop_cache(cache, context)
-        out[n] = statistics.median(runs)
+            for n in ns:
+                once(n)
+        return {n: statistics.median(runs[n]) for n in ns}
+    for n in ns:
+        if warm:
+            once(n, timed=False)
+        for _ in range(repeats):
+            once(n)
+        out[n] = statistics.median(runs[n])
         if enough is not None and enough(out):
             break
     return out
-
-
-def _time_interleaved(model, ns: list[int], context: int, repeats: int, warm: bool, keep) -> dict[int, float]:
-    """time_forwards' interleave: the first repeat (each shape after its untimed call), then the
-    others round-robin over the shapes."""
-    from ..engine.forward import crop_cache, forward_logits
-    keep = {} if keep is None else keep
-    dev = next(model.parameters()).device
-    first = time_forwards(model, ns, context=context, repeats=1, warm=warm, keep=keep)
-    runs = {n: [t] for n, t in first.items()}
-    cache, ids = keep["cache"], keep["ids"]
-    for _ in range(repeats - 1):
-        for n in ns:
-            wait_for_runs()
-            _sync(dev)
-            t0 = time.perf_counter()
-            forward_logits(model, ids[context:context + n], cache, n)
-            _sync(dev)
-            runs[n].append(time.perf_counter() - t0)
-            crop_cache(cache, context)
-    return {n: statistics.median(v) for n, v in runs.items()}
 
 
 def _dtype_name(model) -> str:
@@ -350,8 +336,9 @@ def _time_target(target, cands, reload, progress, default, probes: dict,
         target = convert(target, chosen, reload)
     have = timings.get(chosen, {})
     progress(f"measuring verify costs v(k), k = 1..{MAX_VERIFY_TOKENS - 1}", 0.93)
-    # every shape again, the plain step too, side by side: v(k) is a ratio of two of them
-    curve = time_forwards(target, range(1, MAX_VERIFY_TOKENS + 1), interleave=True)
+    # every shape again, the plain step too, side by side: v(k) is a ratio of two of them; 7 rounds
+    # of the 17 shapes take ~4 s on the default pair (2 cores), and medians of 3 wandered ±0.1
+    curve = time_forwards(target, range(1, MAX_VERIFY_TOKENS + 1), interleave=True, repeats=CURVE_REPEATS)
     timings[chosen] = dict(sorted({**have, **curve}.items()))
     return target, chosen, timings, confirm
 
