@@ -346,3 +346,22 @@ def test_a_prompt_on_the_c_stack_is_read_whole(monkeypatch):
     assert torch.equal(whole, split)
     for a, b in zip(whole_cache.layers, split_cache.layers, strict=True):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+def test_a_prompt_read_apart_for_a_masked_forward_reads_no_output_layer():
+    """A tree's or lookahead's first verify is a masked forward, so its prompt is still read apart
+    from the last row (forward.context_apart); on the C layer stack that read writes the keys alone,
+    without the output layer, and leaves the keys a plain prefill of those rows leaves."""
+    from specviz.engine.forward import context_apart, forward_logits, new_cache
+    model = lowbit.to_lowbit(make_lean(tiny_model(96, seed=0, layers=2, hidden=64)), "w4a8")
+    ids = torch.randint(0, 96, (40,), generator=torch.Generator().manual_seed(7)).tolist()
+    heads = []
+    hook = model.lm_head.register_forward_hook(lambda m, i, o: heads.append(i[0].shape[1]))
+    with torch.no_grad():
+        apart, plain = new_cache(model), new_cache(model)
+        assert context_apart(model, apart, ids, 1) == ids[-1:]
+        assert heads == []  # no output layer for the keys alone
+        hook.remove()
+        forward_logits(model, ids[:-1], plain, 1)
+    for a, b in zip(apart.layers, plain.layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)

@@ -125,10 +125,11 @@ def _rotate_joint(qkv, attn, cos, sin):
             heads[:, :, nq + nk:].transpose(1, 2))
 
 
-def forward(model, ids: list[int], cache, keep: int) -> torch.Tensor:
+def forward(model, ids: list[int], cache, keep: int) -> torch.Tensor | None:
     """One KV-cached forward of `ids` (positions from the cache's length); returns the
-    (1, keep, vocab) logits `model(...).logits` would. The cache is a DynamicCache or an
-    eager StaticKV (whose caller moves its pointer); both are written through update()."""
+    (1, keep, vocab) logits `model(...).logits` would, or None for keep=0 (the keys alone: no
+    output layer). The cache is a DynamicCache or an eager StaticKV (whose caller moves its
+    pointer); both are written through update()."""
     n, p = len(ids), cache.get_seq_length()
     body = model.model
     dev = body.embed_tokens.weight.device  # model.device walks every module's parameters
@@ -141,7 +142,7 @@ def forward(model, ids: list[int], cache, keep: int) -> torch.Tensor:
         if not kernel_layer.forward_stack(structs, h, cos, sin, cache):
             for i, s in enumerate(structs):
                 kernel_layer.forward(s, h, cos, sin, cache, i)
-        return model.lm_head(body.norm(h)[:, -keep:])
+        return model.lm_head(body.norm(h)[:, -keep:]) if keep else None
     joint = all(layer.self_attn._rotary in _STANDARD for layer in body.layers)
     for i, layer in enumerate(body.layers):
         attn = layer.self_attn
@@ -155,8 +156,7 @@ def forward(model, ids: list[int], cache, keep: int) -> torch.Tensor:
         out = _attend(attn, q, k, v)
         h = h + attn.o_proj(out.reshape(1, n, -1).contiguous())
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    h = body.norm(h)
-    return model.lm_head(h[:, -keep:])
+    return model.lm_head(body.norm(h)[:, -keep:]) if keep else None
 
 
 def forward_masked(model, ids: list[int], positions: list[int], bias: torch.Tensor, cache,
