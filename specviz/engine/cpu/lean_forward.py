@@ -52,10 +52,13 @@ def rows_exact(model, n: int) -> bool:
     """Whether an n-token chain forward of `model` runs every layer on the C kernels (forward's
     one-call branch), where a row's bits never depend on the other rows: a prompt read whole gives
     its last row the bits of a one-token step, and its keys those of any split."""
-    if not eligible(model, n):
-        return False
-    body = model.model
-    emb = body.embed_tokens  # a HalfEmbedding hands its rows on in out_dtype
+    return eligible(model, n) and _stack_serves(model.model)
+
+
+def _stack_serves(body) -> bool:
+    """Whether forward's one-call branch takes this body: every layer on the C kernels, fed float32
+    rows on the CPU (a HalfEmbedding hands its rows on in out_dtype)."""
+    emb = body.embed_tokens
     return (_structs(body) is not None and emb.weight.device.type == "cpu"
             and getattr(emb, "out_dtype", emb.weight.dtype) == torch.float32)
 
@@ -136,8 +139,8 @@ def forward(model, ids: list[int], cache, keep: int) -> torch.Tensor | None:
     x = torch.tensor([ids], device=dev)
     h = body.embed_tokens(x)
     cos, sin = body.rotary_emb(h, torch.arange(p, p + n, device=dev).unsqueeze(0))
-    structs = _structs(body)
-    if structs is not None and h.dtype == torch.float32 and h.device.type == "cpu":
+    if _stack_serves(body):
+        structs = _structs(body)
         h, cos, sin = h.contiguous(), cos[0].contiguous(), sin[0].contiguous()
         if not kernel_layer.forward_stack(structs, h, cos, sin, cache):
             for i, s in enumerate(structs):
@@ -172,12 +175,10 @@ def forward_masked(model, ids: list[int], positions: list[int], bias: torch.Tens
     if body is None or not eligible(model, n) or bias.shape[-1] != cache.get_seq_length() + n:
         return None
     visible = visible_keys(bias, n, bias.shape[-1])
-    structs = None if visible is None else _structs(body)
-    if structs is None:
+    if visible is None or not _stack_serves(body):
         return None
+    structs = _structs(body)
     h = body.embed_tokens(torch.tensor([ids], device=model.device))
-    if h.dtype != torch.float32 or h.device.type != "cpu":
-        return None
     cos, sin = body.rotary_emb(h, torch.tensor([positions], device=model.device))
     h = h.contiguous()
     if not kernel_layer.forward_stack(structs, h, cos[0].contiguous(), sin[0].contiguous(), cache,
