@@ -122,6 +122,27 @@ def test_stop_button_stops_the_run(browser, server):
     page.close()
 
 
+def test_the_run_button_comes_back_after_a_failed_run_and_after_a_run(browser, server):
+    """An empty prompt fails with a message; the button is "▶ Run" and enabled again without Stop
+    (gradio 6 runs a .then() only after a success: the button stayed disabled). After a run that
+    ended, the label is "▶ Run" again too (the press's script once replaced the node gradio writes
+    the label into: "Running…" stayed after every run)."""
+    page, errors = open_page(browser, server, "light")
+    page.fill("#sv-prompt textarea", "")
+    page.click("#sv-run")
+    page.wait_for_function("document.querySelector('#sv-runinfo').innerText.includes('prompt is empty')",
+                           timeout=TIMEOUT)
+    page.wait_for_selector("#sv-run:not([disabled])", timeout=10_000)
+    assert page.inner_text("#sv-run").strip() == "▶ Run"
+    page.fill("#sv-prompt textarea", "def f(x):")
+    set_number(page, "sv-max-new", 16)
+    run_and_wait(page)
+    page.wait_for_selector("#sv-run:not([disabled])", timeout=10_000)
+    page.wait_for_function("document.querySelector('#sv-run').innerText.trim() === '▶ Run'", timeout=10_000)
+    assert not errors, errors
+    page.close()
+
+
 def test_loading_progress_then_run_enabled(browser, tmp_path):
     """While models load the page shows progress and Run is disabled; then it enables."""
     import threading

@@ -99,7 +99,10 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
     # the prompt's Enter presses the button (a second event would queue a second run)
     page.run_btn.click(handlers.run_pressed, None, [page.run_btn, page.timer], js=PRESS_JS, **quiet)
     run_event = page.run_btn.click(run, page.run_inputs, page.run_outputs, api_name="run", **once)
+    # gradio 6 runs a .then() only after a success: a run that raised (an empty prompt) left the
+    # button disabled until Stop, so the failure path frees it too
     run_event.then(handlers.run_ended, None, page.run_btn, **quiet)
+    run_event.failure(handlers.run_ended, None, page.run_btn, **quiet)
     page.prompt.submit(None, None, None, js=SUBMIT_JS, api_visibility="private", queue=False)
     replay = replay_ui.ReplayHandlers(page.replay.traces, handlers.records, handlers.sessions, session_key,
                                       STOP_GRACE, handlers.limits.max_seconds)

@@ -24,7 +24,8 @@ STALE = 3600.0  # a press whose run never started (tab closed in the queue) is f
 # scrolls them away; issue 21: 902 px below the top at 1280x720)
 PRESS_JS = """() => {
   const b = document.querySelector('#sv-run');
-  if (b) { b.disabled = true; b.textContent = 'Running…'; }
+  if (b) b.disabled = true;  // its label comes from run_pressed: a text set here would replace the node
+                             // gradio writes labels into, and "Running…" stayed after every run
   const show = () => {
     const info = document.querySelector('#sv-runinfo');
     const r = info && info.getBoundingClientRect();
