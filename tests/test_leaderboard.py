@@ -124,6 +124,29 @@ def test_stop_leaves_the_rest_unrun(pair):
     assert [r.key for r in board.rows() if r.tokens_per_s is not None] == [PLAIN]
 
 
+def test_a_run_cut_by_stop_is_shown_not_ranked(pair):
+    """Stop during a contender's run: its numbers stay (measured up to the stop), but it is not
+    ranked, drawn or counted as done, and the progress line counts only the runs that ended."""
+    from specviz.cli.leaderboard import table
+    from specviz.ui.leaderboard_render import bar_chart, progress_html, table_html
+    stop = threading.Event()
+
+    def stop_in_draft(key, side, ev):
+        if key == "draft" and isinstance(ev, RoundEvent):
+            stop.set()
+    board, _ = race(pair, ["lookup", "draft", "tree"], stop=stop, on_event=stop_in_draft, max_new=64)
+    cut = board.row("draft")
+    assert cut.stop_reason == "stopped" and cut.tokens_per_s is not None and not cut.ranked
+    assert board.row("lookup").ranked and board.runs["tree"].error == "stopped before it ran"
+    assert board.done() == 2  # the baseline and lookup: not the cut run, not the unrun one
+    assert [r.key for r in board.rows()][:2] == [r.key for r in board.rows() if r.ranked]
+    html = table_html(board)
+    assert "stopped after" in html and "not ranked" in html
+    assert "2 of 4 runs done: stopped by you" in progress_html(board, "stopped by you")
+    assert "draft" not in " ".join(bar_chart(board).data[0].y).lower().replace("plain", "")
+    assert "not ranked" in table(board)
+
+
 def test_bad_method_names():
     from specviz.errors import RequestError
     assert parse_keys("draft, lookup,draft") == ["draft", "lookup"]

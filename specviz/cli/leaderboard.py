@@ -47,13 +47,21 @@ def add_args(sub) -> None:
     add_method_args(r)
 
 
+def _output(row) -> str:
+    if row.error:
+        return f"not run: {row.error}"
+    if row.tokens_per_s is not None and not row.ranked:
+        return f"stopped after {row.n_tokens} tokens: not ranked"
+    return row.identical
+
+
 def cell(col: str, row, rank: int) -> str:
     f = {"tok/s": number(row.tokens_per_s, "{:.2f}", "–"), "× plain": number(row.speedup, "{:.2f}×", "–"),
          "τ": number(row.tau, "{:.2f}", "–"), "α̂": number(row.alpha_hat, "{:.3f}", "–"),
          "c": number(row.c, "{:.3f}", "–"), "v": number(row.v, "{:.2f}", "–"),
-         "output": row.identical if not row.error else f"not run: {row.error}",
+         "output": _output(row),
          "tokens": str(row.n_tokens) if row.tokens_per_s is not None else "–",
-         "#": str(rank) if row.tokens_per_s is not None else "–", "method": row.label, "γ": row.gamma}
+         "#": str(rank) if row.ranked else "–", "method": row.label, "γ": row.gamma}
     return f[col]
 
 

@@ -32,6 +32,8 @@ from .equality import compare_greedy, output_tokens
 from .trace import Trace, trace_costs, trace_for
 
 PLAIN = "plain"  # the key of the shared baseline run
+PARTIAL = ("stopped", "error")  # stop reasons of a run that did not reach its end
+NOT_RUN = "stopped before it ran"  # a contender's reason after Stop
 START, END = "start", "end"  # markers: (key, START, None) before a run, (key, END, None) after it
 
 
@@ -130,8 +132,16 @@ class Row:
     error: str = ""
     detail: str = ""  # the greedy check's message
 
+    @property
+    def ranked(self) -> bool:
+        """A whole run: one stopped before its end (Stop, the time limit) keeps its measured
+        numbers but is not ranked against whole ones."""
+        return self.tokens_per_s is not None and self.stop_reason not in PARTIAL
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["ranked"] = self.ranked
+        return d
 
 
 @dataclass
@@ -160,9 +170,12 @@ class Board:
         (self.baseline if key == PLAIN else self.runs[key].events).append(ev)
 
     def done(self) -> int:
-        """Runs finished or given up, the baseline included."""
-        ran = [r for r in self.runs.values() if r.summary is not None or r.error]
-        return (self.base_summary is not None) + len(ran)
+        """Runs that ended whole, or were given up for a reason of their own, the baseline included:
+        not one cut by Stop, nor one Stop kept from running."""
+        def whole(s):
+            return s is not None and s.stop_reason not in PARTIAL
+        ran = [r for r in self.runs.values() if whole(r.summary) or (r.error and r.error != NOT_RUN)]
+        return whole(self.base_summary) + len(ran)
 
     @property
     def total(self) -> int:
@@ -173,7 +186,7 @@ class Board:
         base = self.base_summary
         rows = [self._plain_row(base)] if base is not None else []
         rows += [self._row(self.runs[k], base) for k in self.keys if self.runs[k].summary is not None]
-        rows.sort(key=lambda r: -(r.tokens_per_s or 0.0))
+        rows.sort(key=lambda r: (not r.ranked, -(r.tokens_per_s or 0.0) if r.ranked else 0.0))
         rows += [Row(k, self.runs[k].entry.label, self._gamma(self.runs[k]), None, None, None, None, None,
                      None, "–", error=self.runs[k].error)
                  for k in self.keys if self.runs[k].summary is None]
@@ -276,7 +289,7 @@ def race_methods(pair, req, prompt_ids: list[int], board: Board, *, stop: thread
             continue
         if stop is not None and stop.is_set():
             if run is not None:
-                run.error = "stopped before it ran"
+                run.error = NOT_RUN
             continue
         board.current = key
         yield key, START, None

@@ -77,7 +77,7 @@ def load_bundle(source) -> Board:
 def describe(board: Board) -> str:
     """One line: label, models, hardware, date, and the winner."""
     m = board.meta
-    rows = [r for r in board.rows() if r.tokens_per_s is not None]
+    rows = [r for r in board.rows() if r.ranked]
     best = next((r for r in rows if r.key != "plain"), None)
     win = (f", fastest {best.label} {best.tokens_per_s:.2f} tok/s ({best.speedup or 0:.2f}× plain)"
            if best else "")

@@ -35,6 +35,9 @@ def _check_cell(row: Row) -> str:
         return f"<span title='{esc(row.error)}'>not run: {esc(row.error)}</span>"
     if row.tokens_per_s is None:
         return "<span style='opacity:.7'>waiting</span>"
+    if not row.ranked:
+        return (f"<span title='its numbers are measured up to the stop, not ranked against whole runs'>"
+                f"stopped after {row.n_tokens} tokens: not ranked</span>")
     text, cls = CHECK.get(row.identical, (row.identical, ""))
     return f"<span class='{cls}' title='{esc(row.detail)}'>{esc(text)}</span>"
 
@@ -48,7 +51,7 @@ def table_html(board: Board | None) -> str:
                    for name, tip in HEAD)
     body = []
     for i, r in enumerate(board.rows()):
-        ran = r.tokens_per_s is not None
+        ran = r.ranked
         style = " style='font-weight:600'" if r.key == PLAIN else ""
         cells = [str(i + 1) if ran else "–", esc(r.label), esc(r.gamma), _num(r.tokens_per_s, "{:.2f}"),
                  _num(r.speedup, "{:.2f}×"), _num(r.tau, "{:.2f}"), _num(r.alpha_hat, "{:.3f}"),
@@ -95,7 +98,7 @@ def bar_chart(board: Board | None) -> go.Figure:
                       plot_bgcolor="rgba(0,0,0,0)", font=dict(color=FONT, size=12), showlegend=False)
     fig.update_xaxes(title_text="tokens/s", gridcolor=GRID, zerolinecolor=GRID, linecolor=GRID)
     fig.update_yaxes(gridcolor=GRID, linecolor=GRID, automargin=True)
-    rows = [r for r in (board.rows() if board is not None else []) if r.tokens_per_s is not None]
+    rows = [r for r in (board.rows() if board is not None else []) if r.ranked]
     if not rows:
         fig.add_annotation(text="the leaderboard's bars appear here", showarrow=False, x=0.5, y=0.5,
                            xref="paper", yref="paper", font=dict(color=FONT, size=13))
