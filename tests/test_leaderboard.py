@@ -219,3 +219,13 @@ def test_table_and_chart_render(greedy):
     half = replace(board, runs=dict(board.runs), keys=list(board.keys))
     half.runs["rest"] = replace(board.runs["rest"], events=[], error="")
     assert "waiting" in table_html(half)
+
+
+def test_the_method_selector_follows_the_race(greedy):
+    """While a race streams, a starting run clears the selector (it had named the last run while
+    the panes showed the next), a finished one names itself, a round leaves it."""
+    from specviz.ui.leaderboard import _picked
+    board, _ = greedy
+    assert _picked(board, "tree", START) == ""
+    assert _picked(board, "tree", END) == "tree"
+    assert _picked(board, "tree", "speculative") is None and _picked(board, PLAIN, END) is None

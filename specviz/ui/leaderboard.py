@@ -185,6 +185,14 @@ def pane_stream(board: Board, key: str, banner: str = "") -> PaneStream:
     return panes
 
 
+def _picked(board: Board, key: str, side: str) -> str | None:
+    """The method selector while a race streams: a finished run names itself; a starting one
+    clears it (else it named the last run while the panes showed the next); None: unchanged."""
+    if side == START:
+        return ""
+    return key if side == END and key != PLAIN and board.row(key) else None
+
+
 @dataclass
 class BoardHandlers:
     page: object  # ui/handlers.Handlers: its request checks, model manager, limits and stop flags
@@ -250,8 +258,7 @@ class BoardHandlers:
                 now = time.perf_counter()
                 if side in (START, END) or now - last >= UI_INTERVAL:
                     charts = side == END or now - last_chart >= CHART_INTERVAL
-                    yield self._outputs(board, panes, charts=charts,
-                                        pick=k if side == END and k != PLAIN and board.row(k) else None)
+                    yield self._outputs(board, panes, charts=charts, pick=_picked(board, k, side))
                     time.sleep(SETTLE)  # fair mode: the engine clocks are paused meanwhile
                     last = time.perf_counter()
                     last_chart = last if charts else last_chart
