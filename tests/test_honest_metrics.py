@@ -169,3 +169,23 @@ def test_stats_say_when_timings_look_disturbed():
     assert not quiet["disturbed"] and "disturbed" not in render.stats_html(quiet)
     sampled = _finished_view(1.34, temperature=1.0).snapshot()  # the docs' error evidence is greedy
     assert not sampled["disturbed"] and "disturbed" not in render.stats_html(sampled)
+
+
+def test_the_speedup_chart_ends_at_the_headline_when_the_baseline_ends_last(target, tok):
+    """Fair mode: the speculative side often ends first on the shared clock. Its last chart point
+    had used the baseline's rate so far (a visitor saw 1.87× at the end of the curve under a 1.79×
+    headline); when the baseline ends, that point is the headline's speedup."""
+    ids = tok.encode("ab")
+    base_evs = list(baseline(target, tok, ids, 12, GREEDY))
+    spec_evs = list(speculative(target, DraftModelProposer(target), tok, ids, 12, 4, GREEDY))
+    view = RunView(gamma=4, temperature=0.0, mode="fair")
+    for ev in base_evs[:3]:  # the baseline part-way when the speculative side ends
+        view.add("baseline", ev)
+    for ev in spec_evs:
+        view.add("speculative", ev)
+    n = len(view.speedup_series)
+    for ev in base_evs[3:]:
+        view.add("baseline", ev)
+    assert len(view.speedup_series) == n
+    headline = run_stats(spec_evs[-1], base_evs[-1]).speedup
+    assert view.speedup_series[-1][1] == pytest.approx(headline)

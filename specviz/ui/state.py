@@ -133,9 +133,14 @@ class RunView:
         self.clock = max(self.clock, view.t)
         if isinstance(ev, RoundEvent):
             self.speedup_series.append((ev.t_end, *self._speedup_at(ev)))
-        elif isinstance(ev, RunSummary) and side == "speculative":
-            st = run_stats(ev, self.base.partial_summary() if self.base.tokens else None, self.costs)
-            self.speedup_series.append((ev.elapsed, st.speedup, st.predicted, st.predicted_v))
+        elif isinstance(ev, RunSummary) and self.spec.summary is not None:
+            # the run's last point is the headline's speedup: computed again when the baseline
+            # ends after the speculative side (it had used the baseline's rate so far)
+            if side == "baseline" and self.speedup_series:
+                self.speedup_series.pop()
+            spec = self.spec.summary
+            st = run_stats(spec, self.base.partial_summary() if self.base.tokens else None, self.costs)
+            self.speedup_series.append((spec.elapsed, st.speedup, st.predicted, st.predicted_v))
 
     # ------------------------------------------------------------ numbers
 
