@@ -174,3 +174,14 @@ def test_rejected_newline_is_a_symbol_not_a_line_break(text):
     # kept tokens keep their real line breaks (they are part of the output)
     kept = render.token_span(tok(text, Outcome.ACCEPTED))
     assert "\n" in kept[kept.index(">") + 1:]
+
+
+def test_a_special_token_shows_as_a_marker_not_text():
+    """A sampled chat run may end on <|im_end|>: the pane shows it as a marker (a visitor read
+    the raw token as output text); ordinary text that merely contains "<|" stays text."""
+    from specviz.engine.events import Outcome, TokenEvent
+    from specviz.ui.render import token_span
+    end = token_span(TokenEvent(token_id=151645, text="<|im_end|>", outcome=Outcome.TARGET, t=1.0, p=0.9))
+    assert "sv-special" in end and "special token" in end and "&lt;|im_end|&gt;" in end
+    plain = token_span(TokenEvent(token_id=5, text="a <| b", outcome=Outcome.TARGET, t=1.0, p=0.9))
+    assert "sv-special" not in plain

@@ -12,6 +12,7 @@ own colour, so panes read well in light and dark mode.
 from __future__ import annotations
 
 import html
+import re
 
 from ..engine.events import OUTCOME_COLOURS, OUTCOME_LABELS, Outcome, RoundEvent, TokenEvent
 from ..engine.proposer import round_note
@@ -104,6 +105,7 @@ def tooltip(tok: TokenEvent) -> str:
 
 
 NL_SYMBOL = "↵"
+SPECIAL = re.compile(r"<\|[^|<>\s]{1,40}\|>|</?s>")  # <|im_end|>, <|endoftext|>, </s>: markers, not text
 
 
 def token_span(tok: TokenEvent, where: tuple[int, int] | None = None, note: str = "") -> str:
@@ -120,6 +122,9 @@ def token_span(tok: TokenEvent, where: tuple[int, int] | None = None, note: str 
         classes.append("sv-nl")  # newline-only token: CSS shows a faint ↵ (not copied)
     elif text.strip() == "":
         classes.append("sv-ws")  # indentation: no per-token underline (it read as underscores)
+    elif SPECIAL.fullmatch(text):
+        classes.append("sv-special")  # a marker: a visitor read "<|im_end|>" as output text
+        note = "\n".join(filter(None, ["a special token, not text (an end-of-turn token ends a run)", note]))
     tip = tooltip(tok) + (f"\n{note}" if note else "")
     # where = (round index, row): the inspector's click target (ui/inspector.py)
     data = (f' data-r="{int(where[0])}" data-i="{int(where[1])}" data-o="{tok.outcome.value}"'
@@ -418,6 +423,7 @@ CSS = """
 .sv-resampled { text-decoration-line: underline; text-underline-offset: 3px; }
 .sv-bonus { font-weight: 700; text-decoration-line: overline; }
 .sv-nl::before { content: "↵"; opacity: .45; }
+.sv-special { font-size: .78em; opacity: .7; border: 1px dashed rgba(128,128,128,.7); padding: 0 3px; }
 .sv-round + .sv-round { border-left: 1.5px solid rgba(128,128,128,.55); margin-left: 1px; padding-left: 1px; }
 .sv-legend { display: flex; flex-wrap: wrap; gap: 6px 18px; font-size: 13px; align-items: center; }
 .sv-legend-item { white-space: nowrap; }
