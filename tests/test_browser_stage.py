@@ -141,6 +141,11 @@ def test_clamped_gamma_is_said(browser, app):  # noqa: F811
     box.press("Enter")
     page.wait_for_selector("#sv-gamma .sv-clamp", timeout=10_000)
     assert "99 was set to 16" in page.inner_text("#sv-gamma .sv-clamp")
+    box = page.locator("#sv-temperature input[type=number]")  # a visitor typed 50: silently 2 before
+    box.fill("50")
+    box.press("Enter")
+    page.wait_for_selector("#sv-temperature .sv-clamp", timeout=10_000)
+    assert "temperature must be 0–2: 50 was set to 2" in page.inner_text("#sv-temperature .sv-clamp")
     page.close()
 
 

@@ -102,7 +102,7 @@ def _settings_column(first: dict, limits: Limits, default_mode: str, ready: bool
                                      info="Each round, the γ with the most expected tokens/s from this "
                                           "machine's measured costs and the running α̂")
             temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature",
-                                    info="0 = greedy (identical outputs)")
+                                    info="0 = greedy (identical outputs)", elem_id="sv-temperature")
             seed = gr.Number(0, precision=0, minimum=0, label="Seed", info="Same seed, same run")
         mode = gr.Radio(MODE_CHOICES, value=default_mode, label="Execution mode",
                         info="fair: each side gets the machine to itself on its own virtual clock. "
@@ -120,9 +120,10 @@ def _more_settings(first: dict) -> dict:
     with gr.Accordion("More settings: sampling, draft method", open=False, elem_id="sv-more"):
         with gr.Row():
             top_p = gr.Slider(0.01, 1.0, value=1.0, step=0.01, label="Top-p",
-                              info="Keep the smallest set of tokens with this much probability (1 = off)")
+                              info="Keep the smallest set of tokens with this much probability (1 = off)",
+                              elem_id="sv-top-p")
             top_k = gr.Slider(0, 1000, value=0, step=1, label="Top-k",
-                              info="Keep only the k most likely tokens (0 = off)")
+                              info="Keep only the k most likely tokens (0 = off)", elem_id="sv-top-k")
             chat = gr.Checkbox(first["chat_template"], label="Use the chat template",
                                info="Wrap the prompt as a user message (instruct models)")
         method = gr.Radio(method_options.method_choices(), value="draft", label="Where the guesses come from",

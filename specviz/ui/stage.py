@@ -61,7 +61,9 @@ PAGE_JS = """() => {
   // a number typed outside a slider's range: the slider clamps it, say so under it
   document.addEventListener('change', (e) => {
     const box = e.target;
-    const block = box && box.closest && box.closest('#sv-gamma, #sv-max-new');
+    const names = {'sv-gamma': 'γ', 'sv-max-new': 'max new tokens', 'sv-temperature': 'temperature',
+                   'sv-top-p': 'top-p', 'sv-top-k': 'top-k'};
+    const block = box && box.closest && box.closest(Object.keys(names).map((id) => '#' + id).join(', '));
     if (!block || box.type !== 'number') return;
     const range = block.querySelector('input[type=range]');
     const lo = Number(range ? range.min : box.min), hi = Number(range ? range.max : box.max);
@@ -69,8 +71,8 @@ PAGE_JS = """() => {
     let note = block.querySelector('.sv-clamp');
     if (!note) { note = document.createElement('div'); note.className = 'sv-clamp'; block.appendChild(note); }
     if (Number.isFinite(typed) && (typed < lo || typed > hi)) {
-      const name = block.id === 'sv-gamma' ? 'γ' : 'max new tokens';
-      note.textContent = `${name} must be ${lo}–${hi}: ${typed} was set to ${typed < lo ? lo : hi}`;
+      const set = typed < lo ? lo : hi;
+      note.textContent = `${names[block.id]} must be ${lo}–${hi}: ${typed} was set to ${set}`;
     } else { note.textContent = ''; }
   }, true);
   return [];
