@@ -243,3 +243,21 @@ def test_tree_view_draws_every_round_from_replayed_events(tok, peaked):
     class View:  # a chain run: no tree, an explanatory empty figure
         method, spec = "draft", type("S", (), {"rounds": []})()
     assert not latest_tree_figure(View()).data
+
+
+def test_a_tree_runs_charts_draw_no_legend_entry_without_a_line(tok, peaked):
+    """A token tree has no chain prediction and no per-position tests: the charts left their
+    legend entries ("Leviathan prediction", "kept ÷ tested") with nothing drawn."""
+    from specviz.ui.charts import position_chart, speedup_chart
+    from specviz.ui.state import RunView
+    t, d = peaked
+    ids = tok.encode(PROMPT)
+    view = RunView(gamma=3, temperature=0.0, mode="fair")
+    view.method = "tree"
+    for ev in run(baseline(t, tok, ids, 12, SamplingParams()))[0]:
+        view.add("baseline", ev)
+    for ev in run(tree_speculative(t, TreeDraftProposer(d, budget=6), tok, ids, 12, 3, SamplingParams()))[0]:
+        view.add("speculative", ev)
+    names = [tr.name for tr in speedup_chart(view).data + position_chart(view).data]
+    assert "measured" in names and "kept ÷ drafted" in names
+    assert not any(n.startswith("Leviathan") or n == "kept ÷ tested" for n in names)

@@ -76,9 +76,10 @@ def speedup_chart(view: RunView) -> go.Figure:
     fig.add_scatter(x=t, y=[p[1] for p in pts], name="measured", mode="lines+markers",
                     line=dict(color=BLUE, width=2.5), marker=dict(size=5), connectgaps=False,
                     hovertemplate="%{y:.2f}×<extra>measured</extra>")
-    fig.add_scatter(x=t, y=[p[2] for p in pts], name="Leviathan prediction (measured α̂, c)",
-                    mode="lines", line=dict(color=ORANGE, width=2.5, dash="dash"), connectgaps=False,
-                    hovertemplate="%{y:.2f}×<extra>predicted</extra>")
+    if any(p[2] is not None for p in pts):  # none for a token tree: no legend entry without a line
+        fig.add_scatter(x=t, y=[p[2] for p in pts], name="Leviathan prediction (measured α̂, c)",
+                        mode="lines", line=dict(color=ORANGE, width=2.5, dash="dash"), connectgaps=False,
+                        hovertemplate="%{y:.2f}×<extra>predicted</extra>")
     if any(len(p) > 3 and p[3] is not None for p in pts):
         fig.add_scatter(x=t, y=[p[3] if len(p) > 3 else None for p in pts],
                         name="with the measured verify cost v(γ)", mode="lines", connectgaps=False,
@@ -132,10 +133,11 @@ def position_chart(view: RunView) -> go.Figure:
     fig.add_bar(x=x, y=[k / d if d else None for k, d in per_drafted], name="kept ÷ drafted",
                 marker_color=GREEN, opacity=0.75, customdata=[f"{k}/{d}" for k, d in per_drafted],
                 hovertemplate="%{customdata}<extra>kept ÷ drafted</extra>")
-    fig.add_scatter(x=x, y=[k / t if t else None for k, t in per_tested], name="kept ÷ tested",
-                    mode="lines+markers", line=dict(color=BLUE, width=2), marker=dict(size=6),
-                    customdata=[f"{k}/{t}" for k, t in per_tested],
-                    hovertemplate="%{customdata}<extra>kept ÷ tested</extra>")
+    if any(tested):  # a token tree's rounds record no per-position tests: no empty legend entry
+        fig.add_scatter(x=x, y=[k / t if t else None for k, t in per_tested], name="kept ÷ tested",
+                        mode="lines+markers", line=dict(color=BLUE, width=2), marker=dict(size=6),
+                        customdata=[f"{k}/{t}" for k, t in per_tested],
+                        hovertemplate="%{customdata}<extra>kept ÷ tested</extra>")
     fig.update_xaxes(dtick=1)
     return fig
 
