@@ -70,4 +70,6 @@ def test_a_round_without_distributions_says_why():
     assert "recorded before" in inspector.missing(rnd)
     tree = replace(rnd, tree={"tokens": [11], "parents": [-1]})
     assert "token-tree view" in inspector.missing(tree)
-    assert "token-tree view" in str(inspector.figure(tree, 0).layout.annotations[0].text)
+    fig = inspector.figure(tree, 0)
+    assert "token-tree view" in str(fig.layout.annotations[0].text)
+    assert fig.layout.xaxis.visible is False and fig.layout.yaxis.visible is False  # no empty axes

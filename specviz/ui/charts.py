@@ -39,7 +39,8 @@ def _layout(fig: go.Figure, title: str, xaxis: str, yaxis: str, **kw) -> go.Figu
     return fig
 
 
-def _empty(fig: go.Figure, text: str) -> go.Figure:
+def empty(fig: go.Figure, text: str) -> go.Figure:
+    """No data: the reason in the middle, no axes (a visitor read empty axes as a broken chart)."""
     fig.add_annotation(text=text, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
                        font=dict(color=FONT, size=13))
     fig.update_xaxes(visible=False)
@@ -52,7 +53,7 @@ def alpha_chart(view: RunView) -> go.Figure:
     fig = go.Figure()
     _layout(fig, "Acceptance α per round", "round", "accepted ÷ drafted", yaxis_range=[0, 1.05])
     if not rounds:
-        return _empty(fig, "waiting for the first round…")
+        return empty(fig, "waiting for the first round…")
     x = [r.index + 1 for r in rounds]
     per = [r.n_accepted / r.gamma if r.gamma else 0.0 for r in rounds]
     cum = [r.total_accepted / r.total_drafted if r.total_drafted else 0.0 for r in rounds]
@@ -70,7 +71,7 @@ def speedup_chart(view: RunView) -> go.Figure:
     clock = "seconds (virtual clock)" if view.mode == "fair" else "seconds"
     _layout(fig, "Speedup over time: measured vs predicted", clock, "× baseline")
     if not pts:
-        return _empty(fig, "waiting for both sides…")
+        return empty(fig, "waiting for both sides…")
     t = [p[0] for p in pts]
     fig.add_hline(y=1.0, line=dict(color=FONT, width=1, dash="dot"))
     fig.add_scatter(x=t, y=[p[1] for p in pts], name="measured", mode="lines+markers",
@@ -93,7 +94,7 @@ def time_split_chart(view: RunView) -> go.Figure:
     fig = go.Figure()
     _layout(fig, "Time per round: draft vs verify", "round", "seconds", barmode="stack")
     if not rounds:
-        return _empty(fig, "waiting for the first round…")
+        return empty(fig, "waiting for the first round…")
     x = [r.index + 1 for r in rounds]
     fig.add_bar(x=x, y=[r.t_draft for r in rounds], name="draft (proposing the guesses)", marker_color=SKY,
                 hovertemplate="%{y:.3f} s<extra>draft</extra>")
@@ -115,7 +116,7 @@ def position_chart(view: RunView) -> go.Figure:
     fig = go.Figure()
     _layout(fig, "Acceptance by draft position", "draft position (1..γ)", "rate", yaxis_range=[0, 1.05])
     if not rounds:
-        return _empty(fig, "waiting for the first round…")
+        return empty(fig, "waiting for the first round…")
     g = max(r.gamma for r in rounds)
     drafted = [0] * g
     tested = [0] * g

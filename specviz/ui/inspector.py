@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 
 from ..engine.events import RoundEvent
 from ..format import number
-from .charts import BLUE, FONT, ORANGE, PURPLE, _layout
+from .charts import BLUE, ORANGE, PURPLE, _layout, empty
 from .render import esc
 
 REST = "rest of the vocabulary"
@@ -103,9 +103,7 @@ def figure(rnd: RoundEvent, i: int) -> go.Figure:
     what = "raw softmax p and q (greedy)" if (row or {}).get("raw") else "target p, draft q"
     _layout(fig, f"Round {rnd.index + 1}, position {i + 1}: {what}", "token", "probability")
     if row is None:
-        fig.add_annotation(text=missing(rnd),
-                           showarrow=False, font=dict(color=FONT))
-        return fig
+        return empty(fig, missing(rnd))
     ids = list(row["ids"]) + [x for x in (res or {}).get("ids", []) if x not in row["ids"]]
     texts = dict(zip(row["ids"], row.get("t") or map(str, row["ids"]), strict=False))
     if res:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from ..engine.events import OUTCOME_COLOURS, Outcome
-from .charts import FONT, _empty, _layout
+from .charts import FONT, _layout, empty
 
 GREEN = OUTCOME_COLOURS[Outcome.ACCEPTED]
 REJECTED_DIM = "rgba(213,94,0,0.6)"  # the rejected-token vermillion, dimmed
@@ -111,7 +111,7 @@ def rounds_figure(rounds: list, title: str | None = None, max_rounds: int = 40) 
     _layout(fig, title or "Token tree", "depth (0 = last committed token)", "")
     fig.update_layout(height=360, hovermode="closest", showlegend=False)
     if not rounds:
-        return _empty(fig, "no token tree: pick the token-tree method")
+        return empty(fig, "no token tree: pick the token-tree method")
     groups = [round_traces(r) for r in rounds]
     for k, traces in enumerate(groups):
         for tr in traces:
@@ -149,7 +149,7 @@ def latest_tree_figure(view) -> go.Figure:
     fig.update_layout(height=150)
     fig.layout.annotations = ()  # one caption, not rounds_figure's under this one
     waiting = getattr(view, "method", "") == "tree" and not view.spec.rounds
-    return _empty(fig, "waiting for the first round…" if waiting else
+    return empty(fig, "waiting for the first round…" if waiting else
                   "token tree: shown for the token-tree method (More settings → draft method)")
 
 
