@@ -73,6 +73,17 @@ def test_measured_point_is_overlaid():
     assert not any((t.name or "").startswith("measured") for t in g2.data)
 
 
+def test_a_token_tree_run_is_not_placed_on_the_chain_formula():
+    """The live page says the chain formula does not describe a token tree; the theory tab had
+    still put the tree's point and "theory at the run" curve on its charts."""
+    m = theory.Measured(alpha_hat=0.9, c=0.4, gamma=4, speedup=1.52, predicted=None, method="tree")
+    for fig in theory.figures(0.5, 8, 0.1, m.to_dict()):
+        assert not any((t.name or "").startswith(("measured", "theory at the run")) for t in fig.data)
+    html = theory.measured_html(m)
+    assert "token tree" in html and "1.52×" in html and "not placed" in html
+    assert theory.measured_updates(m, 0.5, 8, 0.1)[-1].interactive is False  # no "set the sliders"
+
+
 def test_numbers_and_clamping():
     html = theory.numbers_html(0.8, 4, 0.2)
     assert f"{predicted_speedup(0.8, 4, 0.2):.2f}×" in html and f"{expected_tokens_per_round(0.8, 4):.2f}" in html

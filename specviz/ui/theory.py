@@ -186,7 +186,8 @@ def run_curve(measured, vmode) -> list | None:
 def figures(alpha, gamma, c, measured: dict | Measured | None = None, vmode: str = V_MODES[0]):
     m = Measured.from_dict(measured) if isinstance(measured, dict) or measured is None else measured
     curve = run_curve(m, vmode)
-    return gamma_figure(alpha, gamma, c, m, curve), alpha_figure(alpha, gamma, c, m, curve)
+    placed = None if m is None or m.method == "tree" else m  # the chain formula does not describe a tree
+    return gamma_figure(alpha, gamma, c, placed, curve), alpha_figure(alpha, gamma, c, placed, curve)
 
 
 def numbers_html(alpha: float, gamma: int, c: float, curve=None) -> str:
@@ -230,6 +231,11 @@ def measured_html(m: dict | Measured | None, vmode: str = "") -> str:
         return ("<div class='sv-runinfo sv-theory-measured'><span class='sv-mode'>"
                 "Run the live demo (or a replay) "
                 "and its measured point appears on both charts as a ◆.</span></div>")
+    if m.method == "tree":
+        return (f"<div class='sv-runinfo sv-theory-measured'><span><b>{esc(m.source)}</b> was a token tree: "
+                f"measured <b>{number(m.speedup, '{:.2f}×')}</b> at α̂ {m.alpha_hat:.3f}, c {m.c:.3f}. The "
+                "chain formula here does not describe a tree, so its point is not placed on these charts."
+                "</span></div>")
     gap = ""
     if m.verify_cost is not None and m.verify_cost > 1.15 and vmode == V_MODES[1]:
         gap = (f" One verification pass cost <b>{m.verify_cost:.2f}</b> plain target steps there; the curves "
@@ -344,4 +350,4 @@ def measured_updates(m: Measured | None, alpha, gamma, c, vmode=V_MODES[0]) -> l
     if m is None:
         return [gr.skip()] * 5
     fg, fa = figures(alpha, gamma, c, m, vmode)
-    return [m.to_dict(), fg, fa, measured_html(m, vmode), gr.Button(interactive=True)]
+    return [m.to_dict(), fg, fa, measured_html(m, vmode), gr.Button(interactive=m.method != "tree")]
