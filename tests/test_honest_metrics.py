@@ -172,9 +172,9 @@ def test_stats_say_when_timings_look_disturbed():
 
 
 def test_the_speedup_chart_ends_at_the_headline_when_the_baseline_ends_last(target, tok):
-    """Fair mode: the speculative side often ends first on the shared clock. Its last chart point
-    had used the baseline's rate so far (a visitor saw 1.87× at the end of the curve under a 1.79×
-    headline); when the baseline ends, that point is the headline's speedup."""
+    """Fair mode: the speculative side often ends first on the shared clock. Its chart points had
+    used the baseline's rate so far (a visitor saw 1.87× at the end of the curve under a 1.79×
+    headline): each is now the same work's time ratio, and the last one the headline's."""
     ids = tok.encode("ab")
     base_evs = list(baseline(target, tok, ids, 12, GREEDY))
     spec_evs = list(speculative(target, DraftModelProposer(target), tok, ids, 12, 4, GREEDY))
@@ -189,3 +189,9 @@ def test_the_speedup_chart_ends_at_the_headline_when_the_baseline_ends_last(targ
     assert len(view.speedup_series) == n
     headline = run_stats(spec_evs[-1], base_evs[-1]).speedup
     assert view.speedup_series[-1][1] == pytest.approx(headline)
+    # each round: the baseline's time for as many tokens over this side's (the same work), filled
+    # in once the baseline wrote them; so the last round's point is the headline's ratio too
+    base_t = [e.t for e in base_evs[:-1]]
+    rounds = [e for e in spec_evs if isinstance(e, RoundEvent)]
+    for r, (t, measured, *_) in zip(rounds, view.speedup_series, strict=False):
+        assert t == r.t_end and measured == pytest.approx(base_t[r.total_tokens - 1] / r.t_end)

@@ -272,3 +272,14 @@ def test_measured_v_curve_option():
     assert "v(γ) = <b>1.40</b>" in html
     # no run yet, or v = 1 picked: Leviathan's curve
     assert theory.run_curve(None, theory.V_MODES[1]) is None and theory.run_curve(m, theory.V_MODES[0]) is None
+
+
+def test_a_recorded_runs_label_names_its_hardware_once():
+    """The shipped traces' labels name the machine: the list showed it twice ("… (AMD EPYC, AVX2,
+    2 cores, 2026-11-23) · AMD EPYC (2 cores)"); a label without it still gets it."""
+    from specviz.run.trace import Trace
+    from specviz.ui.replay import choice_label
+    meta = {"hardware": "AMD EPYC (2 cores)"}  # as trace meta records it
+    named = choice_label("x", Trace(dict(meta, label="Code · quicksort (AMD EPYC, AVX2, 2 cores)")))
+    assert named.count("EPYC") == 1
+    assert "EPYC" in choice_label("x", Trace(dict(meta, label="Code · quicksort")))

@@ -25,12 +25,13 @@ PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#0
 def _layout(fig: go.Figure, title: str, xaxis: str, yaxis: str, **kw) -> go.Figure:
     fig.update_layout(
         title=dict(text=title, x=0.01, xanchor="left", font=dict(size=14)),
-        height=300, margin=dict(l=48, r=34, t=40, b=40),
+        height=316, margin=dict(l=48, r=34, t=40, b=56),
         paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)",
         font=dict(color=FONT, size=12),
         # under the plot: above it the legend wrapped onto the title (issue 21); the toolbar
         # stands upright at the right edge instead of over the title
-        legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0.0,
+        # below the axis title: at -0.2 the time split's legend sat on "round" (2026-11-27)
+        legend=dict(orientation="h", yanchor="top", y=-0.28, xanchor="left", x=0.0,
                     bgcolor="rgba(0,0,0,0)", font=dict(size=11)),
         modebar=dict(orientation="v", bgcolor="rgba(0,0,0,0)"),
         hovermode="x unified", **kw)

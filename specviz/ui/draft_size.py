@@ -37,6 +37,17 @@ def intro_html(data: dict) -> str:
             f"</p><ul>{cmds}</ul>")
 
 
+def on_page(fig):
+    """A figure drawn for the docs' PNG (fixed width, white) as the page's charts are: the box's
+    width, transparent, grey text and grid (it filled 60 % of its box, white in dark mode)."""
+    from .charts import FONT, GRID
+    fig.update_layout(width=None, autosize=True, template="plotly", paper_bgcolor="rgba(0,0,0,0)",
+                      plot_bgcolor="rgba(0,0,0,0)", font=dict(color=FONT))
+    fig.update_xaxes(gridcolor=GRID, zerolinecolor=GRID, linecolor=GRID)
+    fig.update_yaxes(gridcolor=GRID, zerolinecolor=GRID, linecolor=GRID)
+    return fig
+
+
 def build_tab(path: Path = RESULT):
     """The tab's layout (call inside a gr.Blocks)."""
     import gradio as gr
@@ -49,6 +60,6 @@ def build_tab(path: Path = RESULT):
                         "--out docs/draft_size.json`.")
             return
         gr.HTML(intro_html(data))
-        gr.Plot(heatmap(data), show_label=False, elem_id="sv-ds-heatmap")
-        gr.Plot(lines(data), show_label=False, elem_id="sv-ds-lines")
+        gr.Plot(on_page(heatmap(data)), show_label=False, elem_id="sv-ds-heatmap")
+        gr.Plot(on_page(lines(data)), show_label=False, elem_id="sv-ds-lines")
         gr.Markdown(table_md(data))

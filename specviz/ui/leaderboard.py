@@ -132,10 +132,10 @@ def _recorded(races: dict) -> dict:
 def _panes() -> list:
     run_info = gr.HTML("<div class='sv-runinfo'></div>", elem_id="sv-lb-runinfo")
     with gr.Row(equal_height=True):
-        with gr.Column(min_width=300):
+        with gr.Column(min_width=300, elem_classes=["sv-pane-col"]):
             gr.HTML("<div class='sv-pane-title'>Baseline: the target alone, one token per pass</div>")
             base = gr.HTML("", elem_classes=["sv-pane"], elem_id="sv-lb-baseline")
-        with gr.Column(min_width=300):
+        with gr.Column(min_width=300, elem_classes=["sv-pane-col"]):
             gr.HTML("<div class='sv-pane-title'>The picked method: draft guesses, target verifies</div>")
             spec = gr.HTML("", elem_classes=["sv-pane"], elem_id="sv-lb-speculative")
     stats = gr.HTML("", elem_id="sv-lb-stats")

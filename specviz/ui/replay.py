@@ -111,8 +111,10 @@ def _method_text(settings: dict) -> str:
 
 
 def choice_label(name: str, tr: Trace) -> str:
+    """The trace's label, with its hardware unless the label names it already (the shipped ones do)."""
     m = tr.meta
-    return f"{m.get('label') or name}  ·  {headline(m)['hardware']}"
+    label, hw = m.get("label") or name, headline(m)["hardware"]
+    return label if hw.split(" (")[0] in label else f"{label}  ·  {hw}"
 
 
 def describe_html(tr: Trace, source: str) -> str:
@@ -184,7 +186,8 @@ def measured_from(tr: Trace, source: str = "your last run") -> theory.Measured |
 
 def rounds_csv(tr: Trace) -> str:
     """One row per speculative round, with the running numbers the page showed
-    after that round (α so far, measured and predicted speedup so far)."""
+    after that round (α so far, measured and predicted speedup so far; the measured one is the
+    baseline's time for as many tokens over this side's, as the chart draws it)."""
     view, _ = view_for(tr)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -197,18 +200,20 @@ def rounds_csv(tr: Trace) -> str:
     def f(x, d=6):
         return "" if x is None else round(x, d)
 
+    rows = []  # (round, its speedup point, the running numbers after it)
     for side, ev in ordered(tr.events):
         view.add(side, ev)
-        if side != "speculative" or not isinstance(ev, RoundEvent):
-            continue
-        _, measured, predicted, predicted_v = view.speedup_series[-1]
+        if side == "speculative" and isinstance(ev, RoundEvent):
+            rows.append((ev, len(view.speedup_series) - 1, view.spec.books.overlap_sum))
+    for ev, i, overlap in rows:  # the measured speedup is known once the baseline wrote as many tokens
+        _, measured, predicted, predicted_v = view.speedup_series[i]
         appended = "none" if ev.appended_id == -1 else ("resampled" if ev.resampled else "bonus")
         base_n = sum(1 for t in view.base.tokens if t.t <= ev.t_end)
         w.writerow([ev.index + 1, ev.gamma, ev.n_accepted, appended, ev.n_new, f(ev.t_start), f(ev.t_draft),
                     f(ev.t_verify), f(ev.t_end), ev.draft_forwards, ev.total_tokens, ev.total_drafted,
                     ev.total_accepted, f(ev.n_accepted / ev.gamma if ev.gamma else None, 4),
                     f(ev.total_accepted / ev.total_drafted if ev.total_drafted else None, 4),
-                    f(view.spec.books.overlap_sum / ev.total_drafted if ev.total_drafted else None, 4),
+                    f(overlap / ev.total_drafted if ev.total_drafted else None, 4),
                     ev.target_forwards, f(ev.total_tokens / ev.t_end if ev.t_end > 0 else None, 4), base_n,
                     f(measured, 4), f(predicted, 4), f(predicted_v, 4), " ".join(map(str, ev.draft_ids))])
     return buf.getvalue()

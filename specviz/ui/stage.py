@@ -93,6 +93,8 @@ CSS = """
 #sv-runinfo [data-testid="status-tracker"]:has(.error) { display: none !important; }
 #sv-replay-pick input { padding-right: 2.2em; text-overflow: ellipsis; }
 #sv-gamma, #sv-max-new { overflow: visible; min-width: 11em; }
+/* a pane shorter than its neighbour starts at the top (it sat centred, under a gap) */
+.sv-pane-col { justify-content: flex-start !important; }
 """
 # large type for a hall, written `.sv-stage X` and scoped by staged() below
 STAGE_RULES = """

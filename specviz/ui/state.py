@@ -109,6 +109,7 @@ class RunView:
         # per spec round: (t_end, measured, Leviathan's predicted, verify-cost-aware predicted) speedup
         self.speedup_series: list[tuple[float, float | None, float | None, float | None]] = []
         self._base_times: list[float] = []
+        self._unmatched: list[tuple[int, int]] = []  # (series index, tokens): the baseline has fewer yet
 
     def side(self, name: str) -> SideView:
         return self.base if name == "baseline" else self.spec
@@ -123,6 +124,7 @@ class RunView:
             view.tokens.append(ev)
             self._base_times.append(ev.t)
             view.t = max(view.t, ev.t)
+            self._match()
         elif isinstance(ev, RoundEvent):
             view.rounds.append(ev)
             book_round(view.books, ev)  # round 1 also read the prompt: the ledger books it as prefill
@@ -133,6 +135,8 @@ class RunView:
         self.clock = max(self.clock, view.t)
         if isinstance(ev, RoundEvent):
             self.speedup_series.append((ev.t_end, *self._speedup_at(ev)))
+            self._unmatched.append((len(self.speedup_series) - 1, ev.total_tokens))
+            self._match()
         elif isinstance(ev, RunSummary) and self.spec.summary is not None:
             # the run's last point is the headline's speedup: computed again when the baseline
             # ends after the speculative side (it had used the baseline's rate so far)
@@ -158,13 +162,23 @@ class RunView:
                           stop_reason="running")
         return (n / t if t > 0 else None), part
 
-    def _speedup_at(self, r: RoundEvent) -> tuple[float | None, float | None, float | None]:
-        """(measured, Leviathan's prediction, verify-cost-aware prediction) after round r."""
-        t = r.t_end
-        rate, base = self._base_at(t)
-        measured = (r.total_tokens / t) / rate if (rate and t > 0) else None
+    def _speedup_at(self, r: RoundEvent) -> tuple[None, float | None, float | None]:
+        """(measured: filled in by _match, Leviathan's prediction, verify-cost-aware prediction)
+        after round r."""
+        _, base = self._base_at(r.t_end)
         st = run_stats(self._spec_summary(), base, self.costs)
-        return measured, st.predicted, st.predicted_v
+        return None, st.predicted, st.predicted_v
+
+    def _match(self) -> None:
+        """Each round's measured speedup once the baseline has written as many tokens: its time
+        for them over this side's (the same work, so the curve ends at the headline). The rates
+        at one moment had run 2.1× against a 1.84× headline: the baseline's prompt read weighs
+        on its early rate."""
+        while self._unmatched and 0 < self._unmatched[0][1] <= len(self._base_times):
+            i, n = self._unmatched.pop(0)
+            t, _, pred, pred_v = self.speedup_series[i]
+            if t > 0:
+                self.speedup_series[i] = (t, self._base_times[n - 1] / t, pred, pred_v)
 
     def _spec_summary(self) -> RunSummary:
         spec = self.spec.partial_summary()
