@@ -57,6 +57,7 @@ def lines(data: dict):
     fig.add_hline(y=1.0, line_dash="dot", line_color="#888")
     fig.update_layout(title="Speedup vs γ per draft size (solid measured, dashed theory)",
                       xaxis_title="γ", yaxis_title="speedup vs plain", yaxis_rangemode="tozero",
+                      xaxis_tickvals=data["gammas"],  # the γ measured (whole numbers), not 2.5
                       template="plotly_white", width=760, height=460)
     return fig
 
