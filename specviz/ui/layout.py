@@ -172,7 +172,7 @@ def _panes_and_charts(first: dict, default_mode: str) -> dict:
     ids = ("sv-chart-alpha", "sv-chart-speedup", "sv-chart-time", "sv-chart-position")
     plots = []
     for row in range(2):
-        with gr.Row():
+        with gr.Row(elem_classes=["sv-chart-row"]):
             plots += [gr.Plot(empty[i], show_label=False, elem_id=ids[i]) for i in (2 * row, 2 * row + 1)]
     # the token tree of each round (tree methods; ui/tree_view.py), below the charts
     plots.append(gr.Plot(latest_tree_figure(RunView(first["gamma"], 0.0, default_mode)), show_label=False,

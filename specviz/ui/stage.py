@@ -95,6 +95,12 @@ CSS = """
 #sv-gamma, #sv-max-new { overflow: visible; min-width: 11em; }
 /* a pane shorter than its neighbour starts at the top (it sat centred, under a gap) */
 .sv-pane-col { justify-content: flex-start !important; }
+/* a phone (400 px): one chart a row, legend items wrap (titles and legends were cut off) */
+@media (max-width: 720px) {
+  .sv-chart-row { flex-wrap: wrap !important; }
+  .sv-chart-row > * { min-width: 100% !important; }
+  .sv-legend-item { white-space: normal; }
+}
 """
 # large type for a hall, written `.sv-stage X` and scoped by staged() below
 STAGE_RULES = """
