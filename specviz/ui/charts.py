@@ -70,7 +70,9 @@ def speedup_chart(view: RunView) -> go.Figure:
     pts = view.speedup_series
     fig = go.Figure()
     clock = "seconds (virtual clock)" if view.mode == "fair" else "seconds"
-    _layout(fig, "Speedup over time: measured vs predicted", clock, "× baseline")
+    title = "Speedup over time: measured" + (" (no chain prediction for a tree)" if view.is_tree else
+                                             " vs predicted")
+    _layout(fig, title, clock, "× baseline")
     if not pts:
         return empty(fig, "waiting for both sides…")
     t = [p[0] for p in pts]

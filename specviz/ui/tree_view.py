@@ -88,7 +88,7 @@ def round_traces(rnd) -> list[go.Scatter]:
                    hoverinfo="text"),
         go.Scatter(x=list(depth), y=ys[1:len(parents) + 1], mode="markers+text",
                    text=[_show(t) for t in texts], textposition="top center", hovertext=hover,
-                   hoverinfo="text", textfont=dict(size=11),
+                   hoverinfo="text", textfont=dict(size=11), cliponaxis=False,  # top labels were cut
                    marker=dict(color=[s[0] for s in style], size=[s[1] for s in style], line=dict(width=0))),
     ]
     if appended:
@@ -109,7 +109,7 @@ def rounds_figure(rounds: list, title: str | None = None, max_rounds: int = 40) 
     rounds = [r for r in rounds if getattr(r, "tree", None)][-max_rounds:]
     fig = go.Figure()
     _layout(fig, title or "Token tree", "depth (0 = last committed token)", "")
-    fig.update_layout(height=360, hovermode="closest", showlegend=False)
+    fig.update_layout(height=380, hovermode="closest", showlegend=False, margin=dict(t=64))
     if not rounds:
         return empty(fig, "no token tree: pick the token-tree method")
     groups = [round_traces(r) for r in rounds]
@@ -127,7 +127,7 @@ def rounds_figure(rounds: list, title: str | None = None, max_rounds: int = 40) 
     if len(rounds) > 1:
         fig.update_layout(sliders=[dict(active=len(rounds) - 1, steps=steps, pad=dict(t=36), x=0.0, len=1.0,
                                         currentvalue=dict(prefix="round ", font=dict(size=11)),
-                                        font=dict(size=9))], margin=dict(b=70))
+                                        font=dict(size=9))], margin=dict(t=64, b=70))
     deepest = max(max(r.tree["depth"], default=0) for r in rounds)
     fig.update_yaxes(visible=False, autorange="reversed")
     fig.update_xaxes(dtick=1, range=[-0.6, deepest + 1.6])
@@ -137,7 +137,9 @@ def rounds_figure(rounds: list, title: str | None = None, max_rounds: int = 40) 
 def _title(r, title):
     tr = r.tree
     what = f"{len(tr['path'])} of {len(tr['tokens'])} drafted nodes accepted"
-    return f"{title or 'Token tree'}, round {r.index + 1}: {what}"
+    # the labels are the nodes' tokens ("6", "8" read as bare numbers): say so, and where p and q are
+    return (f"{title or 'Token tree'}, round {r.index + 1}: {what}"
+            "<br><sup>each node is labelled with its token (· a space, ⏎ a new line); hover it for q and p</sup>")
 
 
 def latest_tree_figure(view) -> go.Figure:
