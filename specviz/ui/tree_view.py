@@ -139,7 +139,8 @@ def _title(r, title):
     what = f"{len(tr['path'])} of {len(tr['tokens'])} drafted nodes accepted"
     # the labels are the nodes' tokens ("6", "8" read as bare numbers): say so, and where p and q are
     return (f"{title or 'Token tree'}, round {r.index + 1}: {what}"
-            "<br><sup>each node is labelled with its token (· a space, ⏎ a new line); hover it for q and p</sup>")
+            "<br><sup>each node is labelled with its token (· a space, ⏎ a new line); "
+            "hover it for q and p</sup>")
 
 
 def latest_tree_figure(view) -> go.Figure:
