@@ -437,7 +437,7 @@ CSS = """
   padding: 8px 16px; border-radius: 10px; border: 1px solid var(--border-color-primary); min-width: 9em; }
 .sv-speedup-num { font-size: 2em; font-weight: 700; font-variant-numeric: tabular-nums; }
 .sv-speedup-label { font-size: 12px; opacity: .8; }
-.sv-speedup-sub { font-size: 11.5px; opacity: .7; }
+.sv-speedup-sub { font-size: 11.5px; opacity: .7; max-width: 24em; text-align: center; }
 .sv-good { background: rgba(0,158,115,.14); }
 .sv-bad { background: rgba(213,94,0,.12); }
 .sv-table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; }
