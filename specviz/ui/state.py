@@ -174,10 +174,10 @@ class RunView:
         for them over this side's (the same work, so the curve ends at the headline). The rates
         at one moment had run 2.1× against a 1.84× headline: the baseline's prompt read weighs
         on its early rate."""
-        while self._unmatched and 0 < self._unmatched[0][1] <= len(self._base_times):
+        while self._unmatched and self._unmatched[0][1] <= len(self._base_times):
             i, n = self._unmatched.pop(0)
             t, _, pred, pred_v = self.speedup_series[i]
-            if t > 0:
+            if n > 0 and t > 0:
                 self.speedup_series[i] = (t, self._base_times[n - 1] / t, pred, pred_v)
 
     def _spec_summary(self) -> RunSummary:
