@@ -148,25 +148,23 @@ class RunView:
 
     # ------------------------------------------------------------ numbers
 
-    def _base_at(self, t: float) -> tuple[float | None, RunSummary | None]:
-        """Baseline tokens/s at time t, and the baseline as it stood then (for its plain step)."""
+    def _base_at(self, t: float) -> RunSummary | None:
+        """The baseline as it stood at time t (for its plain step)."""
         b = self.base
         if b.summary is not None and b.summary.elapsed <= t:
-            return (b.summary.tokens_per_s or None), b.summary
+            return b.summary
         n = bisect.bisect_right(self._base_times, t)
         if n == 0:
-            return None, None
-        # still running at t: tokens done by t over t; the step from the gaps between them
-        part = RunSummary(side="baseline", method="plain", token_ids=[], text="", n_tokens=n,
+            return None
+        # still running at t: the step from the gaps between its tokens so far
+        return RunSummary(side="baseline", method="plain", token_ids=[], text="", n_tokens=n,
                           elapsed=self._base_times[n - 1], prefill=self._base_times[0], target_forwards=n,
                           stop_reason="running")
-        return (n / t if t > 0 else None), part
 
     def _speedup_at(self, r: RoundEvent) -> tuple[None, float | None, float | None]:
         """(measured: filled in by _match, Leviathan's prediction, verify-cost-aware prediction)
         after round r."""
-        _, base = self._base_at(r.t_end)
-        st = run_stats(self._spec_summary(), base, self.costs)
+        st = run_stats(self._spec_summary(), self._base_at(r.t_end), self.costs)
         return None, st.predicted, st.predicted_v
 
     def _match(self) -> None:
