@@ -50,9 +50,7 @@ def add_args(sub) -> None:
 def _output(row) -> str:
     if row.error:
         return f"not run: {row.error}"
-    if row.tokens_per_s is not None and not row.ranked:
-        return f"stopped after {row.n_tokens} tokens: not ranked"
-    return row.identical
+    return row.cut_note or row.identical
 
 
 def cell(col: str, row, rank: int) -> str:

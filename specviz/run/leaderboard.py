@@ -138,6 +138,12 @@ class Row:
         numbers but is not ranked against whole ones."""
         return self.tokens_per_s is not None and self.stop_reason not in PARTIAL
 
+    @property
+    def cut_note(self) -> str:
+        """What the output column says of a run cut before its end; "" for any other."""
+        return "" if self.ranked or self.tokens_per_s is None else \
+            f"stopped after {self.n_tokens} tokens: not ranked"
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["ranked"] = self.ranked
@@ -217,7 +223,7 @@ class Board:
         """The greedy output check of run/equality.py against the shared baseline."""
         if not self.greedy:
             return "n/a (sampled)", "sampled runs differ by chance; both follow the target's distribution"
-        if base is None or {base.stop_reason, run.summary.stop_reason} & {"stopped", "error"}:
+        if base is None or {base.stop_reason, run.summary.stop_reason} & set(PARTIAL):
             return "–", "a run was stopped before its end: nothing to compare"
         eq = compare_greedy(output_tokens(self.baseline), output_tokens(run.events),
                             dtype_of(self.meta.get("precision") or ""))

@@ -35,9 +35,9 @@ def _check_cell(row: Row) -> str:
         return f"<span title='{esc(row.error)}'>not run: {esc(row.error)}</span>"
     if row.tokens_per_s is None:
         return "<span style='opacity:.7'>waiting</span>"
-    if not row.ranked:
+    if row.cut_note:
         return (f"<span title='its numbers are measured up to the stop, not ranked against whole runs'>"
-                f"stopped after {row.n_tokens} tokens: not ranked</span>")
+                f"{esc(row.cut_note)}</span>")
     text, cls = CHECK.get(row.identical, (row.identical, ""))
     return f"<span class='{cls}' title='{esc(row.detail)}'>{esc(text)}</span>"
 
