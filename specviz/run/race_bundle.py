@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from .leaderboard import Board, Entry, MethodRun
-from .trace import VERSION, event_from_dict, event_to_dict, headline_text
+from .trace import VERSION, event_from_dict, event_to_dict, headline_text, parse_json
 
 KIND = "race-methods"
 
@@ -68,8 +68,8 @@ def load_bundle(source) -> Board:
     """From a path or a JSON string. ValueError with a readable message if invalid."""
     try:
         text = str(source) if str(source).lstrip().startswith("{") else Path(source).read_text()
-        raw = json.loads(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raw = parse_json(text)  # deep nesting, NaN: a ValueError as below, never a RecursionError
+    except (OSError, UnicodeDecodeError, ValueError) as err:
         raise ValueError(f"not a SpecViz race bundle: {err}") from None
     return board_from_dict(raw)
 

@@ -88,11 +88,25 @@ def new_trace(settings: dict, target: str, draft: str, device: str, precision: s
     })
 
 
+def _no_constant(name: str):
+    raise ValueError(f"the file holds {name}, not a number (a recorded time or count is always finite)")
+
+
+def parse_json(text: str):
+    """json.loads for uploaded files: ValueError, never RecursionError, for arrays or objects nested
+    too deeply (a 400 KB file of 200,000 '[' ended a replay in a traceback, issue 51), and NaN or
+    Infinity refused where they are read, not rendered as "nan tok/s"."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("its JSON is nested too deeply to be a recording") from None
+
+
 def load_trace(source) -> Trace:
     """From a path or a JSON string. ValueError with a readable message if invalid."""
     try:
         text = Path(source).read_text() if not str(source).lstrip().startswith("{") else str(source)
-        raw = json.loads(text)
+        raw = parse_json(text)
         if raw.get("kind") == "race-methods":  # specviz/run/race_bundle.py: several runs in one file
             raise ValueError("this is a race bundle (several methods' runs): show it in the Race all methods "
                              "tab, or with python -m specviz race-methods --from FILE")
