@@ -17,6 +17,7 @@ import re
 from ..engine.events import OUTCOME_COLOURS, OUTCOME_LABELS, Outcome, RoundEvent, TokenEvent
 from ..engine.proposer import round_note
 from ..format import number
+from . import glossary
 from .method_options import options_text
 
 SPEC_OUTCOMES = (Outcome.ACCEPTED, Outcome.REJECTED, Outcome.RESAMPLED, Outcome.BONUS)
@@ -377,12 +378,7 @@ def status_html(status: dict, extra: str = "") -> str:
     err = status.get("error")
     if err and not status.get("ready"):
         return box("error", "alert", "bad", f"<b>Models could not be loaded.</b> {esc(err)}")
-    ready = (f"Model pair: <b>{esc(status.get('label') or '')}</b> on {esc(status.get('device') or '')}"
-             + (f" ({esc(status['precision'])})" if status.get("precision") else "")
-             + (f"<br><small>{esc(status['precision_note'])}</small>"
-                if status.get("precision_note") else ""))
-    if status.get("note"):
-        ready += f"<br><small class='sv-pair-note'>{esc(status['note'])}</small>"
+    ready = glossary.pair_html(status)  # plain words; the precision detail behind a disclosure
     if extra:
         ready += "<br>" + extra
     if err:

@@ -1,0 +1,80 @@
+"""Words for a newcomer (issue 51): the model-pair line in plain words with its technical
+detail behind a disclosure, and one glossary of every abbreviation the page uses, shown
+under the keys help to every visitor. Each term also carries its meaning on hover (<abbr>)."""
+from __future__ import annotations
+
+import html
+import re
+
+esc = html.escape
+
+# every abbreviation on the page, once: (term, meaning)
+TERMS = (
+    ("γ", "draft length: how many tokens the draft guesses per round (a tree's depth; lookahead's n-gram "
+          "length)"),
+    ("α̂", "expected acceptance: the chance that one drafted token passes the target's check, computed "
+          "from the target's and the draft's probabilities p and q (Leviathan et al.'s α)"),
+    ("accepted ÷ drafted", "the share of drafted tokens kept; tokens after a round's first rejection are "
+                           "never checked and count as not kept"),
+    ("τ", "tokens gained per target forward pass (per verification round)"),
+    ("c", "the cost of one draft step, as a fraction of one plain target step"),
+    ("v", "the cost of one verification pass (γ+1 tokens at once), in plain target steps"),
+    ("p, q", "the target's (p) and the draft's (q) probability of a token"),
+    ("w4a8", "4-bit weights, 8-bit activations (likewise w8a8: 8-bit weights and activations)"),
+    ("int4, int8", "weights stored as 4- or 8-bit integers with a scale, instead of floating point"),
+    ("g32", "weights quantised in groups of 32 that share one scale"),
+    ("bf16, fp32", "16-bit (bfloat16) and 32-bit floating point"),
+    ("tok/s", "output tokens per second"),
+)
+MEANING = {t: m for t, m in TERMS}
+
+
+def abbr(term: str, shown: str | None = None) -> str:
+    """The term with its meaning on hover."""
+    return f"<abbr title='{esc(MEANING[term])}'>{esc(shown or term)}</abbr>"
+
+
+def glossary_html() -> str:
+    rows = "".join(f"<dt>{esc(t)}</dt><dd>{esc(m)}</dd>" for t, m in TERMS)
+    return (f"<details class='sv-glossary' id='sv-glossary'><summary>Glossary: γ, α̂, τ, c, v, w4a8, "
+            f"g32…</summary><dl>{rows}</dl></details>")
+
+
+def _bits(precision: str) -> str:
+    """'int4 g32 weights, 8-bit per-block activations' -> '4-bit weights'; '' when unreadable."""
+    p = precision.lower()
+    m = re.search(r"\bw(\d+)a\d+\b", p) or re.search(r"\bint(\d+)\b", p) or re.search(r"\bq(\d+)", p)
+    if m:
+        return f"{m[1]}-bit weights"
+    if "bfloat16" in p or "bf16" in p or "float16" in p or "fp16" in p:
+        return "16-bit floating-point weights"
+    if "float32" in p or "fp32" in p:
+        return "full-precision (32-bit) weights"
+    return ""
+
+
+def plain_precision(precision: str, note: str, device: str) -> str:
+    """'4-bit weights, measured fastest on this CPU' (the note's timings are that measurement)."""
+    where = "this GPU" if device.lower().startswith(("cuda", "gpu")) else "this CPU"
+    bits = _bits(precision) or "its precision"
+    if "ms/step" in note or " vs " in note:
+        return f"{bits}, measured fastest on {where}"
+    return f"{bits} (not timed on {where}: a safe default)" if note or precision else ""
+
+
+def pair_html(status: dict) -> str:
+    """The ready status: 'Model pair: X on cpu · 4-bit weights, measured fastest on this CPU',
+    the precision and timings that say so behind a disclosure."""
+    device = str(status.get("device") or "")
+    precision, note = str(status.get("precision") or ""), str(status.get("precision_note") or "")
+    plain = plain_precision(precision, note, device)
+    line = (f"Model pair: <b>{esc(status.get('label') or '')}</b> on {esc(device)}"
+            + (f" · {esc(plain)}" if plain else ""))
+    detail = [x for x in (precision, note) if x]
+    if detail:
+        body = "<br>".join(f"<small>{esc(x)}</small>" for x in detail)
+        line += (f"<details class='sv-pair-detail'><summary>precision and timings (the glossary below "
+                 f"explains w4a8, g32, int4…)</summary>{body}</details>")
+    if status.get("note"):  # what this pair cannot do (another engine's limits): stays in sight
+        line += f"<small class='sv-pair-note'>{esc(status['note'])}</small>"
+    return line
