@@ -1,5 +1,6 @@
 """Source-code edits that build the grounded code tasks: each returns the
-edited code, or None when the edit does not apply (nothing to strip)."""
+edited code, or None when the edit does not apply (nothing to strip); and the
+instructions of the edit tasks (EDIT_TEMPLATES)."""
 from __future__ import annotations
 
 import ast
@@ -108,3 +109,85 @@ def two_space_indent(code: str) -> str | None:
 
 def fenced(code: str) -> str:
     return f"```python\n{code.strip()}\n```"
+
+
+def params_of(code: str, name: str) -> list[str] | None:
+    """The parameter names of the function `name` in `code` (None: no such function)."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            return [a.arg for a in _all_args(node.args)]
+    return None
+
+
+def names_in(code: str) -> set[str]:
+    """Every identifier the code uses (names, attributes, arguments, definitions)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Name):
+            out.add(node.id)
+        elif isinstance(node, ast.arg):
+            out.add(node.arg)
+        elif isinstance(node, ast.Attribute):
+            out.add(node.attr)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+    return out
+
+
+# ------------------------------------------------------------------ the edit tasks (prompts.edit_prompts)
+# the new name of a parameter (HumanEval's common ones; others get "<name>_value")
+_NEW_NAMES = {"n": "count", "lst": "items", "s": "text", "a": "first", "l": "values", "arr": "array",
+              "numbers": "values", "string": "text", "x": "value", "strings": "texts", "text": "content",
+              "number": "value", "nums": "values", "xs": "coefficients", "txt": "text", "grid": "matrix"}
+
+
+def _edit_rename(full: str, fn: str, params: list[str], used: set[str]):
+    old = params[0]
+    new = _NEW_NAMES.get(old, f"{old}_value")
+    if new in used:
+        new = f"{old}_value"
+    return (f"Rename the parameter `{old}` of `{fn}` to `{new}` in the signature and the body "
+            "(change nothing else) and return the full function:", full)
+
+
+def _edit_typehints(full: str, fn: str, params: list[str], used: set[str]):
+    bare = strip_annotations(full)
+    if bare is None or bare == full:
+        return None
+    return (f"Add type hints to every parameter and return value of `{fn}` (and of any other function "
+            "here), change nothing else, and return the full code:", bare)
+
+
+def _edit_validate(full: str, fn: str, params: list[str], used: set[str]):
+    return (f"Extend `{fn}` with input validation: at the top of its body, raise a ValueError with a "
+            f"clear message when `{params[0]}` is None. Keep everything else unchanged and return the "
+            "full function:", full)
+
+
+def _edit_class(full: str, fn: str, params: list[str], used: set[str]):
+    if "Solution" in used:
+        return None
+    return (f"Move `{fn}` into a class `Solution` as a @staticmethod (imports stay at the top, the "
+            "body unchanged) and return the full code:", full)
+
+
+def _edit_rename_function(full: str, fn: str, params: list[str], used: set[str]):
+    new = f"{fn}_v2"
+    if new in used:
+        return None
+    return (f"Rename the function `{fn}` to `{new}`, also in the examples of its docstring, and "
+            "return the full function:", full)
+
+
+# (name, edit(full code, entry point, its parameters, identifiers in use) -> (instruction, code) or None)
+EDIT_TEMPLATES = (
+    ("rename", _edit_rename),
+    ("typehints", _edit_typehints),
+    ("validate", _edit_validate),
+    ("class", _edit_class),
+    ("rename-function", _edit_rename_function),
+)

