@@ -74,9 +74,32 @@ def test_prediction_uses_mean_drafted_gamma_and_calibrated_step():
     assert st.c_basis == "calibration" and st.c == pytest.approx((0.05 / 25) / 0.01)
     assert st.predicted == pytest.approx(predicted_speedup(0.8, 2.5, 0.2))
     v = v_at(verify_curve(_costs()), 2.5)
-    assert v == pytest.approx(1 + 0.2 * 2.5)
-    assert st.predicted_v == pytest.approx(predicted_speedup(0.8, 2.5, 0.2, v))
+    assert v == pytest.approx(1 + 0.2 * 2.5) == st.verify_cost_calibrated  # 3.5 tokens per verify
     assert st.verify_cost == pytest.approx((0.15 / 9) / 0.01)  # the run's own verify pass, in plain steps
+    # issue 51: the prediction prices a round with the verify cost the page shows beside it
+    assert st.predicted_v == pytest.approx(predicted_speedup(0.8, 2.5, 0.2, st.verify_cost))
+    assert st.predicted_v_basis == "this run"
+
+
+def test_before_a_verify_pass_is_timed_the_prediction_uses_the_calibrated_v():
+    st = run_stats(_summary(rounds=1, verify_time=0.0, draft_time=0.0, draft_forwards=0, drafted=2,
+                            overlap_sum=1.6), None, _costs())
+    assert st.verify_cost is None and st.c is None  # c unknown yet: no prediction at all
+    # prompt lookup after round 1 (it read the prompt: prefill), its α̂ known, no model: c = 0
+    st = run_stats(_summary(method="lookup", rounds=1, drafted=3, overlap_sum=2.4, draft_time=0.0,
+                            draft_forwards=0), None, _costs())
+    assert st.verify_cost is None and st.predicted_v_basis == "calibration"
+    assert st.predicted_v == pytest.approx(predicted_speedup(0.8, 3, 0.0, 1 + 0.2 * 3))
+
+
+def test_lookahead_is_priced_with_the_rows_it_verified():
+    """Issue 51: a lookahead run's forward verified its n-gram guesses and Jacobi window (rows), not
+    its 1.36 drafted tokens; the calibration's v is read at those rows, or not at all beyond them."""
+    spec = _summary(method="lookahead", drafted=14, draft_forwards=0, draft_time=0.0, overlap_sum=12.0)
+    st = run_stats(spec, None, _costs(), rows=9.0)
+    assert st.verify_rows == 9.0 and st.verify_cost_calibrated == pytest.approx(1 + 0.2 * 8)
+    assert st.predicted_v == pytest.approx(predicted_speedup(12 / 14, 1.4, 0.0, st.verify_cost))
+    assert run_stats(spec, None, _costs(), rows=24.0).verify_cost_calibrated is None  # beyond 17 tokens
 
 
 def test_without_baseline_or_calibration_c_is_labelled_verify_pass():

@@ -253,7 +253,7 @@ def _print_stats(s: RunSummary, stats: dict) -> None:
     print(f"time: draft {s.draft_time:.2f} s, verify {s.verify_time:.2f} s  "
           f"verify cost v {fmt(stats['verify_cost'], '{:.2f}')} plain steps  "
           f"speedup {fmt(stats['speedup'], '{:.2f}×')}")
-    print(f"predicted {fmt(stats['predicted_v'], '{:.2f}×')} with v(γ) from {stats['v_basis'] or '–'}, "
+    print(f"predicted {fmt(stats['predicted_v'], '{:.2f}×')} with v of {stats['predicted_v_basis'] or '–'}, "
           f"{fmt(stats['predicted'], '{:.2f}×')} by Leviathan (v = 1)  "
           f"best γ {fmt(stats['best_gamma'], '{}')} (v = 1: {fmt(stats['best_gamma_leviathan'], '{}')})")
 

@@ -45,6 +45,11 @@ class Stats:
     gamma_mean: float | None = None  # tokens drafted per round, the γ the prediction uses
     predicted_v: float | None = None  # (1-α̂^{γ+1}) / ((1-α̂)(γc + v(γ))) with the measured v
     best_gamma_leviathan: int | None = None  # best γ under v = 1
+    # where predicted_v's v came from: "this run" (verify_cost, the chip beside it) | "calibration"
+    # (verify_cost_calibrated, before a verify pass was timed) | ""
+    predicted_v_basis: str = ""
+    verify_rows: float | None = None  # tokens per verify forward (lookahead: its guess rows + window)
+    verify_cost_calibrated: float | None = None  # v at verify_rows from the load's calibration (≤ 17 rows)
     c_basis: str = ""  # what c was divided by: "baseline" | "calibration" | "verify pass" | "no draft model"
     v_basis: str = ""  # where v(γ) comes from: "calibration" | "this run (linear through v(0)=1)"
     v_curve: list | None = field(default=None)  # v(k), k = 0..16, in plain steps
@@ -84,8 +89,11 @@ def _draft_cost(spec: RunSummary, step, basis, verify) -> tuple[float | None, st
     return None, ""
 
 
-def run_stats(spec: RunSummary, base: RunSummary | None = None, costs=None) -> Stats:
-    """`costs`: the pair's CostModel (engine/costs.py), if it was calibrated at load."""
+def run_stats(spec: RunSummary, base: RunSummary | None = None, costs=None,
+              rows: float | None = None) -> Stats:
+    """`costs`: the pair's CostModel (engine/costs.py), if it was calibrated at load. `rows`: mean
+    tokens per verification forward where they are not the drafted γ + 1 (lookahead's forward
+    carries its n-gram guesses and its Jacobi window: 24 rows for 1.4 drafted in a quiet race)."""
     alpha = spec.accepted / spec.drafted if spec.drafted else None
     alpha_hat = spec.overlap_sum / spec.drafted if spec.drafted else None
     tau = spec.n_tokens / spec.rounds if spec.rounds else None
@@ -98,20 +106,29 @@ def run_stats(spec: RunSummary, base: RunSummary | None = None, costs=None) -> S
         speedup = spec.tokens_per_s / base.tokens_per_s
     # the γ actually drafted (adaptive γ, prompt lookup and the budget's last round differ from the request)
     g = spec.drafted / spec.rounds if spec.rounds else None
-    v = verify / step if (verify is not None and step) else None
+    v = verify / step if (verify and step) else None  # a zero verify time is no measurement
     curve = verify_curve(costs, v, g)
     v_basis = "calibration" if costs is not None else ("this run (linear through v(0)=1)" if curve else "")
+    rows = rows if rows is not None else (g + 1 if g is not None else None)
+    v_cal = calibrated_v(costs, rows)
     pred = pred_v = best = best_lev = None
+    pv_basis = ""
     if alpha_hat is not None and c is not None and g:
         pred = predicted(alpha_hat, g, c)
         best_lev = best_gamma(alpha_hat, c)
         best = best_lev
+        # the prediction prices a round with the costs the page shows beside it: this run's verify
+        # pass (all the rows it verified), or the calibration's at those rows before one was timed
+        v_pred, pv_basis = ((v, "this run") if v is not None else
+                            (v_cal, "calibration") if v_cal else (None, ""))
+        if v_pred is not None:
+            pred_v = predicted(alpha_hat, g, c, v_pred)
         if curve:
-            pred_v = predicted(alpha_hat, g, c, v_at(curve, g))
             best = best_gamma(alpha_hat, c, curve)
     st = Stats(alpha, alpha_hat, tau, c, t_d, step if step else verify, speedup, pred, best, v,
                gamma_mean=g, predicted_v=pred_v, best_gamma_leviathan=best_lev, c_basis=c_basis,
-               v_basis=v_basis, v_curve=curve)
+               v_basis=v_basis, v_curve=curve, predicted_v_basis=pv_basis, verify_rows=rows,
+               verify_cost_calibrated=v_cal)
     _blank(st, getattr(spec, "unmeasured", ()))
     return st
 
@@ -137,11 +154,46 @@ def disturbed_note(measured: float | None, predicted: float | None, rounds: int,
     return f"timings look disturbed: measured {measured:.2f}× vs {predicted:.2f}× predicted"
 
 
+def calibrated_v(costs, rows: float | None) -> float | None:
+    """v for a verify forward of `rows` tokens from the load's calibration, linear between its
+    measured sizes; None beyond them (1..MAX_VERIFY_TOKENS) or without a calibration."""
+    if costs is None or not rows or rows < 1 or rows > len(costs.verify_s):
+        return None
+    return v_at(verify_curve(costs), rows - 1)
+
+
+# How far a run's own costs may sit from the calibration's before its timings are called disturbed.
+# The shipped quiet recordings (assets/traces, the quicksort race; 2026-11-27): plain step 0.84-1.18×
+# the calibration's, verify cost 0.64-0.92× the calibrated v at the same rows. Quiet minutes of one
+# host drift further in milliseconds: plain steps 18.3-27.8 ms (docs/every_cpu.md), 1.52×.
+STEP_SLOWER = 1.6  # above the quiet minutes' 1.52; issue 51's busy race ran its baseline at ~4×
+VERIFY_DEARER = 1.5  # quiet runs sit below 1 (0.92 at most); issue 51's busy draft run measured v 3.46
+
+
+def cost_drift_note(step: float | None, verify_cost: float | None, v_cal: float | None, costs,
+                    rows: float | None = None) -> str:
+    """'timings look disturbed: a plain step took 72 ms vs 29 ms at calibration' when this run's
+    plain step or verify pass cost clearly more than the calibration measured; else ''. Any method:
+    the costs do not depend on how the drafts were made."""
+    if costs is None:
+        return ""
+    said = []
+    if step and costs.plain_step_s and step > STEP_SLOWER * costs.plain_step_s:
+        said.append(f"a plain step took {step * 1e3:.0f} ms vs {costs.plain_step_s * 1e3:.0f} ms "
+                    "at calibration")
+    if verify_cost and v_cal and verify_cost > VERIFY_DEARER * v_cal:
+        said.append(f"a verify pass ({rows:.1f} tokens) cost {verify_cost:.2f} plain steps vs {v_cal:.2f} "
+                    "at calibration")
+    return "timings look disturbed: " + "; ".join(said) if said else ""
+
+
 def _blank(st: Stats, names) -> None:
     """Fields an engine cannot measure (vLLM exposes no p/q): None (n/a), never 0; so is what they feed."""
     names = set(names)
     if names & {"alpha_hat", "c", "predicted"}:
         names |= {"predicted", "predicted_v", "best_gamma", "best_gamma_leviathan"}
+    if "predicted_v" in names:
+        st.predicted_v_basis = ""
     for name in names:
         setattr(st, name, None)
     if "c" in names:

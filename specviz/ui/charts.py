@@ -8,6 +8,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from ..engine.events import OUTCOME_COLOURS, Outcome
+from .draft_source import chart_hover, from_text
 from .state import RunView
 
 GREEN = OUTCOME_COLOURS[Outcome.ACCEPTED]
@@ -52,7 +53,9 @@ def empty(fig: go.Figure, text: str) -> go.Figure:
 def alpha_chart(view: RunView) -> go.Figure:
     rounds = view.spec.rounds
     fig = go.Figure()
-    _layout(fig, "Acceptance α per round", "round", "accepted ÷ drafted", yaxis_range=[0, 1.05])
+    # accepted ÷ drafted, named as the chip names it: not α̂ (expected acceptance, Σ min(p, q)), which
+    # a visitor saw at 0.955 beside this chart's 0.886 under the one title "α" (issue 51)
+    _layout(fig, "Accepted ÷ drafted per round", "round", "accepted ÷ drafted", yaxis_range=[0, 1.05])
     if not rounds:
         return empty(fig, "waiting for the first round…")
     x = [r.index + 1 for r in rounds]
@@ -61,8 +64,8 @@ def alpha_chart(view: RunView) -> go.Figure:
     fig.add_bar(x=x, y=per, name="this round", marker_color=GREEN, opacity=0.55,
                 customdata=[f"{r.n_accepted}/{r.gamma}" for r in rounds],
                 hovertemplate="%{customdata} accepted<extra>this round</extra>")
-    fig.add_scatter(x=x, y=cum, name="cumulative α", mode="lines+markers", line=dict(color=BLUE, width=2.5),
-                    marker=dict(size=5), hovertemplate="%{y:.3f}<extra>cumulative α</extra>")
+    fig.add_scatter(x=x, y=cum, name="so far", mode="lines+markers", line=dict(color=BLUE, width=2.5),
+                    marker=dict(size=5), hovertemplate="%{y:.3f}<extra>accepted ÷ drafted so far</extra>")
     return fig
 
 
@@ -86,9 +89,9 @@ def speedup_chart(view: RunView) -> go.Figure:
                         hovertemplate="%{y:.2f}×<extra>predicted</extra>")
     if any(len(p) > 3 and p[3] is not None for p in pts):
         fig.add_scatter(x=t, y=[p[3] if len(p) > 3 else None for p in pts],
-                        name="with the measured verify cost v(γ)", mode="lines", connectgaps=False,
+                        name="with the verify cost v (the chips')", mode="lines", connectgaps=False,
                         line=dict(color=VERMILLION, width=2, dash="dot"),
-                        hovertemplate="%{y:.2f}×<extra>predicted with v(γ)</extra>")
+                        hovertemplate="%{y:.2f}×<extra>predicted with v</extra>")
     return fig
 
 
@@ -108,7 +111,21 @@ def time_split_chart(view: RunView) -> go.Figure:
         fig.add_bar(x=x, y=[r.t_verify if r.prompt_tokens else 0.0 for r in rounds],
                     name="verify + reading the prompt", marker_color=PURPLE, marker_pattern_shape="/",
                     hovertemplate="%{y:.3f} s<extra>verify + prompt</extra>")
+    copied_markers(fig, rounds, [r.t_draft + r.t_verify for r in rounds])
     return fig
+
+
+def copied_markers(fig: go.Figure, rounds, ys: list[float]) -> None:
+    """A ⎘ diamond over each round whose draft was copied from text (a suffix tree, no draft
+    model; ui/draft_source.py), its source on hover. Nothing when no round was."""
+    picked = [(r.index + 1, y, chart_hover(r.info)) for r, y in zip(rounds, ys, strict=True)
+              if from_text(r.info)]
+    if not picked:
+        return
+    x, y, why = zip(*picked, strict=True)
+    fig.add_scatter(x=x, y=y, name="⎘ copied from text (no draft model)", mode="markers",
+                    marker=dict(symbol="diamond", size=9, color=BLUE, line=dict(width=1, color=FONT)),
+                    customdata=list(why), hovertemplate="%{customdata}<extra>⎘</extra>")
 
 
 def position_chart(view: RunView) -> go.Figure:

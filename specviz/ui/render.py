@@ -17,7 +17,7 @@ import re
 from ..engine.events import OUTCOME_COLOURS, OUTCOME_LABELS, Outcome, RoundEvent, TokenEvent
 from ..engine.proposer import round_note
 from ..format import number
-from . import glossary
+from . import draft_source, glossary
 from .method_options import options_text
 
 SPEC_OUTCOMES = (Outcome.ACCEPTED, Outcome.REJECTED, Outcome.RESAMPLED, Outcome.BONUS)
@@ -138,7 +138,8 @@ def prompt_span(prompt: str, chat: bool = False, limit: int = 400) -> str:
         return ""
     shown = prompt if len(prompt) <= limit else "…" + prompt[-limit:]
     sep = "\n\n" if chat else ""
-    return f'<span class="sv-prompt" title="prompt">{esc(shown)}{sep}</span>'
+    lines = "".join(f'<span class="sv-pl">{esc(x)}</span>' for x in shown.splitlines(keepends=True))  # hover
+    return f'<span class="sv-prompt" title="prompt">{lines}{sep}</span>'
 
 
 def baseline_html(tokens: list[TokenEvent]) -> str:
@@ -147,11 +148,13 @@ def baseline_html(tokens: list[TokenEvent]) -> str:
 
 
 def round_html(r: RoundEvent, method: str | None = None) -> str:
-    note = round_note(getattr(r, "info", None) or {}, method)
+    info = getattr(r, "info", None) or {}
+    note = round_note(info, method)
     # a drafted token's row is its position; an appended one sits after the accepted drafts
     inner = "".join(token_span(t, (r.index, t.position - 1 if t.position > 0 else r.n_accepted), note)
                     for t in r.tokens)
-    return f'<span class="sv-round" data-round="{r.index + 1}">{inner}</span>'
+    src = draft_source.round_data(info)  # a draft copied from text: where from (ui/draft_source.py)
+    return f'<span class="{draft_source.round_class(info)}" data-round="{r.index + 1}"{src}>{inner}</span>'
 
 
 def speculative_html(rounds: list[RoundEvent], method: str | None = None) -> str:
@@ -171,7 +174,7 @@ def legend_html() -> str:
             + '<span class="sv-legend-item"><span class="sv-round-demo"></span> '
               '<span class="sv-legend-text">thin bar: a new verification round</span></span>'
             + '<span class="sv-legend-item sv-hint">hover a token for p(x), q(x), u and min(1, p/q); '
-              'click it for the p/q inspector</span>'
+              'click it for the p/q inspector</span>' + draft_source.legend_item()
             + "</div>")
 
 
@@ -193,128 +196,10 @@ EXPLAINER = (
 )
 
 
-def _cell(v) -> str:
-    return f"<td>{v}</td>"
-
-
 def stats_html(snap: dict) -> str:
-    """The live numbers: one column per side, then the speculative statistics.
-
-    `snap` is RunView.snapshot(): every value there is computed from events."""
-    base, spec = snap["baseline"], snap["speculative"]
-
-    def side_rows(d):
-        return [
-            ("tokens", f"{d['n_tokens']}"),
-            ("elapsed", f"{d['elapsed']:.2f} s"),
-            ("tokens/s", number(d["tokens_per_s"], "{:.2f}")),
-            ("target forward passes", f"{d['target_forwards']}"),
-            ("state", esc(d["state"])),
-        ]
-
-    rows = "".join(
-        f"<tr><th scope='row'>{name}</th>{_cell(bv)}{_cell(sv)}</tr>"
-        for (name, bv), (_, sv) in zip(side_rows(base), side_rows(spec), strict=True))
-    st = snap["stats"]
-    spd, sub = _speedup_text(snap)
-    spd_cls = "" if spd is None else (" sv-good" if spd >= 1 else " sv-bad")
-    big = (f"<div class='sv-speedup{spd_cls}' title='speculative tokens/s ÷ baseline tokens/s'>"
-           f"<span class='sv-speedup-num'>{number(spd, '{:.2f}×')}</span>"
-           f"<span class='sv-speedup-label'>measured speedup</span>"
-           f"<span class='sv-speedup-sub'>{sub}</span>"
-           + (f"<span class='sv-badge sv-badge-diff'>{esc(snap['disturbed'])}</span>" if snap.get("disturbed")
-              else "") + "</div>")
-    chips = "".join(
-        f"<span class='sv-chip' title='{esc(tip)}'><b>{esc(name)}</b> {_unknown(v, fmt)}</span>"
-        for name, v, fmt, tip in _metric_chips(st))
-    curve = v_curve_svg(st.get("v_curve"), st.get("v_basis") or "")
-    return (
-        "<div class='sv-stats'>" + big
-        + "<table class='sv-table'><thead><tr><th></th><th>baseline</th><th>speculative</th></tr></thead>"
-        + f"<tbody>{rows}</tbody></table>"
-        + f"<div class='sv-chips'>{chips}{curve}</div></div>"
-    )
-
-
-HOLD_ROUNDS = 2  # round 1 also reads the prompt: its speedup swung to 5.82x on a busy machine (issue 21)
-
-
-def _speedup_text(snap: dict) -> tuple[float | None, str]:
-    """(measured speedup or None while held back, the line under it)."""
-    st = snap["stats"]
-    if snap.get("error"):
-        return None, "run failed"
-    if (st.get("rounds") or 0) < HOLD_ROUNDS and not snap.get("finished"):
-        return None, f"shown after {HOLD_ROUNDS} rounds (round 1 also reads the prompt)"
-    pv, pl = st.get("predicted_v"), st.get("predicted")
-    sub = (f"predicted {number(pv, '{:.2f}×')} with the measured verify cost · "
-           f"{number(pl, '{:.2f}×')} by Leviathan (v = 1)" if pv is not None else
-           f"predicted {number(pl, '{:.2f}×')} by Leviathan (v = 1)" if pl is not None else
-           "no prediction: the chain formula (1 − α̂^(γ+1)) / (1 − α̂) does not describe a token tree"
-           if snap.get("tree") else
-           "predicted –: no draft step timed yet (c unknown)" if st.get("alpha_hat") is not None else
-           "predicted –")
-    return st.get("speedup"), sub
-
-
-def _unknown(x, fmt: str) -> str:
-    """A number, or "–" while it is not measured yet (never a made-up 0)."""
-    return "–" if x is None else number(x, fmt)
-
-
-C_BASIS = {
-    "baseline": "time of one draft step ÷ one plain target step of the baseline",
-    "calibration": "time of one draft step ÷ one plain target step measured when the models loaded",
-    "verify pass": "time of one draft step ÷ one verify pass (γ+1 tokens): no plain target step "
-                   "measured yet",
-    "no draft model": "this method drafts without a model: no draft forward passes, c = 0",
-}
-
-
-def _metric_chips(st: dict) -> list:
-    c_tip = C_BASIS.get(st.get("c_basis") or "", "not measured yet: no draft forward has been timed "
-                        "(round 1 reads the prompt and counts as prefill)")
-    v_src = st.get("v_basis") or "not measured"
-    return [
-        ("α̂ expected acceptance", st.get("alpha_hat"), "{:.3f}",
-         "mean over drafted positions of Σ min(p, q): the chance the accept test passes given the prefix "
-         "(Leviathan et al.'s α)"),
-        ("accepted ÷ drafted", st.get("alpha"), "{:.3f}",
-         "share of drafted tokens kept; drafts after the first rejection in a round were never tested and "
-         "count as not kept, so this is at most α̂ on average"),
-        ("τ", st.get("tau"), "{:.2f}", "output tokens per target forward pass (per round)"),
-        ("c" + (" (÷ verify pass)" if st.get("c_basis") == "verify pass" else ""), st.get("c"), "{:.3f}",
-         c_tip),
-        ("γ drafted", st.get("gamma_mean"), "{:.2f}",
-         "mean tokens drafted per round: the γ the predictions use (adaptive γ, lookup and the last round "
-         "differ from the requested γ)"),
-        ("rounds", st.get("rounds"), "{}", "verification rounds so far"),
-        ("verify cost v", st.get("verify_cost"), "{:.2f} steps",
-         "time of one verification pass (γ+1 tokens at once) in plain target steps, measured in this run; "
-         "Leviathan's formula assumes 1"),
-        ("best γ", st.get("best_gamma"), "{}",
-         f"γ that maximises (1−α̂^(γ+1)) / ((1−α̂)(γc + v(γ))), v(γ) from {v_src}"),
-        ("best γ (v = 1)", st.get("best_gamma_leviathan"), "{}",
-         "γ that maximises Leviathan's prediction, which assumes a verify pass costs one plain step"),
-    ]
-
-
-def v_curve_svg(curve, basis: str = "", w: int = 110, h: int = 30) -> str:
-    """A small inline chart of v(k), k = 0..16: verify cost in plain target steps."""
-    if not curve:
-        return ""
-    top = max(max(curve), 1.0) * 1.1
-    pts = " ".join(f"{4 + (w - 8) * k / (len(curve) - 1):.1f},{h - 4 - (h - 12) * v / top:.1f}"
-                   for k, v in enumerate(curve))
-    one = h - 4 - (h - 12) / top
-    tip = (f"v(k): a verify pass of k drafts (k+1 tokens) in plain target steps, k = 0..{len(curve) - 1}; "
-           f"from {basis}. v(1) = {curve[1]:.2f}, v({len(curve) - 1}) = {curve[-1]:.2f}. Dotted: v = 1.")
-    return (f"<span class='sv-chip sv-vcurve' title='{esc(tip)}'><b>v(k)</b> "
-            f"<svg width='{w}' height='{h}' viewBox='0 0 {w} {h}' role='img' aria-label='{esc(tip)}'>"
-            f"<line x1='4' x2='{w - 4}' y1='{one:.1f}' y2='{one:.1f}' stroke='currentColor' "
-            f"stroke-opacity='.4' stroke-dasharray='2 2'/>"
-            f"<polyline fill='none' stroke='#CC79A7' stroke-width='2' points='{pts}'/>"
-            f"</svg><span>v(1) {curve[1]:.2f} · v({len(curve) - 1}) {curve[-1]:.1f}</span></span>")
+    """The live numbers (speedup_box.py: the box, its prediction and its chips)."""
+    from .speedup_box import stats_html as box  # it imports esc from here
+    return box(snap)
 
 
 def run_info_html(snap: dict) -> str:
@@ -354,7 +239,8 @@ def run_info_html(snap: dict) -> str:
                      "hardware, so timings include contention</span>")
     method = snap.get("method")
     if method and method != "draft":
-        names = {"lookup": "prompt lookup (no draft model)", "adaptive": "draft model with adaptive γ"}
+        names = {"lookup": "prompt lookup (no draft model)", "adaptive": "draft model with adaptive γ",
+                 "suffix": "text already written (suffix tree)", "hybrid": "copied text or the draft model"}
         settings = options_text(method, snap.get("options"))  # "shape 4-2-2-1 · budget 44"
         parts.append(f"<span class='sv-mode'>guesses from: <b>{esc(names.get(method, method))}</b>"
                      + (f" · {esc(settings)}" if settings else "") + "</span>")
@@ -493,4 +379,4 @@ CSS = """
 
 def page_css() -> str:
     from .stage import CSS as STAGE_CSS
-    return CSS + "\n" + _outcome_css() + STAGE_CSS
+    return CSS + "\n" + _outcome_css() + STAGE_CSS + draft_source.CSS

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..engine.events import RoundEvent, RunSummary, TokenEvent, book_round
-from ..engine.metrics import disturbed_note, run_stats
+from ..engine.metrics import cost_drift_note, disturbed_note, run_stats, target_step_time
 
 
 @dataclass
@@ -110,6 +110,7 @@ class RunView:
         self.speedup_series: list[tuple[float, float | None, float | None, float | None]] = []
         self._base_times: list[float] = []
         self._unmatched: list[tuple[int, int]] = []  # (series index, tokens): the baseline has fewer yet
+        self._rows: list[float] = [0.0, 0.0]  # lookahead: tokens in its timed verify forwards, rounds
 
     def side(self, name: str) -> SideView:
         return self.base if name == "baseline" else self.spec
@@ -128,6 +129,8 @@ class RunView:
         elif isinstance(ev, RoundEvent):
             view.rounds.append(ev)
             book_round(view.books, ev)  # round 1 also read the prompt: the ledger books it as prefill
+            if side == "speculative" and not ev.prompt_tokens and "input_tokens" in ev.info:
+                self._rows = [self._rows[0] + ev.info["input_tokens"], self._rows[1] + 1]
             view.t = max(view.t, ev.t_end)
         elif isinstance(ev, RunSummary):
             view.summary = ev
@@ -143,7 +146,8 @@ class RunView:
             if side == "baseline" and self.speedup_series:
                 self.speedup_series.pop()
             spec = self.spec.summary
-            st = run_stats(spec, self.base.partial_summary() if self.base.tokens else None, self.costs)
+            st = run_stats(spec, self.base.partial_summary() if self.base.tokens else None, self.costs,
+                           self.verify_rows)
             self.speedup_series.append((spec.elapsed, st.speedup, st.predicted, st.predicted_v))
 
     # ------------------------------------------------------------ numbers
@@ -164,7 +168,7 @@ class RunView:
     def _speedup_at(self, r: RoundEvent) -> tuple[None, float | None, float | None]:
         """(measured: filled in by _match, Leviathan's prediction, verify-cost-aware prediction)
         after round r."""
-        st = run_stats(self._spec_summary(), self._base_at(r.t_end), self.costs)
+        st = run_stats(self._spec_summary(), self._base_at(r.t_end), self.costs, self.verify_rows)
         return None, st.predicted, st.predicted_v
 
     def _match(self) -> None:
@@ -187,6 +191,12 @@ class RunView:
         return spec
 
     @property
+    def verify_rows(self) -> float | None:
+        """Mean tokens per timed verify forward where a method reports them (lookahead: its n-gram
+        guesses and Jacobi window, not its drafted tokens); None: the drafted γ + 1."""
+        return self._rows[0] / self._rows[1] if self._rows[1] else None
+
+    @property
     def is_tree(self) -> bool:
         """A token-tree run (engine/tree_decoding.py): no chain prediction, ever."""
         return self.method == "tree" or any(getattr(r, "tree", None) for r in self.spec.rounds[:1])
@@ -198,7 +208,7 @@ class RunView:
             return {"rounds": 0}
         spec.gamma = self.gamma
         spec.gamma_policy = "auto" if self.gamma_auto else spec.gamma_policy
-        st = run_stats(spec, base, self.costs).to_dict()
+        st = run_stats(spec, base, self.costs, self.verify_rows).to_dict()
         st["rounds"] = len(self.spec.rounds)
         return st
 
@@ -222,10 +232,17 @@ class RunView:
                 "threshold": eq.threshold}
 
     def disturbed(self, stats: dict) -> str:
-        """A finished greedy run whose measured speedup is far from its prediction (engine/metrics.py).
-        Greedy only: the docs' error evidence is greedy, and a sampled run's acceptance varies by chance."""
-        if not (self.greedy and self.finished) or self.error:
+        """A finished run whose plain step or verify pass cost clearly more than the calibration's,
+        any method (engine/metrics.cost_drift_note); or a greedy one whose measured speedup is far
+        from its prediction (disturbed_note: greedy only, the docs' error evidence is greedy, and a
+        sampled run's acceptance varies by chance)."""
+        if not self.finished or self.error:
             return ""
+        step = target_step_time(self.base.summary) if self.mode != "parallel" else None  # parallel: shared
+        drift = cost_drift_note(step, stats.get("verify_cost"), stats.get("verify_cost_calibrated"),
+                                self.costs, stats.get("verify_rows"))
+        if drift or not self.greedy:
+            return drift
         return disturbed_note(stats.get("speedup"), stats.get("predicted_v"), stats.get("rounds") or 0,
                               stats.get("c"))
 

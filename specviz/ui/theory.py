@@ -42,6 +42,7 @@ class Measured:
     source: str = "your last run"  # or "replay: <label>"
     v_curve: list | None = None  # v(k), k = 0..16, in plain steps (metrics.verify_curve)
     v_basis: str = ""
+    gamma_mean: float | None = None  # tokens drafted per round: the γ `predicted` was computed at
 
     @classmethod
     def from_stats(cls, stats: dict, gamma: int, method: str = "draft", source: str = "your last run"):
@@ -51,7 +52,7 @@ class Measured:
             return None
         return cls(float(a), float(c), int(gamma), stats.get("speedup"), stats.get("predicted"),
                    stats.get("tau"), stats.get("verify_cost"), method, source, stats.get("v_curve"),
-                   stats.get("v_basis") or "")
+                   stats.get("v_basis") or "", stats.get("gamma_mean"))
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -246,7 +247,8 @@ def measured_html(m: dict | Measured | None, vmode: str = "") -> str:
     return (
         f"<div class='sv-runinfo sv-theory-measured'><span><b>◆ {esc(m.source)}</b>: α̂ {m.alpha_hat:.3f}, "
         f"c {m.c:.3f}, γ {m.gamma}, τ {number(m.tau, '{:.2f}')} tokens per round: measured "
-        f"<b>{number(m.speedup, '{:.2f}×')}</b>, predicted {number(m.predicted, '{:.2f}×')}.{gap}"
+        f"<b>{number(m.speedup, '{:.2f}×')}</b>, predicted {number(m.predicted, '{:.2f}×')} by Leviathan "
+        f"(v = 1) at the γ it drafted, {number(m.gamma_mean, '{:.2f}')} a round.{gap}"
         "</span></div>")
 
 

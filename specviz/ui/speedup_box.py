@@ -1,0 +1,156 @@
+"""The speedup box: both sides' numbers, the measured speedup, its prediction and the metric chips.
+
+Every prediction here is the theory's formula (engine/theory.py) applied to the costs the chips
+beside it show, and its line names them and where they come from (issue 51).
+"""
+from __future__ import annotations
+
+from ..format import number
+from .render import esc
+
+
+def _cell(v) -> str:
+    return f"<td>{v}</td>"
+
+
+def stats_html(snap: dict) -> str:
+    """The live numbers: one column per side, then the speculative statistics.
+
+    `snap` is RunView.snapshot(): every value there is computed from events."""
+    base, spec = snap["baseline"], snap["speculative"]
+
+    def side_rows(d):
+        return [
+            ("tokens", f"{d['n_tokens']}"),
+            ("elapsed", f"{d['elapsed']:.2f} s"),
+            ("tokens/s", number(d["tokens_per_s"], "{:.2f}")),
+            ("target forward passes", f"{d['target_forwards']}"),
+            ("state", esc(d["state"])),
+        ]
+
+    rows = "".join(
+        f"<tr><th scope='row'>{name}</th>{_cell(bv)}{_cell(sv)}</tr>"
+        for (name, bv), (_, sv) in zip(side_rows(base), side_rows(spec), strict=True))
+    st = snap["stats"]
+    spd, sub = _speedup_text(snap)
+    spd_cls = "" if spd is None else (" sv-good" if spd >= 1 else " sv-bad")
+    big = (f"<div class='sv-speedup{spd_cls}' title='speculative tokens/s ÷ baseline tokens/s'>"
+           f"<span class='sv-speedup-num'>{number(spd, '{:.2f}×')}</span>"
+           f"<span class='sv-speedup-label'>measured speedup</span>"
+           f"<span class='sv-speedup-sub'>{sub}</span>"
+           + (f"<span class='sv-badge sv-badge-diff'>{esc(snap['disturbed'])}</span>" if snap.get("disturbed")
+              else "") + "</div>")
+    chips = "".join(
+        f"<span class='sv-chip' title='{esc(tip)}'><b>{esc(name)}</b> {_unknown(v, fmt)}</span>"
+        for name, v, fmt, tip in _metric_chips(st, snap.get("method") or ""))
+    curve = v_curve_svg(st.get("v_curve"), st.get("v_basis") or "")
+    return (
+        "<div class='sv-stats'>" + big
+        + "<table class='sv-table'><thead><tr><th></th><th>baseline</th><th>speculative</th></tr></thead>"
+        + f"<tbody>{rows}</tbody></table>"
+        + f"<div class='sv-chips'>{chips}{curve}</div></div>"
+    )
+
+
+HOLD_ROUNDS = 2  # round 1 also reads the prompt: its speedup swung to 5.82x on a busy machine (issue 21)
+
+
+def _speedup_text(snap: dict) -> tuple[float | None, str]:
+    """(measured speedup or None while held back, the line under it)."""
+    st = snap["stats"]
+    if snap.get("error"):
+        return None, "run failed"
+    if (st.get("rounds") or 0) < HOLD_ROUNDS and not snap.get("finished"):
+        return None, f"shown after {HOLD_ROUNDS} rounds (round 1 also reads the prompt)"
+    return st.get("speedup"), _prediction_text(st, bool(snap.get("tree")))
+
+
+def _prediction_text(st: dict, tree: bool) -> str:
+    """The prediction and the costs it used, each one a chip beside it shows (issue 51: a lookahead
+    run's box had priced v at the calibration's γ drafted 1.36 while its forwards verified ~24 rows)."""
+    pv, pl = st.get("predicted_v"), st.get("predicted")
+    lev = f"{number(pl, '{:.2f}×')} by Leviathan (v = 1)"
+    if pv is not None and st.get("predicted_v_basis") == "this run":
+        return f"predicted {number(pv, '{:.2f}×')} with the verify cost v measured in this run · {lev}"
+    if pv is not None:
+        return (f"predicted {number(pv, '{:.2f}×')} with the v at calibration (no verify pass timed yet)"
+                f" · {lev}")
+    if pl is not None:
+        return f"predicted {lev}"
+    if tree:
+        return "no prediction: the chain formula (1 − α̂^(γ+1)) / (1 − α̂) does not describe a token tree"
+    return "predicted –: no draft step timed yet (c unknown)" if st.get("alpha_hat") is not None else \
+        "predicted –"
+
+
+def _unknown(x, fmt: str) -> str:
+    """A number, or "–" while it is not measured yet (never a made-up 0)."""
+    return "–" if x is None else number(x, fmt)
+
+
+C_BASIS = {
+    "baseline": "time of one draft step ÷ one plain target step of the baseline",
+    "calibration": "time of one draft step ÷ one plain target step measured when the models loaded",
+    "verify pass": "time of one draft step ÷ one verify pass (γ+1 tokens): no plain target step "
+                   "measured yet",
+    "no draft model": "this method drafts without a model: no draft forward passes, c = 0",
+}
+
+
+# The two acceptance measures, one name each, used alike in the chips, the charts and the CLI.
+ALPHA_HAT_NAME = "α̂ expected acceptance"
+ALPHA_HAT_TIP = ("mean over drafted positions of Σ min(p, q): the chance the accept test passes given the "
+                 "prefix (Leviathan et al.'s α); the predictions use it")
+ACCEPT_RATE_NAME = "accepted ÷ drafted"
+ACCEPT_RATE_TIP = ("the share of drafted tokens kept. In a chain, drafts after the first "
+                   "rejection were never tested and count as not kept, so it tends to sit below α̂; a "
+                   "token tree counts its nodes otherwise, and there it can exceed α̂")
+
+
+def _metric_chips(st: dict, method: str = "") -> list:
+    c_tip = C_BASIS.get(st.get("c_basis") or "", "not measured yet: no draft forward has been timed "
+                        "(round 1 reads the prompt and counts as prefill)")
+    v_src = st.get("v_basis") or "not measured"
+    r = st.get("verify_rows")
+    rows = "γ+1 tokens" if r is None else f"{r:.1f} tokens" + (
+        ": its n-gram guesses and Jacobi window, not its drafted tokens" if method == "lookahead"
+        else "")
+    return [
+        (ALPHA_HAT_NAME, st.get("alpha_hat"), "{:.3f}", ALPHA_HAT_TIP),
+        (ACCEPT_RATE_NAME, st.get("alpha"), "{:.3f}", ACCEPT_RATE_TIP),
+        ("τ", st.get("tau"), "{:.2f}", "output tokens per target forward pass (per round)"),
+        ("c" + (" (÷ verify pass)" if st.get("c_basis") == "verify pass" else ""), st.get("c"), "{:.3f}",
+         c_tip),
+        ("γ drafted", st.get("gamma_mean"), "{:.2f}",
+         "mean tokens drafted per round: the γ the predictions use (adaptive γ, lookup and the last round "
+         "differ from the requested γ)"),
+        ("rounds", st.get("rounds"), "{}", "verification rounds so far"),
+        ("verify cost v", st.get("verify_cost"), "{:.2f} steps",
+         f"time of one verification pass ({rows} at once) in plain target steps, measured in this run; "
+         "the prediction uses it; Leviathan's formula assumes 1"),
+        ("v at calibration", st.get("verify_cost_calibrated"), "{:.2f} steps",
+         f"the same pass ({rows}) timed when the models loaded; a measured v far above it means other "
+         "work on the machine slowed this run"),
+        ("best γ", st.get("best_gamma"), "{}",
+         f"γ that maximises (1−α̂^(γ+1)) / ((1−α̂)(γc + v(γ))), v(γ) from {v_src}"),
+        ("best γ (v = 1)", st.get("best_gamma_leviathan"), "{}",
+         "γ that maximises Leviathan's prediction, which assumes a verify pass costs one plain step"),
+    ]
+
+
+def v_curve_svg(curve, basis: str = "", w: int = 110, h: int = 30) -> str:
+    """A small inline chart of v(k), k = 0..16: verify cost in plain target steps."""
+    if not curve:
+        return ""
+    top = max(max(curve), 1.0) * 1.1
+    pts = " ".join(f"{4 + (w - 8) * k / (len(curve) - 1):.1f},{h - 4 - (h - 12) * v / top:.1f}"
+                   for k, v in enumerate(curve))
+    one = h - 4 - (h - 12) / top
+    tip = (f"v(k): a verify pass of k drafts (k+1 tokens) in plain target steps, k = 0..{len(curve) - 1}; "
+           f"from {basis}. v(1) = {curve[1]:.2f}, v({len(curve) - 1}) = {curve[-1]:.2f}. Dotted: v = 1.")
+    return (f"<span class='sv-chip sv-vcurve' title='{esc(tip)}'><b>v(k)</b> "
+            f"<svg width='{w}' height='{h}' viewBox='0 0 {w} {h}' role='img' aria-label='{esc(tip)}'>"
+            f"<line x1='4' x2='{w - 4}' y1='{one:.1f}' y2='{one:.1f}' stroke='currentColor' "
+            f"stroke-opacity='.4' stroke-dasharray='2 2'/>"
+            f"<polyline fill='none' stroke='#CC79A7' stroke-width='2' points='{pts}'/>"
+            f"</svg><span>v(1) {curve[1]:.2f} · v({len(curve) - 1}) {curve[-1]:.1f}</span></span>")
