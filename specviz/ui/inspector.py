@@ -23,6 +23,7 @@ import plotly.graph_objects as go
 from ..engine.events import RoundEvent
 from ..format import number
 from .charts import BLUE, ORANGE, PURPLE, _layout, empty
+from .draft_source import SOURCE_JS
 from .render import esc
 
 REST = "rest of the vocabulary"
@@ -223,7 +224,7 @@ element.addEventListener('click', (e) => {
   t.classList.add('sv-picked');
   trigger('click', {r: Number(t.dataset.r), i: Number(t.dataset.i), o: String(t.dataset.o || '')});
 });
-"""
+""" + SOURCE_JS  # hover a copied draft: its source (ui/draft_source.py)
 
 
 def build() -> dict:

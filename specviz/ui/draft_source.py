@@ -1,0 +1,183 @@
+"""Where a free draft came from (issue 52): a round whose drafts were copied from text by a
+suffix tree (RoundEvent.info["drafter"] == "suffix", engine/proposers/suffix.py and hybrid.py)
+is marked in the speculative pane and in the round charts, and hovering its tokens shows the
+source and highlights it: a line of the prompt, earlier tokens of this output, or an earlier
+run or preset output remembered for this visitor (its label and text, in a card).
+
+Pure functions of events, like render.py. Every field goes into an escaped attribute; the
+pane's script (SOURCE_JS, part of inspector.PANE_JS) builds the card with textContent only,
+so nothing in a source can become markup. The mark is a copy sign before the round and a
+dashed box around its drafted tokens (not colour alone); blue in light, sky blue in dark mode
+(Okabe-Ito).
+"""
+from __future__ import annotations
+
+import html
+
+SUFFIX = "suffix"  # info["drafter"] of a round drafted from a suffix tree
+COPY_SIGN = "⎘"
+WHERE_WORDS = {"prompt": "the prompt", "output": "this output", "memory": "an earlier output"}
+
+
+def _esc(text) -> str:
+    """As render.esc (which imports this module): HTML-escaped, lone surrogates as U+FFFD."""
+    out = "" if text is None else str(text)
+    try:
+        out.encode("utf-8")
+    except UnicodeEncodeError:
+        out = out.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return html.escape(out, quote=True)
+
+
+def from_text(info: dict | None) -> bool:
+    """True for a round whose draft was copied from text (a suffix-tree draft)."""
+    return isinstance(info, dict) and info.get("drafter") == SUFFIX
+
+
+def source_of(info: dict | None) -> dict:
+    """The round's source dict, {} when none (a plain step, a model draft, a forgotten memory)."""
+    src = info.get("source") if isinstance(info, dict) else None
+    return src if isinstance(src, dict) else {}
+
+
+def _int(x) -> int | None:
+    return int(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def where_line(info: dict | None) -> str:
+    """'the prompt, line 12' / 'your earlier run 2, line 3' / 'a source no longer remembered'."""
+    src = source_of(info)
+    if not src:
+        return "a source no longer remembered"
+    label = str(src.get("label") or WHERE_WORDS.get(src.get("where"), "text"))
+    line = _int(src.get("line_no"))
+    return label + (f", line {line}" if line else "")
+
+
+def round_class(info: dict | None) -> str:
+    """The class attribute of a round's span: 'sv-round', plus 'sv-from-text' for a copied draft."""
+    return "sv-round sv-from-text" if from_text(info) else "sv-round"
+
+
+def round_data(info: dict | None) -> str:
+    """data-* attributes of a copied round's span (the pane's script reads them on hover); '' otherwise."""
+    if not from_text(info):
+        return ""
+    src = source_of(info)
+    n = (_int(src.get("end")) or 0) - (_int(src.get("start")) or 0)
+    fields = {"where": src.get("where", ""), "from": where_line(info), "text": src.get("text", ""),
+              "span": src.get("span", ""), "n": n if n > 0 else "", "match": info.get("match_len", "")}
+    return "".join(f' data-src-{k}="{_esc(v)}"' for k, v in fields.items() if v not in (None, ""))
+
+
+def legend_item() -> str:
+    return ('<span class="sv-legend-item"><span class="sv-from-text sv-legend-copy">'
+            '<span class="sv-tok sv-accepted">copied</span></span> '
+            '<span class="sv-legend-text"><b>copied</b>: drafted from text a suffix tree found (no model) '
+            '<i>(⎘ and a dashed box; hover for its source)</i></span></span>')
+
+
+def chart_hover(info: dict | None) -> str:
+    """The round charts' hover line for a round ('copied from the prompt, line 3' or the drafter)."""
+    if from_text(info):
+        return "copied from " + html.escape(where_line(info))
+    drafter = info.get("drafter") if isinstance(info, dict) else None
+    return {"model": "draft model", "none": "no draft: a plain step"}.get(drafter, "")
+
+
+# one delegated hover listener on the speculative pane (appended to inspector.PANE_JS)
+SOURCE_JS = """
+(() => {
+  const card = document.createElement('div');
+  card.className = 'sv-src-card';
+  card.setAttribute('role', 'tooltip');
+  card.hidden = true;
+  document.body.appendChild(card);  // outside the pane: a streamed update replaces the pane's content
+  const clear = () => {
+    document.querySelectorAll('.sv-src-hit').forEach(x => x.classList.remove('sv-src-hit'));
+    card.hidden = true;
+  };
+  // mark the elements of `els` whose text overlaps the last occurrence of `needle` in their joined text
+  const mark = (els, needle) => {
+    if (!needle) return false;
+    const texts = els.map(x => x.textContent);
+    const joined = texts.join('');
+    const at = joined.lastIndexOf(needle);
+    if (at < 0) return false;
+    let pos = 0;
+    els.forEach((x, i) => {
+      const end = pos + texts[i].length;
+      if (end > at && pos < at + needle.length) x.classList.add('sv-src-hit');
+      pos = end;
+    });
+    return true;
+  };
+  element.addEventListener('mouseover', (e) => {
+    const tok = e.target.closest('.sv-from-text > .sv-tok');
+    if (!tok) return;
+    const r = tok.parentElement;
+    if (card.dataset.round === r.dataset.round && !card.hidden) return;
+    clear();
+    const d = r.dataset;
+    card.dataset.round = d.round;
+    card.replaceChildren();
+    const head = document.createElement('div');
+    head.className = 'sv-src-head';
+    head.textContent = '\u2398 copied ' + (d.srcN ? d.srcN + ' tokens ' : '') + 'from '
+      + (d.srcFrom || 'text') + (d.srcMatch ? ' (its context matched ' + d.srcMatch + ' tokens)' : '');
+    const body = document.createElement('pre');
+    const text = d.srcText || '', span = d.srcSpan || '';
+    const i = span ? text.indexOf(span) : -1;
+    if (i >= 0) {
+      const m = document.createElement('mark');
+      m.textContent = span;
+      body.append(text.slice(0, i), m, text.slice(i + span.length));
+    } else {
+      body.textContent = text || span;
+    }
+    card.append(head, body);
+    if (d.srcWhere === 'output') {  // earlier output tokens of this pane, before this round
+      const rounds = Array.from(element.querySelectorAll('.sv-round'));
+      const upto = rounds.indexOf(r);
+      const toks = rounds.slice(0, upto)
+        .flatMap(x => Array.from(x.querySelectorAll('.sv-tok:not(.sv-rejected)')));
+      mark(toks, span);
+    } else if (d.srcWhere === 'prompt') {  // the prompt's lines (render.prompt_span)
+      const lines = Array.from(element.querySelectorAll('.sv-prompt .sv-pl'));
+      mark(lines, text) || mark(lines, span);
+    }
+    const box = tok.getBoundingClientRect();
+    card.hidden = false;
+    card.style.left = Math.max(4, Math.min(box.left, window.innerWidth - card.offsetWidth - 8)) + 'px';
+    card.style.top = (box.bottom + 6) + 'px';
+  });
+  element.addEventListener('mouseleave', clear);
+  element.addEventListener('mouseout', (e) => {
+    if (!e.relatedTarget || !e.relatedTarget.closest || !e.relatedTarget.closest('.sv-from-text')) clear();
+  });
+})();
+"""
+
+CSS = """
+/* drafts copied from text (ui/draft_source.py): a copy sign before the round, a dashed box per draft */
+.sv-from-text::before { content: "⎘"; color: #0072B2; font-weight: 700; margin: 0 1px; }
+.sv-from-text > .sv-accepted, .sv-from-text > .sv-rejected { outline: 1.5px dashed #0072B2;
+  outline-offset: -1px; }
+.dark .sv-from-text::before { color: #56B4E9; }
+.dark .sv-from-text > .sv-accepted, .dark .sv-from-text > .sv-rejected { outline-color: #56B4E9; }
+.sv-legend-copy::before { margin-right: 3px; }
+.sv-src-hit { outline: 2px solid #0072B2; background: rgba(240, 228, 66, .45); border-radius: 3px; }
+.dark .sv-src-hit { outline-color: #56B4E9; background: rgba(240, 228, 66, .28); }
+.sv-src-card { position: fixed; z-index: 1000; max-width: min(46em, 90vw); padding: 6px 10px;
+  border-radius: 8px; border: 1.5px solid #0072B2; background: var(--background-fill-primary, #fff);
+  color: var(--body-text-color, inherit); box-shadow: 0 4px 14px rgba(0,0,0,.25); font-size: 12.5px;
+  white-space: normal; pointer-events: none; }
+.dark .sv-src-card { border-color: #56B4E9; }
+.sv-src-card[hidden] { display: none; }
+.sv-src-head { font-family: var(--font, sans-serif); font-weight: 600; margin-bottom: 3px; }
+.sv-src-card pre { margin: 0; white-space: pre-wrap; overflow-wrap: anywhere;
+  font-family: var(--font-mono, monospace); }
+.sv-src-card mark { background: rgba(240, 228, 66, .6); color: inherit; outline: 1.5px solid #0072B2;
+  border-radius: 2px; }
+.dark .sv-src-card mark { background: rgba(240, 228, 66, .3); outline-color: #56B4E9; }
+"""
