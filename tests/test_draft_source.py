@@ -99,3 +99,13 @@ def test_time_chart_marks_copied_rounds():
     plain = RunView(gamma=3, temperature=0.0, mode="fair")
     plain.add("speculative", rnd(0, {}))
     assert not [d for d in time_split_chart(plain).data if d.name and d.name.startswith("⎘")]
+
+
+def test_a_trace_keeps_the_drafter_and_its_source():
+    import json
+
+    from specviz.run.trace import event_from_dict, event_to_dict
+    r = rnd(2, suffix_info("memory", "preset output", text="x = 1\ny = 2", span="y = 2", line_no=2))
+    back = event_from_dict(json.loads(json.dumps(event_to_dict(r))))
+    assert back.info == r.info
+    assert render.round_html(back, "suffix") == render.round_html(r, "suffix")  # a replay shows the same

@@ -1,7 +1,8 @@
 """`python -m specviz race-methods`: race the methods on one prompt and print the leaderboard.
 
     python -m specviz race-methods --pair default --prompt "def fib(n):" \\
-        --methods draft,auto,tree,staged,lookup,lookahead,rest --max-new-tokens 64 [--out race.json]
+        --methods draft,auto,tree,hybrid,suffix,staged,lookup,lookahead,rest --max-new-tokens 64 \\
+        [--out race.json]
 
 One plain baseline, then each method alone in fair mode (specviz/run/leaderboard.py);
 --out saves the whole race as one bundle the page loads in its "Race all

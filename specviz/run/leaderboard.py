@@ -53,7 +53,7 @@ class Entry:
 
 # what the visitor may tick, in menu order; "auto" is the draft model with auto γ
 _EXTRA = {"auto": Entry("auto", "draft", True)}
-DEFAULT_KEYS = ("draft", "auto", "tree", "staged", "lookup", "lookahead", "rest")
+DEFAULT_KEYS = ("draft", "auto", "tree", "hybrid", "suffix", "staged", "lookup", "lookahead", "rest")
 # the method flags of the CLI / page (cli.METHOD_FLAGS) and the one method each belongs to
 OPTION_METHOD = {"window": "lookahead", "guesses": "lookahead", "datastore": "rest", "tree_shape": "tree",
                  "tree_budget": "tree", "exit_layer": "early-exit", "skip_layers": "layer-skip"}
