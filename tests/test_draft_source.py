@@ -93,12 +93,12 @@ def test_time_chart_marks_copied_rounds():
     view.add("speculative", rnd(0, {"drafter": "model", "source": None}))
     view.add("speculative", rnd(1, suffix_info()))
     fig = time_split_chart(view)
-    marks = [d for d in fig.data if d.name and d.name.startswith("⎘")]
+    marks = [d for d in fig.data if d.name and d.name.startswith("❝")]
     assert len(marks) == 1 and list(marks[0].x) == [2]
     assert marks[0].customdata[0] == "copied from the prompt, line 12"
     plain = RunView(gamma=3, temperature=0.0, mode="fair")
     plain.add("speculative", rnd(0, {}))
-    assert not [d for d in time_split_chart(plain).data if d.name and d.name.startswith("⎘")]
+    assert not [d for d in time_split_chart(plain).data if d.name and d.name.startswith("❝")]
 
 
 def test_a_trace_keeps_the_drafter_and_its_source():

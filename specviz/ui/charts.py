@@ -116,16 +116,16 @@ def time_split_chart(view: RunView) -> go.Figure:
 
 
 def copied_markers(fig: go.Figure, rounds, ys: list[float]) -> None:
-    """A ⎘ diamond over each round whose draft was copied from text (a suffix tree, no draft
+    """A ❝ diamond over each round whose draft was copied from text (a suffix tree, no draft
     model; ui/draft_source.py), its source on hover. Nothing when no round was."""
     picked = [(r.index + 1, y, chart_hover(r.info)) for r, y in zip(rounds, ys, strict=True)
               if from_text(r.info)]
     if not picked:
         return
     x, y, why = zip(*picked, strict=True)
-    fig.add_scatter(x=x, y=y, name="⎘ copied from text (no draft model)", mode="markers",
+    fig.add_scatter(x=x, y=y, name="❝ copied from text (no draft model)", mode="markers",
                     marker=dict(symbol="diamond", size=9, color=BLUE, line=dict(width=1, color=FONT)),
-                    customdata=list(why), hovertemplate="%{customdata}<extra>⎘</extra>")
+                    customdata=list(why), hovertemplate="%{customdata}<extra>❝</extra>")
 
 
 def position_chart(view: RunView) -> go.Figure:

@@ -6,7 +6,7 @@ run or preset output remembered for this visitor (its label and text, in a card)
 
 Pure functions of events, like render.py. Every field goes into an escaped attribute; the
 pane's script (SOURCE_JS, part of inspector.PANE_JS) builds the card with textContent only,
-so nothing in a source can become markup. The mark is a copy sign before the round and a
+so nothing in a source can become markup. The mark is a quote sign (❝) before the round and a
 dashed box around its drafted tokens (not colour alone); blue in light, sky blue in dark mode
 (Okabe-Ito).
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import html
 
 SUFFIX = "suffix"  # info["drafter"] of a round drafted from a suffix tree
-COPY_SIGN = "⎘"
+COPY_SIGN = "❝"
 WHERE_WORDS = {"prompt": "the prompt", "output": "this output", "memory": "an earlier output"}
 
 
@@ -74,7 +74,7 @@ def legend_item() -> str:
     return ('<span class="sv-legend-item"><span class="sv-from-text sv-legend-copy">'
             '<span class="sv-tok sv-accepted">copied</span></span> '
             '<span class="sv-legend-text"><b>copied</b>: drafted from text a suffix tree found (no model) '
-            '<i>(⎘ and a dashed box; hover for its source)</i></span></span>')
+            '<i>(❝ and a dashed box; hover for its source)</i></span></span>')
 
 
 def chart_hover(info: dict | None) -> str:
@@ -123,7 +123,7 @@ SOURCE_JS = """
     card.replaceChildren();
     const head = document.createElement('div');
     head.className = 'sv-src-head';
-    head.textContent = '\u2398 copied ' + (d.srcN ? d.srcN + ' tokens ' : '') + 'from '
+    head.textContent = '\u275d copied ' + (d.srcN ? d.srcN + ' tokens ' : '') + 'from '
       + (d.srcFrom || 'text') + (d.srcMatch ? ' (its context matched ' + d.srcMatch + ' tokens)' : '');
     const body = document.createElement('pre');
     const text = d.srcText || '', span = d.srcSpan || '';
@@ -160,7 +160,7 @@ SOURCE_JS = """
 
 CSS = """
 /* drafts copied from text (ui/draft_source.py): a copy sign before the round, a dashed box per draft */
-.sv-from-text::before { content: "⎘"; color: #0072B2; font-weight: 700; margin: 0 1px; }
+.sv-from-text::before { content: "❝"; color: #0072B2; font: 700 1em sans-serif; margin: 0 1px; }
 .sv-from-text > .sv-accepted, .sv-from-text > .sv-rejected { outline: 1.5px dashed #0072B2;
   outline-offset: -1px; }
 .dark .sv-from-text::before { color: #56B4E9; }
@@ -172,7 +172,7 @@ CSS = """
   border-radius: 8px; border: 1.5px solid #0072B2; background: var(--background-fill-primary, #fff);
   color: var(--body-text-color, inherit); box-shadow: 0 4px 14px rgba(0,0,0,.25); font-size: 12.5px;
   white-space: normal; pointer-events: none; }
-.dark .sv-src-card { border-color: #56B4E9; }
+.dark .sv-src-card { border-color: #56B4E9; background: var(--background-fill-primary, #1f2937); }
 .sv-src-card[hidden] { display: none; }
 .sv-src-head { font-family: var(--font, sans-serif); font-weight: 600; margin-bottom: 3px; }
 .sv-src-card pre { margin: 0; white-space: pre-wrap; overflow-wrap: anywhere;
