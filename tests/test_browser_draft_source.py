@@ -71,3 +71,34 @@ def test_hover_shows_the_source_and_highlights_it(browser, dark):
     assert page.locator(".sv-src-card").is_hidden() and page.locator(".sv-src-hit").count() == 0
     assert not errors, errors
     page.close()
+
+
+def test_a_live_suffix_run_marks_copied_rounds_and_shows_their_source(browser):
+    """The page on the tiny pair: a suffix run of a prompt that repeats itself; hovering a copied
+    round's token opens the card. Screenshot: test-artifacts/draft_source_live.png."""
+    import re
+
+    from specviz.engine.proposers import REGISTRY
+    if "suffix" not in REGISTRY:
+        pytest.skip("no suffix method in this build")
+    from browser.server import shared_server
+    from test_browser import TIMEOUT, open_page
+    page, errors = open_page(browser, shared_server(), "light")
+    page.get_by_text("More settings: sampling, draft method").click()
+    page.locator("#sv-method label", has_text=re.compile(r"^\s*suffix tree")).click()
+    page.fill("#sv-prompt textarea", "x = [1, 2, 3]\ny = [1, 2, 3]\nx = [1, 2, 3]\ny = [")
+    box = page.locator("#sv-max-new input[type=number]")
+    box.fill("32")
+    box.press("Enter")
+    page.click("#sv-run")
+    page.wait_for_selector("#sv-runinfo .sv-badge", timeout=TIMEOUT)
+    copied = page.locator("#sv-speculative .sv-from-text > .sv-tok")
+    assert copied.count() > 0, page.inner_text("#sv-speculative")
+    copied.first.hover()
+    card = page.locator(".sv-src-card")
+    card.wait_for(state="visible", timeout=5000)
+    assert re.search(r"copied \d+ tokens from (the prompt|this output)", card.inner_text()), card.inner_text()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.locator("#sv-speculative").screenshot(path=str(ARTIFACTS / "draft_source_live.png"))
+    assert not errors, errors
+    page.close()
