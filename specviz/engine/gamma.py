@@ -53,6 +53,19 @@ class AutoGamma:
 
 
 @dataclass
+class OwnGamma:
+    """γ = auto for a proposer that prices each round's length itself: the cap, as given."""
+
+    name: str = "auto"
+
+    def next_gamma(self, cap: int) -> int:
+        return cap
+
+    def observe(self, overlap: list[float], n_accepted: int) -> None:
+        pass
+
+
+@dataclass
 class FixedGamma:
     """What auto falls back to without measured costs: a fixed γ, said plainly."""
 

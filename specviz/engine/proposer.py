@@ -216,6 +216,9 @@ class MethodSpec:
         """`options` validated and normalised; RequestError in the visitor's words."""
         return check_options(self.options, options)
     kind: Kind = "chain"  # which verifier reads its proposals (see the module doc)
+    # its proposer prices each round's length itself from the measured costs (suffix, hybrid):
+    # under γ = auto the request's γ is only its cap, and no α̂-based policy second-guesses it
+    own_gamma: bool = False
 
 
 REGISTRY: dict[str, MethodSpec] = {}

@@ -67,6 +67,9 @@ class RunRequest:
     # by the method's MethodSpec.check_options; empty for the chain methods
     options: dict = field(default_factory=dict, compare=False, hash=False)
     gamma_auto: bool = False  # γ = "auto": chosen each round from pair.costs and the running α̂
+    # whose memory of earlier outputs a run may read and add to (suffix, hybrid): the page's session
+    # hash; None (CLI, bench, API without a session): this run's own text only
+    scope: str | None = field(default=None, compare=False)
 
     @property
     def gamma_label(self) -> str:
@@ -107,7 +110,8 @@ def _number(name, value, kind, lo, hi):
 
 def make_request(prompt, *, method="draft", gamma=4, max_new_tokens=64, temperature=0.0,
                  top_p=1.0, top_k=0, seed=0, chat_template=False,
-                 limits: Limits | None = None, options: dict | None = None) -> RunRequest:
+                 limits: Limits | None = None, options: dict | None = None,
+                 scope: str | None = None) -> RunRequest:
     limits = limits or Limits.from_env()
     if not isinstance(prompt, str) or not prompt.strip():
         raise RequestError("The prompt is empty: type something or pick a preset.")
@@ -143,6 +147,7 @@ def make_request(prompt, *, method="draft", gamma=4, max_new_tokens=64, temperat
         seed=seed,
         chat_template=bool(chat_template),
         options=method_spec(method).check_options(dict(options or {})),
+        scope=str(scope) if scope else None,
     )
 
 

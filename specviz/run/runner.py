@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from ..calibration.selfspec import resolve_options
 from ..engine.decoding import baseline, speculative
-from ..engine.gamma import make_policy, make_width
+from ..engine.gamma import OwnGamma, make_policy, make_width
 from ..engine.pair import OURS, Pair
 from ..engine.proposers import make_proposer, method_spec, target_vocab  # noqa: F401 (re-exported)
 from ..engine.proposers.lookahead import lookahead
@@ -67,5 +67,7 @@ def gamma_policy(pair: Pair, req: RunRequest):
     """The auto-γ policy for `req` on `pair` (None: the proposer's own γ)."""
     if not req.gamma_auto:
         return None
+    if method_spec(req.method).own_gamma:
+        return OwnGamma()
     return make_policy(pair.costs, needs_draft=method_spec(req.method).needs_draft,
                        max_gamma=req.gamma)

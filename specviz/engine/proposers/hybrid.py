@@ -1,0 +1,93 @@
+"""Hybrid: each round, the cheaper drafter by its expected tokens per measured cost.
+
+The suffix draft is looked up first (microseconds, no model). It is taken when its
+expected tokens per plain-step cost, (1 + E[accepted]) / v(k), beat the draft
+model's chain, E[tokens](α̂, γ) / (γ·c + v(γ)); then the draft model does not run.
+It catches up on the committed tokens in one multi-row forward the next time it
+drafts, and that forward is timed in that round's draft time (so in c).
+
+Both prices use costs measured at load (pair.costs: c, v(k)); α̂ is the draft model's
+running acceptance over the positions the target tested in its own rounds, and the
+suffix calibration is read from committed tokens (suffix.py). The choice depends on
+committed history only, and each drafter's proposal keeps the target's law, so the
+output law is the target's (chi-square tests in tests/test_suffix.py).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ..gamma import DECAY, PRIOR_ALPHA, PRIOR_WEIGHT
+from ..proposer import Proposer, register, target_vocab
+from ..theory import ALPHA_MAX, best_gamma, expected_tokens
+from .draft import DraftModelProposer, _need_draft
+from .suffix import SuffixProposer, build_suffix, round_note, summarize
+
+
+@dataclass
+class HybridProposer(Proposer):
+    suffix: SuffixProposer
+    draft: DraftModelProposer
+    c: float | None = None  # draft step ÷ plain step, measured at load (None: suffix whenever it drafts)
+    name: str = "hybrid"
+
+    def reset(self, prompt_ids):
+        self.suffix.reset(prompt_ids)
+        self.s, self.n = PRIOR_ALPHA * PRIOR_WEIGHT, PRIOR_WEIGHT  # the draft model's α̂, as auto γ's
+        self._model_round = False
+        return self.draft.reset(prompt_ids)
+
+    @property
+    def alpha_hat(self) -> float:
+        return min(self.s / self.n, ALPHA_MAX)
+
+    def model_price(self, cap: int) -> tuple[int, float]:
+        """(γ, expected tokens per plain-step cost) of the draft model's best chain."""
+        v = self.suffix.verify_cost
+        if v is None or self.c is None:
+            return cap, 0.0
+        g = best_gamma(self.alpha_hat, self.c, v, cap)
+        return g, expected_tokens(self.alpha_hat, g) / (g * self.c + v(g))
+
+    def propose(self, committed, gamma, params, generator, eos_ids):
+        t0 = time.perf_counter()
+        sp = self.suffix
+        d, where = sp.lookup(committed, gamma)
+        k, rate_s = sp.expected_rate(d)
+        g, rate_m = self.model_price(gamma)
+        self._model_round = not (k and rate_s >= rate_m)
+        if not self._model_round:
+            prop = sp.emit(d, where, k, committed, eos_ids, t0)
+            cost = sp.verify_cost(len(prop.tokens)) if sp.verify_cost is not None else None
+        else:  # the suffix draft still learns its calibration from what gets committed
+            ms = (time.perf_counter() - t0) * 1e3
+            prop = self.draft.propose(committed, g, params, generator, eos_ids)
+            cost = (len(prop.tokens) * self.c + sp.verify_cost(len(prop.tokens))
+                    if sp.verify_cost is not None and self.c is not None else None)
+            prop.info = {"drafter": "model", "source": None, "match_len": d.match_len if d else 0,
+                         "score": round(d.score, 3) if d else 0.0, "lookup_ms": round(ms, 3)}
+        prop.info.update(rate_suffix=_r(rate_s if k else None), rate_model=_r(rate_m if self.c else None),
+                         cost_steps=_r(cost))
+        return prop
+
+    def rollback(self, committed, n_accepted, n_drafted):
+        self.draft.rollback(committed, n_accepted, n_drafted)  # a lagging cache is left as it is
+        if self._model_round and n_drafted:
+            tested = min(n_drafted, n_accepted + 1)
+            keep = DECAY ** tested
+            self.s, self.n = keep * self.s + n_accepted, keep * self.n + tested
+
+
+def _r(x):
+    return None if x is None or x == float("inf") else round(float(x), 3)
+
+
+@register("hybrid", "hybrid: suffix or draft model", needs_draft=True, order=5, own_gamma=True,
+          summarize=summarize, round_note=round_note,
+          description="each round, a free suffix-tree draft when its expected tokens per measured verify "
+                      "cost beat the draft model's chain; else the draft model")
+def _build_hybrid(pair, req=None):
+    costs = pair.costs
+    return HybridProposer(build_suffix(pair, req),
+                          DraftModelProposer(_need_draft(pair), vocab_size=target_vocab(pair.target)),
+                          c=costs.c if costs is not None else None)

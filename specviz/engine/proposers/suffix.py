@@ -1,0 +1,266 @@
+"""Suffix decoding: free drafts copied from text that already exists (SuffixDecoding,
+Oliaro et al., arXiv 2411.04975). A suffix tree over this run's prompt and output,
+and one over the visitor's own earlier outputs (engine/suffix_tree.Memory), propose
+the continuation that most often followed the context's tail. No model runs.
+
+Its q is one-hot, as for prompt lookup: a token is accepted with probability p(x)
+and a rejection resamples from p with x removed, so the target's law is kept under
+sampling. Which tokens it proposes, and how many, depends on committed tokens only.
+
+How many: the tree's path probabilities are calibrated online, per match-length
+bucket, as confirmed ÷ predicted over the positions the committed text decided; the
+length k maximises expected tokens (1 + E[accepted]) over the verify's measured
+cost v(k) in plain steps, as lookup's does; k = 0 (a plain step) unless some k pays.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..proposer import Proposal, Proposer, register, target_vocab
+from ..suffix_tree import DEPTH, MEMORY, PRESETS, Draft, Memory, SuffixTree
+
+BUCKETS = (1, 2, 4, 8)  # match lengths 1, 2-3, 4-7, 8+: a one-token match is mostly chance
+SELF = 0  # the doc id of this run's own sequence in its local tree
+
+
+def bucket(m: int) -> int:
+    return sum(1 for b in BUCKETS if m >= b) - 1
+
+
+@dataclass
+class Calibration:
+    """Per bucket: discounted confirmed ÷ predicted conditional probabilities, with a prior."""
+
+    prior: float = 0.8
+    weight: float = 3.0
+    decay: float = 0.95
+    hits: list = field(default_factory=list)
+    seen: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.hits = [self.prior * self.weight] * len(BUCKETS)
+        self.seen = [self.weight] * len(BUCKETS)
+
+    def ratio(self, m: int) -> float:
+        b = bucket(m)
+        return self.hits[b] / self.seen[b]
+
+    def add(self, m: int, hit: float, predicted: float) -> None:
+        b = bucket(m)
+        self.hits[b] = self.decay * self.hits[b] + hit
+        self.seen[b] = self.decay * self.seen[b] + predicted
+
+    def expected(self, d: Draft) -> list[float]:
+        """E[accepted] for each length k = 1..len: Σ_i Π_j≤i min(1, r · cond_j)."""
+        r, out, run, acc, prev = self.ratio(d.match_len), [], 1.0, 0.0, 1.0
+        for pr in d.probs:
+            run *= min(1.0, r * pr / prev)
+            prev = pr
+            acc += run
+            out.append(acc)
+        return out
+
+
+def conditionals(d: Draft) -> list[float]:
+    return [p / (d.probs[i - 1] if i else 1.0) for i, p in enumerate(d.probs)]
+
+
+@dataclass
+class SuffixProposer(Proposer):
+    vocab_size: int
+    verify_cost: Callable[[int], float] | None = None  # v(k) in plain steps; None: propose the whole chain
+    tokenizer: object = None  # for the source's text on the page (None: positions only)
+    memory: Memory | None = None  # earlier outputs (None: this run's own text only)
+    scope: str | None = None  # whose memory this run reads (with PRESETS) and writes
+    write_scope: str | None = None  # where its output goes (PRESETS for a shipped preset's prompt)
+    name: str = "suffix"
+    cal: Calibration = field(default_factory=Calibration)
+
+    def reset(self, prompt_ids: list[int]) -> int:
+        self.tree, self.n_prompt, self.seen = SuffixTree(), len(prompt_ids), 0
+        self.cal, self._last = Calibration(), None
+        self.mem_doc, self._texts = None, {}
+        if self.memory is not None and self.write_scope:
+            label = "a preset's earlier output" if self.write_scope == PRESETS else "your earlier run"
+            self.mem_doc = self.memory.new_doc(self.write_scope, label, time.monotonic())
+        return 0
+
+    # ------------------------------------------------------------ per round
+    def propose(self, committed, gamma, params, generator, eos_ids):
+        t0 = time.perf_counter()
+        d, where = self.lookup(committed, gamma)
+        return self.emit(d, where, self._worth(d) if d is not None else 0, committed, eos_ids, t0)
+
+    def lookup(self, committed, gamma) -> tuple[Draft | None, str]:
+        """Bring the trees up to `committed`, score last round's draft, find this round's."""
+        self._sync(committed)
+        self._learn(committed)
+        d, where = self.candidate(committed, gamma)
+        self._last = (len(committed), d) if d is not None else None
+        return d, where
+
+    def emit(self, d: Draft | None, where: str, k: int, committed, eos_ids, t0: float) -> Proposal:
+        """The first k tokens of d as a one-hot proposal, with where they came from."""
+        tokens = [x for x in d.tokens[:k] if x < self.vocab_size] if d is not None else []
+        for i, x in enumerate(tokens):  # nothing useful follows an end-of-sequence
+            if x in eos_ids:
+                tokens = tokens[: i + 1]
+                break
+        q = torch.zeros(len(tokens), self.vocab_size)
+        if tokens:
+            q[torch.arange(len(tokens)), torch.tensor(tokens)] = 1.0
+        ms = (time.perf_counter() - t0) * 1e3
+        return Proposal(tokens, q, forwards=0, info=self.describe(d, where, len(tokens), committed, ms))
+
+    def candidate(self, committed, gamma) -> tuple[Draft | None, str]:
+        """The best chain of the run's own tree and the readable memory, and whose it is."""
+        best, where = self.tree.speculate(self.tree.tails(SELF), gamma), "self"
+        if self.memory is None:
+            return best, where
+        tail = committed[-DEPTH:]
+        for scope in dict.fromkeys((self.scope, PRESETS)):
+            tree = self.memory.tree(scope) if scope else None
+            if tree is None:
+                continue
+            with self.memory.lock:
+                d = tree.speculate(tree.match(tail), gamma)
+            if d is not None and (best is None or d.score > best.score):
+                best, where = d, scope
+        return best, where
+
+    def _sync(self, committed) -> None:
+        new = committed[self.seen:]
+        if not new:
+            return
+        self.tree.add(SELF, new)
+        out = new[max(0, self.n_prompt - self.seen):]  # memory keeps outputs, never prompts
+        if self.mem_doc is not None and out:
+            self.memory.extend(self.write_scope, self.mem_doc, out, time.monotonic())
+        self.seen = len(committed)
+
+    def _learn(self, seq) -> None:
+        """Last round's whole candidate against what was committed since: each position the
+        committed text decided (up to and including the first miss) is one observation."""
+        if self._last is None:
+            return
+        at, d = self._last
+        got = seq[at:]
+        for x, g, cond in zip(d.tokens, got, conditionals(d), strict=False):
+            self.cal.add(d.match_len, float(x == g), cond)
+            if x != g:
+                break
+        self._last = None
+
+    def _worth(self, d: Draft) -> int:
+        if self.verify_cost is None:
+            return len(d.tokens)
+        return best_length(self.cal.expected(d), self.verify_cost)[0]
+
+    def expected_rate(self, d: Draft | None) -> tuple[int, float]:
+        """(k, expected tokens per plain-step cost) of the best length of d; (0, 1.0): a plain step."""
+        if d is None or self.verify_cost is None:
+            return (len(d.tokens), float("inf")) if d is not None else (0, 1.0)
+        return best_length(self.cal.expected(d), self.verify_cost)
+
+    # ------------------------------------------------------------ what the page shows
+    def describe(self, d: Draft | None, where: str, k: int, committed, ms: float) -> dict:
+        info = {"drafter": "suffix" if k else "none", "source": None,
+                "match_len": d.match_len if d is not None else 0,
+                "score": round(d.score, 3) if d is not None else 0.0, "lookup_ms": round(ms, 3)}
+        if k and d is not None:
+            info["source"] = self._source(d, where, k, committed)
+        return info
+
+    def _source(self, d: Draft, where: str, k: int, committed) -> dict | None:
+        if where == "self" or (self.mem_doc is not None and d.doc == self.mem_doc):
+            start = d.start if where == "self" else self.n_prompt + d.start
+            seq = committed
+            place, label = (("prompt", "the prompt") if start < self.n_prompt else
+                            ("output", "this output"))
+        else:
+            tree = self.memory.tree(where)
+            seq = tree.docs.get(d.doc) if tree is not None else None
+            if seq is None:
+                return None  # forgotten since (evicted): no source to show
+            start, place = d.start, "memory"
+            label = self.memory.labels.get((where, d.doc), "an earlier output")
+        return {"where": place, "label": label, "start": start, "end": start + k,
+                **self._lines(seq, start, start + k)}
+
+    def _lines(self, seq, start: int, end: int) -> dict:
+        if self.tokenizer is None:
+            return {"line_no": 0, "text": "", "span": ""}
+        try:
+            before = self.tokenizer.decode(seq[max(0, start - 256):start])
+            head = before[before.rfind("\n") + 1:]
+            span = self.tokenizer.decode(seq[start:end])
+            after = self.tokenizer.decode(seq[end:end + 32]).split("\n")[0]
+            line_no = self._line_no(seq, start)
+        except Exception:  # a tokenizer that cannot decode: positions still say where
+            return {"line_no": 0, "text": "", "span": ""}
+        return {"line_no": line_no, "text": (head + span + after)[:300], "span": span}
+
+    def _line_no(self, seq, start: int) -> int:
+        """1-based line of token `start`: newlines in the decoded tokens before it (cached per id)."""
+        n = 1
+        for x in seq[:start]:
+            t = self._texts.get(x)
+            if t is None:
+                t = self._texts[x] = self.tokenizer.decode([x]).count("\n")
+            n += t
+        return n
+
+
+def best_length(expected: list[float], verify_cost: Callable[[int], float]) -> tuple[int, float]:
+    """The k maximising (1 + E[accepted of k]) / v(k); (0, 1.0) when none beats a plain step."""
+    best, best_rate = 0, 1.0
+    for k, e in enumerate(expected, 1):
+        rate = (1.0 + e) / verify_cost(k)
+        if rate > best_rate:
+            best, best_rate = k, rate
+    return best, best_rate
+
+
+def summarize(infos: list[dict]) -> dict:
+    ms = [i.get("lookup_ms", 0.0) for i in infos]
+    kinds = [i.get("drafter") for i in infos]
+    out = {f"{k}_rounds": kinds.count(k) for k in ("suffix", "model", "none") if k in kinds}
+    out["lookup_ms_mean"] = round(sum(ms) / len(ms), 3)
+    out["lookup_ms_max"] = round(max(ms), 3)
+    return out
+
+
+def round_note(info: dict) -> str:
+    src = info.get("source")
+    if info.get("drafter") == "model":
+        return "draft model ran this round (the suffix draft was priced lower)"
+    if not src:
+        return (f"suffix: no draft worth its verify rows (best match {info.get('match_len', 0)} tokens, "
+                f"lookup {info.get('lookup_ms', 0)} ms)")
+    line = f", line {src['line_no']}" if src.get("line_no") else ""
+    return (f"suffix: copied {src['end'] - src['start']} tokens from {src['label']}{line} "
+            f"(match {info.get('match_len', 0)} tokens, lookup {info.get('lookup_ms', 0)} ms)")
+
+
+def build_suffix(pair, req=None) -> SuffixProposer:
+    from ...prompts import load_presets
+    from ..gamma import monotone
+    costs, scope = pair.costs, getattr(req, "scope", None)
+    write = scope
+    if scope and req is not None and any(p["prompt"] == req.prompt for p in load_presets()):
+        write = PRESETS  # a shipped prompt's output holds no visitor's text: every visitor may read it
+    return SuffixProposer(target_vocab(pair.target),
+                          verify_cost=monotone(costs.verify_cost) if costs is not None else None,
+                          tokenizer=pair.tokenizer, memory=MEMORY if scope else None, scope=scope,
+                          write_scope=write)
+
+
+@register("suffix", "suffix tree", order=3, own_gamma=True, summarize=summarize, round_note=round_note,
+          description="copy what most often followed the context's tail in this prompt, this output or "
+                      "your own earlier outputs; only as many tokens as pay for their verify rows")
+def _build_suffix(pair, req=None):
+    return build_suffix(pair, req)

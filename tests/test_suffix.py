@@ -1,0 +1,171 @@
+"""Suffix decoding and the hybrid: the suffix tree's counts and sources, greedy output
+identical to plain, the target's law under sampling (chi-square), the memory's bounds,
+and no visitor ever drafting from another visitor's output."""
+import time
+from types import SimpleNamespace
+
+import pytest
+from helpers import assert_follows_target, check_stream, fake_pair, noisy_copy, run, sample_sequences
+
+from specviz.engine.decoding import baseline, speculative
+from specviz.engine.proposers import make_proposer
+from specviz.engine.proposers.draft import DraftModelProposer
+from specviz.engine.proposers.hybrid import HybridProposer
+from specviz.engine.proposers.suffix import SuffixProposer, best_length
+from specviz.engine.sampling import SamplingParams
+from specviz.engine.suffix_tree import PRESETS, Memory, SuffixTree
+from specviz.models.tiny import tiny_model
+
+GREEDY = SamplingParams(temperature=0)
+
+
+def v_cost(k):
+    return 1.0 + 0.2 * k
+
+
+# ------------------------------------------------------------------ the tree
+def test_tree_counts_and_most_frequent_continuation():
+    t = SuffixTree(depth=8)
+    t.add(0, [1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 2])
+    tails = t.tails(0)
+    assert len(tails) == 8 and tails[0].count == 4  # "2" occurs four times
+    d = t.speculate(t.match([1, 2]), 4)
+    assert d.tokens[0] == 3  # after "1 2": 3 twice, 4 once
+    assert d.match_len >= 2 and 0 < d.probs[0] <= 1
+
+
+def test_tree_draft_source_is_where_the_path_last_occurred():
+    t = SuffixTree()
+    seq = [5, 6, 7, 8, 9, 0, 5, 6]
+    t.add(0, seq)
+    d = t.speculate(t.tails(0), 3)
+    assert d.tokens == [7, 8] and d.match_len == 2  # ⌊1.0 × 2⌋ tokens for a 2-token match
+    assert seq[d.start:d.end] == d.tokens and d.doc == 0
+
+
+def test_remove_restores_the_tree():
+    t = SuffixTree(depth=6)
+    t.add(1, [1, 2, 3, 4])
+    before = t.nodes
+    t.add(2, [2, 3, 9, 9, 1])
+    t.remove(2)
+    assert t.nodes == before and t.root.kids[2].count == 1 and 9 not in t.root.kids
+
+
+def test_best_length_pays_for_rows():
+    assert best_length([0.0, 0.0], v_cost) == (0, 1.0)  # nothing expected: a plain step
+    k, rate = best_length([0.95, 1.9, 2.8], v_cost)
+    assert k == 3 and rate == pytest.approx(3.8 / 1.6)
+
+
+# ------------------------------------------------------------------ lossless
+def _suffix(vocab, **kw):
+    return SuffixProposer(vocab, **kw)
+
+
+def _hybrid(draft, vocab, c=0.3, **kw):
+    return HybridProposer(SuffixProposer(vocab, verify_cost=v_cost, **kw), DraftModelProposer(draft), c=c)
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+@pytest.mark.parametrize("which", ["suffix", "suffix_priced", "hybrid"])
+def test_greedy_equals_plain(tok, target, draft, gamma, which):
+    ids = tok.encode("def quicksort(arr): arr arr arr return arr arr")
+    _, base = run(baseline(target, tok, ids, 40, GREEDY))
+    V = target.config.vocab_size
+    prop = {"suffix": lambda: _suffix(V, tokenizer=tok), "suffix_priced": lambda: _suffix(V, verify_cost=v_cost),
+            "hybrid": lambda: _hybrid(draft, V, tokenizer=tok)}[which]()
+    rounds, spec = run(speculative(target, prop, tok, ids, 40, gamma, GREEDY))
+    assert spec.token_ids == base.token_ids
+    check_stream(rounds, spec)
+    assert all(r.info["drafter"] in ("suffix", "model", "none") for r in rounds)
+
+
+def test_sources_point_at_the_copied_tokens(tok, target):
+    ids = tok.encode("abc abc abc abc abc abc")
+    prop = _suffix(target.config.vocab_size, tokenizer=tok)
+    rounds, s = run(speculative(target, prop, tok, ids, 30, 4, GREEDY))
+    seq = ids + s.token_ids
+    shown = [r for r in rounds if r.info["source"]]
+    assert shown
+    for r in shown:
+        src = r.info["source"]
+        assert src["where"] in ("prompt", "output") and src["end"] - src["start"] == r.gamma
+        assert seq[src["start"]:src["end"]] == r.draft_ids
+        assert (src["start"] < len(ids)) == (src["where"] == "prompt")
+
+
+@pytest.mark.parametrize("which", ["suffix", "suffix_memory", "hybrid"])
+def test_sequences_follow_target_distribution(which):
+    V, N = 4, 1500
+    t = tiny_model(V, seed=10, layers=2, init=0.8)
+    d = noisy_copy(t, 0)
+    mem = Memory()  # shared by every run: what it proposes depends on earlier runs' outputs
+    new = {"suffix": lambda: _suffix(V, verify_cost=v_cost),
+           "suffix_memory": lambda: _suffix(V, memory=mem, scope="a", write_scope="a"),
+           "hybrid": lambda: _hybrid(d, V, c=0.25)}[which]
+    exact, counts, runs = sample_sequences(speculative, t, new, 3, SamplingParams(temperature=1.0), N)
+    drafters = {r.info["drafter"] for rounds, _ in runs for r in rounds}
+    assert "suffix" in drafters and (which != "hybrid" or "model" in drafters)
+    assert_follows_target(counts, exact, N)
+
+
+# ------------------------------------------------------------------ memory and privacy
+def _gen(target, tok, prop, text, n=24):
+    return run(speculative(target, prop, tok, tok.encode(text), n, 6, GREEDY))
+
+
+def test_a_visitor_never_drafts_from_another_visitors_output(tok, target):
+    mem, V = Memory(), target.config.vocab_size
+    text = "zq xv zq xv"
+    _, first = _gen(target, tok, _suffix(V, memory=mem, scope="alice", write_scope="alice"), text)
+    assert mem.tree("alice") is not None and mem.tree("alice").nodes > 0
+    bob, _ = _gen(target, tok, _suffix(V, memory=mem, scope="bob", write_scope="bob"), text)
+    alice, _ = _gen(target, tok, _suffix(V, memory=mem, scope="alice", write_scope="alice"), text)
+    assert not any(r.info["source"] and r.info["source"]["where"] == "memory" for r in bob)
+    assert any(r.info["source"] and r.info["source"]["where"] == "memory" for r in alice)
+
+
+def test_preset_outputs_are_shared(tok, target):
+    mem, V = Memory(), target.config.vocab_size
+    text = "qq rr qq rr"
+    _gen(target, tok, _suffix(V, memory=mem, scope="alice", write_scope=PRESETS), text)
+    bob, _ = _gen(target, tok, _suffix(V, memory=mem, scope="bob", write_scope="bob"), text)
+    srcs = [r.info["source"] for r in bob if r.info["source"] and r.info["source"]["where"] == "memory"]
+    assert srcs and all("preset" in s["label"] for s in srcs)
+
+
+def test_memory_is_bounded():
+    mem = Memory(max_bytes=3_000_000, max_docs=3)
+    for i in range(6):  # 300 new tokens, 24 deep: ~7,000 nodes, ~1.3 MB each
+        doc = mem.new_doc("s", "run", time.monotonic())
+        mem.extend("s", doc, list(range(i * 1000, i * 1000 + 300)), time.monotonic())
+        assert mem.nbytes() <= 3_000_000
+    assert 1 <= len(mem.order) <= 3
+    mem.new_doc("t", "run", time.monotonic() + 10_000)  # "s" idle for longer than an hour
+    assert mem.tree("s") is None
+
+
+def test_builders_read_scope_and_costs(tiny_pair):
+    req = SimpleNamespace(scope="sess", prompt="not a preset", options={})
+    s = make_proposer(tiny_pair, "suffix", req)
+    assert s.scope == "sess" and s.write_scope == "sess" and s.memory is not None
+    s = make_proposer(tiny_pair, "suffix", SimpleNamespace(scope=None, prompt="x", options={}))
+    assert s.memory is None  # no session: this run's own text only
+    pair = fake_pair(target=tiny_pair.target, draft=tiny_pair.draft, tokenizer=tiny_pair.tokenizer)
+    h = make_proposer(pair, "hybrid", None)
+    assert isinstance(h, HybridProposer) and h.c is None
+
+
+def test_byte_estimate_covers_what_python_allocates():
+    import random
+    import tracemalloc
+    rng = random.Random(0)
+    tracemalloc.start()
+    try:
+        t = SuffixTree()
+        t.add(0, [rng.randrange(300) for _ in range(1500)])
+        used = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert used <= t.nbytes() <= 1.3 * used
