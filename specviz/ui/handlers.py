@@ -231,14 +231,15 @@ class Handlers:
         return render.status_html(status), button_state(status), gr.Timer(active=True)
 
     def _checked(self, prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed, chat_template, mode,
-                 method, gamma_auto=False, options=None):
-        """(request, pair, prompt ids), or RequestError in words the visitor understands."""
+                 method, gamma_auto=False, options=None, scope=None):
+        """(request, pair, prompt ids), or RequestError in words the visitor understands. `scope`:
+        the visitor's session, whose earlier outputs alone the suffix drafters may copy from."""
         gamma = "auto" if gamma_auto is True else gamma
         method = method or "draft"
         req = make_request(prompt, method=method, gamma=gamma, max_new_tokens=max_new_tokens,
                            temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                            chat_template=chat_template, limits=self.limits,
-                           options=method_options.collect(method, options or {}))
+                           options=method_options.collect(method, options or {}), scope=scope)
         if mode not in MODES:
             raise RequestError(f"Unknown execution mode {mode!r}: choose fair or parallel.")
         pair = self.manager.pair
@@ -255,7 +256,8 @@ class Handlers:
         sends every method's controls; method_options.collect keeps the picked method's)."""
         try:
             req, pair, ids = self._checked(prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed,
-                                           chat_template, mode, method, gamma_auto, options)
+                                           chat_template, mode, method, gamma_auto, options,
+                                           scope=session_key(request))
         except RequestError as e:
             yield failed_outputs(str(e))
             raise gr.Error(render.toast_text(e), print_exception=False) from None
