@@ -11,14 +11,16 @@ own colour, so panes read well in light and dark mode.
 """
 from __future__ import annotations
 
-import html
+import html  # noqa: F401 - the tests compare with render.html.escape
 import re
 
 from ..engine.events import OUTCOME_COLOURS, OUTCOME_LABELS, Outcome, RoundEvent, TokenEvent
 from ..engine.proposer import round_note
 from ..format import number
 from . import draft_source, glossary
-from .method_options import options_text
+from .escape import esc  # noqa: F401 - the page's one escape, imported from here by most of ui/
+from .method_options import setup_text
+from .speedup_box import stats_html  # noqa: F401 - the speedup box, rendered by the panes and replays
 
 SPEC_OUTCOMES = (Outcome.ACCEPTED, Outcome.REJECTED, Outcome.RESAMPLED, Outcome.BONUS)
 LEGEND_ORDER = SPEC_OUTCOMES + (Outcome.TARGET,)
@@ -40,19 +42,6 @@ _DARK_LINES = {
     Outcome.BONUS: "#f5c242",
     Outcome.TARGET: "#aaaaaa",
 }
-
-
-def esc(text) -> str:
-    """HTML-escape text that may hold lone surrogates or other odd code points."""
-    if text is None:
-        return ""
-    out = str(text)
-    try:
-        out.encode("utf-8")
-    except UnicodeEncodeError:
-        # pair up valid surrogate pairs, turn lone ones into U+FFFD
-        out = out.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return html.escape(out, quote=True)
 
 
 def toast_text(text) -> str:
@@ -196,12 +185,6 @@ EXPLAINER = (
 )
 
 
-def stats_html(snap: dict) -> str:
-    """The live numbers (speedup_box.py: the box, its prediction and its chips)."""
-    from .speedup_box import stats_html as box  # it imports esc from here
-    return box(snap)
-
-
 def run_info_html(snap: dict) -> str:
     """Badge (greedy: identical or not), which execution mode ran, stop reasons."""
     parts = []
@@ -241,7 +224,7 @@ def run_info_html(snap: dict) -> str:
     if method and method != "draft":
         names = {"lookup": "prompt lookup (no draft model)", "adaptive": "draft model with adaptive γ",
                  "suffix": "text already written (suffix tree)", "hybrid": "copied text or the draft model"}
-        settings = options_text(method, snap.get("options"))  # "shape 4-2-2-1 · budget 44"
+        settings = setup_text(method, snap.get("options"))  # "L 12 · an untrained exit: …" (issue 51)
         parts.append(f"<span class='sv-mode'>guesses from: <b>{esc(names.get(method, method))}</b>"
                      + (f" · {esc(settings)}" if settings else "") + "</span>")
     if snap.get("note"):

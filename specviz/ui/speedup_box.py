@@ -6,7 +6,7 @@ beside it show, and its line names them and where they come from (issue 51).
 from __future__ import annotations
 
 from ..format import number
-from .render import esc
+from .escape import esc
 
 
 def _cell(v) -> str:
