@@ -57,6 +57,10 @@ def test_output_memory_and_forgotten_sources():
     assert out["where"] == "output" and out["from"] == "this output, line 3"
     mem = attrs(render.round_html(rnd(1, suffix_info("memory", "your earlier run 2", line_no=0)), "hybrid"))
     assert mem["where"] == "memory" and mem["from"] == "your earlier run 2"  # no line 0
+    priced = {**suffix_info(), "rate_suffix": 2.345, "rate_model": 1.5, "cost_steps": 1.8}
+    assert attrs(render.round_html(rnd(1, priced), "hybrid"))["why"].startswith(
+        "chosen over the draft model: 2.35 vs 1.50 expected tokens")
+    assert "why" not in attrs(render.round_html(rnd(1, {**priced, "rate_model": None}), "hybrid"))
     gone = render.round_html(rnd(1, {"drafter": "suffix", "source": None, "match_len": 4}), "suffix")
     assert "sv-from-text" in gone and attrs(gone)["from"] == "a source no longer remembered"
     assert draft_source.chart_hover({"drafter": "model"}) == "draft model"

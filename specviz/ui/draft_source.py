@@ -54,6 +54,15 @@ def where_line(info: dict | None) -> str:
     return label + (f", line {line}" if line else "")
 
 
+def priced_line(info: dict | None) -> str:
+    """hybrid: why the copied draft won ('' where a round was not priced)."""
+    rs, rm = (info or {}).get("rate_suffix"), (info or {}).get("rate_model")
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (rs, rm)):
+        return ""
+    return (f"chosen over the draft model: {rs:.2f} vs {rm:.2f} expected tokens per plain step of cost "
+            "(measured v(k) and c)")
+
+
 def round_class(info: dict | None) -> str:
     """The class attribute of a round's span: 'sv-round', plus 'sv-from-text' for a copied draft."""
     return "sv-round sv-from-text" if from_text(info) else "sv-round"
@@ -66,7 +75,8 @@ def round_data(info: dict | None) -> str:
     src = source_of(info)
     n = (_int(src.get("end")) or 0) - (_int(src.get("start")) or 0)
     fields = {"where": src.get("where", ""), "from": where_line(info), "text": src.get("text", ""),
-              "span": src.get("span", ""), "n": n if n > 0 else "", "match": info.get("match_len", "")}
+              "span": src.get("span", ""), "n": n if n > 0 else "", "match": info.get("match_len", ""),
+              "why": priced_line(info)}
     return "".join(f' data-src-{k}="{_esc(v)}"' for k, v in fields.items() if v not in (None, ""))
 
 
@@ -136,6 +146,12 @@ SOURCE_JS = """
       body.textContent = text || span;
     }
     card.append(head, body);
+    if (d.srcWhy) {  // hybrid: the pricing that chose the copied draft
+      const why = document.createElement('div');
+      why.className = 'sv-src-why';
+      why.textContent = d.srcWhy;
+      card.append(why);
+    }
     if (d.srcWhere === 'output') {  // earlier output tokens of this pane, before this round
       const rounds = Array.from(element.querySelectorAll('.sv-round'));
       const upto = rounds.indexOf(r);
@@ -175,6 +191,7 @@ CSS = """
 .dark .sv-src-card { border-color: #56B4E9; background: var(--background-fill-primary, #1f2937); }
 .sv-src-card[hidden] { display: none; }
 .sv-src-head { font-family: var(--font, sans-serif); font-weight: 600; margin-bottom: 3px; }
+.sv-src-why { margin-top: 3px; opacity: .8; font-family: var(--font, sans-serif); }
 .sv-src-card pre { margin: 0; white-space: pre-wrap; overflow-wrap: anywhere;
   font-family: var(--font-mono, monospace); }
 .sv-src-card mark { background: rgba(240, 228, 66, .6); color: inherit; outline: 1.5px solid #0072B2;
