@@ -12,7 +12,7 @@ from specviz.engine import datastore as store
 from specviz.engine.events import RoundEvent, RunSummary, TokenEvent
 from specviz.engine.metrics import run_stats
 from specviz.models import load_pair, resolve_pair
-from specviz.run.leaderboard import END, PLAIN, START, new_board, parse_keys, race_methods
+from specviz.run.leaderboard import END, PLAIN, RETIME, START, new_board, parse_keys, race_methods
 from specviz.run.race_bundle import bundle_dict, load_bundle, save_bundle
 from specviz.run.request import encode_prompt, make_request
 from specviz.run.trace import load_trace, trace_costs
@@ -55,18 +55,25 @@ def test_every_number_is_the_runs_own(greedy):
     base = board.base_summary
     assert [r.key for r in rows if r.key != PLAIN] and rows[0].tokens_per_s is not None
     assert {r.key for r in rows} == {PLAIN, *KEYS}
-    tps = [r.tokens_per_s for r in rows]
-    assert tps == sorted(tps, reverse=True)  # fastest first
+    spd = [r.speedup if r.tau >= 1.005 or r.speedup <= 1 else 1.0 for r in rows]
+    assert spd == sorted(spd, reverse=True)  # by × plain, a τ 1.00 run never above plain
     plain = next(r for r in rows if r.key == PLAIN)
     assert plain.tokens_per_s == base.tokens_per_s and plain.speedup == 1.0 and plain.identical == "reference"
+    timings = board.meta["plain_timings"]
+    assert len(timings) == 1 + len(KEYS) and [t["after"] for t in timings] == ["", *KEYS]
     for r in rows:
         if r.key == PLAIN:
             continue
         s = board.runs[r.key].summary
-        st = run_stats(s, base, trace_costs(board.trace(r.key)))
-        assert (r.tokens_per_s, r.speedup, r.tau, r.alpha_hat, r.c, r.v) == \
-            (s.tokens_per_s, st.speedup, st.tau, st.alpha_hat, st.c, st.verify_cost)
-        assert r.speedup == pytest.approx(s.tokens_per_s / base.tokens_per_s)
+        before, after = board._bracket(r.key)  # plain timed just before and just after it
+        assert before.tokens_per_s == timings[KEYS.index(r.key)]["tokens_per_s"]
+        assert after.tokens_per_s == timings[KEYS.index(r.key) + 1]["tokens_per_s"]
+        st = run_stats(s, before, trace_costs(board.trace(r.key)))
+        assert (r.tokens_per_s, r.tau, r.alpha_hat, r.c, r.v) == \
+            (s.tokens_per_s, st.tau, st.alpha_hat, st.c, st.verify_cost)
+        ref = (before.tokens_per_s + after.tokens_per_s) / 2  # a same-minute ratio, said in the row
+        assert r.speedup == pytest.approx(s.tokens_per_s / ref) and r.plain_tokens_per_s == pytest.approx(ref)
+        assert r.plain_how.startswith(f"÷ {ref:.2f} tok/s: the mean of plain timed just before")
         assert r.n_tokens == s.n_tokens == 16 and not r.error
         assert r.gamma == ("auto" if r.key == "auto" else "3")
         # greedy on fp32: every method reproduces plain decoding token for token
@@ -79,7 +86,9 @@ def test_every_number_is_the_runs_own(greedy):
 def test_runs_are_one_at_a_time_baseline_first(greedy):
     board, stream = greedy
     marks = [(k, s) for k, s, _ in stream if s in (START, END)]
-    assert marks == [(k, s) for k in [PLAIN, *KEYS] for s in (START, END)]
+    # plain timed again after each method (issue 51): only its markers, its events not recorded
+    assert marks == [(PLAIN, START), (PLAIN, END)] + [
+        m for k in KEYS for m in ((k, START), (k, END), (RETIME, START), (RETIME, END))]
     current = None
     for k, side, _ev in stream:  # every event lies between its own run's START and END
         if side == START:
@@ -87,7 +96,7 @@ def test_runs_are_one_at_a_time_baseline_first(greedy):
         elif side == END:
             current = None
         else:
-            assert k == current and side == ("baseline" if k == PLAIN else "speculative")
+            assert k == current != RETIME and side == ("baseline" if k == PLAIN else "speculative")
     assert all(isinstance(e, (TokenEvent, RunSummary)) for e in board.baseline)
     assert all(isinstance(e, (RoundEvent, RunSummary)) for r in board.runs.values() for e in r.events)
 
@@ -168,7 +177,9 @@ def test_bundle_round_trip(greedy, tmp_path):
         assert tr.summaries()["speculative"].to_dict() == board.runs[k].summary.to_dict()
         assert tr.summaries()["baseline"].to_dict() == board.base_summary.to_dict()
         view = replay_ui.final_view(tr)
-        assert view.finished and view.stats()["speedup"] == pytest.approx(back.row(k).speedup)
+        # the panes' speedup is against the plain run they show (the first); the table's a same-minute one
+        assert view.finished and view.stats()["speedup"] == pytest.approx(
+            board.runs[k].summary.tokens_per_s / board.base_summary.tokens_per_s)
         assert view.identical()["identical"]
     with pytest.raises(ValueError, match="race bundle"):
         load_trace(path)  # a bundle is not a single run's trace, and says so
@@ -229,3 +240,57 @@ def test_the_method_selector_follows_the_race(greedy):
     assert _picked(board, "tree", START) == ""
     assert _picked(board, "tree", END) == "tree"
     assert _picked(board, "tree", "speculative") is None and _picked(board, PLAIN, END) is None
+
+
+# ------------------------------------------------------------ same-minute × plain (issue 51)
+
+def _plain(tps: float, n: int = 32) -> RunSummary:
+    return RunSummary("baseline", "plain", list(range(n)), "", n, n / tps, 0.1, n, "max_new_tokens")
+
+
+def _busy_board(before: float, after: float | None, lookup_tps: float = 5.9):
+    """Issue 51's race in small: prompt lookup accepted nothing (τ 1.00), plain timed around it."""
+    from specviz.run.leaderboard import Board, Entry, MethodRun, _timing
+    board = Board({"settings": {"temperature": 0.0, "max_new_tokens": 32, "gamma": 3}}, ["lookup"])
+    board.baseline = [_plain(before)]
+    board.meta["plain_timings"] = [_timing(_plain(before), "")]
+    if after is not None:
+        board.meta["plain_timings"].append(_timing(_plain(after), "lookup"))
+    board.meta["plain_brackets"] = {"lookup": [0, 1 if after is not None else None]}
+    spec = RunSummary("speculative", "lookup", list(range(32)), "", 32, 32 / lookup_tps, 0.1, 32,
+                      "max_new_tokens", rounds=32, drafted=0)
+    board.runs["lookup"] = MethodRun(Entry("lookup", "lookup"), {"gamma": 3}, [spec])
+    return board
+
+
+def test_a_busy_baseline_no_longer_makes_a_method_that_accepted_nothing_fast():
+    # plain at 4.27 tok/s on a busy minute, 19 after it: lookup's 5.9 tok/s is 0.51× of the same minutes
+    row = _busy_board(4.27, 19.0).row("lookup")
+    assert row.speedup == pytest.approx(5.9 / ((4.27 + 19.0) / 2)) and not row.flag
+    assert "just before (4.27) and just after (19.00)" in row.plain_how
+
+
+def test_a_tau_one_method_above_plain_is_flagged_and_ranked_below_it():
+    from specviz.cli.leaderboard import table
+    from specviz.ui.leaderboard_render import table_html
+    board = _busy_board(4.27, 4.3)  # both brackets busy: lookup's 1.38× is noise
+    row = board.row("lookup")
+    assert row.tau == 1.0 and row.speedup == pytest.approx(5.9 / 4.285) and row.speedup > 1
+    assert row.flag.startswith("τ 1.00: no more tokens per target forward than plain decoding")
+    assert [r.key for r in board.rows()] == [PLAIN, "lookup"] and row.ranked
+    html = table_html(board)
+    assert "⚠ τ 1.00" in html and "1.38× ⚠" in html and "same-minute" in html
+    assert "⚠ τ 1.00" in table(board)
+    one = _busy_board(4.27, None)  # no plain after it (cut): the one before, said so
+    assert one.row("lookup").plain_how.endswith("none after") and one.row("lookup").flag
+
+
+def test_the_race_table_says_when_the_machine_is_busy():
+    from specviz.ui.leaderboard_render import table_html
+    board = _busy_board(4.27, 19.0)
+    assert "This machine is busy" not in table_html(board)
+    html = table_html(board, "other programs use 1.9 of this machine's 2 cores")
+    assert "This machine is busy</b> (other programs use 1.9 of this machine&#x27;s 2 cores)" in html
+    board.last = "lookup"
+    board.note_busy(RETIME, "other programs use 1.9 of this machine's 2 cores")  # its plain run after
+    assert "machine was busy during this run or its plain runs" in board.row("lookup").flag

@@ -4,7 +4,8 @@
         --methods draft,auto,tree,hybrid,suffix,staged,lookup,lookahead,rest --max-new-tokens 64 \\
         [--out race.json]
 
-One plain baseline, then each method alone in fair mode (specviz/run/leaderboard.py);
+Plain decoding, then each method alone in fair mode with plain timed again after it, so
+each × plain is a same-minute ratio (specviz/run/leaderboard.py);
 --out saves the whole race as one bundle the page loads in its "Race all
 methods" tab (specviz/run/race_bundle.py). `--from FILE` prints a saved bundle's table.
 """
@@ -15,7 +16,17 @@ import sys
 
 from ..format import number
 from ..run.flags import add_method_args, add_pair_args, load_from_args, method_options, preset_settings
-from ..run.leaderboard import DEFAULT_KEYS, END, PLAIN, START, Board, all_keys, new_board, race_methods
+from ..run.leaderboard import (
+    DEFAULT_KEYS,
+    END,
+    PLAIN,
+    RETIME,
+    START,
+    Board,
+    all_keys,
+    new_board,
+    race_methods,
+)
 from ..run.trace import headline, headline_text
 
 COLUMNS = ("#", "method", "γ", "tok/s", "× plain", "τ", "α̂", "c", "v", "tokens", "output")
@@ -51,7 +62,7 @@ def add_args(sub) -> None:
 def _output(row) -> str:
     if row.error:
         return f"not run: {row.error}"
-    return row.cut_note or row.identical
+    return (row.cut_note or row.identical) + (f" ⚠ {row.flag}" if row.flag else "")
 
 
 def cell(col: str, row, rank: int) -> str:
@@ -117,6 +128,9 @@ def run(args) -> int:
     if args.label:
         board.meta["label"] = args.label
     for key, side, _ev in race_methods(pair, req, ids, board, time_limit=args.time_limit, warmup=args.warmup):
+        _note_busy(board, key, side)
+        if key == RETIME:
+            continue
         if side == START:
             label = "plain decoding" if key == PLAIN else board.runs[key].entry.label
             print(f"[{board.done() + 1}/{board.total}] {label}…", file=sys.stderr, flush=True)
@@ -129,13 +143,26 @@ def run(args) -> int:
     return _print(args, board)
 
 
+def _note_busy(board: Board, key: str, side: str) -> None:
+    """As the page does (ui/leaderboard._note_busy): a run that other programs slowed says so."""
+    if side not in (START, END):
+        return
+    from ..ui import busy  # the page's CPU meter (/proc/stat), no gradio
+    busy.METER.sample()
+    if side == END and busy.METER.busy():
+        board.note_busy(key, busy.busy_reason({}))
+
+
 def _print(args, board: Board) -> int:
     if args.json:
         print(json.dumps([r.to_dict() for r in board.rows()]))
         return 0
     s = board.settings
+    n = len(board.meta.get("plain_timings") or ())
     print(f"{headline_text(board.meta, s)}: {s.get('max_new_tokens')} new tokens, "
-          f"{headline(board.meta, s)['sampling']}, each run timed alone (fair)")
+          f"{headline(board.meta, s)['sampling']}, each run timed alone (fair); "
+          + (f"× plain: ÷ the mean of plain timed just before and just after each method ({n} plain runs)"
+             if n > 1 else "× plain: ÷ one plain run timed before every method"))
     print(table(board))
     bad = [r for r in board.rows() if r.identical == "mismatch"]
     for r in bad:

@@ -1,5 +1,5 @@
-"""Race all methods: one prompt, one plain baseline, then each method timed alone,
-then a leaderboard built only from the runs' own events.
+"""Race all methods: one prompt, plain decoding, then each method timed alone with plain
+timed again after it, then a leaderboard built only from the runs' own events.
 
     board = new_board(pair, req, ["draft", "auto", "tree"])
     for key, side, ev in race_methods(pair, req, prompt_ids, board):
@@ -9,8 +9,13 @@ then a leaderboard built only from the runs' own events.
 Fairness: every run goes through specviz.run.race in fair mode with one side, so
 it is stepped on the race's engine thread under isolation.timed_step() and
 timed on its own VirtualClock: no two runs ever overlap, and work the consumer
-does between events (rendering) is not counted. The baseline runs once and is
-the reference of every row (× plain, c's plain step, the greedy check).
+does between events (rendering) is not counted. The first plain run is the
+reference of the greedy check; plain is timed again after each method (RETIME:
+not recorded as events, its numbers kept in meta["plain_timings"]), so each
+× plain divides by the mean of the plain runs just before and just after that
+method: a same-minute ratio. Issue 51: a race whose one baseline ran on a busy
+minute at 4.27 tok/s (19 in a quiet one) ranked a method that accepted nothing
+at 1.38× plain.
 
 Every number in a row comes from run_stats() on the run's own RunSummary, the
 same function the page and the CLI use for a single run; nothing is estimated.
@@ -32,6 +37,9 @@ from .equality import compare_greedy, output_tokens
 from .trace import Trace, trace_costs, trace_for
 
 PLAIN = "plain"  # the key of the shared baseline run
+RETIME = "plain-again"  # the key of plain timed again after a method (START/END markers only)
+# τ below this shows as 1.00: no more tokens per target forward than plain decoding
+TAU_PLAIN = 1.005
 PARTIAL = ("stopped", "error")  # stop reasons of a run that did not reach its end
 NOT_RUN = "stopped before it ran"  # a contender's reason after Stop
 START, END = "start", "end"  # markers: (key, START, None) before a run, (key, END, None) after it
@@ -131,6 +139,9 @@ class Row:
     stop_reason: str = ""
     error: str = ""
     detail: str = ""  # the greedy check's message
+    plain_tokens_per_s: float | None = None  # what × plain divided by (the same minute's plain)
+    plain_how: str = ""  # how that figure was taken, in words
+    flag: str = ""  # why × plain may mislead here (τ 1.00 above plain, a busy machine), or ""
 
     @property
     def ranked(self) -> bool:
@@ -159,6 +170,13 @@ class Board:
     baseline: list = field(default_factory=list)  # the plain run's events, RunSummary last
     runs: dict[str, MethodRun] = field(default_factory=dict)
     current: str = ""  # the key running now ("" when none)
+    last: str = ""  # the last run's key: the method RETIME's plain run brackets
+
+    def note_busy(self, key: str, reason: str) -> None:
+        """Other programs took the machine during `key`'s run (the page's or the CLI's CPU meter):
+        its row says so, and so does the row of the method a busy RETIME brackets."""
+        if reason:
+            self.meta.setdefault("busy", {})[self.last if key == RETIME else key] = reason
 
     @property
     def settings(self) -> dict:
@@ -192,7 +210,7 @@ class Board:
         base = self.base_summary
         rows = [self._plain_row(base)] if base is not None else []
         rows += [self._row(self.runs[k], base) for k in self.keys if self.runs[k].summary is not None]
-        rows.sort(key=lambda r: (not r.ranked, -(r.tokens_per_s or 0.0) if r.ranked else 0.0))
+        rows.sort(key=_rank_key)
         rows += [Row(k, self.runs[k].entry.label, self._gamma(self.runs[k]), None, None, None, None, None,
                      None, "–", error=self.runs[k].error)
                  for k in self.keys if self.runs[k].summary is None]
@@ -207,17 +225,43 @@ class Board:
 
     def _plain_row(self, base: RunSummary) -> Row:
         tau = base.n_tokens / base.target_forwards if base.target_forwards else None
+        rates = [t["tokens_per_s"] for t in self.meta.get("plain_timings") or ()]
+        how = (f"timed {len(rates)} times, between the methods: {min(rates):.2f}-{max(rates):.2f} tok/s"
+               if len(rates) > 1 else "timed once, before every method")
         return Row(PLAIN, "plain decoding (baseline)", "–", base.tokens_per_s,
                    1.0 if base.tokens_per_s > 0 else None, tau, None, None, None, "reference",
-                   base.n_tokens, base.elapsed, base.stop_reason)
+                   base.n_tokens, base.elapsed, base.stop_reason, plain_tokens_per_s=base.tokens_per_s,
+                   plain_how=how, flag=self._busy(PLAIN))
 
     def _row(self, run: MethodRun, base: RunSummary | None) -> Row:
         s = run.summary
-        st = run_stats(s, base, trace_costs(Trace(self.meta)))
+        before, after = self._bracket(run.entry.key)
+        # c and v divide by a plain step: the one timed just before this method
+        st = run_stats(s, before or base, trace_costs(Trace(self.meta)))
         ident, detail = self._check(run, base)
-        return Row(run.entry.key, run.entry.label, self._gamma(run), s.tokens_per_s, st.speedup, st.tau,
+        ref, how = _same_minute(before, after, base)
+        spd = s.tokens_per_s / ref if ref and s.elapsed > 0 else None
+        flags = [self._busy(run.entry.key)]
+        if spd is not None and spd > 1.0 and st.tau is not None and st.tau < TAU_PLAIN:
+            flags.insert(0, f"τ {st.tau:.2f}: no more tokens per target forward than plain decoding, so "
+                            f"its {spd:.2f}× is timing noise or a disturbed minute, not a speedup; "
+                            "ranked below plain")
+        return Row(run.entry.key, run.entry.label, self._gamma(run), s.tokens_per_s, spd, st.tau,
                    st.alpha_hat, st.c, st.verify_cost, ident, s.n_tokens, s.elapsed, s.stop_reason,
-                   run.error, detail)
+                   run.error, detail, plain_tokens_per_s=ref, plain_how=how,
+                   flag="; ".join(f for f in flags if f))
+
+    def _bracket(self, key: str) -> tuple[RunSummary | None, RunSummary | None]:
+        """The plain runs timed just before and just after `key`'s run (None: not timed)."""
+        timings = self.meta.get("plain_timings") or []
+        at = (self.meta.get("plain_brackets") or {}).get(key) or (None, None)
+        return tuple(_timing_summary(timings[i]) if i is not None and i < len(timings) else None
+                     for i in at)
+
+    def _busy(self, key: str) -> str:
+        """The page's or the CLI's note that the machine was busy during that run (meta["busy"])."""
+        why = (self.meta.get("busy") or {}).get(key)
+        return f"the machine was busy during this run or its plain runs ({why})" if why else ""
 
     def _check(self, run: MethodRun, base: RunSummary | None) -> tuple[str, str]:
         """The greedy output check of run/equality.py against the shared baseline."""
@@ -235,11 +279,50 @@ class Board:
         run = self.runs.get(key)
         settings = dict(run.settings) if run is not None and run.settings else dict(self.settings)
         label = f"{run.entry.label if run is not None else 'plain decoding'} · race of all methods"
+        if run is not None and len(self.meta.get("plain_timings") or ()) > 1:
+            label += " (its speedup here is against the first plain run; the table's, the same minute's)"
         tr = Trace(dict(self.meta, settings=settings, label=label))
         tr.events = [("baseline", e) for e in self.baseline]
         if run is not None:
             tr.events += [("speculative", e) for e in run.events]
         return tr
+
+
+def _rank_key(r: Row):
+    """Whole runs first, by × plain (a same-minute ratio); a τ 1.00 run never above plain."""
+    if not r.ranked:
+        return (True, 0.0, False)
+    spd = r.speedup if r.speedup is not None else 0.0
+    capped = r.key != PLAIN and r.tau is not None and r.tau < TAU_PLAIN and spd > 1.0
+    return (False, -(min(spd, 1.0) if capped else spd), capped)
+
+
+def _timing(s: RunSummary, after: str) -> dict:
+    """What the board keeps of a plain run timed again (its measured totals, not its tokens)."""
+    return dict(after=after, tokens_per_s=s.tokens_per_s, n_tokens=s.n_tokens, elapsed=s.elapsed,
+                prefill=s.prefill, target_forwards=s.target_forwards, stop_reason=s.stop_reason)
+
+
+def _timing_summary(t: dict) -> RunSummary:
+    return RunSummary("baseline", "plain", [], "", int(t["n_tokens"]), float(t["elapsed"]),
+                      float(t["prefill"]), int(t["target_forwards"]), str(t["stop_reason"]))
+
+
+def _same_minute(before: RunSummary | None, after: RunSummary | None, base: RunSummary | None):
+    """(plain tokens/s to divide by, how it was taken): the mean of the plain runs just before and
+    just after the method; one of them where the other is missing; the one baseline of a bundle
+    recorded before plain was timed again."""
+    if before is not None and after is not None:
+        ref = (before.tokens_per_s + after.tokens_per_s) / 2
+        return ref, (f"÷ {ref:.2f} tok/s: the mean of plain timed just before ({before.tokens_per_s:.2f}) "
+                     f"and just after ({after.tokens_per_s:.2f})")
+    if before is not None:
+        return before.tokens_per_s, (f"÷ plain timed just before it ({before.tokens_per_s:.2f} tok/s); "
+                                     "none after")
+    if base is not None:
+        return base.tokens_per_s, (f"÷ the one plain run ({base.tokens_per_s:.2f} tok/s), timed before "
+                                   "every method: not the same minute")
+    return None, ""
 
 
 def new_board(pair, req, keys, options: dict | None = None) -> Board:
@@ -282,8 +365,9 @@ def _request(board: Board, key: str, req):
 
 def race_methods(pair, req, prompt_ids: list[int], board: Board, *, stop: threading.Event | None = None,
                  time_limit: float | None = None, warmup: int = 0) -> Iterator[tuple[str, str, object]]:
-    """Run the baseline, then each contender of `board`, one at a time; yield
-    (key, side, event) as they come, with START/END markers around each run.
+    """Run the baseline, then each contender of `board`, one at a time, each followed by plain
+    timed again (RETIME: START/END markers only); yield (key, side, event) as they come, with
+    START/END markers around each run.
     A contender that cannot run here (no draft model, untrained heads, out of
     memory) gets its reason in its row and the race goes on; Stop or the time
     limit (`time_limit` seconds per run, as for any run of the server) end a run
@@ -297,7 +381,9 @@ def race_methods(pair, req, prompt_ids: list[int], board: Board, *, stop: thread
             if run is not None:
                 run.error = NOT_RUN
             continue
-        board.current = key
+        board.current = board.last = key
+        if key != PLAIN:  # the plain run just before this one: the last timed
+            board.meta.setdefault("plain_brackets", {})[key] = [len(board.meta["plain_timings"]) - 1, None]
         yield key, START, None
         try:
             kreq = kreq or _request(board, key, req)
@@ -312,11 +398,38 @@ def race_methods(pair, req, prompt_ids: list[int], board: Board, *, stop: thread
             free_memory()
             _give_up(board, key, f"out of memory: {first_line(err)}")
         board.current = ""
+        if key == PLAIN and board.base_summary is not None:
+            board.meta["plain_timings"] = [_timing(board.base_summary, "")]
         yield key, END, None
         if key == PLAIN and board.base_summary is None:
             for k in board.keys:  # no reference: nothing else can be compared
                 board.runs[k].error = board.runs[k].error or "the baseline did not finish"
             return
+        s = run.summary if run is not None else None
+        if s is not None and s.stop_reason not in PARTIAL and not (stop is not None and stop.is_set()):
+            yield from _retime(pair, req, prompt_ids, board, key, stop, time_limit, warmup)
+
+
+def _retime(pair, req, ids, board: Board, key: str, stop, limit, warmup) -> Iterator:
+    """Plain decoding timed again right after `key`'s run, alone as every run is; its totals join
+    meta["plain_timings"] and close `key`'s bracket. A failed or cut one leaves the bracket open."""
+    board.current = RETIME
+    yield RETIME, START, None
+    got = None
+    try:
+        for ev in _one(pair, req, ids, "baseline", stop, limit, warmup):
+            got = ev if isinstance(ev, RunSummary) else got
+    except (RequestError, ModelError):
+        pass
+    except Exception as err:  # noqa: BLE001 - out of memory: the bracket stays open; bugs still raise
+        if not is_oom(err):
+            raise
+        free_memory()
+    board.current = ""
+    if got is not None and got.stop_reason not in PARTIAL:
+        board.meta["plain_timings"].append(_timing(got, key))
+        board.meta["plain_brackets"][key][1] = len(board.meta["plain_timings"]) - 1
+    yield RETIME, END, None
 
 
 def _give_up(board: Board, key: str, why: str) -> None:

@@ -1,6 +1,7 @@
-"""The "Race all methods" tab: one prompt, the ticked methods, one shared plain
-baseline, then each method timed alone (specviz/run/leaderboard.py), a sorted
-leaderboard with a bar chart, and each method's panes one pick away.
+"""The "Race all methods" tab: one prompt, the ticked methods, plain decoding, then
+each method timed alone with plain timed again after it (specviz/run/leaderboard.py),
+a leaderboard sorted by same-minute × plain with a bar chart, and each method's
+panes one pick away. While other programs take the CPU, the table says so.
 
 The panes are the live tab's (PaneStream over a RunView): while the race runs
 they follow the run in progress; afterwards the selector re-renders any
@@ -20,11 +21,22 @@ import gradio as gr
 
 from ..engine.pair import dtype_of
 from ..errors import free_memory, run_error_text
-from ..run.leaderboard import DEFAULT_KEYS, END, PLAIN, START, Board, all_keys, entry, new_board, race_methods
+from ..run.leaderboard import (
+    DEFAULT_KEYS,
+    END,
+    PLAIN,
+    RETIME,
+    START,
+    Board,
+    all_keys,
+    entry,
+    new_board,
+    race_methods,
+)
 from ..run.race_bundle import load_bundle, save_bundle
 from ..run.request import MAX_GAMMA, Limits, RequestError
 from ..run.trace import headline
-from . import render
+from . import busy, render
 from . import replay as replay_ui
 from .charts import all_charts
 from .leaderboard_render import bar_chart, pick_choices, progress_html, replay_banner, table_html
@@ -188,9 +200,19 @@ def pane_stream(board: Board, key: str, banner: str = "") -> PaneStream:
 def _picked(board: Board, key: str, side: str) -> str | None:
     """The method selector while a race streams: a finished run names itself; a starting one
     clears it (else it named the last run while the panes showed the next); None: unchanged."""
+    if key == RETIME:
+        return None
     if side == START:
         return ""
     return key if side == END and key != PLAIN and board.row(key) else None
+
+
+def _note_busy(board: Board, key: str, side: str) -> None:
+    """A run's start resets the CPU meter's window; its end reads what other programs took meanwhile,
+    and a busy reading goes into the board (its row says so, the bundle keeps it)."""
+    busy.METER.sample()
+    if side == END and busy.METER.busy():
+        board.note_busy(key, busy.busy_reason({}))
 
 
 @dataclass
@@ -222,10 +244,12 @@ class BoardHandlers:
         path = save_bundle(board, folder / f"specviz-race-{stamp}.json")
         return gr.DownloadButton(value=str(path), interactive=True)
 
-    def _outputs(self, board, panes, note="", banner="", charts=True, pick=None, download=None) -> list:
+    def _outputs(self, board, panes, note="", banner="", charts=True, pick=None, download=None,
+                 live=True) -> list:
         pane_out = panes.outputs(charts) if panes is not None else [gr.skip()] * 9
         pick_out = gr.skip() if pick is None else gr.Dropdown(choices=pick_choices(board), value=pick)
-        return [progress_html(board, note, banner), table_html(board),
+        busy.METER.sample()
+        return [progress_html(board, note, banner), table_html(board, busy.busy_reason({}) if live else ""),
                 bar_chart(board) if charts else gr.skip(), pick_out,
                 download if download is not None else gr.skip(), *pane_out]
 
@@ -251,10 +275,12 @@ class BoardHandlers:
         try:
             yield self._outputs(board, None, pick=None, download=gr.DownloadButton(interactive=False))
             for k, side, ev in stream:
-                if side == START:
+                if side == START and k != RETIME:  # plain timed again: its events are not recorded
                     panes = pane_stream(board, k)
-                elif side != END:
+                elif side not in (START, END):
                     panes.add(side, ev)
+                if side in (START, END):
+                    _note_busy(board, k, side)
                 now = time.perf_counter()
                 if side in (START, END) or now - last >= UI_INTERVAL:
                     charts = side == END or now - last_chart >= CHART_INTERVAL
@@ -307,7 +333,7 @@ class BoardHandlers:
         best = next(iter(pick_choices(board)), (None, None))[1]
         panes = pane_stream(board, best) if best else None
         yield self._outputs(board, panes, "recorded race", banner, pick=best or "",
-                            download=self._download(key, board))
+                            download=self._download(key, board), live=False)
 
     def stop(self, request: gr.Request = None):
         self.page.sessions.stop(self.session_key(request), wait=self.stop_grace)

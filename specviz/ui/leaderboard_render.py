@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from ..format import number
-from ..run.leaderboard import PLAIN, Board, Row
+from ..run.leaderboard import PLAIN, RETIME, Board, Row
 from ..run.trace import headline
 from .charts import BLUE, FONT, GREEN, GRID, VERMILLION
 from .render import esc
@@ -17,11 +17,13 @@ CHECK = {"identical": ("✓ identical", "sv-good"), "near-tie": ("≈ near-tie",
          "n/a (sampled)": ("n/a (sampled)", "")}
 HEAD = [("#", ""), ("method", ""), ("γ", "draft length (auto: chosen each round)"),
         ("tok/s", "output tokens ÷ seconds on this run's own clock (timed alone)"),
-        ("× plain", "tokens/s ÷ the shared plain baseline's tokens/s"),
+        ("× plain", "tokens/s ÷ plain decoding's tokens/s in the same minute: the mean of plain timed just "
+                    "before and just after this method (hover a figure for its own)"),
         ("τ", "output tokens per target forward pass"),
         ("α̂", "expected acceptance: mean Σ min(p, q) over drafted positions"),
-        ("c", "one draft forward ÷ one plain target step (0: no draft model)"),
-        ("v", "one verify pass in plain target steps, measured in this run"),
+        ("c", "one draft forward ÷ one plain target step, the step of plain timed just before it "
+              "(0: no draft model)"),
+        ("v", "one verify pass in plain target steps (as c's), measured in this run"),
         ("output", "greedy: the method's text against plain decoding's, token for token "
                    "(run/equality.py)")]
 
@@ -39,10 +41,32 @@ def _check_cell(row: Row) -> str:
         return (f"<span title='its numbers are measured up to the stop, not ranked against whole runs'>"
                 f"{esc(row.cut_note)}</span>")
     text, cls = CHECK.get(row.identical, (row.identical, ""))
-    return f"<span class='{cls}' title='{esc(row.detail)}'>{esc(text)}</span>"
+    flag = f"<br><span class='sv-bad sv-lb-flag'>⚠ {esc(row.flag)}</span>" if row.flag else ""
+    return f"<span class='{cls}' title='{esc(row.detail)}'>{esc(text)}</span>{flag}"
 
 
-def table_html(board: Board | None) -> str:
+def _speedup_cell(row: Row) -> str:
+    """× plain with how its plain figure was taken on hover (and ⚠ where a flag says it misleads)."""
+    text = _num(row.speedup, "{:.2f}×") + (" ⚠" if row.flag and row.speedup is not None else "")
+    return f"<span title='{esc(row.plain_how)}'>{text}</span>" if row.plain_how else text
+
+
+def busy_line(reason: str) -> str:
+    """The live tab's warning, said over the table while other programs use the machine."""
+    if not reason:
+        return ""
+    return ("<div class='sv-status sv-status-warning sv-busy' role='alert' id='sv-lb-busy'>"
+            f"<span class='sv-dot sv-dot-warning'></span><b>This machine is busy</b> ({esc(reason)}): "
+            "tokens/s measured now are unreliable. Each × plain divides by plain timed in the same minute, "
+            "so it suffers least; a row run while busy says so.</div>")
+
+
+def table_html(board: Board | None, busy: str = "") -> str:
+    """The leaderboard; `busy`: why this machine's timings are unreliable right now, or ""."""
+    return busy_line(busy) + _table(board)
+
+
+def _table(board: Board | None) -> str:
     if board is None or not (board.baseline or any(r.events for r in board.runs.values())):
         return ("<div class='sv-runinfo' id='sv-lb-empty'><span class='sv-mode'>Tick the methods and press "
                 "<b>Run race</b>: plain decoding runs once, then each method alone; the table fills in as "
@@ -54,7 +78,7 @@ def table_html(board: Board | None) -> str:
         ran = r.ranked
         style = " style='font-weight:600'" if r.key == PLAIN else ""
         cells = [str(i + 1) if ran else "–", esc(r.label), esc(r.gamma), _num(r.tokens_per_s, "{:.2f}"),
-                 _num(r.speedup, "{:.2f}×"), _num(r.tau, "{:.2f}"), _num(r.alpha_hat, "{:.3f}"),
+                 _speedup_cell(r), _num(r.tau, "{:.2f}"), _num(r.alpha_hat, "{:.3f}"),
                  _num(r.c, "{:.3f}"), _num(r.v, "{:.2f}")]
         tds = "".join(f"<td{LEFT if j == 1 else ''}>{c}</td>" if j else f"<th scope='row'>{c}</th>"
                       for j, c in enumerate(cells))
@@ -67,10 +91,16 @@ def table_html(board: Board | None) -> str:
 def _footnote(board: Board) -> str:
     s = board.settings
     how = "greedy" if board.greedy else f"sampled at temperature {s.get('temperature')}, seed {s.get('seed')}"
+    timings = board.meta.get("plain_timings") or ()
+    plain = (f"plain decoding timed {len(timings)} times, once before the methods and again after each, "
+             "so each × plain is a same-minute ratio (the mean of plain just before and just after; hover "
+             "it)" if len(timings) > 1 else
+             "plain decoding timed once, before every method: its × plain figures are not same-minute "
+             "ratios")
     return (f"<div class='sv-runinfo'><span class='sv-mode'>{esc(s.get('max_new_tokens'))} new tokens, "
             f"{how}; "
             f"every run timed alone on its own clock (fair mode), each number from that run's own events; "
-            f"sorted by tokens/s.</span></div>")
+            f"{plain}; sorted by × plain, a method with τ 1.00 never above plain.</span></div>")
 
 
 def progress_html(board: Board | None, note: str = "", banner: str = "") -> str:
@@ -78,7 +108,10 @@ def progress_html(board: Board | None, note: str = "", banner: str = "") -> str:
         return (f"<div class='sv-runinfo' id='sv-lb-state'>{banner}<span class='sv-mode'>{esc(note)}</span>"
                 "</div>")
     done, total = board.done(), board.total
-    if board.current:
+    if board.current == RETIME:
+        what = (f"{done} of {total} runs done; timing <b>plain decoding</b> again, for a same-minute "
+                "× plain")
+    elif board.current:
         name = "plain decoding (the shared baseline)" if board.current == PLAIN else \
             board.runs[board.current].entry.label
         what = f"running {min(done + 1, total)} of {total}: <b>{esc(name)}</b>, timed alone"
