@@ -18,7 +18,7 @@ from . import replay as replay_ui
 from .handlers import STOP_GRACE, Handlers, pair_choices, run_button_props, session_key
 from .layout import Page, build_page
 from .loader import ModelManager
-from .runqueue import PRESS_JS, SUBMIT_JS
+from .runqueue import PRESS_JS, RACE, RACING, SUBMIT_JS
 
 
 def _as_sent(payload):
@@ -93,8 +93,8 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
         raw_values(*page.method_options.numbers)
     # ZeroGPU on a Space: borrow a GPU per run, for as long as its limits need (else a no-op)
     run = gpu_decorator(handlers.limits, max_tokens_arg=2)(handlers.page_run())
-    once = dict(concurrency_limit=1, concurrency_id="generate", trigger_mode="once", show_progress="full",
-                show_progress_on=[page.run_info])
+    # no gradio tracker: the Run button is the one queue counter (ui/runqueue.py; issue 51)
+    once = dict(concurrency_limit=1, concurrency_id="generate", trigger_mode="once", show_progress="hidden")
     # one run per press: the button disables itself in the browser first (ui/runqueue.py), and
     # the prompt's Enter presses the button (a second event would queue a second run)
     page.run_btn.click(handlers.run_pressed, None, [page.run_btn, page.timer], js=PRESS_JS, **quiet)
@@ -120,7 +120,21 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
     page.busy_replay.click(None, None, None, js="() => { window.svReplay && window.svReplay(); return []; }",
                            api_visibility="private", queue=False)  # ui/stage.py PAGE_JS
     if page.board is not None:  # the "Race all methods" tab
-        board_ui.wire(page.board, handlers, session_key)
+        race_button(page.board, board_ui.wire(page.board, handlers, session_key))
+
+
+def race_button(board, races: list) -> None:
+    """"▶ Run race" reads "Racing…" and is disabled from the press until the race ends or stops
+    (issue 51: it kept its label and stayed enabled)."""
+    quiet = dict(api_visibility="private", show_progress="hidden", queue=False)
+    btn = board.run_btn
+    btn.click(lambda: gr.Button(value=RACING, interactive=False), None, btn,
+              js="() => { const b = document.querySelector('#sv-lb-run'); if (b) b.disabled = true; "
+                 "return []; }", **quiet)
+    for race in races:
+        race.then(lambda: gr.Button(value=RACE, interactive=True), None, btn, **quiet)
+        race.failure(lambda: gr.Button(value=RACE, interactive=True), None, btn, **quiet)
+    board.stop_btn.click(lambda: gr.Button(value=RACE, interactive=True), None, btn, **quiet)
 
 
 def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_mode: str = "fair",

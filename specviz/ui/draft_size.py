@@ -23,18 +23,38 @@ def public(command: str) -> str:
     return re.sub(r"(?<![\w.])(?:~|/)[^\s/]*(?:/[^\s/]+)*/(?=[^\s/]+)", "", command)
 
 
+# what each row's drafter is, in the intro's words (a row of another method: its registered label)
+KINDS = {"early-exit": "the target's own first L layers (early exit)",
+         "layer-skip": "the target minus skipped layers (layer skip)", "draft": "a separate draft model",
+         "lookup": "prompt lookup (model-free)", "rest": "retrieval from a datastore (REST, model-free)",
+         "staged": "staged: prompt lookup, then the draft model"}
+
+
+def _kind(size: dict) -> str:
+    from ..engine.proposers import REGISTRY
+    method = size.get("method")
+    return KINDS.get(method) or (REGISTRY[method].label if method in REGISTRY else str(method))
+
+
 def intro_html(data: dict) -> str:
-    cmds = "".join(f"<li><code>{html.escape(public(i['command']))}</code> ({html.escape(i['date'])}, "
-                   f"load {html.escape(str(i['load_before']))} → {html.escape(str(i['load_after']))})</li>"
+    """What the rows are (named from the rows themselves, issue 51: the intro promised early-exit
+    and layer-skip rows the table did not have), and, first and large, the pair it measured."""
+    esc = html.escape
+    cmds = "".join(f"<li><code>{esc(public(i['command']))}</code> ({esc(i['date'])}, "
+                   f"load {esc(str(i['load_before']))} → {esc(str(i['load_after']))})</li>"
                    for i in data.get("invocations", []))
-    return ("<p>How acceptance α and speedup change with γ and with the draft's cost: the target's own "
-            "first L layers (early exit), the target minus skipped layers, a separate draft model, and "
-            "model-free drafts. Measured on "
-            f"{html.escape(str(data.get('pair', '')))} ({html.escape(str(data.get('precision', '')))}), "
-            f"{html.escape(str(data.get('machine', '')))}, {data.get('prompts')} prompts × "
-            f"{data.get('max_new_tokens')} new tokens, greedy. ★ = measured best γ, ○ = the "
-            "verify-cost-aware theory's best γ. The CPU was shared with other jobs: load averages below."
-            f"</p><ul>{cmds}</ul>")
+    rows = "".join(f"<li><b>{esc(str(s.get('label', '')))}</b>: {esc(_kind(s))}</li>"
+                   for s in data.get("sizes", []))
+    dates = sorted({str(i.get("date", ""))[:10] for i in data.get("invocations", []) if i.get("date")})
+    measured = (f"<div class='sv-ds-measured' role='note'><b>Measured on:</b> "
+                f"{esc(str(data.get('pair', '')))}, "
+                f"<b>{esc(str(data.get('precision', '')))}</b>, on {esc(str(data.get('machine', '')))}"
+                + (f", {esc(', '.join(dates))}" if dates else "") + ". Not measured on this page, and not "
+                "necessarily the pair the live tab runs (its status line names that one).</div>")
+    return (measured + "<p>How acceptance α and speedup change with γ and with where the drafts come from. "
+            f"The rows:</p><ul>{rows}</ul><p>{data.get('prompts')} prompts × {data.get('max_new_tokens')} "
+            "new tokens, greedy. ★ = measured best γ, ○ = the verify-cost-aware theory's best γ. The CPU was "
+            f"shared with other jobs: load averages below.</p><ul>{cmds}</ul>")
 
 
 def on_page(fig):
@@ -59,7 +79,7 @@ def build_tab(path: Path = RESULT):
             gr.Markdown("No draft-size result committed yet: run `python -m specviz draft-size "
                         "--out docs/draft_size.json`.")
             return
-        gr.HTML(intro_html(data))
+        gr.HTML(intro_html(data), elem_id="sv-ds-intro")
         gr.Plot(on_page(heatmap(data)), show_label=False, elem_id="sv-ds-heatmap")
         gr.Plot(on_page(lines(data)), show_label=False, elem_id="sv-ds-lines")
         gr.Markdown(table_md(data))

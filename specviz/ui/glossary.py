@@ -34,10 +34,14 @@ def abbr(term: str, shown: str | None = None) -> str:
     return f"<abbr title='{esc(MEANING[term])}'>{esc(shown or term)}</abbr>"
 
 
-def glossary_html() -> str:
+def glossary_html(keys: str = "") -> str:
+    """The glossary disclosure; `keys` (the keys line's HTML) heads it, for narrow screens, where the
+    keys line itself is hidden (ui/stage.py CSS)."""
     rows = "".join(f"<dt>{esc(t)}</dt><dd>{esc(m)}</dd>" for t, m in TERMS)
-    return (f"<details class='sv-glossary' id='sv-glossary'><summary>Glossary: γ, α̂, τ, c, v, w4a8, "
-            f"g32…</summary><dl>{rows}</dl></details>")
+    if keys:
+        rows = f"<dt class='sv-glossary-keys'>Keys</dt><dd class='sv-glossary-keys'>{keys}</dd>" + rows
+    return (f"<details class='sv-glossary' id='sv-glossary'><summary>Glossary{' and keys' if keys else ''}: "
+            f"γ, α̂, τ, c, v, w4a8, g32…</summary><dl>{rows}</dl></details>")
 
 
 def _bits(precision: str) -> str:

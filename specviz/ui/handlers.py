@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
+from ..calibration.selfspec import resolve_options
+from ..engine.pair import OURS
 from ..errors import ModelError, free_memory, run_error_text
 from ..models import PairSpec, available_pairs, resolve_pair
 from ..run import isolation
@@ -293,7 +295,10 @@ class Handlers:
         try:
             view = RunView(req.gamma, req.temperature, mode, req.prompt, req.chat_template)
             view.method, view.gamma_auto, view.dtype = req.method, req.gamma_auto, pair.dtype
-            view.options = req.options  # shown next to the method in the run header
+            # shown next to the method in the run header, with what calibration chose for a blank exit
+            # layer or skip set (the run resolves the same, cached, values: run/runner.py)
+            view.options = (resolve_options(pair, req.method, req.options) if pair.engine == OURS
+                            else req.options)
             view.costs = pair.costs  # calibration at load: plain step and v(k)
             view.unmeasured = pair.unmeasured  # another engine (vLLM): n/a, never 0
             inspector.LATEST.put(key, view.spec.rounds)  # the p/q inspector reads the rounds as they come

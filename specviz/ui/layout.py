@@ -21,7 +21,7 @@ MODE_CHOICES = [
     ("fair: each side timed alone (honest speedup)", "fair"),
     ("parallel: both at once (shares the hardware)", "parallel"),
 ]
-HEADER = ("<div class='sv-header'><h1 style='margin:0'>SpecViz</h1>"
+HEADER = ("<div class='sv-header'><div class='sv-title-row'><h1 style='margin:0'>SpecViz</h1>{help}</div>"
           "<p style='margin:2px 0 0 0;opacity:.8'>Speculative decoding, made visible and honestly "
           "measured: a small draft model guesses, the big target model verifies.</p></div>")
 
@@ -75,20 +75,26 @@ class Page:
         return [self.base_pane, self.spec_pane, self.stats, self.run_info, *self.plots]
 
 
-def _prompt_column(presets: list[dict]) -> dict:
+def _prompt_column(presets: list[dict], ready: bool) -> dict:
     first = presets[0]
     with gr.Column(scale=3):
         preset = gr.Dropdown([p["name"] for p in presets], value=first["name"], label="Preset",
                              info="Example prompts (code, chat, grounded, edit): fills prompt and settings",
                              elem_id="sv-preset")
-        prompt = gr.Textbox(first["prompt"], label="Prompt", lines=5, max_lines=14,
+        prompt = gr.Textbox(first["prompt"], label="Prompt", lines=4, max_lines=14,
                             info="Text the model continues (or answers, with the chat template on)",
                             elem_id="sv-prompt")
-        next_preset = gr.Button("Next preset (N)", size="sm", elem_id="sv-next-preset")
-    return dict(preset=preset, prompt=prompt, next_preset=next_preset)
+        # Run right under the prompt (issue 51): the next Tab stop after it, and above the fold at
+        # 1440x900 and on a phone (it was the 22nd stop, under the settings' three-stop sliders)
+        with gr.Row(elem_id="sv-run-row"):
+            run_btn = gr.Button("▶ Run" if ready else "loading models…", variant="primary",
+                                interactive=ready, elem_id="sv-run", scale=2)
+            stop_btn = gr.Button("■ Stop", variant="secondary", elem_id="sv-stop", scale=1)
+            next_preset = gr.Button("Next preset (N)", variant="secondary", elem_id="sv-next-preset", scale=1)
+    return dict(preset=preset, prompt=prompt, next_preset=next_preset, run_btn=run_btn, stop_btn=stop_btn)
 
 
-def _settings_column(first: dict, limits: Limits, default_mode: str, ready: bool) -> dict:
+def _settings_column(first: dict, limits: Limits, default_mode: str) -> dict:
     with gr.Column(scale=2):
         with gr.Row():  # two sliders a row: three cut their end labels and scrolled sideways
             gamma = gr.Slider(1, MAX_GAMMA, value=first["gamma"], step=1, label="γ (draft length)",
@@ -107,13 +113,8 @@ def _settings_column(first: dict, limits: Limits, default_mode: str, ready: bool
         mode = gr.Radio(MODE_CHOICES, value=default_mode, label="Execution mode",
                         info="fair: each side gets the machine to itself on its own virtual clock. "
                              "parallel: both run at once and slow each other down.")
-        with gr.Row():
-            run_btn = gr.Button("▶ Run" if ready else "loading models…", variant="primary",
-                                interactive=ready, elem_id="sv-run")
-            stop_btn = gr.Button("■ Stop", variant="secondary", elem_id="sv-stop")
     return dict(gamma=gamma, gamma_auto=gamma_auto, max_new=max_new, temperature=temperature, seed=seed,
-                mode=mode,
-                run_btn=run_btn, stop_btn=stop_btn)
+                mode=mode)
 
 
 def _more_settings(first: dict) -> dict:
@@ -185,8 +186,8 @@ def build_page(*, presets: list[dict], choices: PairChoices, limits: Limits, def
                status: dict, allow_local_paths: bool, fixed_pair: bool, stage: bool = False) -> Page:
     """The components, inside the caller's `with gr.Blocks()`."""
     first = presets[0]
-    gr.HTML(HEADER)
-    gr.HTML(keys_html(stage), elem_id="sv-keys-block")  # the keyboard shortcuts (ui/stage.py), stage mode
+    # the keys and the glossary beside the title, for every visitor (ui/stage.py, ui/glossary.py)
+    gr.HTML(HEADER.format(help=keys_html(stage)), elem_id="sv-keys-block")
     with gr.Accordion("What am I looking at?", open=not stage, elem_id="sv-explainer"):
         gr.HTML(f"<div class='sv-explainer'>{render.EXPLAINER}</div>")
     parts = dict(status=gr.HTML(render.status_html(status), elem_id="sv-status"))
@@ -197,8 +198,8 @@ def build_page(*, presets: list[dict], choices: PairChoices, limits: Limits, def
     live_tab = contextlib.ExitStack()
     live_tab.enter_context(gr.Tab("Live demo", id="live", elem_id="sv-tab-live"))
     with gr.Row(equal_height=False):
-        parts |= _prompt_column(presets)
-        parts |= _settings_column(first, limits, default_mode, status["ready"])
+        parts |= _prompt_column(presets, status["ready"])
+        parts |= _settings_column(first, limits, default_mode)
     parts |= _more_settings(first)
     parts |= _pair_section(choices, allow_local_paths, fixed_pair)
     parts["replay"] = replay_ui.build_section()  # replay recorded runs, download yours (ui/replay.py)

@@ -84,6 +84,42 @@ def options_text(method: str | None, options: dict | None) -> str:
     return " · ".join(parts)
 
 
+# a blank option in a run header: what the method used instead
+BLANK = {"exit_layer": "calibrated", "skip_layers": "calibrated", "tree_shape": "dynamic",
+         "tree_budget": "auto"}
+# why a self-drafting method accepts little here, said in its run header (issue 51: early exit
+# accepted 0 of 226 drafts and nothing on the page said why)
+WHY = {"early-exit": "an untrained exit: this target was never trained to predict from its middle layers, "
+                     "so few drafts pass",
+       "layer-skip": "untrained: this target was never trained to run with layers skipped, so few drafts "
+                     "pass, and a draft step costs most of a full step"}
+
+
+def _fixed_setup(method: str | None) -> str:
+    """The setup a method has no option for: prompt lookup's n-gram sizes."""
+    if method == "lookup":
+        from ..engine.proposers.lookup import PromptLookupProposer as L
+        return f"n-grams of {L.max_ngram} down to {L.min_ngram} tokens"
+    return ""
+
+
+def setup_text(method: str | None, options: dict | None) -> str:
+    """A run header's setup: every option the method has, a blank one named for what it used
+    ("L calibrated", "budget auto"), its fixed setup, and for a self-drafting method why it accepts
+    little on a pair trained for neither: 'L 12 · an untrained exit: …'."""
+    opts = dict(options) if isinstance(options, dict) else {}
+    parts = []
+    for opt in specs_for(method):
+        if opt.short and opt.page and opts.get(opt.name) in (None, "", []):
+            if opt.default not in (None, "", []):
+                opts[opt.name] = opt.default
+            else:
+                opts.pop(opt.name, None)
+                parts.append(f"{opt.short} {BLANK.get(opt.name, 'default')}")
+    parts = [p for p in (options_text(method, opts), *parts, _fixed_setup(method), WHY.get(method, "")) if p]
+    return " · ".join(parts)
+
+
 def note_html(method: str | None) -> str:
     note = REGISTRY[method].note if method in REGISTRY else ""
     return f"<span class='sv-mode'>{note or NO_SETTINGS}</span>"

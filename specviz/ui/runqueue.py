@@ -1,7 +1,8 @@
 """The Run button while runs queue: "⏳ queue 2 of 3", then "Running…", disabled
 throughout, and "▶ Run" again when the visitor's run ended (issue 21: the
 button said "▶ Run" and stayed enabled, and a keyboard run plus a click queued
-two runs).
+two runs). It is the page's one queue counter: the run event hides gradio's own
+tracker, which counted differently ("queue: 1/1" beside "⏳ queue 2 of 2", issue 51).
 
 Runs go one at a time (concurrency_id "generate"); gradio serves them first
 come, first served, so the order in which sessions pressed Run is the queue.
@@ -15,6 +16,8 @@ import gradio as gr
 
 RUN = "▶ Run"
 RUNNING = "Running…"
+RACE = "▶ Run race"  # the Race all methods tab's button (ui/blocks.py): "Racing…" and disabled meanwhile
+RACING = "Racing…"
 STALE = 3600.0  # a press whose run never started (tab closed in the queue) is forgotten after this
 
 # runs in the browser before the press reaches the server: the button is disabled
@@ -26,6 +29,11 @@ PRESS_JS = """() => {
   const b = document.querySelector('#sv-run');
   if (b) b.disabled = true;  // its label comes from run_pressed: a text set here would replace the node
                              // gradio writes labels into, and "Running…" stayed after every run
+  // the focus goes to Stop (a disabled Run dropped it to <body>, and the next Tab skipped Stop);
+  // ui/stage.py PAGE_JS gives it back to Run when the run ends
+  const stop = document.querySelector('#sv-stop');
+  if (stop) stop.focus();
+  window.svFocusBack = Date.now();
   const show = () => {
     const info = document.querySelector('#sv-runinfo');
     const r = info && info.getBoundingClientRect();

@@ -10,13 +10,18 @@ visitor when a typed γ or token budget was out of range and got clamped
 """
 from __future__ import annotations
 
-KEYS = (("R", "run"), ("S / Esc", "stop"), ("P", "replay a recorded run"), ("N", "next preset"))
+from .glossary import glossary_html
+
+KEYS = (("R", "run"), ("S / Esc", "stop"), ("P", "replay a recorded run"), ("N", "next preset"),
+        ("Tab", "prompt → Run → Stop"), ("← →", "method"))
 
 
-def keys_html(stage: bool) -> str:
+def keys_html(stage: bool = False) -> str:
+    """The keys and the glossary, for every visitor (issue 51: the keys were listed in stage mode
+    only). `stage` is kept for callers; both modes show the same line."""
     keys = " · ".join(f"<kbd>{k}</kbd> {what}" for k, what in KEYS)
-    return (f"<div class='sv-keys' id='sv-keys' style='display:{'flex' if stage else 'none'}'>"
-            f"<b>Keys</b> {keys}</div>")
+    return (f"<div class='sv-help'><div class='sv-keys' id='sv-keys' role='note' aria-label='keyboard "
+            f"shortcuts'><b>Keys</b> {keys}</div>{glossary_html(keys)}</div>")
 
 
 # runs once in the browser at page load (demo.load js): stage mode, the keys, the clamp notes
@@ -24,6 +29,22 @@ PAGE_JS = """() => {
   const forced = %(forced)s;
   const stage = forced || new URLSearchParams(location.search).get('stage') === '1';
   const root = document.querySelector('.gradio-container') || document.body;
+  // a phone: the explainer starts folded, so Run is on the first screen (issue 51)
+  if (!stage && window.innerWidth <= 720) {
+    const fold1 = () => { const b = document.querySelector('#sv-explainer .label-wrap');
+      if (b && b.classList.contains('open')) b.click(); };
+    setTimeout(fold1, 100); setTimeout(fold1, 1500);
+  }
+  // the method selector: gradio names each radio apart, so arrow keys did not move it (issue 51)
+  document.addEventListener('keydown', (e) => {
+    const box = e.target && e.target.closest && e.target.closest('#sv-method, #sv-lb-pick');
+    const step = {ArrowDown: 1, ArrowRight: 1, ArrowUp: -1, ArrowLeft: -1}[e.key];
+    if (!box || !step || e.target.type !== 'radio') return;
+    const all = [...box.querySelectorAll('input[type=radio]')].filter((r) => !r.disabled);
+    const next = all[(all.indexOf(e.target) + step + all.length) %% all.length];
+    if (next) { next.focus(); next.click(); }
+    e.preventDefault();
+  }, true);
   if (stage) {
     root.classList.add('sv-stage');
     const keys = document.querySelector('#sv-keys');
@@ -35,6 +56,24 @@ PAGE_JS = """() => {
     setTimeout(fold, 300); setTimeout(fold, 3000);
   }
   const click = (sel) => { const b = document.querySelector(sel); if (b && !b.disabled) b.click(); };
+  // a run's press focuses Stop (ui/runqueue.py PRESS_JS sets svFocusBack); Run takes the focus
+  // back once it is "▶ Run" again, unless the visitor moved it elsewhere meanwhile (issue 51)
+  setInterval(() => {
+    if (!window.svFocusBack || Date.now() - window.svFocusBack < 400) return;
+    const run = document.querySelector('#sv-run');
+    if (!run || run.disabled || !run.textContent.trim().startsWith('▶')) return;
+    const a = document.activeElement;
+    if (!a || a === document.body || a.id === 'sv-stop') run.focus();
+    window.svFocusBack = 0;
+  }, 150);
+  // an older toast goes when the visitor acts again: gradio stacks same-kind toasts as
+  // "Error (2)" and stops timing them out, so they piled up (issue 51)
+  const closeToasts = () => document.querySelectorAll('.toast-wrap [data-testid="toast-close"]')
+    .forEach((b) => b.click());
+  document.addEventListener('click', (e) => {
+    const b = e.target && e.target.closest && e.target.closest('button');
+    if (b && !b.closest('.toast-wrap')) closeToasts();
+  }, true);
   // replay the selected recorded run; the replay section may be folded: open it first
   window.svReplay = () => {
     const play = document.querySelector('#sv-replay-play');
@@ -73,6 +112,9 @@ PAGE_JS = """() => {
     if (Number.isFinite(typed) && (typed < lo || typed > hi)) {
       const set = typed < lo ? lo : hi;
       note.textContent = `${names[block.id]} must be ${lo}–${hi}: ${typed} was set to ${set}`;
+      // the box shows the value the run uses (it kept the typed -5, issue 51)
+      box.value = String(set);
+      box.dispatchEvent(new Event('input', {bubbles: true}));
     } else { note.textContent = ''; }
   }, true);
   return [];
@@ -83,7 +125,22 @@ CSS = """
   padding: 4px 10px; border-radius: 8px; border: 1px dashed var(--border-color-primary); }
 .sv-keys kbd { font-family: var(--font-mono, monospace); padding: 0 6px; border-radius: 4px;
   border: 1px solid var(--border-color-primary); background: var(--background-fill-secondary); }
-.gradio-container:not(.sv-stage) #sv-keys-block { display: none; }
+.sv-title-row { display: flex; flex-wrap: wrap; gap: 6px 24px; align-items: center; }
+.sv-help { display: flex; flex-wrap: wrap; gap: 4px 10px; align-items: flex-start; margin-left: auto; }
+.sv-keys { font-size: 13px; padding: 2px 10px; }
+.sv-glossary { font-size: 13px; padding: 2px 10px; border-radius: 8px;
+  border: 1px dashed var(--border-color-primary); }
+.sv-glossary summary { cursor: pointer; }
+.sv-glossary dl { display: grid; grid-template-columns: max-content 1fr; gap: 2px 12px; margin: 6px 0; }
+.sv-glossary dt { font-weight: 600; }
+.sv-glossary dd { margin: 0; }
+.sv-glossary .sv-glossary-keys { display: none; }
+.sv-pair-detail summary { cursor: pointer; font-size: 12.5px; opacity: .8; }
+.sv-pair-note { display: block; }
+abbr[title] { text-decoration: underline dotted; cursor: help; }
+#sv-run-row { align-items: stretch; }
+.sv-ds-measured { font-size: 15px; padding: 8px 12px; margin: 4px 0 8px; border-radius: 8px;
+  border-left: 4px solid #E69F00; background: var(--background-fill-secondary); }
 .sv-clamp { font-size: 12.5px; color: #D55E00; min-height: 0; }
 .dark .sv-clamp { color: #ff8a4c; }
 /* layout (issue 21): whitespace tokens carry no underline (indentation read as underscores),
@@ -100,6 +157,13 @@ CSS = """
   .sv-chart-row { flex-wrap: wrap !important; }
   .sv-chart-row > * { min-width: 100% !important; }
   .sv-legend-item { white-space: normal; }
+  /* Run on the first screen (issue 51): the keys move into the glossary's disclosure, the
+     preset and prompt hints and the status lines get smaller */
+  #sv-keys.sv-keys { display: none; }
+  .sv-help .sv-glossary .sv-glossary-keys { display: block; }
+  #sv-preset .info-text, #sv-prompt .info-text { display: none; }
+  .sv-status { font-size: 13px; }
+  .sv-header p { font-size: 14px; }
 }
 """
 # large type for a hall, written `.sv-stage X` and scoped by staged() below
