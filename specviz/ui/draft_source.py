@@ -14,19 +14,11 @@ from __future__ import annotations
 
 import html
 
+from .escape import esc
+
 SUFFIX = "suffix"  # info["drafter"] of a round drafted from a suffix tree
 COPY_SIGN = "❝"
 WHERE_WORDS = {"prompt": "the prompt", "output": "this output", "memory": "an earlier output"}
-
-
-def _esc(text) -> str:
-    """As render.esc (which imports this module): HTML-escaped, lone surrogates as U+FFFD."""
-    out = "" if text is None else str(text)
-    try:
-        out.encode("utf-8")
-    except UnicodeEncodeError:
-        out = out.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return html.escape(out, quote=True)
 
 
 def from_text(info: dict | None) -> bool:
@@ -77,7 +69,7 @@ def round_data(info: dict | None) -> str:
     fields = {"where": src.get("where", ""), "from": where_line(info), "text": src.get("text", ""),
               "span": src.get("span", ""), "n": n if n > 0 else "", "match": info.get("match_len", ""),
               "why": priced_line(info)}
-    return "".join(f' data-src-{k}="{_esc(v)}"' for k, v in fields.items() if v not in (None, ""))
+    return "".join(f' data-src-{k}="{esc(v)}"' for k, v in fields.items() if v not in (None, ""))
 
 
 def legend_item() -> str:
