@@ -19,24 +19,33 @@ TOKENS = [10 + (i % 40) for i in range(64)]
 ACCEPTS = [3, 1, 0, 2, 3, 3, 0, 1]
 
 
+RUNNER_UP = 99  # every row's second token in the logprobs the fake sends
+
+
 class Fake:
     def __init__(self, gamma: int = 0, model: str = "fake-model", fail_with: str | None = None,
-                 die_after: int | None = None):
+                 die_after: int | None = None, rows: dict | None = None):
         self.gamma, self.model, self.fail_with = gamma, model, fail_with
         self.die_after = die_after  # chunks sent before the stream ends with no [DONE] (a dead engine)
+        # asked for logprobs: each token's row {id: logprob}; `rows` overrides positions
+        # (a near-tie: {7: {12: -0.69, 99: -0.70}}); the token there is its row's top
+        self.rows = rows or {}
+        self.tokens = list(TOKENS)
+        for i, row in self.rows.items():
+            self.tokens[i] = max(row, key=row.get)
         self.drafts = self.draft_tokens = self.accepted = 0
         self.per_pos = [0] * gamma
         self.requests: list[dict] = []
 
     def chunks(self, n: int) -> list[list[int]]:
         if not self.gamma:
-            return [[t] for t in TOKENS[:n]]
-        out, i, k = [TOKENS[:1]], 1, 0
+            return [[t] for t in self.tokens[:n]]
+        out, i, k = [self.tokens[:1]], 1, 0
         while i < n:
             acc = ACCEPTS[k % len(ACCEPTS)]
             k += 1
             take = min(acc + 1, n - i)
-            out.append(TOKENS[i:i + take])
+            out.append(self.tokens[i:i + take])
             self.drafts += 1
             self.draft_tokens += self.gamma
             self.accepted += min(acc, take)
@@ -79,12 +88,20 @@ def handler(fake: Fake):
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
             chunks = fake.chunks(body["max_tokens"])
+            at = 0
             for j, ids in enumerate(chunks):
                 if j == fake.die_after:
                     return
                 last = j == len(chunks) - 1
                 obj = {"choices": [{"index": 0, "text": "", "token_ids": ids,
                                     "finish_reason": "length" if last else None}]}
+                if body.get("logprobs"):  # as vLLM: top rows keyed "token_id:N" (return_tokens_as_token_ids)
+                    rows = [fake.rows.get(at + k, {t: -0.01, RUNNER_UP: -5.0}) for k, t in enumerate(ids)]
+                    obj["choices"][0]["logprobs"] = {
+                        "tokens": [f"token_id:{t}" for t in ids],
+                        "token_logprobs": [r.get(t) for r, t in zip(rows, ids, strict=True)],
+                        "top_logprobs": [{f"token_id:{x}": v for x, v in r.items()} for r in rows]}
+                at += len(ids)
                 self.wfile.write(f"data: {json.dumps(obj)}\n\n".encode())
                 self.wfile.flush()
             self.wfile.write(b"data: [DONE]\n\n")

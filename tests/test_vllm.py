@@ -239,3 +239,65 @@ def test_a_deployments_gamma_is_its_own(pair_dirs, servers, capsys):
     assert code == 0, err
     st = json.loads(out)["stats"]
     assert st["gamma"] == 3 and st["extra"]["gamma_note"] == "γ 5 was asked for; the vLLM server drafts 3"
+
+
+# ------------------------------------------------------------ near-ties from top-2 logprobs (issue 51)
+
+def _both(capsys, pair_dirs, plain_rows, spec_rows):
+    """generate --engine vllm --mode both --json against two fakes with these logprob rows."""
+    plain, spec = Fake(0, rows=plain_rows), Fake(3, rows=spec_rows)
+    (s1, u1), (s2, u2) = serve(plain), serve(spec)
+    try:
+        code, out, err = run_cli(capsys, *pair_args(pair_dirs), "--prompt", "x", "--gamma", "3",
+                                 "--max-new-tokens", "16", "--mode", "both", "--json", "--engine", "vllm",
+                                 "--vllm-url", u1, "--vllm-url", u2)
+    finally:
+        s1.shutdown(), s2.shutdown()
+    return code, [json.loads(ln) for ln in out.splitlines()], err, plain, spec
+
+
+def test_vllm_runs_ask_for_top2_logprobs_and_a_near_tie_is_judged(pair_dirs, capsys):
+    """Both sides ask for each token's top 2 (ids, not strings); a flip between two tokens whose
+    logprobs are 0.01 apart is called a near-tie, not "no record of which tokens the rows ranked top"."""
+    a, b = TOKENS[7], 99
+    code, (base, sp), err, plain, spec = _both(capsys, pair_dirs, {7: {a: -0.690, b: -0.700}},
+                                                {7: {b: -0.690, a: -0.700}})
+    for fake in (plain, spec):
+        assert fake.requests[0]["logprobs"] == 2 and fake.requests[0]["return_tokens_as_token_ids"] is True
+    assert base["token_ids"][7] == a and sp["token_ids"][7] == b
+    eq = sp["greedy_equality"]
+    assert code == 0, err
+    assert eq["verdict"] == "near-tie" and eq["position"] == 7 and eq["gap_base"] == pytest.approx(0.01)
+    assert eq["reason"] == "the top two swapped"
+
+
+def test_vllm_difference_beyond_rounding_is_a_mismatch(pair_dirs, capsys):
+    a, b = TOKENS[7], 99
+    code, (_, sp), _, _, _ = _both(capsys, pair_dirs, {7: {a: -0.01, b: -5.0}}, {7: {b: -0.01, a: -5.0}})
+    assert code == 1 and sp["greedy_equality"]["verdict"] == "mismatch"
+    assert sp["greedy_equality"]["reason"] == "a gap beyond rounding"
+
+
+def test_the_page_says_differs_at_a_near_tie_for_vllm_rows():
+    import torch
+
+    from specviz.engine.events import Outcome, RoundEvent, RunSummary, TokenEvent
+    from specviz.hosting.vllm import _gap
+    from specviz.ui import render
+    from specviz.ui.state import RunView
+    view = RunView(gamma=3, temperature=0.0, mode="fair")
+    view.dtype = torch.bfloat16  # vLLM's rows: the threshold at magnitude 1, 16 × 2^-7
+    base = [TokenEvent(t, "x", Outcome.TARGET, 0.1 * i, gap=_gap({t: -0.69, 99 if t != 99 else 98: -0.7}, t))
+            for i, t in enumerate([5, 6, 7])]
+    spec_tokens = [TokenEvent(t, "x", Outcome.TARGET, 0.1, gap=_gap(row, t)) for t, row in
+                   ((5, {5: -0.69, 99: -0.7}), (6, {6: -0.69, 99: -0.7}), (99, {99: -0.69, 7: -0.7}))]
+    for ev in base:
+        view.add("baseline", ev)
+    view.add("speculative", RoundEvent(0, 0, [], [], [], [], [], 0, 99, False, 0.0, 0.0, 0.3, 0.3, 0,
+                                       tokens=spec_tokens, total_tokens=3))
+    view.add("baseline", RunSummary("baseline", "vllm plain", [5, 6, 7], "", 3, 0.3, 0.1, 3, "max_new_tokens"))
+    view.add("speculative", RunSummary("speculative", "vllm draft_model", [5, 6, 99], "", 3, 0.3, 0.1, 1,
+                                       "max_new_tokens", rounds=1))
+    badge = view.identical()
+    assert badge["verdict"] == "near-tie" and badge["first_diff"] == 2
+    assert "differ from token 3 at a numerical near-tie" in render.run_info_html(view.snapshot())

@@ -10,6 +10,11 @@ What vLLM tells us, and how it maps onto our events:
 - vLLM does not expose the rejected draft ids, p(x), q(x), the accept
   uniforms, nor the draft's own time: those stay None here (UNMEASURED), and
   the page and the CLI say so instead of showing blanks.
+- Greedy runs ask for each token's top-2 logprobs (both sides alike), so the
+  greedy check (run/equality.py) can tell a near-tie from a bug: a logprob gap is
+  the logit gap (softmax shifts every logit alike). The logits' own magnitude is
+  not sent, so the near-tie threshold is taken at magnitude 1: the strictest it
+  can be (issue 51: "mismatch", "no record of which tokens the rows ranked top").
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import torch
 
 from ..engine.clock import VirtualClock
 from ..engine.events import Outcome, RoundEvent, RunSummary, TokenEvent
+from ..engine.sampling import Gap
 from ..engine.text import TextStream
 from ..errors import RequestError
 from ..models import PairSpec
@@ -36,6 +42,7 @@ NOT_EXPOSED = ("vLLM does not expose rejected draft tokens, p(x)/q(x), the accep
                "acceptance comes from vLLM's /metrics counters")
 UNMEASURED = ("alpha_hat", "c", "t_draft_step", "predicted", "best_gamma", "verify_cost")
 FINISH = {"stop": "eos", "length": "max_new_tokens", "abort": "stopped"}
+TOP_LOGPROBS = 2  # the near-tie rule needs each row's top two
 
 
 class VllmPair:
@@ -127,7 +134,8 @@ def _events(pair: VllmPair, req, side: str, prompt_ids, stop, clock):
     before = read_counters(server.url) if side == "speculative" else None
     t0 = now()
     chunks = stream_completion(server.url, server.model, list(prompt_ids), max_tokens=req.max_new_tokens,
-                               temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed)
+                               temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed,
+                               top_logprobs=TOP_LOGPROBS if req.temperature == 0 else 0)
     build = _Run(pair.tokenizer, side, server.gamma, len(prompt_ids))
     try:
         for chunk in chunks:
@@ -165,25 +173,27 @@ class _Run:
         self.steps += 1
         if chunk.finish_reason:
             self.reason = FINISH.get(chunk.finish_reason, chunk.finish_reason)
+        gaps = [_gap(d, x) for d, x in zip(chunk.tops, chunk.token_ids, strict=False)] if chunk.tops else []
+        gaps += [None] * (len(chunk.token_ids) - len(gaps))
         if self.side == "baseline":
-            for x in chunk.token_ids:
+            for x, g in zip(chunk.token_ids, gaps, strict=False):
                 self.out.append(x)
-                yield TokenEvent(x, self.text.push(x), Outcome.TARGET, t)
+                yield TokenEvent(x, self.text.push(x), Outcome.TARGET, t, gap=g)
         else:
-            yield from self._rounds(chunk.token_ids, t)
+            yield from self._rounds(chunk.token_ids, t, gaps)
         self.last_t = t
 
-    def _rounds(self, ids: list[int], t: float):
+    def _rounds(self, ids: list[int], t: float, gaps: list):
         if self.rounds == 0:  # the prefill step: one target token, nothing drafted yet
-            yield self._round(ids[:1], t, gamma=0, prompt=True)
-            ids = ids[1:]
+            yield self._round(ids[:1], t, gaps[:1], gamma=0, prompt=True)
+            ids, gaps = ids[1:], gaps[1:]
         size = self.gamma + 1
         if len(ids) > size:
             self.merged += 1  # vLLM merged steps the client had not read yet: split evenly
         for i in range(0, len(ids), size):
-            yield self._round(ids[i:i + size], t, gamma=self.gamma)
+            yield self._round(ids[i:i + size], t, gaps[i:i + size], gamma=self.gamma)
 
-    def _round(self, ids: list[int], t: float, *, gamma: int, prompt: bool = False) -> RoundEvent:
+    def _round(self, ids: list[int], t: float, gaps: list, *, gamma: int, prompt: bool = False) -> RoundEvent:
         n_acc = len(ids) - 1 if gamma else 0
         toks = []
         for pos, x in enumerate(ids, start=1):
@@ -194,7 +204,8 @@ class _Run:
             else:
                 kind, where = (Outcome.BONUS if n_acc == gamma else Outcome.RESAMPLED), 0
             self.out.append(x)
-            toks.append(TokenEvent(x, self.text.push(x), kind, t, round=self.rounds, position=where))
+            toks.append(TokenEvent(x, self.text.push(x), kind, t, round=self.rounds, position=where,
+                                   gap=gaps[pos - 1] if pos - 1 < len(gaps) else None))
         self.drafted += gamma
         self.accepted += n_acc
         ev = RoundEvent(index=self.rounds, gamma=gamma, draft_ids=ids[:n_acc], q=[], p=[], u=[], overlap=[],
@@ -229,6 +240,16 @@ class _Run:
             gamma=self.gamma, device=f"vllm@{server.url}",
             prompt_rounds=1 if self.side == "speculative" and self.rounds else 0,
             engine=ENGINE, unmeasured=list(UNMEASURED) if self.side == "speculative" else [], extra=extra)
+
+
+def _gap(top: dict[int, float], chosen: int) -> Gap | None:
+    """A row's top-1 minus top-2 logprob (= the logit gap) with both tokens, the chosen one first
+    in an exact tie; top_logit is the top logprob (≤ 0), so the near-tie threshold is taken at
+    magnitude 1. None without two entries."""
+    if len(top) < 2:
+        return None
+    (a, la), (b, lb) = sorted(top.items(), key=lambda kv: (-kv[1], kv[0] != chosen, kv[0]))[:2]
+    return Gap(la - lb, a, b, la)
 
 
 # ------------------------------------------------------------------ loading

@@ -80,16 +80,23 @@ class Chunk:
     token_ids: list[int]
     text: str
     finish_reason: str | None = None
+    # per token, when asked for (top_logprobs > 0): {token id: logprob} of the row's top tokens
+    tops: list[dict[int, float]] | None = None
 
 
 def stream_completion(base_url: str, model: str, prompt_ids: list[int], *, max_tokens: int,
-                      temperature: float, top_p: float, top_k: int, seed: int | None, timeout: float = 600):
+                      temperature: float, top_p: float, top_k: int, seed: int | None, timeout: float = 600,
+                      top_logprobs: int = 0):
     """Yield Chunks of a streamed /v1/completions request for `prompt_ids`.
 
     `return_token_ids` makes vLLM send each chunk's token ids; closing the
-    generator closes the connection, which makes vLLM abort the request."""
+    generator closes the connection, which makes vLLM abort the request.
+    `top_logprobs` > 0: each token's row's top logprobs too (`logprobs`, keyed by
+    id with `return_tokens_as_token_ids`: "token_id:42")."""
     body = {"model": model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": temperature,
             "top_p": top_p, "stream": True, "return_token_ids": True, "skip_special_tokens": False}
+    if top_logprobs:
+        body.update(logprobs=top_logprobs, return_tokens_as_token_ids=True)
     if top_k:
         body["top_k"] = top_k
     if seed is not None:
@@ -138,7 +145,23 @@ def _chunk(obj: dict, t: float) -> Chunk | None:
     ids = ch.get("token_ids")
     if ids is None:
         raise VllmError("this vLLM server does not return token ids (needs vLLM ≥ 0.10): upgrade it")
-    return Chunk(t, list(ids), ch.get("text") or "", ch.get("finish_reason"))
+    return Chunk(t, list(ids), ch.get("text") or "", ch.get("finish_reason"), _tops(ch.get("logprobs")))
+
+
+def _tops(lp) -> list[dict[int, float]] | None:
+    """The chunk's top_logprobs, keys "token_id:42" → 42; None where the server sent none."""
+    rows = (lp or {}).get("top_logprobs") if isinstance(lp, dict) else None
+    if not rows:
+        return None
+    out = []
+    for row in rows:
+        d = {}
+        for key, v in (row or {}).items():
+            head, _, num = str(key).rpartition(":")
+            if head == "token_id" and num.lstrip("-").isdigit() and v is not None:
+                d[int(num)] = float(v)
+        out.append(d)
+    return out
 
 
 def _http_message(e) -> str:
