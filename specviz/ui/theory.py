@@ -146,7 +146,7 @@ def alpha_figure(alpha: float, gamma: int, c: float, measured: Measured | None =
     the chosen α, the break-even α and the measured run marked."""
     alpha, gamma, c = _clamp(alpha, gamma, c)
     fig = go.Figure()
-    _layout(fig, f"Over α, at γ = {gamma}, c = {c:.2f}", "α (acceptance rate)", "")
+    _layout(fig, f"Over α, at γ = {gamma}, c = {c:.2f}", "α (expected acceptance, a run's α̂)", "")
     fig.add_hline(y=1.0, line=dict(color=FONT, width=1, dash="dot"))
     fig.add_scatter(x=ALPHAS, y=[expected_tokens(a, gamma) for a in ALPHAS], yaxis="y2",
                     name="E[tokens per round]", mode="lines", line=dict(color=GREEN, width=2, dash="dash"),
@@ -290,8 +290,9 @@ def build_tab() -> TheoryTab:
     with gr.Tab("Theory explorer", id="theory", elem_id="sv-tab-theory"):
         gr.HTML(FORMULA)
         with gr.Row():
-            alpha = gr.Slider(0.0, ALPHA_END, value=DEFAULTS["alpha"], step=0.01, label="α (acceptance rate)",
-                              info="Chance that the target keeps a drafted token", elem_id="sv-th-alpha")
+            alpha = gr.Slider(0.0, ALPHA_END, value=DEFAULTS["alpha"], step=0.01,
+                              label="α (expected acceptance)", info="Chance that the target keeps a drafted "
+                              "token (a run measures it as α̂)", elem_id="sv-th-alpha")
             gamma = gr.Slider(1, MAX_GAMMA, value=DEFAULTS["gamma"], step=1, label="γ (draft length)",
                               info="Guesses per round", elem_id="sv-th-gamma")
             c = gr.Slider(0.0, 1.0, value=DEFAULTS["c"], step=0.01, label="c (draft cost)",
