@@ -7,9 +7,10 @@ Names (the page, the CLI and the docs use the same two):
   α̂  expected acceptance = mean over drafted positions of Σ_x min(p(x), q(x)):
       the probability that the accept test passes at a position given its
       prefix. This is Leviathan et al.'s α, measured from the distributions.
-  accepted ÷ drafted: the share of drafted tokens kept. It also counts the
-      drafts after the first rejection, which were never tested, so it sits
-      below α̂ whenever rounds end early.
+  accepted ÷ drafted: the share of drafted tokens kept. In a chain it also
+      counts the drafts after the first rejection, which were never tested, so
+      it sits below α̂ whenever rounds end early; a token tree counts its nodes
+      otherwise, and there it can exceed α̂ (0.868 against 0.840, issue 51).
 """
 from __future__ import annotations
 
