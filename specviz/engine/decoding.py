@@ -15,11 +15,10 @@ from typing import Iterator
 
 import torch
 
-from .clock import Clock
 from .events import Outcome, RoundEvent, RunSummary, TokenEvent, commit_round, round_tokens
 from .forward import crop_cache, forward_logits, pick
 from .proposer import ChainProposer
-from .rounds import check_stop, cut_at_eos, drive_rounds, new_summary, pad_to, run_state
+from .rounds import Clock, check_stop, cut_at_eos, drive_rounds, new_summary, pad_to, run_state
 from .sampling import SamplingParams, Verdict, top2_gap, verify, warp
 from .text import TextStream
 from .topk_view import round_dists

@@ -1,7 +1,9 @@
 """The one round loop every speculative engine runs: a round is
 propose → verify → commit (see docs: the chain, tree and Jacobi verifiers
 live in decoding.py, tree_decoding.py and proposers/lookahead.py; each round's
-outcome is committed to the run's books by events.commit_round).
+outcome is committed to the run's books by events.commit_round). Its clocks live here too:
+real elapsed time (device-synchronised), and the virtual clock the fair race uses to time
+each side as if it ran alone.
 
 Cache invariant for every engine: the target's KV cache holds every committed
 token but the last one, which is fed by the next forward pass.
@@ -9,15 +11,65 @@ token but the last one, which is fed by the next forward pass.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 
-from .clock import Clock
 from .events import RoundEvent, RunSummary
 from .forward import new_cache
 from .text import TextStream
+
+
+class Clock:
+    """Seconds since the run started; synchronises the device before reading."""
+
+    def __init__(self, device: torch.device, t0: float | None = None):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.t0 = self.now_raw() if t0 is None else t0
+
+    def now_raw(self) -> float:
+        if self.cuda:
+            # only this thread's stream: a parallel race runs the other side on
+            # another stream, and its work must not be counted here
+            torch.cuda.current_stream(self.device).synchronize()  # this side's GPU (two GPUs: its own)
+        return time.perf_counter()
+
+    def now(self) -> float:
+        return self.now_raw() - self.t0
+
+    def exclude(self, seconds: float) -> None:
+        """Take `seconds` of bookkeeping for the page (not decoding) off this clock."""
+        self.t0 += seconds
+
+
+class VirtualClock(Clock):
+    """A clock that only runs while its owner is resumed.
+
+    The fair race steps two engines in turn; each engine reads this clock, so
+    its timestamps count only its own work, as if it ran alone."""
+
+    def __init__(self, device: torch.device):
+        super().__init__(device)
+        self.spent = 0.0
+        self.since: float | None = None
+
+    def resume(self) -> None:
+        self.since = self.now_raw()
+
+    def pause(self) -> None:
+        if self.since is not None:
+            self.spent += self.now_raw() - self.since
+            self.since = None
+
+    def now(self) -> float:
+        running = self.now_raw() - self.since if self.since is not None else 0.0
+        return self.spent + running
+
+    def exclude(self, seconds: float) -> None:
+        self.spent -= seconds
 
 
 def check_stop(stop: threading.Event | None) -> bool:

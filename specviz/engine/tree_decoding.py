@@ -15,11 +15,10 @@ from typing import Iterator
 import torch
 from transformers import DynamicCache
 
-from .clock import Clock
 from .events import Outcome, RoundEvent, RunSummary, commit_round, round_tokens
 from .forward import crop_cache, keep_cache_slots
 from .proposer import TreeProposer
-from .rounds import cut_at_eos, drive_rounds, make_generator, new_summary, pad_to
+from .rounds import Clock, cut_at_eos, drive_rounds, make_generator, new_summary, pad_to
 from .sampling import SamplingParams, greedy_rows, overlap, top2_gap, warp
 from .text import TextStream
 from .tree_forward import tree_forward_logits

@@ -24,8 +24,8 @@ from types import SimpleNamespace
 
 import torch
 
-from ..engine.clock import VirtualClock
 from ..engine.events import Outcome, RoundEvent, RunSummary, TokenEvent
+from ..engine.rounds import VirtualClock
 from ..engine.sampling import Gap
 from ..engine.text import TextStream
 from ..errors import RequestError

@@ -36,8 +36,8 @@ from typing import Iterator
 
 import torch
 
-from ..engine.clock import Clock, VirtualClock
 from ..engine.events import RoundEvent, RunSummary, TokenEvent, event_time
+from ..engine.rounds import Clock, VirtualClock
 from . import isolation
 from .runner import run_events, side_pair
 

@@ -39,11 +39,10 @@ import torch
 from transformers import DynamicCache
 
 from ...errors import RequestError
-from ..clock import Clock
 from ..events import Outcome, RoundEvent, RunSummary, commit_round, round_tokens
 from ..forward import bias_of, context_apart, keep_cache_slots, masked_forward
 from ..proposer import Option, Proposer, register
-from ..rounds import cut_at_eos, drive_rounds, new_summary
+from ..rounds import Clock, cut_at_eos, drive_rounds, new_summary
 from ..sampling import SamplingParams, top2_gap
 from ..text import TextStream
 
