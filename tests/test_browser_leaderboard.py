@@ -55,7 +55,7 @@ def test_race_table_chart_and_panes(browser, server, tmp_path):  # noqa: F811
     # sorted by × plain, each a same-minute ratio (its plain figures on hover); a τ 1.00 method is
     # never above plain (issue 51)
     cells = rows.evaluate_all("els => els.map(e => [e.children[4].innerText, e.children[4].innerHTML, "
-                              "e.children[5].innerText])")
+                              "e.children[6].innerText])")  # × plain, its hover, τ
     spd = [float(x.split("×")[0]) if float(tau) >= 1.005 else min(float(x.split("×")[0]), 1.0)
            for x, _, tau in cells]
     assert spd == sorted(spd, reverse=True), cells

@@ -281,6 +281,7 @@ def test_a_tau_one_method_above_plain_is_flagged_and_ranked_below_it():
     html = table_html(board)
     assert "⚠ τ 1.00" in html and "1.38× ⚠" in html and "same-minute" in html
     assert "⚠ τ 1.00" in table(board)
+    assert "plain then" in table(board) and row.plain_then == "4.29"  # (4.27 + 4.3) / 2, shown
     one = _busy_board(4.27, None)  # no plain after it (cut): the one before, said so
     assert one.row("lookup").plain_how.endswith("none after") and one.row("lookup").flag
 

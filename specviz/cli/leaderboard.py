@@ -29,7 +29,7 @@ from ..run.leaderboard import (
 )
 from ..run.trace import headline, headline_text
 
-COLUMNS = ("#", "method", "γ", "tok/s", "× plain", "τ", "α̂", "c", "v", "tokens", "output")
+COLUMNS = ("#", "method", "γ", "tok/s", "× plain", "plain then", "τ", "α̂", "c", "v", "tokens", "output")
 
 
 def add_args(sub) -> None:
@@ -67,6 +67,7 @@ def _output(row) -> str:
 
 def cell(col: str, row, rank: int) -> str:
     f = {"tok/s": number(row.tokens_per_s, "{:.2f}", "–"), "× plain": number(row.speedup, "{:.2f}×", "–"),
+         "plain then": row.plain_then,
          "τ": number(row.tau, "{:.2f}", "–"), "α̂": number(row.alpha_hat, "{:.3f}", "–"),
          "c": number(row.c, "{:.3f}", "–"), "v": number(row.v, "{:.2f}", "–"),
          "output": _output(row),

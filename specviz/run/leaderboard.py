@@ -144,6 +144,14 @@ class Row:
     flag: str = ""  # why × plain may mislead here (τ 1.00 above plain, a busy machine), or ""
 
     @property
+    def plain_then(self) -> str:
+        """The "plain then" column: the plain tokens/s this row divides by; the plain row: all of
+        them, lowest-highest (issue 51's tiny race on a busy machine: 30.57-115.59)."""
+        if self.key == PLAIN and self.plain_how.startswith("timed ") and ": " in self.plain_how:
+            return self.plain_how.rsplit(": ", 1)[1].removesuffix(" tok/s")
+        return "–" if self.plain_tokens_per_s is None else f"{self.plain_tokens_per_s:.2f}"
+
+    @property
     def ranked(self) -> bool:
         """A whole run: one stopped before its end (Stop, the time limit) keeps its measured
         numbers but is not ranked against whole ones."""

@@ -19,6 +19,9 @@ HEAD = [("#", ""), ("method", ""), ("γ", "draft length (auto: chosen each round
         ("tok/s", "output tokens ÷ seconds on this run's own clock (timed alone)"),
         ("× plain", "tokens/s ÷ plain decoding's tokens/s in the same minute: the mean of plain timed just "
                     "before and just after this method (hover a figure for its own)"),
+        ("plain then", "plain decoding's tokens/s that × plain divides by: the mean of plain timed just "
+                       "before and just after this method (plain's row: every time it was timed, "
+                       "lowest-highest)"),
         ("τ", "output tokens per target forward pass"),
         ("α̂", "expected acceptance: mean Σ min(p, q) over drafted positions"),
         ("c", "one draft forward ÷ one plain target step, the step of plain timed just before it "
@@ -78,7 +81,7 @@ def _table(board: Board | None) -> str:
         ran = r.ranked
         style = " style='font-weight:600'" if r.key == PLAIN else ""
         cells = [str(i + 1) if ran else "–", esc(r.label), esc(r.gamma), _num(r.tokens_per_s, "{:.2f}"),
-                 _speedup_cell(r), _num(r.tau, "{:.2f}"), _num(r.alpha_hat, "{:.3f}"),
+                 _speedup_cell(r), esc(r.plain_then), _num(r.tau, "{:.2f}"), _num(r.alpha_hat, "{:.3f}"),
                  _num(r.c, "{:.3f}"), _num(r.v, "{:.2f}")]
         tds = "".join(f"<td{LEFT if j == 1 else ''}>{c}</td>" if j else f"<th scope='row'>{c}</th>"
                       for j, c in enumerate(cells))
