@@ -33,8 +33,8 @@ COLUMNS = ("#", "method", "γ", "tok/s", "× plain", "plain then", "τ", "α̂",
 
 
 def add_args(sub) -> None:
-    r = sub.add_parser("race-methods", help="race several methods on one prompt (one shared plain baseline, "
-                                            "each method timed alone) and print the leaderboard")
+    r = sub.add_parser("race-methods", help="race several methods on one prompt (each method timed alone, "
+                                            "plain timed again after each) and print the leaderboard")
     add_pair_args(r)
     r.add_argument("--prompt", default=None)
     r.add_argument("--preset", default=None, help="take prompt, γ and chat template from this UI preset")

@@ -269,7 +269,7 @@ class Board:
     def _busy(self, key: str) -> str:
         """The page's or the CLI's note that the machine was busy during that run (meta["busy"])."""
         why = (self.meta.get("busy") or {}).get(key)
-        return f"the machine was busy during this run or its plain runs ({why})" if why else ""
+        return f"busy machine ({why}), in this run or the plain one after it" if why else ""
 
     def _check(self, run: MethodRun, base: RunSummary | None) -> tuple[str, str]:
         """The greedy output check of run/equality.py against the shared baseline."""

@@ -50,11 +50,12 @@ CHART_INTERVAL = 0.5
 SETTLE = 0.1  # after each page update, before the next timed step: gradio sends it meanwhile
 WARMUP = 4  # new tokens of an unrecorded warm-up before each timed run (first forwards of a shape are slow)
 OFFERED = tuple(k for k in all_keys() if k != "heads")  # Medusa heads need training a visitor cannot do
-INTRO = ("<div class='sv-explainer'><b>Race all methods</b> on one prompt: plain decoding runs once as the "
-         "shared baseline, then each ticked method runs <b>alone</b>, timed on its own clock (fair mode, "
-         "nothing else running), with the same prompt, budget and sampling. The leaderboard's numbers all "
-         "come from each run's own events; greedy outputs are checked token for token against plain "
-         "decoding. Pick a method below the table to see its run in the usual panes.</div>")
+INTRO = ("<div class='sv-explainer'><b>Race all methods</b> on one prompt: plain decoding runs first, then "
+         "each ticked method runs <b>alone</b>, timed on its own clock (fair mode, nothing else running), "
+         "with the same prompt, budget and sampling, and plain decoding is timed again after each, so each "
+         "× plain compares runs of the same minute. The leaderboard's numbers all come from each run's own "
+         "events; greedy outputs are checked token for token against plain decoding. Pick a method below "
+         "the table to see its run in the usual panes.</div>")
 
 
 def shipped() -> dict[str, Board]:
@@ -105,7 +106,7 @@ def _controls(first: dict, limits: Limits) -> dict:
                                 elem_id="sv-lb-prompt")
             methods = gr.CheckboxGroup([(entry(k).label, k) for k in OFFERED],
                                        value=[k for k in DEFAULT_KEYS if k in OFFERED], label="Methods",
-                                       info="Each runs alone after the shared plain baseline",
+                                       info="Each runs alone, plain decoding timed again after each",
                                        elem_id="sv-lb-methods")
         with gr.Column(scale=2, min_width=280):
             with gr.Row():

@@ -72,8 +72,8 @@ def table_html(board: Board | None, busy: str = "") -> str:
 def _table(board: Board | None) -> str:
     if board is None or not (board.baseline or any(r.events for r in board.runs.values())):
         return ("<div class='sv-runinfo' id='sv-lb-empty'><span class='sv-mode'>Tick the methods and press "
-                "<b>Run race</b>: plain decoding runs once, then each method alone; the table fills in as "
-                "each one finishes.</span></div>")
+                "<b>Run race</b>: plain decoding, then each method alone with plain timed again after it; "
+                "the table fills in as each one finishes.</span></div>")
     head = "".join(f"<th title='{esc(tip)}'{LEFT if name in ('method', 'output') else ''}>{esc(name)}</th>"
                    for name, tip in HEAD)
     body = []
