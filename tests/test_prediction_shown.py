@@ -20,7 +20,7 @@ def _chip(html: str, name: str) -> float | None:
 
 def _shown(html: str) -> tuple[float | None, str]:
     """(the predicted speedup in the box's line, that line)."""
-    line = re.search(r"<span class='sv-speedup-sub'>([^<]*)</span>", html).group(1)
+    line = re.search(r"<span class=['\"]sv-speedup-sub['\"]>([^<]*)</span>", html).group(1)  # DOM: "
     m = re.match(r"predicted ([0-9.]+)×", line)
     return (float(m.group(1)) if m else None), line
 

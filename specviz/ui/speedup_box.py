@@ -5,6 +5,7 @@ beside it show, and its line names them and where they come from (issue 51).
 """
 from __future__ import annotations
 
+from ..engine.costs import MAX_VERIFY_TOKENS
 from ..format import number
 from .escape import esc
 
@@ -130,7 +131,9 @@ def _metric_chips(st: dict, method: str = "") -> list:
          "the prediction uses it; Leviathan's formula assumes 1"),
         ("v at calibration", st.get("verify_cost_calibrated"), "{:.2f} steps",
          f"the same pass ({rows}) timed when the models loaded; a measured v far above it means other "
-         "work on the machine slowed this run"),
+         "work on the machine slowed this run" if st.get("verify_cost_calibrated") is not None else
+         f"not timed: the calibration times passes of up to {MAX_VERIFY_TOKENS} tokens"
+         + (f", this one had {r:.1f}" if r else "") + ", or no calibration ran"),
         ("best γ", st.get("best_gamma"), "{}",
          f"γ that maximises (1−α̂^(γ+1)) / ((1−α̂)(γc + v(γ))), v(γ) from {v_src}"),
         ("best γ (v = 1)", st.get("best_gamma_leviathan"), "{}",
