@@ -218,3 +218,16 @@ def test_the_speedup_chart_ends_at_the_headline_when_the_baseline_ends_last(targ
     rounds = [e for e in spec_evs if isinstance(e, RoundEvent)]
     for r, (t, measured, *_) in zip(rounds, view.speedup_series, strict=False):
         assert t == r.t_end and measured == pytest.approx(base_t[r.total_tokens - 1] / r.t_end)
+
+
+def test_cost_drift_note_covers_every_method():
+    """Issue 51: a busy minute shows in the costs, whatever drafted: a plain step 1.6× the calibration's,
+    or a verify pass 1.5× its calibrated v. Quiet recordings: 0.84-1.18× and 0.64-0.92×."""
+    from specviz.engine.metrics import cost_drift_note
+    costs = _costs()  # a plain step 10 ms
+    assert cost_drift_note(0.0118, 1.1, 1.6, costs, 5.0) == ""  # the quiet extremes
+    assert cost_drift_note(0.043, None, None, costs) == \
+        "timings look disturbed: a plain step took 43 ms vs 10 ms at calibration"
+    assert cost_drift_note(0.01, 3.46, 1.6, costs, 4.5) == \
+        "timings look disturbed: a verify pass (4.5 tokens) cost 3.46 plain steps vs 1.60 at calibration"
+    assert cost_drift_note(0.043, 3.46, 1.6, None, 4.5) == ""  # no calibration: nothing to compare
