@@ -95,14 +95,13 @@ def test_sources_point_at_the_copied_tokens(tok, target):
         assert (src["start"] < len(ids)) == (src["where"] == "prompt")
 
 
-@pytest.mark.parametrize("which", ["suffix", "suffix_memory", "hybrid"])
+@pytest.mark.parametrize("which", ["suffix_memory", "hybrid"])
 def test_sequences_follow_target_distribution(which):
     V, N = 4, 1500
     t = tiny_model(V, seed=10, layers=2, init=0.8)
     d = noisy_copy(t, 0)
     mem = Memory()  # shared by every run: what it proposes depends on earlier runs' outputs
-    new = {"suffix": lambda: _suffix(V, verify_cost=v_cost),
-           "suffix_memory": lambda: _suffix(V, memory=mem, scope="a", write_scope="a"),
+    new = {"suffix_memory": lambda: _suffix(V, verify_cost=v_cost, memory=mem, scope="a", write_scope="a"),
            "hybrid": lambda: _hybrid(d, V, c=0.25)}[which]
     exact, counts, runs = sample_sequences(speculative, t, new, 3, SamplingParams(temperature=1.0), N)
     drafters = {r.info["drafter"] for rounds, _ in runs for r in rounds}
@@ -169,3 +168,39 @@ def test_byte_estimate_covers_what_python_allocates():
     finally:
         tracemalloc.stop()
     assert used <= t.nbytes() <= 1.3 * used
+
+
+# ------------------------------------------------------------------ tree mode
+def test_tree_draft_is_best_first_and_a_tree():
+    t = SuffixTree(depth=10)
+    t.add(0, [7, 1, 2, 3, 4, 8, 1, 2, 3, 5, 6, 1, 2, 3, 4, 0, 1, 2])  # only "1 2" matches
+    d = t.speculate_tree(t.tails(0), budget=8, max_depth=6)
+    assert d.tokens[0] == 3 and all(p < i for i, p in enumerate(d.parents))
+    assert d.probs == sorted(d.probs, reverse=True)
+    kids = [d.tokens[i] for i, p in enumerate(d.parents) if p == 0]
+    assert kids[:2] == [4, 5]  # both continuations after "1 2 3", the more frequent first
+
+
+@pytest.mark.parametrize("gamma", [2, 5])
+def test_tree_mode_greedy_equals_plain(tok, target, gamma):
+    from specviz.engine.proposers.suffix import SuffixTreeProposer
+    from specviz.engine.tree_decoding import tree_speculative
+    ids = tok.encode("def quicksort(arr): arr arr arr return arr arr")
+    _, base = run(baseline(target, tok, ids, 40, GREEDY))
+    prop = SuffixTreeProposer(target.config.vocab_size, verify_cost=v_cost, tokenizer=tok)
+    rounds, spec = run(tree_speculative(target, prop, tok, ids, 40, gamma, GREEDY))
+    assert spec.token_ids == base.token_ids
+    check_stream(rounds, spec)
+    assert any(r.info.get("drafter") == "suffix" for r in rounds)
+
+
+def test_tree_mode_follows_target_distribution():
+    from specviz.engine.proposers.suffix import SuffixTreeProposer
+    from specviz.engine.tree_decoding import tree_speculative
+    V, N = 4, 1500
+    t = tiny_model(V, seed=10, layers=2, init=0.8)
+    prompt = [1, 2, 3, 1, 2, 0, 1, 2]  # after "1 2": 3 and 0, siblings in the tree
+    exact, counts, runs = sample_sequences(tree_speculative, t, lambda: SuffixTreeProposer(V), 3,
+                                           SamplingParams(temperature=1.0), N, prompt=prompt)
+    assert any(len([p for p in r.tree["parents"] if p == -1]) > 1 for rounds, _ in runs for r in rounds)
+    assert_follows_target(counts, exact, N)

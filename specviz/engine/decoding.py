@@ -175,7 +175,10 @@ def speculative(
     decides (fixed γ, or its own adaptive rule)."""
     eos, gen, clock, cache, stream = run_state(target, tokenizer, eos_ids, seed, clock)
     committed = list(prompt_ids)
-    s = new_summary(proposer.name, gamma, target.device, gamma_policy=getattr(policy, "name", ""))
+    # a proposer whose draft costs are not γ·c (suffix: free; hybrid: free or a model chain, round by
+    # round) has no chain-formula prediction: the page says so instead of pricing it as a chain
+    s = new_summary(proposer.name, gamma, target.device, gamma_policy=getattr(policy, "name", ""),
+                    unmeasured=[] if getattr(proposer, "chain_formula", True) else ["predicted"])
     # the target reads the prompt in round 1, together with the first drafts:
     # one forward fewer than a separate prefill (HF assisted generation does the
     # same). Round 1 therefore counts as prefill, not in the draft/verify split.

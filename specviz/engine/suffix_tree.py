@@ -17,6 +17,7 @@ tens of ms (measured in tests/test_suffix.py and the bench's lookup_ms).
 """
 from __future__ import annotations
 
+import heapq
 import threading
 from dataclasses import dataclass, field
 
@@ -144,9 +145,72 @@ class SuffixTree:
                 best = Draft(toks, probs, m, end.doc, end.pos + 1)
         return best
 
+    def speculate_tree(self, matched: list[Node], budget: int, max_depth: int, min_prob: float = MIN_PROB,
+                       spec_factor: float = SPEC_FACTOR) -> TreeDraft | None:
+        """The best-scoring token tree from any matched node: best-first on the path probability
+        (a child's never exceeds its parent's, so every prefix of the order is a tree)."""
+        best = None
+        for m, node in enumerate(matched, 1):
+            if not node.kids:
+                continue
+            room = min(max_depth, int(spec_factor * m), self.depth - m)
+            d = _grow(node, m, budget, room, min_prob)
+            if d.tokens and (best is None or d.score >= best.score):
+                best = d
+        return best
+
     def nbytes(self) -> int:
         """Estimated memory of the tree: NODE_BYTES a node (measured) + 8 bytes a stored token."""
         return self.nodes * NODE_BYTES + 8 * sum(len(s) for s in self.docs.values())
+
+
+@dataclass
+class TreeDraft:
+    """A token tree (parents[i] < i, -1: the context's last token) with each node's path
+    probability, in best-first order; `chain` is the most probable child path (its source)."""
+
+    tokens: list[int]
+    parents: list[int]
+    probs: list[float]
+    match_len: int
+    chain: list[int] = field(default_factory=list)  # node indices of the most-probable path
+    doc: int = -1
+    end: int = -1
+
+    @property
+    def score(self) -> float:
+        return sum(self.probs)
+
+    @property
+    def start(self) -> int:
+        return self.end - len(self.chain)
+
+
+def _grow(root: Node, m: int, budget: int, depth: int, min_prob: float) -> TreeDraft:
+    d = TreeDraft([], [], [], m)
+    heap, n = [], 0  # (-p, tiebreak, trie node, parent index, depth, on the most-probable path)
+    top = max(root.kids.items(), key=_by_count)[0]
+    for t, child in root.kids.items():
+        if child.count >= min_prob * root.count:  # a child below min_prob is never taken
+            heapq.heappush(heap, (-child.count / root.count, n, t, child, -1, 1, t == top))
+            n += 1
+    while heap and len(d.tokens) < budget:
+        negp, _, t, node, parent, level, main = heapq.heappop(heap)
+        i = len(d.tokens)
+        d.tokens.append(t)
+        d.parents.append(parent)
+        d.probs.append(-negp)
+        if main:
+            d.chain.append(i)
+            d.doc, d.end = node.doc, node.pos + 1
+        if node.kids and level < depth:
+            top = max(node.kids.items(), key=_by_count)[0]
+            for tk, child in node.kids.items():
+                if -negp * child.count >= min_prob * node.count:
+                    heapq.heappush(heap, (negp * child.count / node.count, n, tk, child, i, level + 1,
+                                          main and tk == top))
+                    n += 1
+    return d
 
 
 def _by_count(item):

@@ -22,7 +22,7 @@ from .rounds import Clock, cut_at_eos, drive_rounds, make_generator, new_summary
 from .sampling import SamplingParams, greedy_rows, overlap, top2_gap, warp
 from .text import TextStream
 from .tree_forward import tree_forward_logits
-from .tree_sampling import accept_greedy, accept_sampled, depths_of, describe_tree
+from .tree_sampling import accept_fixed, accept_greedy, accept_sampled, depths_of, describe_tree
 
 
 def _verify(target, cache, fed, prop, params, gen):
@@ -30,6 +30,8 @@ def _verify(target, cache, fed, prop, params, gen):
     depths = depths_of(prop.parents)
     logits = tree_forward_logits(target, cache, fed=fed, tokens=prop.tokens, parents=prop.parents,
                                  depths=depths, keep=len(prop.tokens) + 1)
+    if prop.fixed:  # copied children: no draft law, each child a one-hot draft
+        return _verify_fixed(logits, prop, params, gen)
     q = pad_to(prop.q.to(logits.device), logits.shape[-1])
     if params.greedy:  # gaps: the bench tells a bf16 near-tie from a bug with them
         p, best = greedy_rows(logits)
@@ -39,12 +41,26 @@ def _verify(target, cache, fed, prop, params, gen):
     return p, accept_sampled(prop.tokens, prop.parents, p, q, gen), q, None, None
 
 
+def _verify_fixed(logits, prop, params, gen):
+    if params.greedy:
+        p, best = greedy_rows(logits)
+        best = best.tolist()
+        return p, accept_greedy(prop.tokens, prop.parents, p, best), None, top2_gap(logits), best
+    p = warp(logits, params)
+    return p, accept_fixed(prop.tokens, prop.parents, p, gen), None, None, None
+
+
 def _node_stats(prop, p, q, best: list[int] | None):
     """q(x), p(x) and Σ min(p, q) of each node, read at its parent's row (gathered at the nodes,
     the overlap once per parent: a copy of a full row per node costs time). Greedy p is one-hot
     at its row's argmax (`best`), so Σ min(p, q) is q there."""
     if not prop.tokens:
         return [], [], []
+    if q is None:  # copied children: q(x) = 1, Σ min(p, one-hot x) = p(x) (greedy: 1 at the argmax)
+        p_x = [float(p[par + 1, x]) for x, par in zip(prop.tokens, prop.parents, strict=True)]
+        ov = p_x if best is None else [float(best[par + 1] == x)
+                                        for x, par in zip(prop.tokens, prop.parents, strict=True)]
+        return [1.0] * len(p_x), p_x, ov
     rows = torch.tensor([par + 1 for par in prop.parents], dtype=torch.long)
     x = torch.tensor(prop.tokens, dtype=torch.long)
     at = torch.tensor(sorted(set(prop.parents)), dtype=torch.long) + 1
@@ -162,7 +178,8 @@ def tree_speculative(target, proposer: TreeProposer, tokenizer, prompt_ids: list
             resampled=v.resampled and appended, t_start=t_start, t_draft=t_drafted - t_start,
             t_verify=t_end - t_drafted, t_end=t_end, draft_forwards=prop.forwards, tokens=tokens,
             total_tokens=len(s.token_ids), total_drafted=s.drafted, total_accepted=s.accepted,
-            target_forwards=s.target_forwards, prompt_tokens=len(fed) - 1, tree=tree)
+            target_forwards=s.target_forwards, prompt_tokens=len(fed) - 1, tree=tree,
+            info=dict(getattr(prop, "info", None) or {}))
 
     yield from drive_rounds(s, stream, clock, max_new_tokens, stop, one_round)
 

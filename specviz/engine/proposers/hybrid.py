@@ -30,6 +30,7 @@ class HybridProposer(Proposer):
     draft: DraftModelProposer
     c: float | None = None  # draft step ÷ plain step, measured at load (None: suffix whenever it drafts)
     name: str = "hybrid"
+    chain_formula = False  # rounds of two kinds: no one chain prediction (decoding.speculative)
 
     def reset(self, prompt_ids):
         self.suffix.reset(prompt_ids)

@@ -22,6 +22,7 @@ import torch
 
 from ..proposer import Proposal, Proposer, register, target_vocab
 from ..suffix_tree import DEPTH, MEMORY, PRESETS, Draft, Memory, SuffixTree
+from ..theory import MAX_GAMMA
 
 BUCKETS = (1, 2, 4, 8)  # match lengths 1, 2-3, 4-7, 8+: a one-token match is mostly chance
 SELF = 0  # the doc id of this run's own sequence in its local tree
@@ -78,12 +79,13 @@ class SuffixProposer(Proposer):
     scope: str | None = None  # whose memory this run reads (with PRESETS) and writes
     write_scope: str | None = None  # where its output goes (PRESETS for a shipped preset's prompt)
     name: str = "suffix"
+    chain_formula = False  # a free draft: no γ·c + v(γ) prediction (decoding.speculative)
     cal: Calibration = field(default_factory=Calibration)
 
     def reset(self, prompt_ids: list[int]) -> int:
         self.tree, self.n_prompt, self.seen = SuffixTree(), len(prompt_ids), 0
         self.cal, self._last = Calibration(), None
-        self.mem_doc, self._texts = None, {}
+        self.mem_doc, self._texts, self._nl = None, {}, [0]
         if self.memory is not None and self.write_scope:
             label = "a preset's earlier output" if self.write_scope == PRESETS else "your earlier run"
             self.mem_doc = self.memory.new_doc(self.write_scope, label, time.monotonic())
@@ -137,6 +139,7 @@ class SuffixProposer(Proposer):
         if not new:
             return
         self.tree.add(SELF, new)
+        self._count_lines(new)
         out = new[max(0, self.n_prompt - self.seen):]  # memory keeps outputs, never prompts
         if self.mem_doc is not None and out:
             self.memory.extend(self.write_scope, self.mem_doc, out, time.monotonic())
@@ -168,17 +171,21 @@ class SuffixProposer(Proposer):
 
     # ------------------------------------------------------------ what the page shows
     def describe(self, d: Draft | None, where: str, k: int, committed, ms: float) -> dict:
+        """The round's info: which drafter, the lookup's time, and where a draft was copied from
+        (the source's text is page bookkeeping, timed apart as describe_ms)."""
         info = {"drafter": "suffix" if k else "none", "source": None,
                 "match_len": d.match_len if d is not None else 0,
                 "score": round(d.score, 3) if d is not None else 0.0, "lookup_ms": round(ms, 3)}
         if k and d is not None:
+            t0 = time.perf_counter()
             info["source"] = self._source(d, where, k, committed)
+            info["describe_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
         return info
 
     def _source(self, d: Draft, where: str, k: int, committed) -> dict | None:
         if where == "self" or (self.mem_doc is not None and d.doc == self.mem_doc):
             start = d.start if where == "self" else self.n_prompt + d.start
-            seq = committed
+            seq, lines = committed, self._nl
             place, label = (("prompt", "the prompt") if start < self.n_prompt else
                             ("output", "this output"))
         else:
@@ -186,33 +193,84 @@ class SuffixProposer(Proposer):
             seq = tree.docs.get(d.doc) if tree is not None else None
             if seq is None:
                 return None  # forgotten since (evicted): no source to show
-            start, place = d.start, "memory"
+            start, place, lines = d.start, "memory", None
             label = self.memory.labels.get((where, d.doc), "an earlier output")
         return {"where": place, "label": label, "start": start, "end": start + k,
-                **self._lines(seq, start, start + k)}
+                **self._lines(seq, start, start + k, lines)}
 
-    def _lines(self, seq, start: int, end: int) -> dict:
+    def _lines(self, seq, start: int, end: int, lines: list | None) -> dict:
         if self.tokenizer is None:
             return {"line_no": 0, "text": "", "span": ""}
         try:
-            before = self.tokenizer.decode(seq[max(0, start - 256):start])
+            before = self.tokenizer.decode(seq[max(0, start - 48):start])
             head = before[before.rfind("\n") + 1:]
             span = self.tokenizer.decode(seq[start:end])
-            after = self.tokenizer.decode(seq[end:end + 32]).split("\n")[0]
-            line_no = self._line_no(seq, start)
+            after = self.tokenizer.decode(seq[end:end + 24]).split("\n")[0]
+            line_no = 1 + (lines[start] if lines is not None and start < len(lines) else
+                           self.tokenizer.decode(seq[:start]).count("\n"))
         except Exception:  # a tokenizer that cannot decode: positions still say where
             return {"line_no": 0, "text": "", "span": ""}
         return {"line_no": line_no, "text": (head + span + after)[:300], "span": span}
 
-    def _line_no(self, seq, start: int) -> int:
-        """1-based line of token `start`: newlines in the decoded tokens before it (cached per id)."""
-        n = 1
-        for x in seq[:start]:
+    def _count_lines(self, new) -> None:
+        """self._nl[i]: newlines in the committed tokens before position i (one decode per token id)."""
+        if self.tokenizer is None:
+            return
+        nl = self._nl
+        for x in new:
             t = self._texts.get(x)
             if t is None:
-                t = self._texts[x] = self.tokenizer.decode([x]).count("\n")
-            n += t
-        return n
+                try:
+                    t = self._texts[x] = self.tokenizer.decode([x]).count("\n")
+                except Exception:
+                    t = self._texts[x] = 0
+            nl.append(nl[-1] + t)
+
+
+@dataclass
+class SuffixTreeProposer(SuffixProposer):
+    """Tree mode: the suffix tree's best-first token tree (several continuations of the context
+    at once), verified in one forward by the tree verifier (tree_decoding.py), each child a
+    one-hot draft (tree_sampling.accept_fixed). Its size is the prefix of the best-first order
+    that maximises (1 + E[accepted path]) / v(nodes)."""
+
+    name: str = "suffix-tree"
+    budget: int = MAX_GAMMA  # nodes, at most: v(k) is measured up to 16 rows
+    shape: tuple = ()  # neither a static shape nor an auto width: the tree prices its own size
+
+    def propose(self, committed, depth, params, generator, eos_ids, width=None):
+        from .tree import TreeProposal
+        t0 = time.perf_counter()
+        self._sync(committed)
+        self._learn(committed)
+        d = self.tree.speculate_tree(self.tree.tails(SELF), self.budget, depth)
+        k = 0
+        if d is not None:
+            k = len(d.tokens) if self.verify_cost is None else best_length(self._tree_expected(d),
+                                                                             self.verify_cost)[0]
+            k = min([k] + [i for i, x in enumerate(d.tokens) if x >= self.vocab_size])
+            chain = Draft([d.tokens[i] for i in d.chain], [d.probs[i] for i in d.chain], d.match_len,
+                          d.doc, d.end)
+            self._last = (len(committed), chain)  # the most probable path calibrates, as a chain's
+        tokens, parents = (d.tokens[:k], d.parents[:k]) if k else ([], [])
+        ms = (time.perf_counter() - t0) * 1e3
+        main = [i for i in (d.chain if d is not None else []) if i < k]
+        info = self.describe(chain if d is not None else None, "self", len(main), committed, ms)
+        info["drafter"] = "suffix" if k else "none"
+        return TreeProposal(tokens, parents, None, 0, fixed=True, info=info)
+
+    def _tree_expected(self, d) -> list[float]:
+        """E[accepted path] of each best-first prefix: Σ over its nodes of Π (r · cond) to the root."""
+        r, reach, out, acc = self.cal.ratio(d.match_len), [], [], 0.0
+        for i, (par, pr) in enumerate(zip(d.parents, d.probs, strict=True)):
+            up = d.probs[par] if par >= 0 else 1.0
+            reach.append(min(1.0, r * pr / up) * (reach[par] if par >= 0 else 1.0))
+            acc += reach[i]
+            out.append(acc)
+        return out
+
+    def rollback_tree(self, committed, path):
+        """Nothing to undo: the trees catch up on `committed` at the next propose."""
 
 
 def best_length(expected: list[float], verify_cost: Callable[[int], float]) -> tuple[int, float]:
@@ -246,14 +304,14 @@ def round_note(info: dict) -> str:
             f"(match {info.get('match_len', 0)} tokens, lookup {info.get('lookup_ms', 0)} ms)")
 
 
-def build_suffix(pair, req=None) -> SuffixProposer:
+def build_suffix(pair, req=None, cls=None) -> SuffixProposer:
     from ...prompts import load_presets
     from ..gamma import monotone
     costs, scope = pair.costs, getattr(req, "scope", None)
     write = scope
     if scope and req is not None and any(p["prompt"] == req.prompt for p in load_presets()):
         write = PRESETS  # a shipped prompt's output holds no visitor's text: every visitor may read it
-    return SuffixProposer(target_vocab(pair.target),
+    return (cls or SuffixProposer)(target_vocab(pair.target),
                           verify_cost=monotone(costs.verify_cost) if costs is not None else None,
                           tokenizer=pair.tokenizer, memory=MEMORY if scope else None, scope=scope,
                           write_scope=write)
@@ -264,3 +322,11 @@ def build_suffix(pair, req=None) -> SuffixProposer:
                       "your own earlier outputs; only as many tokens as pay for their verify rows")
 def _build_suffix(pair, req=None):
     return build_suffix(pair, req)
+
+
+@register("suffix-tree", "suffix tree, several continuations", order=11, own_gamma=True, kind="tree",
+          summarize=summarize, round_note=round_note,
+          description="the suffix tree's most frequent continuations of this prompt and output as one "
+                      "token tree, verified in one forward; as many nodes as pay for their verify rows")
+def _build_suffix_tree(pair, req=None):
+    return build_suffix(pair, req, cls=SuffixTreeProposer)

@@ -39,6 +39,10 @@ class TreeProposal:
     q: torch.Tensor  # (N + 1, V): row 0 root, row i + 1 node i; the law its children came from
     forwards: int = 0
     doubt: dict = field(default_factory=dict)  # node (-1 root) -> 1 - max q, where the grower read it
+    # children copied from text (a suffix tree), not drawn from q: q is None, the verifier tests each
+    # child as a one-hot draft (tree_sampling.accept_fixed)
+    fixed: bool = False
+    info: dict = field(default_factory=dict)  # method-specific, JSON-able; copied to RoundEvent.info
 
 
 class _Left(dict):
