@@ -14,6 +14,7 @@ cost v(k) in plain steps, as lookup's does; k = 0 (a plain step) unless some k p
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -78,6 +79,7 @@ class SuffixProposer(Proposer):
     memory: Memory | None = None  # earlier outputs (None: this run's own text only)
     scope: str | None = None  # whose memory this run reads (with PRESETS) and writes
     write_scope: str | None = None  # where its output goes (PRESETS for a shipped preset's prompt)
+    prompt_text: str = ""  # the prompt as the visitor typed it: a source's line is counted in it
     name: str = "suffix"
     chain_formula = False  # a free draft: no γ·c + v(γ) prediction (decoding.speculative)
     cal: Calibration = field(default_factory=Calibration)
@@ -85,7 +87,7 @@ class SuffixProposer(Proposer):
     def reset(self, prompt_ids: list[int]) -> int:
         self.tree, self.n_prompt, self.seen = SuffixTree(), len(prompt_ids), 0
         self.cal, self._last = Calibration(), None
-        self.mem_doc, self._texts, self._nl = None, {}, [0]
+        self.mem_doc, self._texts, self._nl, self._head = None, {}, [0], None
         if self.memory is not None and self.write_scope:
             label = "a preset's earlier output" if self.write_scope == PRESETS else "your earlier run"
             self.mem_doc = self.memory.new_doc(self.write_scope, label, time.monotonic())
@@ -112,10 +114,10 @@ class SuffixProposer(Proposer):
             if x in eos_ids:
                 tokens = tokens[: i + 1]
                 break
+        ms = (time.perf_counter() - t0) * 1e3  # the trees' update and lookup (the one-hot rows: the verify's)
         q = torch.zeros(len(tokens), self.vocab_size)
         if tokens:
             q[torch.arange(len(tokens)), torch.tensor(tokens)] = 1.0
-        ms = (time.perf_counter() - t0) * 1e3
         return Proposal(tokens, q, forwards=0, info=self.describe(d, where, len(tokens), committed, ms))
 
     def candidate(self, committed, gamma) -> tuple[Draft | None, str]:
@@ -195,8 +197,22 @@ class SuffixProposer(Proposer):
                 return None  # forgotten since (evicted): no source to show
             start, place, lines = d.start, "memory", None
             label = self.memory.labels.get((where, d.doc), "an earlier output")
-        return {"where": place, "label": label, "start": start, "end": start + k,
-                **self._lines(seq, start, start + k, lines)}
+        out = {"where": place, "label": label, "start": start, "end": start + k,
+               **self._lines(seq, start, start + k, lines)}
+        if out["line_no"] and place != "memory":  # lines of the text the page shows: the prompt as typed
+            out["line_no"] -= self._nl[self.n_prompt] if place == "output" else self._template_lines(seq)
+        return out
+
+    def _template_lines(self, seq) -> int:
+        """Lines a chat template puts before the visitor's prompt text (0 where it is not found)."""
+        if self._head is None:
+            self._head = 0
+            if self.prompt_text and self.tokenizer is not None:
+                with contextlib.suppress(Exception):
+                    shown = self.tokenizer.decode(seq[: self.n_prompt])
+                    at = shown.find(self.prompt_text.strip()[:200])
+                    self._head = shown[:at].count("\n") if at > 0 else 0
+        return self._head
 
     def _lines(self, seq, start: int, end: int, lines: list | None) -> dict:
         if self.tokenizer is None:
@@ -314,7 +330,7 @@ def build_suffix(pair, req=None, cls=None) -> SuffixProposer:
     return (cls or SuffixProposer)(target_vocab(pair.target),
                           verify_cost=monotone(costs.verify_cost) if costs is not None else None,
                           tokenizer=pair.tokenizer, memory=MEMORY if scope else None, scope=scope,
-                          write_scope=write)
+                          write_scope=write, prompt_text=getattr(req, "prompt", "") or "")
 
 
 @register("suffix", "suffix tree", order=3, own_gamma=True, summarize=summarize, round_note=round_note,
