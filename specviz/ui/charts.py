@@ -103,7 +103,8 @@ def time_split_chart(view: RunView) -> go.Figure:
         return empty(fig, "waiting for the first round…")
     x = [r.index + 1 for r in rounds]
     fig.add_bar(x=x, y=[r.t_draft for r in rounds], name="draft (proposing the guesses)", marker_color=SKY,
-                hovertemplate="%{y:.3f} s<extra>draft</extra>")
+                customdata=[_drafter(r.info) for r in rounds],
+                hovertemplate="%{y:.3f} s%{customdata}<extra>draft</extra>")
     fig.add_bar(x=x, y=[0.0 if r.prompt_tokens else r.t_verify for r in rounds],
                 name="verify (1 target pass)",
                 marker_color=PURPLE, hovertemplate="%{y:.3f} s<extra>verify</extra>")
@@ -113,6 +114,15 @@ def time_split_chart(view: RunView) -> go.Figure:
                     hovertemplate="%{y:.3f} s<extra>verify + prompt</extra>")
     copied_markers(fig, rounds, [r.t_draft + r.t_verify for r in rounds])
     return fig
+
+
+def _drafter(info) -> str:
+    """Which drafter ran a suffix/hybrid round and what the hybrid priced it at, for the draft bar."""
+    who = {"suffix": "suffix tree (no model)", "model": "draft model", "none": "no draft (a plain step)"}
+    if not isinstance(info, dict) or info.get("drafter") not in who:
+        return ""
+    cost = info.get("cost_steps")
+    return f" · {who[info['drafter']]}" + (f", priced {cost:.2f} plain steps" if cost is not None else "")
 
 
 def copied_markers(fig: go.Figure, rounds, ys: list[float]) -> None:
