@@ -204,3 +204,12 @@ def test_tree_mode_follows_target_distribution():
                                            SamplingParams(temperature=1.0), N, prompt=prompt)
     assert any(len([p for p in r.tree["parents"] if p == -1]) > 1 for rounds, _ in runs for r in rounds)
     assert_follows_target(counts, exact, N)
+
+
+def test_theory_tab_does_not_place_free_drafts_on_the_chain_formula():
+    from specviz.ui import theory
+    for method in ("suffix", "hybrid", "suffix-tree"):
+        m = theory.Measured(alpha_hat=0.97, c=0.0, gamma=16, speedup=2.4, predicted=None, tau=5.3, method=method)
+        assert "drafted from text" in theory.measured_html(m)
+        fig, _ = theory.figures(0.8, 4, 0.3, m)
+        assert not any("◆" in (t.name or "") for t in fig.data)

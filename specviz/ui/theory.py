@@ -184,10 +184,14 @@ def run_curve(measured, vmode) -> list | None:
     return m.v_curve if (m is not None and vmode == V_MODES[1]) else None
 
 
+FREE_DRAFTS = ("suffix", "hybrid", "suffix-tree")  # drafts copied from text, priced per round by v(k)
+NOT_CHAIN = ("tree", *FREE_DRAFTS)  # no chain-formula point on the theory charts
+
+
 def figures(alpha, gamma, c, measured: dict | Measured | None = None, vmode: str = V_MODES[0]):
     m = Measured.from_dict(measured) if isinstance(measured, dict) or measured is None else measured
     curve = run_curve(m, vmode)
-    placed = None if m is None or m.method == "tree" else m  # the chain formula does not describe a tree
+    placed = None if m is None or m.method in NOT_CHAIN else m  # the chain formula describes neither
     return gamma_figure(alpha, gamma, c, placed, curve), alpha_figure(alpha, gamma, c, placed, curve)
 
 
@@ -232,7 +236,14 @@ def measured_html(m: dict | Measured | None, vmode: str = "") -> str:
         return ("<div class='sv-runinfo sv-theory-measured'><span class='sv-mode'>"
                 "Run the live demo (or a replay) "
                 "and its measured point appears on both charts as a ◆.</span></div>")
-    if m.method == "tree":
+    if m.method in FREE_DRAFTS:
+        which = " in its copied rounds" if m.method == "hybrid" else ""
+        return (f"<div class='sv-runinfo sv-theory-measured'><span><b>{esc(m.source)}</b> drafted from "
+                f"text (a suffix tree: no draft model, c = 0{which}): measured "
+                f"<b>{number(m.speedup, '{:.2f}×')}</b> at τ {number(m.tau, '{:.2f}')} tokens per round. "
+                "The chain formula prices a draft model's γ·c each round, so its point is not placed on "
+                "these charts; the round chart's ❝ marks say which rounds were copied.</span></div>")
+    if m.method in NOT_CHAIN:
         return (f"<div class='sv-runinfo sv-theory-measured'><span><b>{esc(m.source)}</b> was a token tree: "
                 f"measured <b>{number(m.speedup, '{:.2f}×')}</b> at α̂ {m.alpha_hat:.3f}, c {m.c:.3f}. The "
                 "chain formula here does not describe a tree, so its point is not placed on these charts."
@@ -353,4 +364,4 @@ def measured_updates(m: Measured | None, alpha, gamma, c, vmode=V_MODES[0]) -> l
     if m is None:
         return [gr.skip()] * 5
     fg, fa = figures(alpha, gamma, c, m, vmode)
-    return [m.to_dict(), fg, fa, measured_html(m, vmode), gr.Button(interactive=m.method != "tree")]
+    return [m.to_dict(), fg, fa, measured_html(m, vmode), gr.Button(interactive=m.method not in NOT_CHAIN)]
