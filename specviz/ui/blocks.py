@@ -125,16 +125,21 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
 
 def race_button(board, races: list) -> None:
     """"▶ Run race" reads "Racing…" and is disabled from the press until the race ends or stops
-    (issue 51: it kept its label and stayed enabled)."""
+    (issue 51: it kept its label and stayed enabled). The release is queued: an unqueued .then()
+    after a queued event was dropped in about half of the tries (gradio 6.31), leaving "Racing…"."""
     quiet = dict(api_visibility="private", show_progress="hidden", queue=False)
     btn = board.run_btn
-    btn.click(lambda: gr.Button(value=RACING, interactive=False), None, btn,
+
+    def freed():
+        return gr.update(value=RACE, interactive=True)
+    btn.click(lambda: gr.update(value=RACING, interactive=False), None, btn,
               js="() => { const b = document.querySelector('#sv-lb-run'); if (b) b.disabled = true; "
                  "return []; }", **quiet)
+    queued = dict(quiet, queue=True)
     for race in races:
-        race.then(lambda: gr.Button(value=RACE, interactive=True), None, btn, **quiet)
-        race.failure(lambda: gr.Button(value=RACE, interactive=True), None, btn, **quiet)
-    board.stop_btn.click(lambda: gr.Button(value=RACE, interactive=True), None, btn, **quiet)
+        race.then(freed, None, btn, **queued)
+        race.failure(freed, None, btn, **queued)
+    board.stop_btn.click(freed, None, btn, **quiet)
 
 
 def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_mode: str = "fair",

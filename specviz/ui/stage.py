@@ -132,7 +132,14 @@ CSS = """
   border: 1px dashed var(--border-color-primary); }
 .sv-glossary summary { cursor: pointer; }
 .sv-glossary dl { display: grid; grid-template-columns: max-content 1fr; gap: 2px 12px; margin: 6px 0; }
-.sv-glossary dt { font-weight: 600; }
+.sv-glossary dt { font-weight: 700; }
+/* gradio 6.31 ships Source Sans Pro SemiBold (600) as a 5 KB file with a handful of glyphs: at 600 a
+   "B" came from it and the rest from a fallback bold, so the baseline title's "B" looked lighter in
+   every theme (issue 51). Its Bold file is whole, but the theme declares 400 and 600 only: declared
+   here as 700 (gradio serves it at the path its own 600 rule uses), our bold text asks for 700. */
+@font-face { font-family: "Source Sans Pro"; font-weight: 700; font-style: normal; font-display: swap;
+  src: url('static/fonts/SourceSansPro/SourceSansPro-Bold.woff2') format('woff2'); }
+.sv-pane-title, .sv-badge, .sv-src-head { font-weight: 700; }
 .sv-glossary dd { margin: 0; }
 .sv-glossary .sv-glossary-keys { display: none; }
 .sv-pair-detail summary { cursor: pointer; font-size: 12.5px; opacity: .8; }

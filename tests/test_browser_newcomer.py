@@ -1,0 +1,269 @@
+"""Issue 51, the newcomer's half, in a real headless Chromium on the tiny pair built in this
+process (see test_browser.py for the setup): Run on the first screen and the next Tab stop after
+the prompt, focus to Stop and back, arrow keys on the method selector, the keys and a glossary for
+every visitor, one queue counter, run headers that name a method's setup, the race button while
+it races, toasts that do not pile up, a clamped value in its box, the baseline title's weight, and
+an upload nested too deeply. Screenshots: test-artifacts/ (or SPECVIZ_SHOTS)."""
+import os
+import time
+from pathlib import Path
+
+import pytest
+from browser.server import InProcessApp
+from test_browser import ARTIFACTS, TIMEOUT  # noqa: F401
+
+SHOTS = Path(os.environ.get("SPECVIZ_SHOTS") or ARTIFACTS)
+OPENED: list = []
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    a = InProcessApp(tmp_path_factory.mktemp("newcomer-app"))
+    yield a
+    a.close()
+
+
+@pytest.fixture(autouse=True)
+def _close_pages():
+    yield
+    while OPENED:
+        page = OPENED.pop()
+        if not page.is_closed():
+            page.close()
+
+
+@pytest.fixture
+def quiet(monkeypatch):
+    """No busy banner: the page as a quiet machine paints it (other tests' jobs share the cores)."""
+    from specviz.ui import busy
+    monkeypatch.setattr(busy.METER, "sample", lambda: 0.0)
+    monkeypatch.setattr(busy.METER, "others", 0.0)
+
+
+def _open(browser, app, size=(1440, 900), scheme="light"):  # noqa: F811
+    page = browser.new_page(viewport={"width": size[0], "height": size[1]}, color_scheme=scheme)
+    OPENED.append(page)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{app.url}?__theme={scheme}")
+    page.wait_for_selector("#sv-run:not([disabled])", timeout=TIMEOUT)
+    page.wait_for_timeout(1500)  # the first status poll; a phone's explainer folds
+    return page, errors
+
+
+def _shot(page, name, full=False):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.mouse.move(0, 0)
+    page.screenshot(path=str(SHOTS / name), full_page=full)
+
+
+def _set(page, elem_id, value):
+    box = page.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def _active(page) -> str:
+    return page.evaluate("(() => { const a = document.activeElement; return (a && (a.id || "
+                         "(a.closest('[id]') || {}).id)) || ''; })()")
+
+
+@pytest.mark.parametrize("size", [(1440, 900), (400, 800)])
+def test_run_on_the_first_screen(browser, app, quiet, size):  # noqa: F811
+    page, errors = _open(browser, app, size)
+    bottom = page.evaluate("document.querySelector('#sv-run').getBoundingClientRect().bottom")
+    assert bottom <= size[1], f"Run ends at y {bottom:.0f}, below the {size[1]} px screen"
+    assert page.evaluate("document.documentElement.scrollWidth") <= size[0] + 1
+    # the model-pair line in plain words; the precision and timings behind a disclosure
+    status = page.inner_text("#sv-status")
+    assert "weights" in status and page.locator("#sv-status details.sv-pair-detail").count() == 1
+    _shot(page, f"newcomer-first-paint-{size[0]}x{size[1]}.png")
+    assert not errors, errors
+
+
+def test_keys_and_glossary_for_every_visitor(browser, app):  # noqa: F811
+    page, errors = _open(browser, app)
+    assert page.locator("#sv-keys").is_visible()  # not only in stage mode
+    keys = page.inner_text("#sv-keys")
+    for k in ("R", "S / Esc", "P", "N", "Tab"):
+        assert k in keys, keys
+    page.click("#sv-glossary summary")
+    gloss = page.inner_text("#sv-glossary")
+    for term in ("w4a8", "g32", "α̂", "τ", "γ", "accepted ÷ drafted"):
+        assert term in gloss, term
+    terms = page.evaluate("[...document.querySelectorAll('#sv-glossary dt')].map(e => e.innerText.trim())")
+    assert {"c", "v"} <= set(terms), terms
+    _shot(page, "newcomer-keys-glossary.png")
+    assert not errors, errors
+
+
+def test_keyboard_run_stop_and_method(browser, app):  # noqa: F811
+    page, errors = _open(browser, app)
+    _set(page, "sv-max-new", 24)
+    page.click("#sv-prompt textarea")
+    seen = []
+    for _ in range(5):  # Run within 5 Tab stops of the prompt (it was the 22nd)
+        page.keyboard.press("Tab")
+        seen.append(_active(page))
+        if seen[-1] == "sv-run":
+            break
+    assert seen[-1] == "sv-run", f"not Run within 5 Tab stops: {seen}"
+    page.keyboard.press("Enter")
+    page.wait_for_function("document.querySelector('#sv-run').disabled", timeout=10_000)
+    assert _active(page) == "sv-stop"  # not <body>: the next Tab skipped Stop
+    page.wait_for_selector("#sv-runinfo .sv-badge", timeout=TIMEOUT)
+    page.wait_for_function("document.activeElement && document.activeElement.id === 'sv-run'", timeout=TIMEOUT)
+    # the method selector moves with the arrow keys
+    page.locator("#sv-more .label-wrap").first.click()
+    radios = page.locator("#sv-method input[type=radio]")
+    radios.first.focus()
+    values = radios.evaluate_all("els => els.map(e => e.value)")
+    page.keyboard.press("ArrowDown")
+    page.wait_for_timeout(300)
+    assert radios.nth(1).is_checked(), values
+    page.keyboard.press("ArrowUp")
+    page.wait_for_timeout(300)
+    assert radios.first.is_checked()
+    assert not errors, errors
+
+
+def test_one_queue_counter(browser, app, monkeypatch):  # noqa: F811
+    """Two visitors: the second one's page shows the Run button's "⏳ queue 2 of 2" and no second
+    counter (gradio's own tracker said "queue: 1/1" beside it)."""
+    from specviz.ui import handlers
+    real = handlers.race
+
+    def slow(*a, **k):
+        for item in real(*a, **k):
+            time.sleep(0.05)
+            yield item
+    monkeypatch.setattr(handlers, "race", slow)
+    first, _ = _open(browser, app)
+    second, errors = _open(browser, app)
+    _set(first, "sv-max-new", 120)
+    _set(second, "sv-max-new", 8)
+    first.click("#sv-run")
+    first.wait_for_selector("#sv-speculative .sv-round", timeout=TIMEOUT)
+    second.click("#sv-run")
+    second.wait_for_function("document.querySelector('#sv-run').innerText.includes('queue')", timeout=TIMEOUT)
+    text = second.inner_text("body")
+    assert "queue 2 of 2" in text
+    assert "queue:" not in text, "a second queue counter (gradio's tracker)"
+    first.click("#sv-stop")
+    second.wait_for_selector("#sv-runinfo .sv-badge", timeout=TIMEOUT)
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("method, words", [("early-exit", ("L ", "untrained")), ("lookup", ("n-grams",)),
+                                           ("lookahead", ("W ", "G "))])
+def test_run_header_names_the_setup(browser, app, method, words):  # noqa: F811
+    page, errors = _open(browser, app)
+    _set(page, "sv-max-new", 12)
+    page.locator("#sv-more .label-wrap").first.click()
+    page.locator(f"#sv-method input[value='{method}']").check()
+    page.wait_for_timeout(500)
+    page.click("#sv-run")
+    page.wait_for_function("document.querySelector('#sv-runinfo').innerText.includes('guesses from')",
+                           timeout=TIMEOUT)
+    info = page.inner_text("#sv-runinfo")
+    for w in words:
+        assert w in info, info
+    if method == "early-exit":  # the layer calibration chose, not "calibrated"
+        assert "L calibrated" not in info, info
+    assert not errors, errors
+
+
+def test_race_button_while_racing(browser, app, monkeypatch):  # noqa: F811
+    page, errors = _open(browser, app)
+    page.get_by_role("tab", name="Race all methods").click()
+    page.wait_for_selector("#sv-lb-run", timeout=TIMEOUT)
+    for box in page.locator("#sv-lb-methods label").all():
+        if box.locator("input").is_checked() != (box.inner_text().strip() == "prompt lookup"):
+            box.click()
+    _set(page, "sv-lb-max-new", 12)
+    page.evaluate("""() => { window.svSeen = []; new MutationObserver(() => {
+        const b = document.querySelector('#sv-lb-run');
+        if (b) window.svSeen.push([b.innerText.trim(), b.disabled]); })
+        .observe(document.body, {subtree: true, childList: true, attributes: true, characterData: true}); }""")
+    page.click("#sv-lb-run")
+    page.wait_for_selector("#sv-lb-state:has-text('race finished')", timeout=4 * TIMEOUT)
+    page.wait_for_function("!document.querySelector('#sv-lb-run').disabled", timeout=TIMEOUT)
+    seen = page.evaluate("window.svSeen")
+    assert ["Racing…", True] in seen, seen[:20]
+    assert page.inner_text("#sv-lb-run").strip() == "▶ Run race"
+    assert not errors, errors
+
+
+def test_toasts_do_not_pile_up(browser, app):  # noqa: F811
+    page, errors = _open(browser, app)
+    page.locator("#sv-prompt textarea").fill("")
+    for _ in range(3):  # an empty prompt: an error each press
+        page.click("#sv-run")
+        page.wait_for_selector("[data-testid='toast-body']", timeout=TIMEOUT)
+        page.wait_for_function("!document.querySelector('#sv-run').disabled", timeout=TIMEOUT)
+        page.wait_for_timeout(600)
+    toasts = page.locator("[data-testid='toast-body']")
+    assert toasts.count() == 1 and "(2)" not in toasts.first.inner_text() \
+        and "(3)" not in toasts.first.inner_text(), toasts.all_inner_texts()
+    assert not errors, errors
+
+
+def test_clamped_top_k_shows_in_its_box(browser, app):  # noqa: F811
+    page, errors = _open(browser, app)
+    page.locator("#sv-more .label-wrap").first.click()
+    _set(page, "sv-top-k", -5)
+    page.wait_for_selector("#sv-top-k .sv-clamp", timeout=10_000)
+    assert "-5 was set to 0" in page.inner_text("#sv-top-k .sv-clamp")
+    page.wait_for_timeout(500)
+    assert page.input_value("#sv-top-k input[type=number]") == "0"
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_baseline_title_one_weight(browser, app, scheme):  # noqa: F811
+    """gradio's Source Sans Pro 600 file holds a handful of glyphs: at 600 the title's "B" came from it,
+    the rest from a fallback bold. The titles ask for 700, a face the page declares from the whole file."""
+    page, errors = _open(browser, app, scheme=scheme)
+    title = page.locator(".sv-pane-title", has_text="Baseline").first
+    assert title.evaluate("e => getComputedStyle(e).fontWeight") == "700"
+    faces = page.evaluate("[...document.fonts].filter(f => f.family.includes('Source Sans Pro'))"
+                          ".map(f => f.weight + ' ' + f.status)")
+    assert "700 loaded" in faces, faces
+    title.scroll_into_view_if_needed()
+    _shot(page, f"newcomer-baseline-title-{scheme}.png")
+    assert not errors, errors
+
+
+def test_deep_trace_upload_gets_one_line(browser, app, tmp_path, capfd):  # noqa: F811
+    deep = tmp_path / "deep.json"
+    deep.write_bytes(b'{"version": 1, "meta": ' + b"[" * 200_000 + b"]" * 200_000 + b', "events": []}')
+    page, errors = _open(browser, app)
+    if not page.locator("#sv-replay-play").is_visible():
+        page.locator("#sv-replay .label-wrap").first.click()
+    page.locator("#sv-replay-upload input[type=file]").set_input_files(str(deep))
+    page.wait_for_function("document.querySelector('#sv-replay-info').innerText.includes('nested too deeply')",
+                           timeout=TIMEOUT)
+    page.click("#sv-replay-play")
+    page.wait_for_function("document.querySelector('#sv-runinfo').innerText.includes('nested too deeply')",
+                           timeout=TIMEOUT)
+    assert "RecursionError" not in capfd.readouterr().err
+    assert not errors, errors
+
+
+def test_draft_size_intro_matches_its_rows(browser, app):  # noqa: F811
+    from specviz.ui.draft_size import load_result
+    data = load_result()
+    if not data:
+        pytest.skip("no committed draft-size result")
+    page, errors = _open(browser, app)
+    page.get_by_role("tab", name="Draft size").click()
+    page.wait_for_selector("#sv-ds-intro .sv-ds-measured", timeout=TIMEOUT)
+    intro = page.inner_text("#sv-ds-intro")
+    methods = {s["method"] for s in data["sizes"]}
+    for s in data["sizes"]:
+        assert s["label"] in intro
+    if "early-exit" not in methods:  # it promised early-exit and layer-skip rows it did not have
+        assert "early exit" not in intro.lower() and "first L layers" not in intro
+    assert data["precision"] in page.inner_text("#sv-ds-intro .sv-ds-measured")
+    assert not errors, errors
+
