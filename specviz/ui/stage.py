@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .glossary import glossary_html
 
-KEYS = (("R", "run"), ("S / Esc", "stop"), ("P", "replay a recorded run"), ("N", "next preset"),
+KEYS = (("R", "run"), ("S / Esc", "stop"), ("P", "replay"), ("N", "next preset"),
         ("Tab", "prompt → Run → Stop"), ("← →", "method"))
 
 
@@ -144,6 +144,7 @@ CSS = """
 .sv-glossary .sv-glossary-keys { display: none; }
 .sv-pair-detail summary { cursor: pointer; font-size: 12.5px; opacity: .8; }
 .sv-pair-note { display: block; }
+.sv-pair-detail + br { display: none; }  /* the status box's next line follows the disclosure */
 abbr[title] { text-decoration: underline dotted; cursor: help; }
 #sv-run-row { align-items: stretch; }
 .sv-ds-measured { font-size: 15px; padding: 8px 12px; margin: 4px 0 8px; border-radius: 8px;
