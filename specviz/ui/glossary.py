@@ -12,8 +12,9 @@ esc = html.escape
 TERMS = (
     ("γ", "draft length: how many tokens the draft guesses per round (a tree's depth; lookahead's n-gram "
           "length)"),
-    ("α̂", "expected acceptance: the chance that one drafted token passes the target's check, computed "
-          "from the target's and the draft's probabilities p and q (Leviathan et al.'s α)"),
+    ("α, α̂", "α: the theory's acceptance rate, the chance that one drafted token passes the target's "
+             "check (Leviathan et al.); α̂: the expected acceptance this run measured, from the target's and "
+             "the draft's probabilities p and q"),
     ("accepted ÷ drafted", "the share of drafted tokens kept; tokens after a round's first rejection are "
                            "never checked and count as not kept"),
     ("τ", "tokens gained per target forward pass (per verification round)"),
