@@ -181,28 +181,46 @@ def test_tree_draft_is_best_first_and_a_tree():
     assert kids[:2] == [4, 5]  # both continuations after "1 2 3", the more frequent first
 
 
+def _hybrid_tree(draft, vocab, c=0.3, **kw):
+    from specviz.engine.proposers.hybrid import HybridTreeProposer
+    from specviz.engine.proposers.suffix import SuffixTreeProposer
+    return HybridTreeProposer(SuffixTreeProposer(vocab, verify_cost=v_cost, **kw), DraftModelProposer(draft),
+                              c=c)
+
+
 @pytest.mark.parametrize("gamma", [2, 5])
-def test_tree_mode_greedy_equals_plain(tok, target, gamma):
+@pytest.mark.parametrize("which", ["suffix-tree", "hybrid-tree"])
+def test_tree_mode_greedy_equals_plain(tok, target, draft, gamma, which):
     from specviz.engine.proposers.suffix import SuffixTreeProposer
     from specviz.engine.tree_decoding import tree_speculative
     ids = tok.encode("def quicksort(arr): arr arr arr return arr arr")
     _, base = run(baseline(target, tok, ids, 40, GREEDY))
-    prop = SuffixTreeProposer(target.config.vocab_size, verify_cost=v_cost, tokenizer=tok)
+    V = target.config.vocab_size
+    prop = (SuffixTreeProposer(V, verify_cost=v_cost, tokenizer=tok) if which == "suffix-tree" else
+            _hybrid_tree(draft, V, c=0.1, tokenizer=tok))
     rounds, spec = run(tree_speculative(target, prop, tok, ids, 40, gamma, GREEDY))
     assert spec.token_ids == base.token_ids
     check_stream(rounds, spec)
     assert any(r.info.get("drafter") == "suffix" for r in rounds)
+    if which == "hybrid-tree":
+        assert any(r.info.get("drafter") == "model" for r in rounds)
 
 
-def test_tree_mode_follows_target_distribution():
+@pytest.mark.parametrize("which", ["suffix-tree", "hybrid-tree"])
+def test_tree_mode_follows_target_distribution(which):
     from specviz.engine.proposers.suffix import SuffixTreeProposer
     from specviz.engine.tree_decoding import tree_speculative
     V, N = 4, 1500
     t = tiny_model(V, seed=10, layers=2, init=0.8)
+    d = noisy_copy(t, 0)
     prompt = [1, 2, 3, 1, 2, 0, 1, 2]  # after "1 2": 3 and 0, siblings in the tree
-    exact, counts, runs = sample_sequences(tree_speculative, t, lambda: SuffixTreeProposer(V), 3,
-                                           SamplingParams(temperature=1.0), N, prompt=prompt)
-    assert any(len([p for p in r.tree["parents"] if p == -1]) > 1 for rounds, _ in runs for r in rounds)
+    new = (lambda: SuffixTreeProposer(V)) if which == "suffix-tree" else (lambda: _hybrid_tree(d, V, c=0.25))
+    exact, counts, runs = sample_sequences(tree_speculative, t, new, 3, SamplingParams(temperature=1.0), N,
+                                           prompt=prompt)
+    drafters = {r.info["drafter"] for rounds, _ in runs for r in rounds}
+    assert "suffix" in drafters and (which == "suffix-tree" or "model" in drafters)
+    siblings = any(len([p for p in r.tree["parents"] if p == -1]) > 1 for rounds, _ in runs for r in rounds)
+    assert siblings or which == "hybrid-tree"  # its rounds of copied trees are priced against the model's
     assert_follows_target(counts, exact, N)
 
 

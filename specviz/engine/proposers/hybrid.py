@@ -17,11 +17,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import torch
+
 from ..gamma import DECAY, PRIOR_ALPHA, PRIOR_WEIGHT
 from ..proposer import Proposer, register, target_vocab
-from ..theory import ALPHA_MAX, best_gamma, expected_tokens
+from ..theory import ALPHA_MAX, MAX_GAMMA, best_gamma, expected_tokens
 from .draft import DraftModelProposer, _need_draft
-from .suffix import SuffixProposer, build_suffix, round_note, summarize
+from .suffix import SuffixProposer, SuffixTreeProposer, build_suffix, round_note, summarize
 
 
 @dataclass
@@ -79,6 +81,46 @@ class HybridProposer(Proposer):
             self.s, self.n = keep * self.s + n_accepted, keep * self.n + tested
 
 
+@dataclass
+class HybridTreeProposer(HybridProposer):
+    """Tree mode: each round the suffix tree's token tree (copied children, one-hot drafts) or the
+    draft model's chain, given to the tree verifier as a one-branch tree with its q rows; priced
+    as the chain hybrid prices its two drafters."""
+
+    name: str = "hybrid-tree"
+    shape: tuple = ()  # the tree prices its own size: no auto width (runner.tree_width)
+    budget: int = MAX_GAMMA
+
+    def propose(self, committed, depth, params, generator, eos_ids, width=None):
+        from .tree import TreeProposal
+        t0 = time.perf_counter()
+        sp = self.suffix
+        d, k, rate_s = sp.tree_lookup(committed, depth)
+        g, rate_m = self.model_price(depth)
+        self._model_round = not (k and rate_s >= rate_m)
+        if not self._model_round:
+            prop = sp.tree_emit(d, k, committed, t0)
+            cost = sp.verify_cost(len(prop.tokens)) if sp.verify_cost is not None else None
+        else:
+            ms = (time.perf_counter() - t0) * 1e3
+            chain = self.draft.propose(committed, g, params, generator, eos_ids)
+            n = len(chain.tokens)
+            q = torch.cat([chain.q, torch.zeros(1, chain.q.shape[-1])])  # row i: node i's child law
+            prop = TreeProposal(chain.tokens, list(range(-1, n - 1)), q, chain.forwards,
+                                info={"drafter": "model", "source": None, "lookup_ms": round(ms, 3),
+                                      "match_len": d.match_len if d else 0,
+                                      "score": round(d.score, 3) if d else 0.0})
+            cost = (n * self.c + sp.verify_cost(n) if sp.verify_cost is not None and self.c is not None
+                    else None)
+        prop.info.update(rate_suffix=_r(rate_s if k else None), rate_model=_r(rate_m if self.c else None),
+                         cost_steps=_r(cost))
+        self._drafted = len(prop.tokens)
+        return prop
+
+    def rollback_tree(self, committed, path):
+        self.rollback(committed, len(path), self._drafted)
+
+
 def _r(x):
     return None if x is None or x == float("inf") else round(float(x), 3)
 
@@ -87,8 +129,16 @@ def _r(x):
           summarize=summarize, round_note=round_note,
           description="each round, a free suffix-tree draft when its expected tokens per measured verify "
                       "cost beat the draft model's chain; else the draft model")
-def _build_hybrid(pair, req=None):
+def _build_hybrid(pair, req=None, cls=HybridProposer, suffix_cls=None):
     costs = pair.costs
-    return HybridProposer(build_suffix(pair, req),
+    return cls(build_suffix(pair, req, cls=suffix_cls),
                           DraftModelProposer(_need_draft(pair), vocab_size=target_vocab(pair.target)),
                           c=costs.c if costs is not None else None)
+
+
+@register("hybrid-tree", "hybrid, tree mode", needs_draft=True, order=12, own_gamma=True, kind="tree",
+          summarize=summarize, round_note=round_note,
+          description="each round the suffix tree's token tree or the draft model's chain, whichever the "
+                      "measured costs price higher, verified by the tree verifier")
+def _build_hybrid_tree(pair, req=None):
+    return _build_hybrid(pair, req, cls=HybridTreeProposer, suffix_cls=SuffixTreeProposer)

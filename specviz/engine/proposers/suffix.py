@@ -255,23 +255,31 @@ class SuffixTreeProposer(SuffixProposer):
     shape: tuple = ()  # neither a static shape nor an auto width: the tree prices its own size
 
     def propose(self, committed, depth, params, generator, eos_ids, width=None):
-        from .tree import TreeProposal
         t0 = time.perf_counter()
+        d, k, _ = self.tree_lookup(committed, depth)
+        return self.tree_emit(d, k, committed, t0)
+
+    def tree_lookup(self, committed, depth):
+        """(tree draft or None, its priced size k, expected tokens per plain-step cost)."""
         self._sync(committed)
         self._learn(committed)
         d = self.tree.speculate_tree(self.tree.tails(SELF), self.budget, depth)
-        k = 0
-        if d is not None:
-            k = len(d.tokens) if self.verify_cost is None else best_length(self._tree_expected(d),
-                                                                             self.verify_cost)[0]
-            k = min([k] + [i for i, x in enumerate(d.tokens) if x >= self.vocab_size])
-            chain = Draft([d.tokens[i] for i in d.chain], [d.probs[i] for i in d.chain], d.match_len,
-                          d.doc, d.end)
-            self._last = (len(committed), chain)  # the most probable path calibrates, as a chain's
+        if d is None:
+            return None, 0, 1.0
+        k, rate = ((len(d.tokens), float("inf")) if self.verify_cost is None else
+                   best_length(self._tree_expected(d), self.verify_cost))
+        k = min([k] + [i for i, x in enumerate(d.tokens) if x >= self.vocab_size])
+        chain = Draft([d.tokens[i] for i in d.chain], [d.probs[i] for i in d.chain], d.match_len, d.doc,
+                      d.end)
+        self._last = (len(committed), chain)  # the most probable path calibrates, as a chain's
+        return d, k, rate
+
+    def tree_emit(self, d, k: int, committed, t0: float):
+        from .tree import TreeProposal
         tokens, parents = (d.tokens[:k], d.parents[:k]) if k else ([], [])
         ms = (time.perf_counter() - t0) * 1e3
-        main = [i for i in (d.chain if d is not None else []) if i < k]
-        info = self.describe(chain if d is not None else None, "self", len(main), committed, ms)
+        main = [i for i in d.chain if i < k] if d is not None else []
+        info = self.describe(self._last[1] if d is not None else None, "self", len(main), committed, ms)
         info["drafter"] = "suffix" if k else "none"
         return TreeProposal(tokens, parents, None, 0, fixed=True, info=info)
 
