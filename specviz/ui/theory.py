@@ -184,7 +184,7 @@ def run_curve(measured, vmode) -> list | None:
     return m.v_curve if (m is not None and vmode == V_MODES[1]) else None
 
 
-FREE_DRAFTS = ("suffix", "hybrid", "suffix-tree")  # drafts copied from text, priced per round by v(k)
+FREE_DRAFTS = ("suffix", "hybrid", "suffix-tree", "hybrid-tree")  # drafts copied from text, priced per round by v(k)
 NOT_CHAIN = ("tree", *FREE_DRAFTS)  # no chain-formula point on the theory charts
 
 
@@ -237,7 +237,7 @@ def measured_html(m: dict | Measured | None, vmode: str = "") -> str:
                 "Run the live demo (or a replay) "
                 "and its measured point appears on both charts as a ◆.</span></div>")
     if m.method in FREE_DRAFTS:
-        which = " in its copied rounds" if m.method == "hybrid" else ""
+        which = " in its copied rounds" if m.method.startswith("hybrid") else ""
         return (f"<div class='sv-runinfo sv-theory-measured'><span><b>{esc(m.source)}</b> drafted from "
                 f"text (a suffix tree: no draft model, c = 0{which}): measured "
                 f"<b>{number(m.speedup, '{:.2f}×')}</b> at τ {number(m.tau, '{:.2f}')} tokens per round. "
