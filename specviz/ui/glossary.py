@@ -21,6 +21,10 @@ TERMS = (
     ("c", "the cost of one draft step, as a fraction of one plain target step"),
     ("v", "the cost of one verification pass (γ+1 tokens at once), in plain target steps"),
     ("p, q", "the target's (p) and the draft's (q) probability of a token"),
+    ("L, skip", "early exit's exit layer (the draft runs the target's first L layers); layer skip's skipped "
+                "layers, numbered from 0"),
+    ("W, G", "lookahead's window (columns of tokens guessed in parallel) and guesses (n-grams of γ+1 tokens "
+             "from its pool, checked in the same pass)"),
     ("w4a8", "4-bit weights, 8-bit activations (likewise w8a8: 8-bit weights and activations)"),
     ("int4, int8", "weights stored as 4- or 8-bit integers with a scale, instead of floating point"),
     ("g32", "weights quantised in groups of 32 that share one scale"),

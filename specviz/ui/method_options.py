@@ -89,10 +89,10 @@ BLANK = {"exit_layer": "calibrated", "skip_layers": "calibrated", "tree_shape": 
          "tree_budget": "auto"}
 # why a self-drafting method accepts little here, said in its run header (issue 51: early exit
 # accepted 0 of 226 drafts and nothing on the page said why)
-WHY = {"early-exit": "an untrained exit: this target was never trained to predict from its middle layers, "
-                     "so few drafts pass",
-       "layer-skip": "untrained: this target was never trained to run with layers skipped, so few drafts "
-                     "pass, and a draft step costs most of a full step"}
+WHY = {"early-exit": "an untrained exit: this target never learned to predict from its first L layers, so "
+                     "its drafts pass less often than a trained exit's (fewer layers: cheaper, fewer pass)",
+       "layer-skip": "untrained: this target never learned to run with layers skipped, so its drafts pass "
+                     "less often than a trained draft's, and a draft step still costs most of a full step"}
 
 
 def _fixed_setup(method: str | None) -> str:
