@@ -184,7 +184,8 @@ def run_curve(measured, vmode) -> list | None:
     return m.v_curve if (m is not None and vmode == V_MODES[1]) else None
 
 
-FREE_DRAFTS = ("suffix", "hybrid", "suffix-tree", "hybrid-tree")  # drafts copied from text, priced per round by v(k)
+# drafts copied from text, priced per round by v(k)
+FREE_DRAFTS = ("suffix", "hybrid", "suffix-tree", "hybrid-tree")
 NOT_CHAIN = ("tree", *FREE_DRAFTS)  # no chain-formula point on the theory charts
 
 
