@@ -45,8 +45,9 @@ def glossary_html(keys: str = "") -> str:
     rows = "".join(f"<dt>{esc(t)}</dt><dd>{esc(m)}</dd>" for t, m in TERMS)
     if keys:
         rows = f"<dt class='sv-glossary-keys'>Keys</dt><dd class='sv-glossary-keys'>{keys}</dd>" + rows
-    return (f"<details class='sv-glossary' id='sv-glossary'><summary>Glossary{' and keys' if keys else ''}: "
-            f"γ, α̂, τ, c, v, w4a8…</summary><dl>{rows}</dl></details>")
+    # the term list and the pointer to the glossary (sv-gl-more) are left out on a phone (ui/stage.py CSS)
+    return (f"<details class='sv-glossary' id='sv-glossary'><summary>Glossary{' and keys' if keys else ''}"
+            f"<span class='sv-gl-more'>: γ, α̂, τ, c, v, w4a8…</span></summary><dl>{rows}</dl></details>")
 
 
 def _bits(precision: str) -> str:
@@ -82,8 +83,8 @@ def pair_html(status: dict) -> str:
     detail = [x for x in (precision, note) if x]
     if detail:
         body = "<br>".join(f"<small>{esc(x)}</small>" for x in detail)
-        line += (f"<details class='sv-pair-detail'><summary>precision and timings (the glossary at the top "
-                 f"explains w4a8, g32, int4…)</summary>{body}</details>")
+        line += (f"<details class='sv-pair-detail'><summary>precision and timings<span class='sv-gl-more'> "
+                 f"(the glossary at the top explains w4a8, g32, int4…)</span></summary>{body}</details>")
     if status.get("note"):  # what this pair cannot do (another engine's limits): stays in sight
         line += f"<small class='sv-pair-note'>{esc(status['note'])}</small>"
     return line

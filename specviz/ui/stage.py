@@ -169,6 +169,7 @@ abbr[title] { text-decoration: underline dotted; cursor: help; }
      preset and prompt hints and the status lines get smaller */
   #sv-keys.sv-keys { display: none; }
   .sv-help .sv-glossary .sv-glossary-keys { display: block; }
+  .sv-gl-more { display: none; }
   #sv-preset .info-text, #sv-prompt .info-text { display: none; }
   .sv-status { font-size: 13px; }
   .sv-header p { font-size: 14px; }
