@@ -348,7 +348,7 @@ def _build_suffix(pair, req=None):
     return build_suffix(pair, req)
 
 
-@register("suffix-tree", "suffix tree, several continuations", order=11, own_gamma=True, kind="tree",
+@register("suffix-tree", "copied-text token tree (suffix)", order=11, own_gamma=True, kind="tree",
           summarize=summarize, round_note=round_note,
           description="the suffix tree's most frequent continuations of this prompt and output as one "
                       "token tree, verified in one forward; as many nodes as pay for their verify rows")
