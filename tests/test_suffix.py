@@ -231,3 +231,11 @@ def test_theory_tab_does_not_place_free_drafts_on_the_chain_formula():
         assert "drafted from text" in theory.measured_html(m)
         fig, _ = theory.figures(0.8, 4, 0.3, m)
         assert not any((t.name or "").startswith(("measured", "theory at")) for t in fig.data)
+
+
+def test_speedup_box_says_why_a_free_draft_run_has_no_prediction():
+    from specviz.ui.speedup_box import _speedup_text
+    snap = {"stats": {"rounds": 5, "speedup": 2.1, "predicted": 0.13, "alpha_hat": 0.97}, "finished": True,
+            "method": "hybrid"}
+    value, line = _speedup_text(snap)
+    assert value == 2.1 and line.startswith("no prediction") and "0.13" not in line

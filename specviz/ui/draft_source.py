@@ -17,6 +17,9 @@ import html
 from .escape import esc
 
 SUFFIX = "suffix"  # info["drafter"] of a round drafted from a suffix tree
+# the methods that draft from text (engine/proposers/suffix.py, hybrid.py): priced per round by v(k),
+# no chain-formula prediction (the speedup box) and no point on the theory charts
+FREE_DRAFTS = ("suffix", "hybrid", "suffix-tree", "hybrid-tree")
 COPY_SIGN = "❝"
 WHERE_WORDS = {"prompt": "the prompt", "output": "this output", "memory": "an earlier output"}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..engine.costs import MAX_VERIFY_TOKENS
 from ..format import number
+from .draft_source import FREE_DRAFTS
 from .escape import esc
 
 
@@ -63,6 +64,9 @@ def _speedup_text(snap: dict) -> tuple[float | None, str]:
         return None, "run failed"
     if (st.get("rounds") or 0) < HOLD_ROUNDS and not snap.get("finished"):
         return None, f"shown after {HOLD_ROUNDS} rounds (round 1 also reads the prompt)"
+    if snap.get("method") in FREE_DRAFTS:
+        return st.get("speedup"), ("no prediction: drafts copied from text cost no draft steps, and the "
+                                   "chain formula prices a draft model's γ·c each round")
     return st.get("speedup"), _prediction_text(st, bool(snap.get("tree")))
 
 

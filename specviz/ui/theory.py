@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from ..engine.theory import MAX_GAMMA, best_gamma, expected_tokens, speedup, v_at
 from ..format import number
 from .charts import BLUE, FONT, GREEN, GRID, ORANGE, VERMILLION, _layout
+from .draft_source import FREE_DRAFTS
 from .render import esc
 
 ALPHA_END = 0.99  # the page's α slider and curves stop here (theory.ALPHA_MAX clamps auto γ)
@@ -184,8 +185,6 @@ def run_curve(measured, vmode) -> list | None:
     return m.v_curve if (m is not None and vmode == V_MODES[1]) else None
 
 
-# drafts copied from text, priced per round by v(k)
-FREE_DRAFTS = ("suffix", "hybrid", "suffix-tree", "hybrid-tree")
 NOT_CHAIN = ("tree", *FREE_DRAFTS)  # no chain-formula point on the theory charts
 
 
