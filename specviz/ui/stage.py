@@ -4,9 +4,12 @@ at 1280×720), the explainer and settings collapsed, the keyboard shortcuts on
 the page, and a replay one key away if anything goes wrong.
 
 The keys work on every page, outside text fields: R run, S or Esc stop,
-P replay the selected recorded run, N next preset. The same script tells a
-visitor when a typed γ or token budget was out of range and got clamped
-(issue 21: 99 became 16 without a word).
+P replay the selected recorded run, N next preset; they and a glossary are
+listed beside the title for every visitor (issue 51). The same script tells a
+visitor when a typed γ or token budget was out of range and got clamped, and
+puts the clamped value in the box (issue 21: 99 became 16 without a word), moves
+the method selector with the arrow keys, gives the focus back to Run after a run,
+and closes older toasts on the next press.
 """
 from __future__ import annotations
 
