@@ -22,7 +22,7 @@ from .rounds import Clock, cut_at_eos, drive_rounds, make_generator, new_summary
 from .sampling import SamplingParams, greedy_rows, overlap, top2_gap, warp
 from .text import TextStream
 from .tree_forward import tree_forward_logits
-from .tree_sampling import accept_fixed, accept_greedy, accept_sampled, depths_of, describe_tree
+from .tree_sampling import accept_greedy, accept_sampled, depths_of, describe_tree
 
 
 def _verify(target, cache, fed, prop, params, gen):
@@ -47,7 +47,7 @@ def _verify_fixed(logits, prop, params, gen):
         best = best.tolist()
         return p, accept_greedy(prop.tokens, prop.parents, p, best), None, top2_gap(logits), best
     p = warp(logits, params)
-    return p, accept_fixed(prop.tokens, prop.parents, p, gen), None, None, None
+    return p, accept_sampled(prop.tokens, prop.parents, p, None, gen), None, None, None
 
 
 def _node_stats(prop, p, q, best: list[int] | None):

@@ -99,23 +99,38 @@ def accept_greedy(tokens: list[int], parents: list[int], p: torch.Tensor,
         node = nxt
 
 
-def accept_sampled(tokens: list[int], parents: list[int], p: torch.Tensor, q: torch.Tensor,
+def accept_sampled(tokens: list[int], parents: list[int], p: torch.Tensor, q: torch.Tensor | None,
                    generator=None) -> TreeVerdict:
     """Recursive rejection sampling down the tree (see the module docstring).
 
     p: (N + 1, V) target laws, q: (N + 1, V) draft laws the children of each
-    node were drawn from (rows of childless nodes are never read)."""
+    node were drawn from (rows of childless nodes are never read).
+
+    q None: the children were not drawn but copied from text (a suffix tree's), chosen from the
+    committed text alone: each child x_i is a draft with one-hot q_i at x_i. Accept it with
+    probability p_i(x_i); else p_{i+1} = norm(max(0, p_i - q_i)), p_i with x_i removed. The
+    induction above holds with q_i one-hot: a rejected x_i has p_{i+1}(x_i) = 0, and what the
+    next sibling is depends on nothing drawn at this node."""
     kids = children_of(parents)
     path, node = [], -1
     tested, us = [], []
     while True:
-        p_i, q_i = p[node + 1], q[node + 1].clone()
+        p_i = p[node + 1]
+        q_i = q[node + 1].clone() if q is not None else None
         nxt = None
         for c in kids[node]:
             x = tokens[c]
             u = float(draw_uniform(1, generator, device=p.device)[0])
             tested.append(c)
             us.append(u)
+            if q_i is None:  # one-hot q_i at x
+                if u < p_i[x]:
+                    nxt = c
+                    break
+                p_i = p_i.clone()
+                p_i[x] = 0
+                p_i = p_i / p_i.sum()
+                continue
             if q_i[x] > 0 and u * q_i[x] < p_i[x]:
                 nxt = c
                 break
@@ -123,35 +138,6 @@ def accept_sampled(tokens: list[int], parents: list[int], p: torch.Tensor, q: to
             q_i[x] = 0
             mass = q_i.sum()
             q_i = q_i / mass if mass > 0 else q_i
-        if nxt is None:
-            return TreeVerdict(path, int(sample(p_i, generator)), bool(kids[node]), tested, us)
-        path.append(nxt)
-        node = nxt
-
-
-def accept_fixed(tokens: list[int], parents: list[int], p: torch.Tensor, generator=None) -> TreeVerdict:
-    """Recursive rejection sampling for a tree whose children were not drawn but copied from text
-    (a suffix tree's): each child x_i is a draft with one-hot q_i at x_i, chosen from the committed
-    text alone. Accept x_i with probability p_i(x_i); else p_{i+1} = norm(max(0, p_i - q_i)), p_i with
-    x_i removed. The module docstring's induction holds with q_i one-hot: a rejected x_i has
-    p_{i+1}(x_i) = 0, and what the next sibling is depends on nothing drawn at this node."""
-    kids = children_of(parents)
-    path, node = [], -1
-    tested, us = [], []
-    while True:
-        p_i = p[node + 1]
-        nxt = None
-        for c in kids[node]:
-            x = tokens[c]
-            u = float(draw_uniform(1, generator, device=p.device)[0])
-            tested.append(c)
-            us.append(u)
-            if u < p_i[x]:
-                nxt = c
-                break
-            p_i = p_i.clone()
-            p_i[x] = 0
-            p_i = p_i / p_i.sum()
         if nxt is None:
             return TreeVerdict(path, int(sample(p_i, generator)), bool(kids[node]), tested, us)
         path.append(nxt)

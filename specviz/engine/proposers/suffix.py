@@ -247,7 +247,7 @@ class SuffixProposer(Proposer):
 class SuffixTreeProposer(SuffixProposer):
     """Tree mode: the suffix tree's best-first token tree (several continuations of the context
     at once), verified in one forward by the tree verifier (tree_decoding.py), each child a
-    one-hot draft (tree_sampling.accept_fixed). Its size is the prefix of the best-first order
+    one-hot draft (tree_sampling.accept_sampled, q None). Its size is the prefix of the best-first order
     that maximises (1 + E[accepted path]) / v(nodes)."""
 
     name: str = "suffix-tree"

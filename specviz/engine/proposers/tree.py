@@ -40,7 +40,7 @@ class TreeProposal:
     forwards: int = 0
     doubt: dict = field(default_factory=dict)  # node (-1 root) -> 1 - max q, where the grower read it
     # children copied from text (a suffix tree), not drawn from q: q is None, the verifier tests each
-    # child as a one-hot draft (tree_sampling.accept_fixed)
+    # child as a one-hot draft (tree_sampling.accept_sampled with q None)
     fixed: bool = False
     info: dict = field(default_factory=dict)  # method-specific, JSON-able; copied to RoundEvent.info
 
