@@ -3,16 +3,27 @@ drafts from the visitor's own earlier output, never from another visitor's (issu
 import pytest
 
 pytest.importorskip("gradio_client")
-from test_app import args, client as _client, server  # noqa: E402,F401 (fixtures)
+from browser.server import shared_server  # noqa: E402
 from gradio_client import Client  # noqa: E402
+from test_app import args  # noqa: E402
 
 SPEC = 1
 PROMPT = "zebra quokka xylophone, zebra quokka"  # no preset: its output is this visitor's own text
 MINE = "your earlier run"
 
 
-def test_two_visitors_never_share_drafts(server, _client):
-    alice, bob = _client, Client(server.url, verbose=False)
+def _ready_client(url):
+    import time
+    c = Client(url, verbose=False)
+    end = time.monotonic() + 120
+    while time.monotonic() < end and "sv-status-ready" not in c.predict(api_name="/status")[0]:
+        time.sleep(0.5)
+    return c
+
+
+def test_two_visitors_never_share_drafts():
+    server = shared_server()
+    alice, bob = _ready_client(server.url), _ready_client(server.url)
     first = alice.predict(*args(PROMPT, max_new_tokens=40), "suffix", api_name="/run")
     assert MINE not in first[SPEC]  # nothing remembered yet
     again = alice.predict(*args(PROMPT, max_new_tokens=40), "suffix", api_name="/run")
