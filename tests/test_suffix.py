@@ -239,21 +239,3 @@ def test_speedup_box_says_why_a_free_draft_run_has_no_prediction():
             "method": "hybrid"}
     value, line = _speedup_text(snap)
     assert value == 2.1 and line.startswith("no prediction") and "0.13" not in line
-
-
-def test_hybrid_reads_the_prompt_into_the_draft_only_when_it_drafts(tok, target, draft):
-    V = target.config.vocab_size
-    h = _hybrid(draft, V, c=0.3, tokenizer=tok)
-    assert h.reset(tok.encode("abc abc abc")) == 0 and h.draft.cache is None
-    committed = tok.encode("abc abc abc abc")
-    prop = h.model_propose(committed, 3, GREEDY, None, frozenset())
-    assert prop.forwards == len(prop.tokens) + 1  # its prefill, in this round's draft time
-    assert h.draft.cache.get_seq_length() == len(committed) + len(prop.tokens) - 1
-
-
-def test_hybrid_runs_without_the_draft_when_the_suffix_drafts_every_round(tok, target, draft):
-    V = target.config.vocab_size
-    h = _hybrid(draft, V, c=5.0, tokenizer=tok)  # a draft model this costly never pays
-    ids = tok.encode("abcd abcd abcd abcd abcd abcd")
-    rounds, _ = run(speculative(target, h, tok, ids, 24, 6, GREEDY))
-    assert {r.info["drafter"] for r in rounds} <= {"suffix", "none"} and h.draft.cache is None

@@ -35,62 +35,38 @@ class HybridProposer(Proposer):
     chain_formula = False  # rounds of two kinds: no one chain prediction (decoding.speculative)
 
     def reset(self, prompt_ids):
-        """The draft model reads the prompt only when it first drafts (lazily): a run the suffix
-        drafts alone never pays the draft's prefill."""
         self.suffix.reset(prompt_ids)
         self.s, self.n = PRIOR_ALPHA * PRIOR_WEIGHT, PRIOR_WEIGHT  # the draft model's α̂, as auto γ's
         self._model_round = False
-        self.draft.cache = None
-        return 0
+        return self.draft.reset(prompt_ids)
 
     @property
     def alpha_hat(self) -> float:
         return min(self.s / self.n, ALPHA_MAX)
 
-    def model_price(self, cap: int, committed) -> tuple[int, float, float]:
-        """(γ, expected tokens per plain-step cost, cost in plain steps) of the draft model's best
-        chain. Its catch-up after suffix rounds (one forward over the tokens it has not read) is
-        timed in that round's draft time but not priced here: it is paid once for all the model
-        rounds after it, and pricing it on one round locked the model out (the lag only grows)."""
+    def model_price(self, cap: int) -> tuple[int, float]:
+        """(γ, expected tokens per plain-step cost) of the draft model's best chain."""
         v = self.suffix.verify_cost
         if v is None or self.c is None:
-            return cap, 0.0, float("nan")
+            return cap, 0.0
         g = best_gamma(self.alpha_hat, self.c, v, cap)
-        cost = g * self.c + v(g)
-        return g, expected_tokens(self.alpha_hat, g) / cost, cost
-
-    def choose(self, k: int, rate_s: float, rate_m: float) -> str:
-        """"suffix", "model" or "none" (a plain step): the most expected tokens per plain-step cost,
-        the suffix draft on a tie. Without measured costs: the suffix draft when it has one."""
-        if self.c is None or self.suffix.verify_cost is None:
-            return "suffix" if k else "model"
-        options = {"suffix": rate_s if k else 0.0, "model": rate_m, "none": 1.0}
-        return max(options, key=options.get)
-
-    def model_propose(self, committed, g, params, generator, eos_ids):
-        """The draft model's chain, after its prefill where it has not read the prompt yet."""
-        first = 0
-        if self.draft.cache is None:
-            first = self.draft.reset(committed)  # timed in this round's draft time
-        prop = self.draft.propose(committed, g, params, generator, eos_ids)
-        prop.forwards += first
-        return prop
+        return g, expected_tokens(self.alpha_hat, g) / (g * self.c + v(g))
 
     def propose(self, committed, gamma, params, generator, eos_ids):
         t0 = time.perf_counter()
         sp = self.suffix
         d, where = sp.lookup(committed, gamma)
         k, rate_s = sp.expected_rate(d)
-        g, rate_m, cost_m = self.model_price(gamma, committed)
-        pick = self.choose(k, rate_s, rate_m)
-        self._model_round = pick == "model"
+        g, rate_m = self.model_price(gamma)
+        self._model_round = not (k and rate_s >= rate_m)
         if not self._model_round:
-            prop = sp.emit(d, where, k if pick == "suffix" else 0, committed, eos_ids, t0)
+            prop = sp.emit(d, where, k, committed, eos_ids, t0)
             cost = sp.verify_cost(len(prop.tokens)) if sp.verify_cost is not None else None
         else:  # the suffix draft still learns its calibration from what gets committed
             ms = (time.perf_counter() - t0) * 1e3
-            prop = self.model_propose(committed, g, params, generator, eos_ids)
-            cost = cost_m
+            prop = self.draft.propose(committed, g, params, generator, eos_ids)
+            cost = (len(prop.tokens) * self.c + sp.verify_cost(len(prop.tokens))
+                    if sp.verify_cost is not None and self.c is not None else None)
             prop.info = {"drafter": "model", "source": None, "match_len": d.match_len if d else 0,
                          "score": round(d.score, 3) if d else 0.0, "lookup_ms": round(ms, 3)}
         prop.info.update(rate_suffix=_r(rate_s if k else None), rate_model=_r(rate_m if self.c else None),
@@ -98,8 +74,7 @@ class HybridProposer(Proposer):
         return prop
 
     def rollback(self, committed, n_accepted, n_drafted):
-        if self.draft.cache is not None:  # a lagging cache is left as it is: it catches up when next drafting
-            self.draft.rollback(committed, n_accepted, n_drafted)
+        self.draft.rollback(committed, n_accepted, n_drafted)  # a lagging cache is left as it is
         if self._model_round and n_drafted:
             tested = min(n_drafted, n_accepted + 1)
             keep = DECAY ** tested
@@ -121,22 +96,22 @@ class HybridTreeProposer(HybridProposer):
         t0 = time.perf_counter()
         sp = self.suffix
         d, k, rate_s = sp.tree_lookup(committed, depth)
-        g, rate_m, cost_m = self.model_price(depth, committed)
-        pick = self.choose(k, rate_s, rate_m)
-        self._model_round = pick == "model"
+        g, rate_m = self.model_price(depth)
+        self._model_round = not (k and rate_s >= rate_m)
         if not self._model_round:
-            prop = sp.tree_emit(d, k if pick == "suffix" else 0, committed, t0)
+            prop = sp.tree_emit(d, k, committed, t0)
             cost = sp.verify_cost(len(prop.tokens)) if sp.verify_cost is not None else None
         else:
             ms = (time.perf_counter() - t0) * 1e3
-            chain = self.model_propose(committed, g, params, generator, eos_ids)
+            chain = self.draft.propose(committed, g, params, generator, eos_ids)
             n = len(chain.tokens)
             q = torch.cat([chain.q, torch.zeros(1, chain.q.shape[-1])])  # row i: node i's child law
             prop = TreeProposal(chain.tokens, list(range(-1, n - 1)), q, chain.forwards,
                                 info={"drafter": "model", "source": None, "lookup_ms": round(ms, 3),
                                       "match_len": d.match_len if d else 0,
                                       "score": round(d.score, 3) if d else 0.0})
-            cost = cost_m
+            cost = (n * self.c + sp.verify_cost(n) if sp.verify_cost is not None and self.c is not None
+                    else None)
         prop.info.update(rate_suffix=_r(rate_s if k else None), rate_model=_r(rate_m if self.c else None),
                          cost_steps=_r(cost))
         self._drafted = len(prop.tokens)
@@ -147,7 +122,7 @@ class HybridTreeProposer(HybridProposer):
 
 
 def _r(x):
-    return None if x is None or x != x or x == float("inf") else round(float(x), 3)
+    return None if x is None or x == float("inf") else round(float(x), 3)
 
 
 @register("hybrid", "hybrid: suffix or draft model", needs_draft=True, order=5, own_gamma=True,
