@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..gamma import DECAY, PRIOR_ALPHA, PRIOR_WEIGHT
+from ..gamma import AutoGamma
 from ..proposer import Proposer, register, target_vocab
-from ..theory import ALPHA_MAX, MAX_GAMMA, best_gamma, expected_tokens
+from ..theory import ALPHA_MAX, MAX_GAMMA, expected_tokens
 from .draft import DraftModelProposer, _need_draft
 from .suffix import SuffixProposer, SuffixTreeProposer, build_suffix, round_note, summarize
 
@@ -36,49 +36,61 @@ class HybridProposer(Proposer):
 
     def reset(self, prompt_ids):
         self.suffix.reset(prompt_ids)
-        self.s, self.n = PRIOR_ALPHA * PRIOR_WEIGHT, PRIOR_WEIGHT  # the draft model's α̂, as auto γ's
+        # the draft model's α̂ and best γ, as auto γ keeps them (fed from its own rounds only)
+        v = self.suffix.verify_cost
+        self.policy = AutoGamma(self.c, v) if v is not None and self.c is not None else None
         self._model_round = False
         return self.draft.reset(prompt_ids)
 
-    @property
-    def alpha_hat(self) -> float:
-        return min(self.s / self.n, ALPHA_MAX)
-
     def model_price(self, cap: int) -> tuple[int, float]:
         """(γ, expected tokens per plain-step cost) of the draft model's best chain."""
-        v = self.suffix.verify_cost
-        if v is None or self.c is None:
+        if self.policy is None:
             return cap, 0.0
-        g = best_gamma(self.alpha_hat, self.c, v, cap)
-        return g, expected_tokens(self.alpha_hat, g) / (g * self.c + v(g))
+        g = self.policy.next_gamma(cap)
+        alpha = min(self.policy.alpha_hat, ALPHA_MAX)
+        return g, expected_tokens(alpha, g) / (g * self.c + self.suffix.verify_cost(g))
+
+    def price(self, k: int, rate_s: float, cap: int) -> int | None:
+        """The round's drafter: None for the suffix draft, else the draft model's γ."""
+        g, self._rate_m = self.model_price(cap)
+        self._model_round = not (k and rate_s >= self._rate_m)
+        return g if self._model_round else None
+
+    def annotate(self, prop, d, k: int, rate_s: float, n: int, t0: float):
+        """The round's info: a model round's lookup (a suffix round's is emit's), both prices, and
+        what the chosen drafter's n tokens were priced at in plain steps."""
+        v = self.suffix.verify_cost
+        if self._model_round:
+            prop.info = {"drafter": "model", "source": None, "match_len": d.match_len if d else 0,
+                         "score": round(d.score, 3) if d else 0.0,
+                         "lookup_ms": round((t0 - self._t_lookup) * 1e3, 3)}
+            cost = n * self.c + v(n) if v is not None and self.c is not None else None
+        else:
+            cost = v(n) if v is not None else None
+        prop.info.update(rate_suffix=_r(rate_s if k else None),
+                         rate_model=_r(self._rate_m if self.c else None), cost_steps=_r(cost))
+        return prop
 
     def propose(self, committed, gamma, params, generator, eos_ids):
-        t0 = time.perf_counter()
+        self._t_lookup = t0 = time.perf_counter()
         sp = self.suffix
         d, where = sp.lookup(committed, gamma)
         k, rate_s = sp.expected_rate(d)
-        g, rate_m = self.model_price(gamma)
-        self._model_round = not (k and rate_s >= rate_m)
-        if not self._model_round:
+        g = self.price(k, rate_s, gamma)
+        if g is None:
             prop = sp.emit(d, where, k, committed, eos_ids, t0)
-            cost = sp.verify_cost(len(prop.tokens)) if sp.verify_cost is not None else None
         else:  # the suffix draft still learns its calibration from what gets committed
-            ms = (time.perf_counter() - t0) * 1e3
+            t1 = time.perf_counter()
             prop = self.draft.propose(committed, g, params, generator, eos_ids)
-            cost = (len(prop.tokens) * self.c + sp.verify_cost(len(prop.tokens))
-                    if sp.verify_cost is not None and self.c is not None else None)
-            prop.info = {"drafter": "model", "source": None, "match_len": d.match_len if d else 0,
-                         "score": round(d.score, 3) if d else 0.0, "lookup_ms": round(ms, 3)}
-        prop.info.update(rate_suffix=_r(rate_s if k else None), rate_model=_r(rate_m if self.c else None),
-                         cost_steps=_r(cost))
-        return prop
+            t0 = t1
+        return self.annotate(prop, d, k, rate_s, len(prop.tokens), t0)
 
     def rollback(self, committed, n_accepted, n_drafted):
         self.draft.rollback(committed, n_accepted, n_drafted)  # a lagging cache is left as it is
-        if self._model_round and n_drafted:
+        if self._model_round and n_drafted and self.policy is not None:
+            # a one-hot (greedy) or drawn draft: the positions tested, 1 for kept, 0 for the first refused
             tested = min(n_drafted, n_accepted + 1)
-            keep = DECAY ** tested
-            self.s, self.n = keep * self.s + n_accepted, keep * self.n + tested
+            self.policy.observe([1.0] * n_accepted + [0.0] * (tested - n_accepted), n_accepted)
 
 
 @dataclass
@@ -93,29 +105,21 @@ class HybridTreeProposer(HybridProposer):
 
     def propose(self, committed, depth, params, generator, eos_ids, width=None):
         from .tree import TreeProposal
-        t0 = time.perf_counter()
+        self._t_lookup = t0 = time.perf_counter()
         sp = self.suffix
         d, k, rate_s = sp.tree_lookup(committed, depth)
-        g, rate_m = self.model_price(depth)
-        self._model_round = not (k and rate_s >= rate_m)
-        if not self._model_round:
+        g = self.price(k, rate_s, depth)
+        if g is None:
             prop = sp.tree_emit(d, k, committed, t0)
-            cost = sp.verify_cost(len(prop.tokens)) if sp.verify_cost is not None else None
         else:
-            ms = (time.perf_counter() - t0) * 1e3
+            t1 = time.perf_counter()
             chain = self.draft.propose(committed, g, params, generator, eos_ids)
             n = len(chain.tokens)
             q = torch.cat([chain.q, torch.zeros(1, chain.q.shape[-1])])  # row i: node i's child law
-            prop = TreeProposal(chain.tokens, list(range(-1, n - 1)), q, chain.forwards,
-                                info={"drafter": "model", "source": None, "lookup_ms": round(ms, 3),
-                                      "match_len": d.match_len if d else 0,
-                                      "score": round(d.score, 3) if d else 0.0})
-            cost = (n * self.c + sp.verify_cost(n) if sp.verify_cost is not None and self.c is not None
-                    else None)
-        prop.info.update(rate_suffix=_r(rate_s if k else None), rate_model=_r(rate_m if self.c else None),
-                         cost_steps=_r(cost))
+            prop = TreeProposal(chain.tokens, list(range(-1, n - 1)), q, chain.forwards)
+            t0 = t1
         self._drafted = len(prop.tokens)
-        return prop
+        return self.annotate(prop, d, k, rate_s, len(prop.tokens), t0)
 
     def rollback_tree(self, committed, path):
         self.rollback(committed, len(path), self._drafted)

@@ -97,7 +97,7 @@ class SuffixProposer(Proposer):
     def propose(self, committed, gamma, params, generator, eos_ids):
         t0 = time.perf_counter()
         d, where = self.lookup(committed, gamma)
-        return self.emit(d, where, self._worth(d) if d is not None else 0, committed, eos_ids, t0)
+        return self.emit(d, where, self.expected_rate(d)[0], committed, eos_ids, t0)
 
     def lookup(self, committed, gamma) -> tuple[Draft | None, str]:
         """Bring the trees up to `committed`, score last round's draft, find this round's."""
@@ -159,11 +159,6 @@ class SuffixProposer(Proposer):
             if x != g:
                 break
         self._last = None
-
-    def _worth(self, d: Draft) -> int:
-        if self.verify_cost is None:
-            return len(d.tokens)
-        return best_length(self.cal.expected(d), self.verify_cost)[0]
 
     def expected_rate(self, d: Draft | None) -> tuple[int, float]:
         """(k, expected tokens per plain-step cost) of the best length of d; (0, 1.0): a plain step."""
