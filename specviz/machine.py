@@ -47,6 +47,19 @@ def gpu_name() -> str | None:
     return None
 
 
+def half_for_capability(capability) -> str:
+    """The GPU's 16-bit type from its compute capability: "fp16" below 8.0 (T4 7.5, V100 7.0: no
+    native bf16, though torch.cuda.is_bf16_supported() says True on a T4 through emulation,
+    pytorch#148322), "bf16" from 8.0 (A100, A10G, L4, H100)."""
+    return "bf16" if tuple(int(x) for x in capability) >= (8, 0) else "fp16"
+
+
+def gpu_half(device=None) -> str:
+    """half_for_capability of a CUDA device (torch.cuda.get_device_capability)."""
+    import torch
+    return half_for_capability(torch.cuda.get_device_capability(device))
+
+
 def hardware() -> str:
     """A short human label: the GPU, else the CPU model and its core count."""
     return gpu_name() or f"{cpu_model()} ({os.cpu_count()} cores)"

@@ -1,0 +1,252 @@
+"""python -m specviz gpu-check: the whole GPU verdict in one command of a few minutes.
+
+Needs only torch, transformers and accelerate (no gradio, no network, no model download): the
+default pair's architectures (engine/gpu/configs/) with random weights made on the GPU, seeded.
+In fp16 and bf16 it measures each side's 1-token step (transformers eager, our static cache eager,
+and that cache replayed as a CUDA graph), the draft's c, v(k) for k = 1..16, the step against the
+floor (weight bytes / measured device-to-device copy bandwidth), a greedy speculative run against
+plain (draft = target, α = 1, and a truncated draft: identical tokens required), and the race:
+both sides at once on two streams against each alone (the interference ratio). It writes one JSON
+(--out) after every section, so a run cut short keeps what it measured, and prints a summary.
+
+Without CUDA it prints one line and exits with code 3 (nothing measured). --cpu-tiny runs the
+same code on a CPU with tiny shapes, without the CUDA-only steps (graphs, streams, events,
+bandwidth), and says so: the test suite runs it so that this command cannot rot.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+NO_CUDA = 3  # exit code: no CUDA device, nothing measured
+DTYPES = ("fp16", "bf16")
+CUDA_ONLY = ("CUDA graphs", "two-stream race", "CUDA events", "copy bandwidth and the floor")
+
+
+def _args(argv):
+    ap = argparse.ArgumentParser(prog="python -m specviz gpu-check", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None, help="the JSON (default: <cache>/gpu_check/<date>.json)")
+    ap.add_argument("--cpu-tiny", action="store_true",
+                    help="tiny shapes on the CPU, CUDA-only steps skipped (what the test suite runs)")
+    ap.add_argument("--dtypes", default=None,
+                    help="comma-separated among fp16, bf16, fp32 (default fp16,bf16; --cpu-tiny: bf16)")
+    ap.add_argument("--gamma", type=int, default=4, help="draft tokens per round in the speculative runs")
+    ap.add_argument("--new-tokens", type=int, default=None, help="default 128 (--cpu-tiny: 24)")
+    ap.add_argument("--prompt-len", type=int, default=None, help="default 64 (--cpu-tiny: 16)")
+    ap.add_argument("--truncated-layers", type=int, default=None,
+                    help="layers of the truncated draft (the target's first ones; default a quarter)")
+    ap.add_argument("--budget-s", type=float, default=330.0,
+                    help="sections not started by then are skipped (and listed) so the run ends in time")
+    args = ap.parse_args(argv)
+    defaults = (("dtypes", ",".join(DTYPES), "bf16"), ("new_tokens", 128, 24), ("prompt_len", 64, 16))
+    for key, gpu, tiny in defaults:
+        if getattr(args, key) is None:
+            setattr(args, key, tiny if args.cpu_tiny else gpu)
+    return args
+
+
+def _default_out() -> Path:
+    from ..paths import cache_root
+    return cache_root() / "gpu_check" / f"{datetime.datetime.now(datetime.UTC):%Y-%m-%dT%H%M%S}.json"
+
+
+def _environment(args, torch, dev) -> dict:
+    import transformers
+
+    from .. import machine
+    env = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+           "torch": torch.__version__, "transformers": transformers.__version__,
+           "mode": "cpu-tiny" if args.cpu_tiny else "cuda", "device": str(dev)}
+    if args.cpu_tiny:
+        env.update(name=machine.cpu_model(), skipped=[f"{s}: CUDA only, not run on a CPU" for s in CUDA_ONLY])
+    else:
+        cap = torch.cuda.get_device_capability(dev)
+        env.update(name=torch.cuda.get_device_name(dev), capability=list(cap),
+                   half_type=machine.half_for_capability(cap), skipped=[],
+                   bf16_emulated=tuple(cap) < (8, 0))
+    return env
+
+
+def _side(m, torch, model, prompt, floor_gbs, graphs: bool) -> dict:
+    """One model's 1-token step three ways, and against the bandwidth floor."""
+    eager, finite = m.eager_step_s(model, prompt)
+    max_len = len(prompt) + 32
+    static = m.static_step_s(m.StaticModel(model, max_len, graphs=False), prompt)
+    out = {"params": sum(p.numel() for p in model.parameters()), "weight_bytes": m.weight_bytes(model),
+           "finite_logits": finite, "step_eager_ms": eager * 1e3, "step_static_eager_ms": static * 1e3}
+    if graphs:
+        out["step_graph_ms"] = m.static_step_s(m.StaticModel(model, max_len, graphs=True), prompt) * 1e3
+    if floor_gbs:
+        out["floor_ms"] = out["weight_bytes"] / (floor_gbs * 1e9) * 1e3
+        best = out.get("step_graph_ms", static * 1e3)
+        out["step_over_floor"] = best / out["floor_ms"]
+    return out
+
+
+class Check:
+    """The sections in order, the JSON written after each, the budget enforced between them."""
+
+    def __init__(self, args, torch, dev):
+        self.args, self.torch, self.dev = args, torch, dev
+        self.t0 = time.perf_counter()
+        self.out = Path(args.out) if args.out else _default_out()
+        self.result = {"environment": _environment(args, torch, dev), "dtypes": {}}
+
+    def save(self) -> None:
+        self.result["seconds"] = round(time.perf_counter() - self.t0, 1)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.out.write_text(json.dumps(self.result, indent=1, default=float))
+
+    def section(self, where: dict, key: str, fn) -> None:
+        """where[key] = fn(), unless the budget is spent (then listed as skipped); errors recorded."""
+        if time.perf_counter() - self.t0 > self.args.budget_s:
+            where[key] = {"skipped": "over the time budget"}
+        else:
+            try:
+                where[key] = fn()
+            except Exception as err:  # noqa: BLE001 - one failed figure must not lose the others
+                where[key] = {"error": f"{type(err).__name__}: {err}"[:500]}
+        self.save()
+
+    def run(self) -> dict:
+        from ..engine.gpu import measure as m
+        torch, args, gpu = self.torch, self.args, not self.args.cpu_tiny
+        if gpu:
+            self.section(self.result, "bandwidth", lambda: m.copy_gbs(self.dev))
+        gbs = self.result.get("bandwidth", {}).get("copy_gbs")
+        names = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+        for name in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
+            r = self.result["dtypes"].setdefault(name, {})
+            self._dtype(m, r, names[name], gbs, gpu)
+            if gpu:
+                torch.cuda.empty_cache()
+        self.result["verdict"] = verdict(self.result)
+        self.save()
+        return self.result
+
+    def _dtype(self, m, r: dict, dtype, gbs, gpu: bool) -> None:
+        torch, args = self.torch, self.args
+        target = m.build(m.TARGET_CONFIG, self.dev, dtype, seed=0, tiny=args.cpu_tiny)
+        draft = m.build(m.DRAFT_CONFIG, self.dev, dtype, seed=1, tiny=args.cpu_tiny)
+        prompt = m.prompt_ids(args.prompt_len, target.config.vocab_size)
+        self.section(r, "target", lambda: _side(m, torch, target, prompt, gbs, gpu))
+        self.section(r, "draft", lambda: _side(m, torch, draft, prompt, gbs, gpu))
+        r["c"] = c_values(r)
+        self.section(r, "v", lambda: _curve(m, target, prompt, gpu))
+        max_len = m.cache_len(len(prompt), args.new_tokens, args.gamma)
+        layers = args.truncated_layers or max(1, target.config.num_hidden_layers // 4)
+        self.section(r, "spec_self", lambda: m.spec_vs_plain(
+            target, target, prompt, args.new_tokens, args.gamma, max_len, graphs=gpu))
+        self.section(r, "spec_truncated", lambda: {**m.spec_vs_plain(
+            target, target, prompt, args.new_tokens, args.gamma, max_len, n_layers=layers, graphs=gpu),
+            "draft_layers": layers})
+        if gpu:
+            self.section(r, "race", lambda: m.race(target, draft, prompt, 64, args.gamma, max_len))
+
+
+def _curve(m, target, prompt, gpu: bool) -> dict:
+    sm = m.StaticModel(target, len(prompt) + 32, graphs=gpu)
+    t = m.verify_curve(sm, prompt)
+    return {"v": {k: s / t[1] for k, s in t.items()}, "ms": {k: s * 1e3 for k, s in t.items()},
+            "how": "graph replays" if gpu else "static cache, eager"}
+
+
+def c_values(r: dict) -> dict:
+    """The draft's step ÷ the target's, each way it was timed."""
+    t, d = r.get("target", {}), r.get("draft", {})
+    out = {}
+    for way in ("eager", "static_eager", "graph"):
+        a, b = d.get(f"step_{way}_ms"), t.get(f"step_{way}_ms")
+        if a and b:
+            out[way] = a / b
+    return out
+
+
+def verdict(result: dict) -> dict:
+    """Issue 54's bar: the 1.5B target's graph step ≤ 2x its floor, and c ≤ 0.5 (graphs)."""
+    out = {}
+    for name, r in result["dtypes"].items():
+        over = r.get("target", {}).get("step_over_floor") if "step_graph_ms" in r.get("target", {}) else None
+        c = r.get("c", {}).get("graph")
+        out[name] = {"step_le_2x_floor": None if over is None else over <= 2.0,
+                     "c_le_half": None if c is None else c <= 0.5}
+    return out
+
+
+def _ms(v) -> str:
+    return "–" if v is None else f"{v:.2f}"
+
+
+def summary(result: dict) -> list[str]:
+    env = result["environment"]
+    head = f"gpu-check · {env.get('name')} · torch {env['torch']} · transformers {env['transformers']}"
+    if env.get("capability"):
+        head += f" · sm {env['capability'][0]}.{env['capability'][1]}, half type {env['half_type']}"
+    lines = [head]
+    if env["mode"] == "cpu-tiny":
+        lines.append("CPU, tiny shapes: the code path only; skipped " + ", ".join(CUDA_ONLY))
+    bw = result.get("bandwidth", {})
+    if "copy_gbs" in bw:
+        lines.append(f"device copy bandwidth {bw['copy_gbs']:.0f} GB/s (read + written bytes)")
+    for name, r in result["dtypes"].items():
+        lines += _dtype_lines(name, r)
+    for name, v in result.get("verdict", {}).items():
+        lines.append(f"verdict {name}: graph step ≤ 2x floor: {v['step_le_2x_floor']}, "
+                     f"c ≤ 0.5: {v['c_le_half']}")
+    lines.append(f"{result.get('seconds', 0):.0f} s")
+    return lines
+
+
+def _dtype_lines(name: str, r: dict) -> list[str]:
+    lines = []
+    for side in ("target", "draft"):
+        s = r.get(side, {})
+        if "step_eager_ms" not in s:
+            lines.append(f"[{name}] {side}: {s}")
+            continue
+        lines.append(f"[{name}] {side} {s['params'] / 1e9:.2f}B step ms: eager {_ms(s['step_eager_ms'])} · "
+                     f"static {_ms(s['step_static_eager_ms'])} · graphs {_ms(s.get('step_graph_ms'))} · "
+                     f"floor {_ms(s.get('floor_ms'))}"
+                     + (f" ({s['step_over_floor']:.2f}x)" if s.get("step_over_floor") else "")
+                     + ("" if s["finite_logits"] else " · LOGITS NOT FINITE"))
+    lines.append(f"[{name}] c: " + ", ".join(f"{k} {v:.2f}" for k, v in r.get("c", {}).items()))
+    v = r.get("v", {}).get("v")
+    if v:
+        shown = (1, 2, 4, 5, 8, 12, 16)
+        lines.append(f"[{name}] v(k): " + " ".join(f"{k}:{v[k]:.2f}" for k in shown if k in v))
+    for key in ("spec_self", "spec_truncated"):
+        s = r.get(key, {})
+        if "identical" in s:
+            same = "identical" if s["identical"] else f"DIFFERENT from token {s['first_difference']}"
+            lines.append(f"[{name}] {key}: {same}, α {s['alpha']:.2f}, "
+                         f"{s['tokens_per_round']:.2f} tokens/round, {s['speedup']:.2f}x plain")
+        elif s:
+            lines.append(f"[{name}] {key}: {s}")
+    race = r.get("race", {})
+    if "interference" in race:
+        lines.append(f"[{name}] race: together ÷ alone " +
+                     ", ".join(f"{k} {v:.2f}" for k, v in race["interference"].items()))
+    return lines
+
+
+def main(argv=None) -> int:
+    args = _args(list(argv or []))
+    import torch
+    if not args.cpu_tiny and not torch.cuda.is_available():
+        print(f"gpu-check: no CUDA device here (torch {torch.__version__}): nothing measured, exit "
+              f"{NO_CUDA}; --cpu-tiny runs the same code on tiny CPU shapes", file=sys.stderr)
+        return NO_CUDA
+    dev = torch.device("cpu" if args.cpu_tiny else "cuda:0")
+    if args.cpu_tiny:  # the code path, not the figures: one short timing each
+        from ..engine.gpu import measure
+        measure.TIMING.update(calls=1, repeats=2, warmup=1)
+    check = Check(args, torch, dev)
+    result = check.run()
+    print("\n".join(summary(result)))
+    print(f"written: {check.out}")
+    return 0

@@ -1,0 +1,125 @@
+"""A Llama-family causal LM (Llama, Qwen2, Mistral) run over its own static KV cache, gpt-fast style.
+
+Every forward takes token ids [1, n] and their positions [n] as tensors and writes its keys and
+values at those positions; attention reads the whole preallocated cache under a mask built on the
+device from the positions (a key counts when its position is <= the query's). Nothing in a forward
+reads a tensor on the host, so a forward of n rows can be captured once as a torch.cuda.CUDAGraph
+and replayed with new ids and positions copied into its input buffers (gpt-fast's generate.py does
+the same with torch.compile; this captures the graph itself, as ZeroGPU has no torch.compile).
+
+A rollback is free: entries past the accepted length are never attended (the mask) and are
+overwritten before any later query can see them. The model's own modules run the work (embedding,
+norms, projections, MLP, rotary table, output layer); only the cache and attention are ours.
+A layer prefix (`n_layers`) gives a truncated draft that shares the target's weights.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+
+
+def supported(model) -> bool:
+    """The Llama family's layout: model.model.{embed_tokens, layers, norm, rotary_emb} + lm_head."""
+    base = getattr(model, "model", None)
+    return all(hasattr(base, n) for n in ("embed_tokens", "layers", "norm", "rotary_emb")) and \
+        getattr(getattr(model, "config", None), "model_type", None) in ("llama", "qwen2", "mistral")
+
+
+class StaticModel:
+    """One model (or its first `n_layers` layers) over a static cache of `max_len` positions.
+
+    run(ids, pos0) computes logits for ids at positions pos0.. : a captured graph of that row count
+    replays when there is one (capture(n)), else the same forward runs eagerly. The returned logits
+    are the graph's output buffer: read (or clone) them before the next replay of that size."""
+
+    def __init__(self, model, max_len: int, n_layers: int | None = None, graphs: bool | None = None):
+        if not supported(model):
+            raise ValueError("the static-graph path needs a Llama-family model (llama, qwen2, mistral)")
+        self.model = model
+        base = model.model
+        self.layers = list(base.layers)[: n_layers or len(base.layers)]
+        cfg = model.config
+        p = next(model.parameters())
+        self.device, self.dtype, self.max_len = p.device, p.dtype, int(max_len)
+        heads = cfg.num_attention_heads
+        kv = getattr(cfg, "num_key_value_heads", None) or heads
+        hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        self.heads, self.kv_heads, self.head_dim, self.groups = heads, kv, hd, heads // kv
+        shape = (1, kv, self.max_len, hd)
+        self.k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        self.v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        self.keys = torch.arange(self.max_len, device=self.device)
+        self.use_graphs = (self.device.type == "cuda") if graphs is None else bool(graphs)
+        self.graphs: dict[int, tuple] = {}  # rows -> (graph, ids buffer, positions buffer, logits)
+
+    # ------------------------------------------------------------------ forward
+
+    def _attention(self, i: int, layer, x: torch.Tensor, pos: torch.Tensor, cos, sin) -> torch.Tensor:
+        attn = layer.self_attn
+        n = x.shape[1]
+        if hasattr(attn, "qkv_proj"):  # engine/cpu/lean.py's fused projections
+            q, k, v = attn.qkv_proj(x).split(attn.sizes, -1)
+        else:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        q = q.view(1, n, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        rotary = getattr(attn, "_rotary", None) or sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        q, k = rotary(q, k, cos, sin)
+        self.k[i].index_copy_(2, pos, k)
+        self.v[i].index_copy_(2, pos, v)
+        # grouped heads folded into the query rows: the cache is read once per kv head, never copied
+        g = self.groups
+        q = q.reshape(1, self.kv_heads, g * n, self.head_dim)
+        mask = (self.keys.view(1, -1) <= pos.view(-1, 1)).repeat(g, 1).view(1, 1, g * n, self.max_len)
+        out = F.scaled_dot_product_attention(q, self.k[i], self.v[i], attn_mask=mask, scale=attn.scaling)
+        out = out.view(1, self.heads, n, self.head_dim).transpose(1, 2).reshape(1, n, -1)
+        return attn.o_proj(out)
+
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Logits [1, n, vocab] of ids [1, n] at positions pos [n]; keys/values written at pos."""
+        base = self.model.model
+        x = base.embed_tokens(ids)
+        cos, sin = base.rotary_emb(x, pos.view(1, -1))
+        for i, layer in enumerate(self.layers):
+            x = x + self._attention(i, layer, layer.input_layernorm(x), pos, cos, sin)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.model.lm_head(base.norm(x))
+
+    # ------------------------------------------------------------------ graphs
+
+    @torch.no_grad()
+    def capture(self, n: int, warmup: int = 2) -> None:
+        """Capture the forward of n rows (positions at the cache's end: nothing valid is touched)."""
+        if not self.use_graphs or n in self.graphs:
+            return
+        ids = torch.zeros((1, n), dtype=torch.long, device=self.device)
+        pos = torch.arange(self.max_len - n, self.max_len, device=self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):  # warm-up off the capture: kernels chosen, workspaces allocated
+            for _ in range(warmup):
+                self.forward(ids, pos)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = self.forward(ids, pos)
+        self.graphs[n] = (graph, ids, pos, out)
+
+    @torch.no_grad()
+    def run(self, ids: torch.Tensor, pos0: int) -> torch.Tensor:
+        """Logits [1, n, vocab] of ids ([n] or [1, n], on the device) at positions pos0..pos0+n-1."""
+        ids = ids.view(1, -1)
+        n = ids.shape[1]
+        if pos0 + n > self.max_len:
+            raise ValueError(f"static cache full: {pos0 + n} positions of {self.max_len}")
+        entry = self.graphs.get(n)
+        if entry is None:
+            return self.forward(ids, self.keys[pos0:pos0 + n])
+        graph, ids_buf, pos_buf, out = entry
+        ids_buf.copy_(ids)
+        pos_buf.copy_(self.keys[pos0:pos0 + n])
+        graph.replay()
+        return out

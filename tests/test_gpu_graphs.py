@@ -1,0 +1,100 @@
+"""The static-cache greedy loop of engine/gpu/ (graphs off: the same forwards, eager, on a CPU)
+against transformers' own DynamicCache path: plain and speculative greedy give plain greedy's tokens."""
+import copy
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from specviz.engine.cpu.lean import make_lean
+from specviz.engine.gpu.graphs import accept, cache_len, plain_greedy, speculative_greedy
+from specviz.engine.gpu.static import StaticModel
+from specviz.models.tiny import tiny_model
+
+PROMPT = [5, 9, 13, 20, 7, 3, 40, 41]
+NEW = 40
+
+
+@torch.no_grad()
+def dynamic_greedy(model, prompt, new):
+    """Plain greedy through transformers' forward and DynamicCache (the engine's eager path)."""
+    cache = DynamicCache(config=model.config)
+    ids, out = torch.tensor([prompt]), []
+    for _ in range(new):
+        t = int(model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1].argmax())
+        out.append(t)
+        ids = torch.tensor([[t]])
+    return out
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model(96, 0, layers=3)
+
+
+@pytest.fixture(scope="module")
+def reference(target):
+    return dynamic_greedy(target, PROMPT, NEW)
+
+
+def near(model, scale=0.05, seed=3):
+    """A draft close to the target: its weights with noise (accepts some drafts, rejects others)."""
+    d = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in d.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale * p.std())
+    return d
+
+
+def static(model, gamma=8, **kw):
+    return StaticModel(model, cache_len(len(PROMPT), NEW, gamma), graphs=False, **kw)
+
+
+def test_plain_over_the_static_cache_is_plain_greedy(target, reference):
+    assert plain_greedy(static(target), PROMPT, NEW) == reference
+
+
+@pytest.mark.parametrize("gamma", [1, 4, 7])
+@pytest.mark.parametrize("kind", ["self", "truncated", "near", "other"])
+def test_speculative_greedy_is_plain_greedy(target, reference, gamma, kind):
+    draft, layers = {"self": (target, None), "truncated": (target, 1), "near": (near(target), None),
+                     "other": (tiny_model(96, 1, layers=1), None)}[kind]
+    run = speculative_greedy(static(target), static(draft, n_layers=layers), PROMPT, NEW, gamma)
+    assert run.tokens == reference
+    assert all(0 <= n <= gamma for n in run.accepted)
+    if kind == "self":  # α = 1: every draft accepted, γ + 1 tokens a round
+        assert run.alpha == 1.0 and run.accepted == [gamma] * len(run.accepted)
+
+
+def test_a_near_draft_both_accepts_and_rejects(target, reference):
+    run = speculative_greedy(static(target), static(near(target)), PROMPT, NEW, 4)
+    assert run.tokens == reference
+    assert 0 < run.alpha < 1  # the interesting path: partial rounds and the corrections after them
+
+
+def test_lean_models_run_their_fused_projections(reference):
+    lean = make_lean(tiny_model(96, 0, layers=3))
+    assert hasattr(lean.model.layers[0].self_attn, "qkv_proj")
+    ref = dynamic_greedy(lean, PROMPT, NEW)
+    assert plain_greedy(static(lean), PROMPT, NEW) == ref
+    assert speculative_greedy(static(lean), static(lean, n_layers=1), PROMPT, NEW, 3).tokens == ref
+
+
+def test_acceptance_on_the_device():
+    vocab = 10
+    rows = torch.zeros(4, vocab)
+    for i, t in enumerate([2, 5, 7, 9]):  # the target's argmax after each prefix
+        rows[i, t] = 1.0
+    assert accept(rows, torch.tensor([2, 5, 7])).tolist() == [3, 2, 5, 7, 9]  # all: bonus 9
+    assert accept(rows, torch.tensor([2, 4, 7])).tolist() == [1, 2, 5, 7, 9]  # 1, then correction 5
+    assert accept(rows, torch.tensor([1, 5, 7])).tolist()[0] == 0  # a later match does not count
+
+
+def test_static_cache_bounds_and_cpu_graphs(target):
+    sm = StaticModel(target, 12)
+    assert not sm.use_graphs  # a CPU never captures
+    sm.capture(1)
+    assert sm.graphs == {}
+    with pytest.raises(ValueError, match="static cache full"):
+        sm.run(torch.arange(5), 10)
