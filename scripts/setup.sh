@@ -60,6 +60,16 @@ $PY -m pip install -q --disable-pip-version-check --no-deps -r requirements-mode
 # the w4a8 CPU kernel (engine/cpu/kernels/qgemm.c), each variant this CPU runs, into the cache now:
 # never inside a visitor's first request (without gcc or AVX2 the format is simply unavailable)
 $PY -m specviz kernels || echo "warning: the block-quantised CPU kernel was not built" >&2
+if [ "${1:-}" = dev ] && ! { command -v aarch64-linux-gnu-gcc && command -v qemu-aarch64; } >/dev/null 2>&1; then
+  # the Arm kernel's bits proved on x86: cross-compiled and run under qemu (tests/test_qgemm_arm.py,
+  # skipped with the missing tool's name if this fails)
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && apt-get install -y -qq gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user >/dev/null) \
+      || echo "warning: aarch64 cross-compiler or qemu-user not installed; the Arm kernel test will be skipped" >&2
+  else
+    echo "warning: no apt as root: aarch64-linux-gnu-gcc and qemu-aarch64 not installed; the Arm kernel test will be skipped" >&2
+  fi
+fi
 if [ "${1:-}" = dev ] && ! command -v chromium >/dev/null 2>&1; then
   # headless browser for tests/test_browser.py (skipped if this fails)
   if [ "$(id -u)" = 0 ]; then

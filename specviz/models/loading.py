@@ -255,7 +255,7 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
     q = "int8" if choice.target == "int8" else ("draft-int8" if choice.draft == "int8" else None)
     dt = next(target.parameters()).dtype if choice.target != "int8" else torch.float32
     note = choice.note + (f", draft output layer {len(keep):,} of {len(tok):,} tokens" if keep else "")
-    note += f"; {step.note()}" if step else ""
+    note += (f"; {step.note()}" if step else "") + speed.kernel_note(target, draft)  # w4a8's kernel variant
     pair = ModelPair(target, draft, tok, spec, dev, dt, _eos_ids(target, tok), label, q,
                      costs=costs, precision_note=note, choice=choice, draft_step=step)
     pair.calibration = "untimed" if choice.untimed else "noisy" if choice.noisy else ""  # ui/loader.py

@@ -1,4 +1,5 @@
-"""Block-quantised Linears on our own kernel (kernels/qgemm.c): AVX2, AVX-VNNI or AVX-512 VNNI.
+"""Block-quantised Linears on our own kernel (kernels/qgemm.c): AVX2, AVX-VNNI or AVX-512 VNNI on
+x86; NEON with dotprod or i8mm on Arm (engine/cpu/arm.py: its variant choice and build).
 
 Weights as 4-bit or 8-bit codes in super-blocks of 8 × 32 (GGUF Q4_K's shape: an 8-bit
 sub-scale, and for 4-bit an 8-bit sub-minimum, per 32; float scales per 256), weight rows
@@ -29,10 +30,12 @@ import torch
 from torch import nn
 
 from ...paths import cache_root
+from . import arm
 
 QK = 32  # weights per block
 SB = 8  # blocks per super-block
 SRC = Path(__file__).with_name("kernels") / "qgemm.c"
+HEADERS = (SRC.with_name("qgemm_neon.h"),)  # included by SRC (on Arm): part of its build identity
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 # The kernel's variants, best first: each one's extra compiler flags and the CPU flags it needs.
 # The same source; kernels/qgemm.c picks its super-block dot by what the flags enable.
@@ -47,8 +50,11 @@ GMAX = 16  # kernels/qgemm.c's GMAX: query heads sharing a kv head, at most, in 
 
 
 def _cpu_ok() -> str | None:
-    """Why this CPU cannot run the kernel, or None. ATen's capability says AVX2 (with FMA) or
-    better; F16C comes with every AVX2 CPU but is read from /proc/cpuinfo where there is one."""
+    """Why this CPU cannot run the kernel, or None. Arm: engine/cpu/arm.py's answer. x86: ATen's
+    capability says AVX2 (with FMA) or better; F16C comes with every AVX2 CPU but is read from
+    /proc/cpuinfo where there is one."""
+    if arm.is_arm():
+        return arm.cpu_ok()
     if sys.platform != "linux" or torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         return "needs an x86 CPU with AVX2 (Linux)"
     flags = _cpu_flags()
@@ -58,17 +64,25 @@ def _cpu_ok() -> str | None:
 
 
 def _cpu_flags() -> set[str]:
-    """The CPU's flags from /proc/cpuinfo (empty where there is none)."""
+    """The CPU's flags from /proc/cpuinfo (empty where there is none); on Arm its features."""
+    if arm.is_arm():
+        return arm.features()
     info = Path("/proc/cpuinfo")
     text = info.read_text(errors="ignore") if info.exists() else ""
     line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
     return set(line.split(":", 1)[-1].split())
 
 
+def variants() -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """This platform's variants, best first: their compiler flags and the CPU flags they need."""
+    return arm.VARIANTS if arm.is_arm() else ISAS
+
+
 def runnable() -> list[str]:
-    """The variants this CPU can run, best first (from its flags; AVX2 wherever the kernel runs)."""
+    """The variants this CPU can run, best first (from its flags; AVX2 wherever the kernel runs on
+    x86, dotprod on Arm)."""
     flags = _cpu_flags()
-    return [name for name, (_, need) in ISAS.items() if set(need) <= flags]
+    return [name for name, (_, need) in variants().items() if set(need) <= flags]
 
 
 def isa() -> str:
@@ -78,19 +92,25 @@ def isa() -> str:
     can = runnable()
     forced = os.environ.get("SPECVIZ_KERNEL_ISA", "").strip().lower()
     if forced:
-        if forced not in ISAS:
+        if forced not in variants():
             raise RuntimeError(f"SPECVIZ_KERNEL_ISA={forced}: not a kernel variant "
-                               f"(one of {', '.join(ISAS)})")
+                               f"(one of {', '.join(variants())})")
         if forced not in can:
             raise RuntimeError(f"SPECVIZ_KERNEL_ISA={forced}: this CPU cannot run it "
                                f"(it runs {', '.join(can)})")
         return forced
-    if os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower() == "avx2":
+    if not arm.is_arm() and os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower() == "avx2":
         return "avx2"
     return can[0]
 
 
+def _cc() -> str | None:
+    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+
+
 def _flags(variant: str) -> tuple[str, ...]:
+    if arm.is_arm():
+        return arm.flags(variant, _cc() or "cc")
     return CFLAGS + ISAS[variant][0]
 
 
@@ -99,23 +119,31 @@ def source_key(variant: str | None = None) -> str:
     built, and timings measured on the old one (the calibration cache) are measured again."""
     torch_lib = Path(torch.__file__).parent / "lib"
     flags = " ".join(_flags(variant or isa()))
-    return hashlib.sha1(SRC.read_bytes() + flags.encode() + bytes(torch_lib)).hexdigest()[:16]
+    # the Arm header on Arm only: an edit there leaves x86 builds (and their calibrations) alone
+    src = SRC.read_bytes() + b"".join(h.read_bytes() for h in HEADERS if arm.is_arm())
+    return hashlib.sha1(src + flags.encode() + bytes(torch_lib)).hexdigest()[:16]
+
+
+def command(cc: str, variant: str, out: Path) -> list[str]:
+    """The compiler command that builds a variant into `out`."""
+    if arm.is_arm():
+        return arm.command(cc, variant, out, SRC)
+    torch_lib = Path(torch.__file__).parent / "lib"
+    # torch's bundled libgomp: one OpenMP runtime (and thread pool) in the process, not two
+    gomp = ["-L", str(torch_lib), f"-Wl,-rpath,{torch_lib}"] if (torch_lib / "libgomp.so.1").exists() else []
+    return [cc, *_flags(variant), "-o", str(out), str(SRC), *gomp, "-lgomp", "-lm"]
 
 
 def _build(variant: str) -> Path:
-    torch_lib = Path(torch.__file__).parent / "lib"
     out = cache_root() / "kernels" / f"qgemm-{variant}-{source_key(variant)}.so"
     if out.exists():
         return out
-    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    cc = _cc()
     if not cc:
         raise RuntimeError("no C compiler (gcc) to build the block-quantised kernel")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    # torch's bundled libgomp: one OpenMP runtime (and thread pool) in the process, not two
-    gomp = ["-L", str(torch_lib), f"-Wl,-rpath,{torch_lib}"] if (torch_lib / "libgomp.so.1").exists() else []
-    res = subprocess.run([cc, *_flags(variant), "-o", str(tmp), str(SRC), *gomp, "-lgomp", "-lm"],
-                         capture_output=True, text=True)
+    res = subprocess.run(command(cc, variant, tmp), capture_output=True, text=True)
     if res.returncode:
         raise RuntimeError(f"building the block-quantised kernel ({variant}) failed: "
                            f"{res.stderr.strip()[-300:]}")
@@ -157,6 +185,8 @@ def variant_library(variant: str) -> ctypes.CDLL:
     """One variant's kernel, loaded and its signatures declared."""
     lib = ctypes.CDLL(str(_build(variant)))
     lib.kernel_isa.restype = ctypes.c_char_p
+    if hasattr(lib, "kernel_threads"):  # Arm builds: OpenMP, or one thread where cc had none
+        lib.kernel_threads.restype = ctypes.c_char_p
     lib.struct_size.argtypes = [_I]
     for i, (name, mirror) in enumerate((("lin_t", Lin), ("layer_t", Layer))):
         if lib.struct_size(i) != ctypes.sizeof(mirror):
@@ -181,6 +211,14 @@ def variant_library(variant: str) -> ctypes.CDLL:
     return lib
 
 
+def describe(lib: ctypes.CDLL | None = None) -> str:
+    """The kernel in use, for status lines: 'avx512vnni', 'neon-i8mm (OpenMP)', 'neon-dotprod (one
+    thread)'."""
+    lib = lib or library()
+    threads = f" ({lib.kernel_threads().decode()})" if hasattr(lib, "kernel_threads") else ""
+    return lib.kernel_isa().decode() + threads
+
+
 def build_all() -> list[str]:
     """Build every variant this CPU runs into the cache (scripts/setup.sh: never in a visitor's
     first request). Lines to print, one per variant."""
@@ -189,7 +227,7 @@ def build_all() -> list[str]:
     lines = []
     for v in runnable():
         try:
-            lines.append(f"kernel {variant_library(v).kernel_isa().decode()}: {_build(v).name}")
+            lines.append(f"kernel {describe(variant_library(v))}: {_build(v).name}")
         except (RuntimeError, OSError) as e:
             lines.append(f"kernel {v} not built: {e}")
     return lines

@@ -14,6 +14,8 @@ from types import MethodType
 import torch
 import torch.nn.functional as F
 
+from . import qgemm
+
 SMALL_M = 32  # above this, F.linear's own kernel is as good
 
 
@@ -68,6 +70,15 @@ def quantize_int8(model: torch.nn.Module, inplace: bool = False) -> torch.nn.Mod
     interleaved, machine at load 17) and a 5-token forward 1.8 s vs 5.0 s."""
     from torch.ao.quantization import quantize_dynamic
     return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=inplace)
+
+
+def kernel_note(*models: torch.nn.Module | None) -> str:
+    """'; kernel neon-i8mm (OpenMP)' where a model runs on our block-quantised kernel (else ''): the
+    page's precision line names the variant that computes it (x86 or Arm, and on Arm its threads)."""
+    if not any(isinstance(m, qgemm.BlockLinear) for model in models if isinstance(model, torch.nn.Module)
+               for m in model.modules()):
+        return ""
+    return f"; kernel {qgemm.describe()}"
 
 
 def has_int8(model: torch.nn.Module) -> bool:

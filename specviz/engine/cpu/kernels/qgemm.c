@@ -10,11 +10,15 @@
    Why hand-written: torch's int4 CPU kernel reads well below the memory's speed
    (docs/why.md#qgemm-hand-written); this is llama.cpp's integer-dot layout, weight rows
    interleaved so that extra activation rows cost little, one weight read per call. One source,
-   three builds (qgemm.py's ISAS): AVX2, AVX-VNNI and AVX-512 VNNI, each picked by its flags.
+   five builds (qgemm.py's ISAS, engine/cpu/arm.py's VARIANTS): AVX2, AVX-VNNI and AVX-512 VNNI on
+   x86; NEON with dotprod, or with dotprod and i8mm, on Arm (kernels/qgemm_neon.h), each picked by
+   its flags, all the same bits.
 
    Below the GEMM: the pieces of a Llama-family layer between its matmuls (RMSNorm, row-wise
    attention, the SiLU gate) and the whole layer built from them (engine/cpu/kernel_layer.py). */
+#ifndef __aarch64__
 #include <immintrin.h>
+#endif
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -38,6 +42,7 @@
 #define NC 256
 #define INLINE static inline __attribute__((always_inline))
 
+#ifndef __aarch64__ /* Arm: kernels/qgemm_neon.h's, after GR */
 static inline float hsum128(__m128 s) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -101,6 +106,7 @@ static void quantize_rows(const float *x, int M, int Mp, int K, int8_t *xq, floa
         xd[(size_t)sb * Mp + row] = d;
     }
 }
+#endif
 
 /* ------------------------------------------------------------------ the GEMM
    Weight rows in groups of GR = 16, interleaved (qgemm.py's _interleave): lane i of a 64-byte chunk
@@ -121,7 +127,9 @@ static void quantize_rows(const float *x, int M, int Mp, int K, int8_t *xq, floa
 
 INLINE int32_t load4(const void *p) { int32_t v; __builtin_memcpy(&v, p, 4); return v; }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(__aarch64__)
+#include "qgemm_neon.h"
+#elif defined(__AVX512VNNI__) && defined(__AVX512BW__)
 /* AVX-512 VNNI: a chunk is one zmm; vpdpbusd multiplies and sums 4 bytes a lane. */
 #define KERNEL_ISA "avx512vnni"
 #define VNNI_XU 1 /* 8-bit codes take the activations + 128 (xu) as vpdpbusd's unsigned side */
