@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..models import PairSpec
+from .spaces import ZEROGPU_NOTE, on_zerogpu
 
 GB = 1e9
 
@@ -153,7 +154,10 @@ def host_loader(notes: dict[str, str] | None = None, devices=None, load=None):
                                          **kw)
         else:
             pair = load_fn(spec, device=device, progress=progress, **kw)
-        pair.note = " ".join(n for n in (notes.get(spec.name, ""), place.note if devs else "") if n)
+        # the loader's own note too (a 16-bit overflow's fallback: models/overflow.py), and ZeroGPU's
+        zero = ZEROGPU_NOTE if on_zerogpu() else ""
+        pair.note = " ".join(n for n in (notes.get(spec.name, ""), place.note if devs else "", zero,
+                                         getattr(pair, "note", "")) if n)
         return pair
     return loader
 

@@ -27,6 +27,20 @@ def on_space() -> bool:
     return bool(os.environ.get("SPACE_ID"))
 
 
+def on_zerogpu() -> bool:
+    """A ZeroGPU Space: the `spaces` package's own switch (SPACES_ZERO_GPU=true there)."""
+    return os.environ.get("SPACES_ZERO_GPU", "").strip().lower() in ("1", "t", "true")
+
+
+# ZeroGPU documents no torch.compile (its route is ahead-of-time compilation, spaces.aoti_*); what the
+# page then runs, said where the pair is named. engine/gpu/'s graph loop needs no compile, but the
+# page does not run it yet, and nothing of this has run on ZeroGPU
+ZEROGPU_NOTE = ("ZeroGPU: both sides of a run share one borrowed-GPU call (spaces.GPU). torch.compile is "
+                "not used there, so both sides run transformers' eager forwards (not yet CUDA graphs). "
+                "Not yet run on a real ZeroGPU Space.")
+ZEROGPU_NO_COMPILE = "--compile is off on ZeroGPU (no torch.compile there): eager forwards."
+
+
 def embedded_available() -> bool:
     """The embedded default pair can load here: its packages or an intact converted cache."""
     from ..models import embedded

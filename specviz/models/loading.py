@@ -16,6 +16,7 @@ from ..engine.costs import CostModel
 from ..engine.cpu import kernel_layer, speed
 from ..engine.pair import OURS
 from ..errors import OOM_LOADING, ModelError, first_line, is_oom
+from . import overflow
 from .embedded import Progress, cache_root, local_refs
 from .registry import PairSpec, _hub_reachable, _looks_like_path, pick_device_dtype
 
@@ -248,10 +249,8 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
         progress=progress, mode=calibration)
     lean.settle(target), lean.settle(draft)  # a deferred fusion no conversion made (an fp32 choice)
     costs, step = _warm(target, draft, choice.costs, progress)
-    names = calibrate.NAMES
-    label = (f"{names[choice.target]}" + (", both models" if choice.target == "int8" else "")
-             if choice.draft in (None, choice.target)
-             else f"target {names[choice.target]}, draft {names[choice.draft]}")
+    target, draft, why = _guard(target, draft, dev, tok, fp32, progress)  # a GPU's 16-bit overflow
+    label = _label(choice)
     q = "int8" if choice.target == "int8" else ("draft-int8" if choice.draft == "int8" else None)
     dt = next(target.parameters()).dtype if choice.target != "int8" else torch.float32
     note = choice.note + (f", draft output layer {len(keep):,} of {len(tok):,} tokens" if keep else "")
@@ -259,7 +258,23 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
     pair = ModelPair(target, draft, tok, spec, dev, dt, _eos_ids(target, tok), label, q,
                      costs=costs, precision_note=note, choice=choice, draft_step=step)
     pair.calibration = "untimed" if choice.untimed else "noisy" if choice.noisy else ""  # ui/loader.py
+    overflow.mark(pair, why)  # fp32 after a 16-bit overflow: the page says why
     return pair
+
+
+def _label(choice) -> str:
+    """What both sides run, e.g. "bfloat16", "int8 (dynamic), both models", "target w4a8, draft w4"."""
+    from ..calibration.calibrate import NAMES
+    if choice.draft in (None, choice.target):
+        return NAMES[choice.target] + (", both models" if choice.target == "int8" else "")
+    return f"target {NAMES[choice.target]}, draft {NAMES[choice.draft]}"
+
+
+def _guard(target, draft, dev: torch.device, tok, reload, progress):
+    """On a GPU, the warm-up's overflow check (models/overflow.py) -> (target, draft, why)."""
+    if dev.type == "cpu":
+        return target, draft, ""
+    return overflow.guard(target, draft, overflow.probe_ids(tok), reload, progress)
 
 
 def _warm(target, draft, costs, progress):

@@ -11,6 +11,7 @@ from functools import lru_cache
 
 import torch
 
+from .. import machine
 from ..errors import ModelError
 from . import embedded
 from .embedded import DEFAULT_DRAFT, DEFAULT_TARGET, EMBEDDED_PREFIX
@@ -116,7 +117,8 @@ def available_pairs(network: bool | None = None) -> list[PairSpec]:
 
 
 def pick_device_dtype(device: str | None = None) -> tuple[torch.device, torch.dtype]:
-    """cuda -> bf16 if supported else fp16; mps -> fp16; cpu -> fp32."""
+    """cuda -> its half type by compute capability (bf16 from 8.0, fp16 below: a T4 has no native
+    bf16 though torch.cuda.is_bf16_supported() says True there, pytorch#148322); mps -> fp16; cpu -> fp32."""
     if device in (None, "", "auto"):
         if torch.cuda.is_available():
             device = "cuda"
@@ -131,7 +133,7 @@ def pick_device_dtype(device: str | None = None) -> tuple[torch.device, torch.dt
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ModelError("device 'cuda' was asked for but no CUDA GPU is available here")
-        return dev, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return dev, torch.bfloat16 if machine.gpu_half(dev) == "bf16" else torch.float16
     if dev.type == "mps":
         if not torch.backends.mps.is_available():
             raise ModelError("device 'mps' was asked for but Apple MPS is not available here")

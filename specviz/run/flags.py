@@ -72,7 +72,11 @@ def apply_cache_args(pair, args) -> str:
     """--cache/--compile onto both models (baseline, verify and draft use the same kind), except
     that the default (dynamic) leaves a draft step load compiled (calibration/draft_compile.py)."""
     from ..engine.forward import set_cache
+    from ..hosting.spaces import ZEROGPU_NO_COMPILE, on_zerogpu
     compile = getattr(args, "compile", False)
+    if compile and on_zerogpu():  # ZeroGPU has no torch.compile: say so, run eager
+        compile = False
+        pair.note = " ".join(n for n in (getattr(pair, "note", ""), ZEROGPU_NO_COMPILE) if n)
     kind = "static" if compile else getattr(args, "cache", "dynamic")
     step = pair.draft_step
     keep = step is not None and step.compiled and kind == "dynamic"  # the draft's measured compiled step

@@ -50,8 +50,11 @@ def build(name: str, device, dtype, seed: int = 0, tiny: bool = False):
 
 
 def weight_bytes(model) -> int:
-    """Bytes a batch-1 step reads: every parameter once (a tied matrix once)."""
-    seen, total = set(), 0
+    """Bytes a batch-1 step reads: every parameter once (a tied matrix once), but the input
+    embedding table, of which a step reads one row (unless it is also the output layer)."""
+    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    seen = set() if emb.data_ptr() == head.data_ptr() else {emb.data_ptr()}
+    total = 0
     for t in model.parameters():
         if t.data_ptr() not in seen:
             seen.add(t.data_ptr())
@@ -110,13 +113,21 @@ def prompt_ids(n: int, vocab: int, seed: int = 0) -> list[int]:
     return torch.randint(3, vocab, (n,), generator=g).tolist()
 
 
+def dynamic_cache(model):
+    """transformers' DynamicCache for `model` (its config where the constructor takes one)."""
+    from transformers import DynamicCache
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # an older signature
+        return DynamicCache()
+
+
 @torch.no_grad()
 def eager_step_s(model, prompt: list[int], **kw) -> tuple[float, bool]:
     """transformers' own forward with its DynamicCache (the engine's eager path today): a 1-token
     step after the prompt -> (seconds, whether the prompt's logits were finite)."""
-    from transformers import DynamicCache
     dev = next(model.parameters()).device
-    cache = DynamicCache(config=model.config)
+    cache = dynamic_cache(model)
     logits = model(input_ids=torch.tensor([prompt], device=dev), past_key_values=cache, use_cache=True).logits
     finite = bool(torch.isfinite(logits).all())
     tok = logits[:, -1:].argmax(-1)
@@ -157,10 +168,23 @@ def spec_vs_plain(target, draft_model, prompt, new: int, gamma: int, max_len: in
         StaticModel(target, max_len, graphs=graphs),
         StaticModel(draft_model, max_len, n_layers=n_layers, graphs=graphs), prompt, new, gamma), dev)
     first = next((i for i, (a, b) in enumerate(zip(plain, spec.tokens, strict=True)) if a != b), None)
+    tie = None if first is None else tie_gap(target, prompt + plain[:first], plain[first], spec.tokens[first])
     return {"gamma": gamma, "new_tokens": new, "identical": spec.tokens == plain, "first_difference": first,
+            "logit_gap_at_difference": tie,
             "alpha": spec.alpha, "tokens_per_round": spec.tokens_per_round, "rounds": len(spec.accepted),
             "plain_s": t_plain, "speculative_s": t_spec, "speedup": t_plain / t_spec,
             "note": "wall time includes each side's graph capture and prompt read"}
+
+
+@torch.no_grad()
+def tie_gap(target, prefix: list[int], a: int, b: int) -> dict:
+    """Where plain and speculative greedy part: the target's logits for the two tokens after the
+    common prefix (one eager forward). A gap within the type's rounding is a near-tie, not a bug."""
+    sm = StaticModel(target, len(prefix) + 1, graphs=False)
+    row = sm.run(torch.tensor(prefix, device=sm.device), 0)[0, -1].float()
+    top = row.max().item()
+    return {"plain_token_logit": row[a].item(), "speculative_token_logit": row[b].item(), "max_logit": top,
+            "gap": abs(row[a].item() - row[b].item()), "type_eps": torch.finfo(sm.dtype).eps * abs(top)}
 
 
 # ------------------------------------------------------------------ the race

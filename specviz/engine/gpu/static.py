@@ -42,7 +42,8 @@ class StaticModel:
         self.layers = list(base.layers)[: n_layers or len(base.layers)]
         cfg = model.config
         p = next(model.parameters())
-        self.device, self.dtype, self.max_len = p.device, p.dtype, int(max_len)
+        # a multiple of 16: the memory-efficient attention kernel wants its mask's rows aligned
+        self.device, self.dtype, self.max_len = p.device, p.dtype, -(-int(max_len) // 16) * 16
         heads = cfg.num_attention_heads
         kv = getattr(cfg, "num_key_value_heads", None) or heads
         hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -75,7 +76,7 @@ class StaticModel:
         q = q.reshape(1, self.kv_heads, g * n, self.head_dim)
         mask = (self.keys.view(1, -1) <= pos.view(-1, 1)).repeat(g, 1).view(1, 1, g * n, self.max_len)
         out = F.scaled_dot_product_attention(q, self.k[i], self.v[i], attn_mask=mask, scale=attn.scaling)
-        out = out.view(1, self.heads, n, self.head_dim).transpose(1, 2).reshape(1, n, -1)
+        out = out.reshape(1, self.heads, n, self.head_dim).transpose(1, 2).reshape(1, n, -1)
         return attn.o_proj(out)
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
