@@ -93,8 +93,9 @@ def test_acceptance_on_the_device():
 
 def test_static_cache_bounds_and_cpu_graphs(target):
     sm = StaticModel(target, 12)
+    assert sm.max_len == 16  # rounded up: the attention kernels' aligned mask rows
     assert not sm.use_graphs  # a CPU never captures
     sm.capture(1)
     assert sm.graphs == {}
     with pytest.raises(ValueError, match="static cache full"):
-        sm.run(torch.arange(5), 10)
+        sm.run(torch.arange(5), 12)
