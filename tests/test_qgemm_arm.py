@@ -1,7 +1,7 @@
 """The kernel's Arm variants compute the x86 variants' bits, proved on an x86 machine: each Arm
 variant (engine/cpu/arm.py's flags) is cross-compiled with tests/kernels/qgemm_harness.c and run
 under qemu-aarch64; every block_mm output equals the harness's scalar reference bit for bit, and
-every output (block_mm, RMSNorm, SiLU gate, row-wise attention) hashes the same as the x86
+every output (block_mm, RMSNorm, SiLU gate, row-wise attention, two whole layers) hashes the same as the x86
 variants' native run. Bits only: nothing here is timed."""
 import platform
 import shutil

@@ -4,9 +4,10 @@
    block_mm on random packed weights (4-bit and 8-bit codes, any byte a code can be) and random
    activation rows, and checks every output against a scalar reference of the kernel's integer and
    float steps, bit for bit; then the layer pieces (RMSNorm, SiLU gate, row-wise attention, chains
-   and trees). One line a case: its shape, "ref ok" or where it differs, and a hash of the output
-   bytes, which the test compares between builds (x86 variants and Arm variants must print the
-   same lines). Timings: none; emulation proves bits, not speed. */
+   and trees) and two whole decoder layers (layers_forward). One line a case: its shape, "ref ok"
+   or where it differs, and a hash of the output bytes, which the test compares between builds
+   (x86 variants and Arm variants must print the same lines). Timings: none; emulation proves
+   bits, not speed. */
 #include <stdio.h>
 #include <string.h>
 
@@ -195,6 +196,39 @@ static void layer_cases(void) {
     }
 }
 
+/* Two whole decoder layers (layers_forward: norms, projections with bias, rotary, the KV cache's
+   update, attention, the gate): 3 rows after 5 cached positions, 4-bit codes. */
+static lin_t as_lin(packed_t w, const float *bias) {
+    return (lin_t){w.codes, w.sub, w.tmin, w.wd, w.wm, bias, w.bits, w.n, w.k};
+}
+
+static void layers_case(void) {
+    enum { HID = 128, HQ = 4, HKV = 2, D = 32, INTER = 256, NL = 2, P = 5, N = 3, W = (HQ + 2 * HKV) * D };
+    layer_t L[NL];
+    packed_t ws[NL][4];
+    float *norms = random_rows(2 * NL, HID), *bias = random_rows(1, W), *kb[NL], *vb[NL];
+    for (int i = 0; i < NL; i++) {
+        ws[i][0] = random_weights(4, W, HID); ws[i][1] = random_weights(4, HID, HQ * D);
+        ws[i][2] = random_weights(4, 2 * INTER, HID); ws[i][3] = random_weights(4, HID, INTER);
+        L[i] = (layer_t){norms + 2 * i * HID, norms + (2 * i + 1) * HID, 1e-6f, 1e-6f, 0.17677669f,
+                         as_lin(ws[i][0], bias), as_lin(ws[i][1], 0), as_lin(ws[i][2], 0), as_lin(ws[i][3], 0),
+                         HQ, HKV, D, INTER};
+        kb[i] = random_rows(HKV * (P + N), D);
+        vb[i] = random_rows(HKV * (P + N), D);
+    }
+    float *h = random_rows(N, HID), *cs = random_rows(2 * N, D);
+    const int bad = layers_forward(L, NL, h, N, cs, cs + N * D, kb, vb, D, (long)(P + N) * D, P, 0, 0, 0, 2);
+    uint64_t hash = fnv(h, (size_t)N * HID * 4, 0xcbf29ce484222325ull);
+    for (int i = 0; i < NL; i++) hash = fnv(kb[i], (size_t)HKV * (P + N) * D * 4, fnv(vb[i], (size_t)HKV * (P + N) * D * 4, hash));
+    printf("layers_forward layers=%d rows=%d after %d: %s h[0]=%g hash=%016llx\n", NL, N, P,
+           bad ? "FAILED" : "ok", h[0], (unsigned long long)hash);
+    for (int i = 0; i < NL; i++) {
+        for (int j = 0; j < 4; j++) free_weights(&ws[i][j]);
+        free(kb[i]); free(vb[i]);
+    }
+    free(norms); free(bias); free(h); free(cs);
+}
+
 int main(int argc, char **argv) {
     const int full = argc < 2 || strcmp(argv[1], "quick");
     int bad = 0;
@@ -214,6 +248,7 @@ int main(int argc, char **argv) {
         if (full) bad += gemm_case(bits, 40, 896, 272, 2); /* a prompt: weight chunks against row tiles */
     }
     layer_cases();
+    layers_case();
     printf("%s\n", bad ? "FAILED" : "all block_mm outputs equal the reference");
     return bad != 0;
 }
