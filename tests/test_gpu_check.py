@@ -92,3 +92,106 @@ def test_verdict_and_summary_of_a_gpu_result():
     for want in ("sm 9.0", "half type bf16", "2500 GB/s", "graphs 2.00", "(1.67x)", "graph 0.40",
                  "16:1.16", "identical", "race: together ÷ alone baseline 1.40"):
         assert want in text, want
+
+
+# ------------------------------------------------- the CUDA-only code, on a CPU under fake CUDA calls
+# Graph capture, streams and events cannot run here; faking them runs every line of the sections
+# the GPU day will run (graphs replayed through their input buffers, the race's threads), so that
+# day finds measurements, not a typo.
+
+
+class FakeGraph:
+    """A captured forward: replay() recomputes it from the (updated) input buffers into the same output."""
+
+    replays = 0
+
+    def __init__(self, fn, out):
+        self.fn, self.out = fn, out
+
+    def replay(self):
+        FakeGraph.replays += 1
+        self.out.copy_(self.fn())
+
+
+class FakeEvent:
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self, stream=None):
+        import time
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
+
+
+class FakeStream:
+    def __init__(self, device=None):
+        pass
+
+    def wait_stream(self, other):
+        pass
+
+
+@pytest.fixture()
+def fake_cuda(monkeypatch):
+    import contextlib
+
+    from specviz.engine.gpu import static
+
+    def capture(fn, device, warmup=2):
+        for _ in range(warmup):
+            fn()
+        out = fn()
+        return FakeGraph(fn, out), out
+
+    FakeGraph.replays = 0
+    monkeypatch.setattr(static, "capture_graph", capture)
+    for name, value in (("Stream", FakeStream), ("Event", FakeEvent), ("stream", lambda s: contextlib.nullcontext()),
+                        ("synchronize", lambda *a, **k: None), ("empty_cache", lambda: None),
+                        ("get_device_capability", lambda d=None: (9, 0)),
+                        ("get_device_name", lambda d=None: "Fake H100")):
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setitem(measure.TIMING, "calls", 1)
+    monkeypatch.setitem(measure.TIMING, "repeats", 1)
+    monkeypatch.setitem(measure.TIMING, "warmup", 0)
+    return FakeGraph
+
+
+def test_replayed_graphs_give_plain_greedy(fake_cuda):
+    """The loop with graphs on (fake replays through the input buffers) equals the eager loop."""
+    from specviz.engine.gpu.graphs import cache_len, plain_greedy, speculative_greedy
+    from specviz.engine.gpu.static import StaticModel
+    t = measure.build(measure.TARGET_CONFIG, "cpu", torch.float32, tiny=True)
+    prompt, new = measure.prompt_ids(12, t.config.vocab_size), 30
+    n = cache_len(len(prompt), new, 4)
+    ref = plain_greedy(StaticModel(t, n, graphs=False), prompt, new)
+    assert plain_greedy(StaticModel(t, n, graphs=True), prompt, new) == ref
+    for layers in (None, 1):
+        assert speculative_greedy(StaticModel(t, n, graphs=True), StaticModel(t, n, n_layers=layers, graphs=True),
+                                  prompt, new, 4).tokens == ref
+    assert fake_cuda.replays > new
+
+
+def test_every_gpu_section_runs_under_fake_cuda(fake_cuda, monkeypatch, tmp_path):
+    monkeypatch.setattr(gpu_check, "RACE_STEPS", 10)
+    monkeypatch.setattr(gpu_check, "COPY_MIB", 4)
+    args = gpu_check._args(["--cpu-tiny", "--out", str(tmp_path / "c.json"), "--dtypes", "fp32"])
+    res = gpu_check.Check(args, torch, torch.device("cpu"), gpu=True).run()
+    errors = {k: v for k, v in res["dtypes"]["fp32"].items() if isinstance(v, dict) and "error" in v}
+    assert not errors and "error" not in res["bandwidth"]
+    d = res["dtypes"]["fp32"]
+    for side in ("target", "draft"):
+        assert d[side]["step_graph_ms"] > 0 and d[side]["floor_ms"] > 0 and d[side]["step_over_floor"] > 0
+    assert set(d["c"]) == {"eager", "static_eager", "graph"} and d["v"]["how"] == "graph replays"
+    assert d["spec_self"]["identical"] and d["spec_truncated"]["identical"]
+    race = d["race"]
+    assert set(race["interference"]) == {"baseline", "speculative"} and race["rounds"] == 2
+    assert all(v > 0 for v in race["interference"].values())
+    assert res["environment"]["capability"] == [9, 0] and res["environment"]["half_type"] == "bf16"
+    assert res["verdict"]["fp32"]["c_le_half"] is not None
+    assert json.loads((tmp_path / "c.json").read_text())["verdict"] == res["verdict"]
+    assert len(gpu_check.summary(res)) <= 24

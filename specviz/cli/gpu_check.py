@@ -24,6 +24,8 @@ from pathlib import Path
 
 NO_CUDA = 3  # exit code: no CUDA device, nothing measured
 DTYPES = ("fp16", "bf16")
+RACE_STEPS = 64  # the race's baseline steps (the speculative side: as many tokens' worth of rounds)
+COPY_MIB = 1024  # the bandwidth copy
 CUDA_ONLY = ("CUDA graphs", "two-stream race", "CUDA events", "copy bandwidth and the floor")
 
 
@@ -55,14 +57,14 @@ def _default_out() -> Path:
     return cache_root() / "gpu_check" / f"{datetime.datetime.now(datetime.UTC):%Y-%m-%dT%H%M%S}.json"
 
 
-def _environment(args, torch, dev) -> dict:
+def _environment(args, torch, dev, gpu: bool) -> dict:
     import transformers
 
     from .. import machine
     env = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
            "torch": torch.__version__, "transformers": transformers.__version__,
            "mode": "cpu-tiny" if args.cpu_tiny else "cuda", "device": str(dev)}
-    if args.cpu_tiny:
+    if not gpu:
         env.update(name=machine.cpu_model(), skipped=[f"{s}: CUDA only, not run on a CPU" for s in CUDA_ONLY])
     else:
         cap = torch.cuda.get_device_capability(dev)
@@ -91,11 +93,13 @@ def _side(m, torch, model, prompt, floor_gbs, graphs: bool) -> dict:
 class Check:
     """The sections in order, the JSON written after each, the budget enforced between them."""
 
-    def __init__(self, args, torch, dev):
+    def __init__(self, args, torch, dev, gpu: bool | None = None):
+        # gpu: the CUDA-only sections run (a test sets it on a CPU, under fake CUDA calls)
         self.args, self.torch, self.dev = args, torch, dev
+        self.gpu = not args.cpu_tiny if gpu is None else gpu
         self.t0 = time.perf_counter()
         self.out = Path(args.out) if args.out else _default_out()
-        self.result = {"environment": _environment(args, torch, dev), "dtypes": {}}
+        self.result = {"environment": _environment(args, torch, dev, self.gpu), "dtypes": {}}
 
     def save(self) -> None:
         self.result["seconds"] = round(time.perf_counter() - self.t0, 1)
@@ -115,9 +119,9 @@ class Check:
 
     def run(self) -> dict:
         from ..engine.gpu import measure as m
-        torch, args, gpu = self.torch, self.args, not self.args.cpu_tiny
+        torch, args, gpu = self.torch, self.args, self.gpu
         if gpu:
-            self.section(self.result, "bandwidth", lambda: m.copy_gbs(self.dev))
+            self.section(self.result, "bandwidth", lambda: m.copy_gbs(self.dev, mib=COPY_MIB))
         gbs = self.result.get("bandwidth", {}).get("copy_gbs")
         names = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
         for name in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
@@ -146,7 +150,7 @@ class Check:
             target, target, prompt, args.new_tokens, args.gamma, max_len, n_layers=layers, graphs=gpu),
             "draft_layers": layers})
         if gpu:
-            self.section(r, "race", lambda: m.race(target, draft, prompt, 64, args.gamma, max_len))
+            self.section(r, "race", lambda: m.race(target, draft, prompt, RACE_STEPS, args.gamma, max_len))
 
 
 def _curve(m, target, prompt, gpu: bool) -> dict:

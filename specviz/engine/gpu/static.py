@@ -98,15 +98,7 @@ class StaticModel:
             return
         ids = torch.zeros((1, n), dtype=torch.long, device=self.device)
         pos = torch.arange(self.max_len - n, self.max_len, device=self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):  # warm-up off the capture: kernels chosen, workspaces allocated
-            for _ in range(warmup):
-                self.forward(ids, pos)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = self.forward(ids, pos)
+        graph, out = capture_graph(lambda: self.forward(ids, pos), self.device, warmup)
         self.graphs[n] = (graph, ids, pos, out)
 
     @torch.no_grad()
@@ -124,3 +116,19 @@ class StaticModel:
         pos_buf.copy_(self.keys[pos0:pos0 + n])
         graph.replay()
         return out
+
+
+def capture_graph(fn, device, warmup: int = 2):
+    """(graph, output): fn() run `warmup` times on a side stream (kernels chosen, workspaces
+    allocated), then captured as one torch.cuda.CUDAGraph; graph.replay() reruns it on the current
+    stream, writing the same output tensor (read or clone it before the next replay)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
