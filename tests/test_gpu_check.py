@@ -195,3 +195,10 @@ def test_every_gpu_section_runs_under_fake_cuda(fake_cuda, monkeypatch, tmp_path
     assert res["verdict"]["fp32"]["c_le_half"] is not None
     assert json.loads((tmp_path / "c.json").read_text())["verdict"] == res["verdict"]
     assert len(gpu_check.summary(res)) <= 24
+
+
+def test_a_greedy_difference_is_exit_1():
+    res = fake_gpu_result()
+    assert not gpu_check.differs(res)
+    res["dtypes"]["bf16"]["spec_truncated"] = {"identical": False, "first_difference": 7}
+    assert gpu_check.differs(res) and gpu_check.DIFFERENT == 1

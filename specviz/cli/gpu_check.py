@@ -9,9 +9,12 @@ plain (draft = target, α = 1, and a truncated draft: identical tokens required)
 both sides at once on two streams against each alone (the interference ratio). It writes one JSON
 (--out) after every section, so a run cut short keeps what it measured, and prints a summary.
 
-Without CUDA it prints one line and exits with code 3 (nothing measured). --cpu-tiny runs the
-same code on a CPU with tiny shapes, without the CUDA-only steps (graphs, streams, events,
-bandwidth), and says so: the test suite runs it so that this command cannot rot.
+Exit codes: 0 measured; 1 measured, but a greedy speculative run's tokens differed from plain's
+(the JSON gives the target's logit gap where they part: a near-tie of random weights, or a bug);
+3 no CUDA: one line, nothing measured.
+
+--cpu-tiny runs the same code on a CPU with tiny shapes, without the CUDA-only steps (graphs,
+streams, events, bandwidth), and says so: the test suite runs it so that this command cannot rot.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import time
 from pathlib import Path
 
 NO_CUDA = 3  # exit code: no CUDA device, nothing measured
+DIFFERENT = 1  # exit code: measured, but greedy speculative tokens differed from plain's
 DTYPES = ("fp16", "bf16")
 RACE_STEPS = 64  # the race's baseline steps (the speculative side: as many tokens' worth of rounds)
 COPY_MIB = 1024  # the bandwidth copy
@@ -253,4 +257,10 @@ def main(argv=None) -> int:
     result = check.run()
     print("\n".join(summary(result)))
     print(f"written: {check.out}")
-    return 0
+    return DIFFERENT if differs(result) else 0
+
+
+def differs(result: dict) -> bool:
+    """A greedy speculative run whose tokens were not plain's."""
+    return any(r.get(k, {}).get("identical") is False for r in result["dtypes"].values()
+               for k in ("spec_self", "spec_truncated"))
