@@ -202,3 +202,11 @@ def test_a_greedy_difference_is_exit_1():
     assert not gpu_check.differs(res)
     res["dtypes"]["bf16"]["spec_truncated"] = {"identical": False, "first_difference": 7}
     assert gpu_check.differs(res) and gpu_check.DIFFERENT == 1
+
+
+def test_the_cards_own_half_type_goes_first():
+    args = gpu_check._args([])
+    assert gpu_check.dtype_order(args, "bf16") == ["bf16", "fp16"]  # A100, L4, H100
+    assert gpu_check.dtype_order(args, "fp16") == ["fp16", "bf16"]  # T4, V100
+    assert gpu_check.dtype_order(gpu_check._args(["--cpu-tiny"]), None) == ["bf16"]
+    assert gpu_check.dtype_order(gpu_check._args(["--dtypes", "fp32, fp16"]), "bf16") == ["fp32", "fp16"]

@@ -189,12 +189,14 @@ def tie_gap(target, prefix: list[int], a: int, b: int) -> dict:
 
 # ------------------------------------------------------------------ the race
 
+BARRIER_S, RACE_JOIN_S = 60.0, 120.0  # a broken start or a stuck side ends the section, not the check
+
 
 def _side(work, stream, barrier, out: dict, key: str) -> None:
     """One side in its own thread on its own stream, timed by events on that stream."""
     with torch.cuda.stream(stream):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        barrier.wait()
+        barrier.wait(timeout=BARRIER_S)  # a side that failed to start breaks it: no hang
         start.record(stream)
         out[key + "_last"] = work().clone()  # a graph's output buffer: cloned before anyone replays it again
         end.record(stream)
@@ -211,7 +213,9 @@ def _together(works: dict, device) -> dict[str, float]:
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(timeout=RACE_JOIN_S)
+    if any(t.is_alive() for t in threads):
+        raise TimeoutError(f"a race side ran past {RACE_JOIN_S} s")
     torch.cuda.synchronize(device)
     return {k: out[k][0].elapsed_time(out[k][1]) / 1e3 for k in works}
 
