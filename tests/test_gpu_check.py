@@ -210,3 +210,9 @@ def test_the_cards_own_half_type_goes_first():
     assert gpu_check.dtype_order(args, "fp16") == ["fp16", "bf16"]  # T4, V100
     assert gpu_check.dtype_order(gpu_check._args(["--cpu-tiny"]), None) == ["bf16"]
     assert gpu_check.dtype_order(gpu_check._args(["--dtypes", "fp32, fp16"]), "bf16") == ["fp32", "fp16"]
+
+
+def test_listed_with_the_tools():
+    from specviz.cli.main import TOOLS, build_parser
+    assert TOOLS["gpu-check"][0] == "specviz.cli.gpu_check"
+    assert "gpu-check" in build_parser().format_help()

@@ -49,6 +49,8 @@ TOOLS = {
     "datastore": ("specviz.engine.datastore", "build REST's datastore"),
     "selfspec": ("specviz.cli.selfspec", "calibrate the early-exit layer and layer-skip set"),
     "heads": ("specviz.heads.cli", "train Medusa heads for --method heads"),
+    # also dispatched by __main__.py before this module's imports: a bare GPU machine has no gradio etc.
+    "gpu-check": ("specviz.cli.gpu_check", "the GPU verdict in one command (random weights, torch only)"),
 }
 
 
