@@ -1,8 +1,8 @@
 """The kernel's Arm variants compute the x86 variants' bits, proved on an x86 machine: each Arm
 variant (engine/cpu/arm.py's flags) is cross-compiled with tests/kernels/qgemm_harness.c and run
 under qemu-aarch64; every block_mm output equals the harness's scalar reference bit for bit, and
-every output (block_mm, RMSNorm, SiLU gate, row-wise attention, two whole layers) hashes the same as the x86
-variants' native run. Bits only: nothing here is timed."""
+every output (block_mm, RMSNorm, SiLU gate, row-wise attention, two whole layers) hashes the same
+as the x86 variants' native run. Bits only: nothing here is timed."""
 import platform
 import shutil
 import subprocess
@@ -84,3 +84,5 @@ def test_every_arm_variant_computes_the_x86_bits_under_qemu(tmp_path):
         assert lines[0].startswith("kernel ") and lines[-1] == "all block_mm outputs equal the reference", name
         assert lines[1:] == outs[first][1:], f"{name} differs from {first}"
     assert {o[0].split()[1] for o in outs.values()} >= set(arm.VARIANTS)
+    assert outs["neon-i8mm"][0] == "kernel neon-i8mm (OpenMP)"  # the status line qgemm.describe() reads
+    assert [o[0] for name, o in outs.items() if "one thread" in name] == ["kernel neon-i8mm (one thread)"]

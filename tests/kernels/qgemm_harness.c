@@ -232,7 +232,11 @@ static void layers_case(void) {
 int main(int argc, char **argv) {
     const int full = argc < 2 || strcmp(argv[1], "quick");
     int bad = 0;
+#ifdef __aarch64__
+    printf("kernel %s (%s)\n", kernel_isa(), kernel_threads());
+#else
     printf("kernel %s\n", kernel_isa());
+#endif
     for (int bits = 4; bits <= 8; bits += 4) {
         for (int M = 1; M <= 16; M++) bad += gemm_case(bits, M, 352, 37, 2); /* 11 blocks, a short group */
         bad += gemm_case(bits, 3, 320, 40, 1); /* 10 blocks: a full super-block and a short one */
