@@ -99,3 +99,57 @@ def test_static_cache_bounds_and_cpu_graphs(target):
     assert sm.graphs == {}
     with pytest.raises(ValueError, match="static cache full"):
         sm.run(torch.arange(5), 12)
+
+
+# ------------------------------------------------- GraphCache: the engine's calls (varying rows, crop)
+
+
+def cache_decode(target, draft, gammas, graphs, sizes=(1, 5)):
+    """Speculative greedy the way the engine drives a cache: forwards of varying length at the next
+    positions, rollbacks by crop(); γ changes every round (as auto γ does)."""
+    from specviz.engine.gpu.cache import GraphCache
+    n_pos = cache_len(len(PROMPT), NEW, max(gammas))
+    T = GraphCache(StaticModel(target, n_pos, graphs=graphs), sizes=sizes)
+    D = GraphCache(StaticModel(draft, n_pos, graphs=graphs), sizes=(1,))
+    seq = list(PROMPT) + [int(T.forward(PROMPT, 1)[-1].argmax())]
+    rnd = 0
+    while len(seq) - len(PROMPT) < NEW:
+        g = gammas[rnd % len(gammas)]
+        rnd += 1
+        D.crop(min(D.get_seq_length(), len(seq) - 1))
+        drafts = [int(D.forward(seq[D.get_seq_length():], 1)[-1].argmax())]
+        while len(drafts) < g:
+            drafts.append(int(D.forward(drafts[-1:], 1)[-1].argmax()))
+        best = T.forward([seq[-1]] + drafts, g + 1).argmax(-1).tolist()
+        n = next((i for i in range(g) if best[i] != drafts[i]), g)
+        T.crop(len(seq) + n)
+        seq += best[:n + 1]
+    return seq[len(PROMPT):len(PROMPT) + NEW]
+
+
+@pytest.mark.parametrize("kind", ["self", "near"])
+def test_graph_cache_under_the_engines_calls(target, reference, kind):
+    draft = target if kind == "self" else near(target)
+    assert cache_decode(target, draft, [4, 1, 3, 2], graphs=False) == reference
+
+
+def test_graph_cache_pads_verifies_to_the_captured_size(target, reference, monkeypatch):
+    """Graphs on (a fake capture on the CPU): verifies of 2-4 rows run in the 5-row graph, padded."""
+    from specviz.engine.gpu import static
+    sizes_run = []
+
+    class Graph:
+        def __init__(self, fn, out):
+            self.fn, self.out = fn, out
+
+        def replay(self):
+            sizes_run.append(self.out.shape[1])
+            self.out.copy_(self.fn())
+
+    def capture(fn, device, warmup=2):
+        out = fn()
+        return Graph(fn, out), out
+
+    monkeypatch.setattr(static, "capture_graph", capture)
+    assert cache_decode(target, near(target), [4, 1, 3, 2], graphs=True) == reference
+    assert set(sizes_run) == {1, 5}  # every verify (2-5 rows) in the one 5-row graph

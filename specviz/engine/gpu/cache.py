@@ -1,0 +1,48 @@
+"""A StaticModel as the engine's KV cache: what a forward backend (engine/backends/) needs to serve
+the page's decode loops from captured graphs.
+
+The engine asks for forwards of a varying number of new tokens (a plain step, a verify of the
+drafts it made this round, a prompt) and rolls back with crop(). Graphs have fixed shapes, so a
+forward of n rows runs in the smallest captured size >= n, padded: the padding rows sit after the
+real ones (a real row never attends to them: the mask is causal) and write keys past the cache's
+length, which the next forward overwrites before anything can read them. The verify's size is
+γ+1 for the largest γ in use (pad to γ+1); a prompt longer than every size runs eagerly.
+"""
+from __future__ import annotations
+
+import torch
+
+from .static import StaticModel
+
+PAD = 0  # the token id padding rows carry (their logits are dropped)
+
+
+class GraphCache:
+    """get_seq_length() / crop(length) as transformers' caches (a negative length removes that
+    many); forward(ids, keep) at the next positions -> the last `keep` rows' logits (a copy)."""
+
+    def __init__(self, static: StaticModel, sizes=(1,)):
+        self.static, self.length = static, 0
+        self.sizes = sorted(set(sizes))
+        for n in self.sizes:
+            static.capture(n)
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, length: int) -> None:
+        self.length = max(0, length if length >= 0 else self.length + length)
+
+    def size_for(self, n: int) -> int:
+        """The captured size a forward of n rows runs in (n itself: eager, e.g. a prompt)."""
+        fits = [s for s in self.sizes if s >= n and self.length + s <= self.static.max_len]
+        return fits[0] if fits and self.static.use_graphs else n
+
+    @torch.no_grad()
+    def forward(self, ids: list[int], keep: int = 1) -> torch.Tensor:
+        n = len(ids)
+        size = self.size_for(n)
+        t = torch.tensor(list(ids) + [PAD] * (size - n), dtype=torch.long, device=self.static.device)
+        logits = self.static.run(t, self.length)[0, n - keep:n].clone()  # a graph's buffer: copied
+        self.length += n
+        return logits
