@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
+
 # best first: each variant's compiler flags and the CPU features (Linux /proc/cpuinfo names) it needs
 VARIANTS = {
     "neon-i8mm": (("-march=armv8.2-a+dotprod+i8mm",), ("asimddp", "i8mm")),
@@ -67,7 +69,6 @@ def cpu_ok() -> str | None:
 
 
 def _torch_lib() -> Path:
-    import torch
     return Path(torch.__file__).parent / "lib"
 
 
