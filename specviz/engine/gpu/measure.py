@@ -44,9 +44,13 @@ def build(name: str, device, dtype, seed: int = 0, tiny: bool = False):
     """The architecture of configs/`name` with random weights made on `device` (seeded)."""
     from transformers import AutoModelForCausalLM
     torch.manual_seed(seed)
+    cfg = config(name, tiny)
     with torch.device(device):  # made where it runs: no 1.5B initialised on the host first
-        model = AutoModelForCausalLM.from_config(config(name, tiny), dtype=dtype)
-    return model.to(device).eval().requires_grad_(False)  # a no-op unless a version ignored the context
+        try:
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+        except TypeError:  # a transformers that still calls it torch_dtype
+            model = AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype)
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)  # no-ops unless one was ignored
 
 
 def weight_bytes(model) -> int:
