@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -206,6 +207,7 @@ def summary(result: dict) -> list[str]:
     head = f"gpu-check · {env.get('name')} · torch {env['torch']} · transformers {env['transformers']}"
     if env.get("capability"):
         head += f" · sm {env['capability'][0]}.{env['capability'][1]}, half type {env['half_type']}"
+        head += " (bf16 emulated here)" if env.get("bf16_emulated") else ""
     lines = [head]
     if env["mode"] == "cpu-tiny":
         lines.append("CPU, tiny shapes: the code path only; skipped " + ", ".join(CUDA_ONLY))
@@ -255,6 +257,7 @@ def _dtype_lines(name: str, r: dict) -> list[str]:
 
 def main(argv=None) -> int:
     args = _args(list(argv or []))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here needs the network: never wait on one
     import torch
     if not args.cpu_tiny and not torch.cuda.is_available():
         print(f"gpu-check: no CUDA device here (torch {torch.__version__}): nothing measured, exit "
