@@ -239,3 +239,29 @@ def test_speedup_box_says_why_a_free_draft_run_has_no_prediction():
             "method": "hybrid"}
     value, line = _speedup_text(snap)
     assert value == 2.1 and line.startswith("no prediction") and "0.13" not in line
+
+
+# ------------------------------------------------------------------ the hybrid's priced chain
+def test_chain_length_drafts_on_through_sure_tokens_and_stops_at_an_unsure_one():
+    from specviz.engine.gamma import ChainLength, monotone
+    v = monotone(lambda g: 1.0 + 0.1 * g)
+    sure = ChainLength(0.25, v)
+    sure.start()
+    n = 1
+    while sure.more(0.999, 16):
+        n += 1
+    assert n > 6  # a fixed γ of 4-6 would stop short of a sure run
+    unsure = ChainLength(0.25, v)
+    unsure.start()
+    assert not unsure.more(0.2, 16)  # an unsure first token: the next would likely be wasted
+    before = sure.rate(0.999)
+    sure.observe(0)  # the first draft refused: its bucket's rate falls
+    assert sure.rate(0.999) < before and sure.confs == []
+
+
+def test_hybrid_model_rounds_vary_their_length_by_confidence(tok, target, draft):
+    ids = tok.encode("def quicksort(arr): arr arr arr return arr arr")
+    prop = _hybrid(draft, target.config.vocab_size, c=0.05)
+    rounds, _ = run(speculative(target, prop, tok, ids, 40, 16, GREEDY))
+    lengths = {r.gamma for r in rounds if r.info["drafter"] == "model"}
+    assert len(lengths) > 1 and max(lengths) < 16

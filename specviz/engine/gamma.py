@@ -167,3 +167,56 @@ def make_width(costs, *, auto: bool) -> TreeWidth | None:
     if not auto or costs is None or costs.c is None:
         return None
     return TreeWidth(costs.c, monotone(costs.verify_cost, MAX_GAMMA))
+
+
+# A draft token's acceptance by the draft's own confidence (max softmax probability of its row):
+# buckets from these edges, priors from the default pair at w4a8 on the Zen 4 EPYC (2026-11-27,
+# 13 bench prompts of code, chat, grounded and edit, greedy, 869 positions): 0.55 below 0.3,
+# 0.53 to 0.5, 0.61 to 0.7, 0.88 to 0.9, 0.95 to 0.97, 0.997 above
+CONF_EDGES = (0.3, 0.5, 0.7, 0.9, 0.97)
+CONF_PRIOR = (0.5, 0.5, 0.6, 0.85, 0.95, 0.99)
+CONF_MAX = 0.99  # a learned rate of 1 would make every further draft look free
+
+
+@dataclass
+class ChainLength:
+    """Sizes a draft model's chain token by token from measured costs: after each drafted token,
+    draft another only while it raises the round's expected tokens per plain-step cost,
+    E ÷ (n·c + v(n)). E = 1 + Σ P(the first i drafts all accepted); a draft's acceptance is learned
+    per confidence bucket from the positions the target tested, and the last token's rate stands
+    in for the next one's (its confidence is known only once it is drafted). The stop depends
+    only on what was drafted and on earlier rounds, so verification stays exact.
+    Why: a fixed γ drafts past an unsure token and stops short of a sure run. Simulated on the
+    bench's 13 prompts with calibrated costs (2026-11-27, Zen 4), the priced chain gave code
+    2.10× against fixed γ's best 1.98× (γ 4), and 1.49× against 1.46× with AVX2 forced."""
+
+    c: float
+    verify_cost: Callable[[int], float]  # v(n), non-decreasing (monotone())
+    hits: list = field(default_factory=lambda: [p * PRIOR_WEIGHT for p in CONF_PRIOR])
+    seen: list = field(default_factory=lambda: [PRIOR_WEIGHT] * len(CONF_PRIOR))
+
+    def rate(self, conf: float) -> float:
+        b = sum(1 for e in CONF_EDGES if conf >= e)
+        return min(self.hits[b] / self.seen[b], CONF_MAX)
+
+    def start(self) -> None:
+        self.confs, self.reach, self.tokens = [], 1.0, 1.0
+
+    def more(self, conf: float, cap: int) -> bool:
+        """After a drafted token of this confidence: is one more worth its draft step and row?"""
+        self.confs.append(conf)
+        n, a = len(self.confs), self.rate(conf)
+        self.reach *= a
+        self.tokens += self.reach
+        if n >= cap:
+            return False
+        cost = self.c + self.verify_cost(n + 1) - self.verify_cost(n)
+        return self.reach * a * (n * self.c + self.verify_cost(n)) >= cost * self.tokens
+
+    def observe(self, n_accepted: int) -> None:
+        """The drafted positions the target tested: the accepted ones and the first refused."""
+        for i, conf in enumerate(self.confs[: n_accepted + 1]):
+            b = sum(1 for e in CONF_EDGES if conf >= e)
+            self.hits[b] = DECAY * self.hits[b] + float(i < n_accepted)
+            self.seen[b] = DECAY * self.seen[b] + 1
+        self.confs = []

@@ -21,6 +21,7 @@ class DraftModelProposer(Proposer):
     name: str = "draft"
     confidence: float | None = None  # stop drafting below this top probability
     cache: object = field(default=None, repr=False)  # a KV cache from forward.new_cache
+    length: object = None  # a gamma.ChainLength: each further token priced by the last one's confidence
 
     def reset(self, prompt_ids: list[int]) -> int:
         self.cache = new_cache(self.model)
@@ -38,6 +39,8 @@ class DraftModelProposer(Proposer):
         # feed what the cache has not seen: 1 token, or 2 after a bonus round
         feed = committed[self.cache.get_seq_length():]
         tokens, qs, raw = [], [], []
+        if self.length is not None:
+            self.length.start()
         for _ in range(gamma):
             logits = self._logits(feed)[-1]
             raw.append(logits)  # a reference: the inspector's greedy softmax, computed off the clock
@@ -55,6 +58,8 @@ class DraftModelProposer(Proposer):
             # The stop depends only on what was drafted, so verification stays exact.
             if self.confidence is not None and float(logits.float().softmax(-1).max()) < self.confidence:
                 break
+            if self.length is not None and not self.length.more(_confidence(logits, q, params), gamma):
+                break
             feed = [x]
         return Proposal(tokens, torch.stack(qs), forwards=len(tokens), raw=raw if params.greedy else None)
 
@@ -62,6 +67,12 @@ class DraftModelProposer(Proposer):
         # the cache holds a prefix of what was fed; keep what is still committed,
         # leaving the last committed token to be fed next round
         crop_cache(self.cache, len(committed) - 1)
+
+
+def _confidence(logits, q, params) -> float:
+    """The draft's top probability at this row: of its warped law q under sampling, of its
+    softmax under greedy (q is one-hot there)."""
+    return float(logits.float().softmax(-1).max()) if params.greedy else float(q.max())
 
 
 @dataclass

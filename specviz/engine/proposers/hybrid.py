@@ -4,7 +4,10 @@ The suffix draft is looked up first (microseconds, no model). It is taken when i
 expected tokens per plain-step cost, (1 + E[accepted]) / v(k), beat the draft
 model's chain, E[tokens](α̂, γ) / (γ·c + v(γ)); then the draft model does not run.
 It catches up on the committed tokens in one multi-row forward the next time it
-drafts, and that forward is timed in that round's draft time (so in c).
+drafts, and that forward is timed in that round's draft time (so in c). In its own
+rounds the draft model's chain is sized token by token (gamma.ChainLength): one more
+token while its expected gain, by the last token's confidence, pays for a draft step
+and a verify row.
 
 Both prices use costs measured at load (pair.costs: c, v(k)); α̂ is the draft model's
 running acceptance over the positions the target tested in its own rounds, and the
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..gamma import AutoGamma
+from ..gamma import AutoGamma, ChainLength
 from ..proposer import Proposer, register, target_vocab
 from ..theory import ALPHA_MAX, MAX_GAMMA, expected_tokens
 from .draft import DraftModelProposer, _need_draft
@@ -39,6 +42,7 @@ class HybridProposer(Proposer):
         # the draft model's α̂ and best γ, as auto γ keeps them (fed from its own rounds only)
         v = self.suffix.verify_cost
         self.policy = AutoGamma(self.c, v) if v is not None and self.c is not None else None
+        self.draft.length = ChainLength(self.c, v) if self.policy is not None else None
         self._model_round = False
         return self.draft.reset(prompt_ids)
 
@@ -54,6 +58,8 @@ class HybridProposer(Proposer):
         """The round's drafter: None for the suffix draft, else the draft model's γ."""
         g, self._rate_m = self.model_price(cap)
         self._model_round = not (k and rate_s >= self._rate_m)
+        if self.draft.length is not None:
+            g = cap  # the chain prices each further token itself (gamma.ChainLength), up to the cap
         return g if self._model_round else None
 
     def annotate(self, prop, d, k: int, rate_s: float, n: int, t0: float):
@@ -87,6 +93,8 @@ class HybridProposer(Proposer):
 
     def rollback(self, committed, n_accepted, n_drafted):
         self.draft.rollback(committed, n_accepted, n_drafted)  # a lagging cache is left as it is
+        if self._model_round and n_drafted and self.draft.length is not None:
+            self.draft.length.observe(n_accepted)
         if self._model_round and n_drafted and self.policy is not None:
             # a one-hot (greedy) or drawn draft: the positions tested, 1 for kept, 0 for the first refused
             tested = min(n_drafted, n_accepted + 1)
