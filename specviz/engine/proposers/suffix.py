@@ -314,8 +314,9 @@ def summarize(infos: list[dict]) -> dict:
 def round_note(info: dict) -> str:
     src = info.get("source")
     if info.get("drafter") == "model":
-        return ("draft model ran this round (the suffix draft was priced lower); its chain stopped where "
-                "one more token, by the last one's confidence, no longer paid for a draft step and a verify row")
+        return ("draft model ran this round (the suffix draft was priced lower); its chain "
+                "stopped where one more token, by the last one's confidence, no longer paid "
+                "for a draft step and a verify row")
     if not src:
         return (f"suffix: no draft worth its verify rows (best match {info.get('match_len', 0)} tokens, "
                 f"lookup {info.get('lookup_ms', 0)} ms)")
