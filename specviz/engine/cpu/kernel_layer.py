@@ -60,12 +60,15 @@ for _register in (_module.register_module_module_registration_hook,
 
 @contextlib.contextmanager
 def off():
-    """Within: layer_struct says no, and the model's modules run (same kernels, same bits)."""
+    """Within: layer_struct says no, and the model's modules run (same kernels, same bits). Entering
+    and leaving say moved(): what a forward backend planned for a model changes with it."""
     _OFF[0] = True
+    moved()
     try:
         yield
     finally:
         _OFF[0] = False
+        moved()
 
 
 def _lin(m: BlockLinear) -> Lin:

@@ -37,15 +37,33 @@ def eligible(model, n: int) -> bool:
     bits a one-token step would give it."""
     if n <= 0 or model._forward_hooks or model._forward_pre_hooks:
         return False
+    return n <= _rows(model)
+
+
+def _rows(model) -> int:
+    """The most rows a chain forward of `model` may have on this path (0: none), hooks aside."""
     if not supported(model) or not is_rowwise(model):
-        return False
+        return 0
     cfg = model.config
     if set(getattr(cfg, "layer_types", None) or ["full_attention"]) != {"full_attention"}:
-        return False
+        return 0
     if _structs(model.model) is not None:  # kernel layers are fused ones (only those carry the flag)
-        return n <= PROMPT_MAX
-    return n <= ROWWISE_MAX and all(isinstance(layer.self_attn, FusedAttention)
-                                    and isinstance(layer.mlp, FusedMLP) for layer in model.model.layers)
+        return PROMPT_MAX
+    return ROWWISE_MAX if all(isinstance(layer.self_attn, FusedAttention) and isinstance(layer.mlp, FusedMLP)
+                              for layer in model.model.layers) else 0
+
+
+def plan(model) -> tuple[int, list | None, bool]:
+    """What eligible() and forward() ask of `model` at every call, asked once (a backend holds it
+    until kernel_layer.moved() is said: engine/backends/lean.py): (the most rows a chain forward
+    takes this path, 0 for none; the layer structs where the one-call stack serves, else None;
+    whether q and k rotate as one)."""
+    rows = _rows(model)
+    if not rows:
+        return 0, None, False
+    body = model.model
+    stack = _structs(body) if _stack_serves(body) else None
+    return rows, stack, all(layer.self_attn._rotary in _STANDARD for layer in body.layers)
 
 
 def rows_exact(model, n: int) -> bool:
@@ -133,20 +151,27 @@ def forward(model, ids: list[int], cache, keep: int) -> torch.Tensor | None:
     (1, keep, vocab) logits `model(...).logits` would, or None for keep=0 (the keys alone: no
     output layer). The cache is a DynamicCache or an eager StaticKV (whose caller moves its
     pointer); both are written through update()."""
+    body = model.model
+    stack = _structs(body) if _stack_serves(body) else None
+    joint = stack is None and all(layer.self_attn._rotary in _STANDARD for layer in body.layers)
+    return run(model, ids, cache, keep, stack, joint)
+
+
+def run(model, ids: list[int], cache, keep: int, stack: list | None, joint: bool) -> torch.Tensor | None:
+    """forward() with plan()'s answers given: `stack` the layer structs of the one-call branch (None:
+    layer by layer), `joint` whether q and k rotate as one."""
     n, p = len(ids), cache.get_seq_length()
     body = model.model
     dev = body.embed_tokens.weight.device  # model.device walks every module's parameters
     x = torch.tensor([ids], device=dev)
     h = body.embed_tokens(x)
     cos, sin = body.rotary_emb(h, torch.arange(p, p + n, device=dev).unsqueeze(0))
-    if _stack_serves(body):
-        structs = _structs(body)
+    if stack is not None:
         h, cos, sin = h.contiguous(), cos[0].contiguous(), sin[0].contiguous()
-        if not kernel_layer.forward_stack(structs, h, cos, sin, cache):
-            for i, s in enumerate(structs):
+        if not kernel_layer.forward_stack(stack, h, cos, sin, cache):
+            for i, s in enumerate(stack):
                 kernel_layer.forward(s, h, cos, sin, cache, i)
         return model.lm_head(body.norm(h)[:, -keep:]) if keep else None
-    joint = all(layer.self_attn._rotary in _STANDARD for layer in body.layers)
     for i, layer in enumerate(body.layers):
         attn = layer.self_attn
         qkv = attn.qkv_proj(layer.input_layernorm(h))

@@ -23,7 +23,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
-from . import qgemm
+from . import kernel_layer, qgemm
 
 NAME = "specviz_rowwise"
 ROWWISE_MAX = 32  # a verify forward is at most γ+1 = 17 tokens
@@ -84,6 +84,7 @@ def use_rowwise(model) -> None:
         AttentionInterface.register(NAME, rowwise_attention)
         AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
     model.set_attn_implementation(NAME)
+    kernel_layer.moved()  # a forward backend's plan for the model (engine/backends/lean.py) changes with it
 
 
 def is_rowwise(model) -> bool:
