@@ -8,10 +8,11 @@ import torch
 
 from . import kvcache
 from .backends.eager import keep_slots
+from .gpu.static import supported as graph_supported
 from .kvcache import serving
 from .sampling import SamplingParams, sample
 
-CACHES = ("dynamic", "static")
+CACHES = ("dynamic", "static", "graphs")  # graphs: engine/backends/graphs.py (a GPU's; eager on a CPU)
 
 
 def pick(probs: torch.Tensor, params: SamplingParams, generator) -> int:
@@ -58,8 +59,9 @@ def set_cache(model, kind: str = "dynamic", *, compile: bool = False, masked: bo
     `masked`: attend over the whole buffer under a mask (the compiled layout; default: when compiled)."""
     if kind not in CACHES:
         raise ValueError(f"cache must be one of {CACHES}, not {kind!r}")
-    if kind == "static" and not kvcache.supported(model):
+    if kind == "static" and not kvcache.supported(model) or kind == "graphs" and not graph_supported(model):
         kind, compile = "dynamic", False
+    compile = compile and kind != "graphs"  # graphs capture without torch.compile
     kvcache.choose(model, kind, compile, compile if masked is None else masked)
     return kind + (" + compile" if compile else "")
 

@@ -6,13 +6,14 @@ them (choose); a cache of ours names its backend, so a forward asks nothing of t
 which backend its cache has (serving), and a DynamicCache is served by the backend held in the
 model's Runtime. Backends: eager.py (transformers over a DynamicCache), lean.py (the Llama
 family's lean forward and C layer stack over one), static.py (the static cache, eager),
-compiled.py (its step under torch.compile).
+compiled.py (its step under torch.compile), graphs.py (a GPU's static cache as CUDA graphs).
 """
 from __future__ import annotations
 
 from .backends.base import _RUNTIME, COMPILE_MAX_NEW, Backend, Runtime, runtime
 from .backends.compiled import TRACEABLE, Compiled, _inductor_cache_per_class, compiled_call
 from .backends.eager import Eager
+from .backends.graphs import Graphs
 from .backends.lean import Lean
 from .backends.static import GROW, Static, StaticKV, causal_mask
 from .cpu import lean
@@ -39,12 +40,14 @@ def _on_dynamic(model, rt: Runtime) -> Backend:
 
 
 def choose(model, kind: str, compile: bool, masked: bool) -> Backend:
-    """The model's backend for caches of `kind` ("dynamic" | "static"), held in its Runtime with the
-    settings it reads (the caller checked that the static cache serves this model)."""
+    """The model's backend for caches of `kind` ("dynamic" | "static" | "graphs"), held in its Runtime
+    with the settings it reads (the caller checked that the cache kind serves this model)."""
     rt = runtime(model)
     rt.cache, rt.compile, rt.masked = kind, compile, masked
     if kind == "dynamic":
         rt.backend = _on_dynamic(model, rt)
+    elif kind == "graphs":
+        rt.backend = Graphs()
     else:
         rt.backend = Compiled(compiled_call) if compile else Static()  # the name here: tests replace it
     return rt.backend

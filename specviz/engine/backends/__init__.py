@@ -7,8 +7,9 @@ model's Runtime (base.py), so that no forward asks again which path it takes.
   (engine/cpu/lean_forward.py), stepping aside per call only for what can change between calls
   (a forward hook, a forward longer than the path serves);
 - static.py: the static (preallocated) KV cache, eager;
-- compiled.py: the static cache's step under torch.compile ("reduce-overhead" on CUDA).
+- compiled.py: the static cache's step under torch.compile ("reduce-overhead" on CUDA);
+- graphs.py: a GPU's static cache replayed as captured CUDA graphs (engine/gpu/), no torch.compile.
 
-A new backend (a GPU's CUDA-graph loop) is one more file here: a base.Backend subclass whose
-caches name it (`cache.backend`), and one line in kvcache.choose.
+A new backend is one more file here: a base.Backend subclass whose caches name it
+(`cache.backend`), and one line in kvcache.choose.
 """

@@ -28,6 +28,7 @@ class Runtime:
     compiled: object = None  # None: not built yet; False: cannot compile (eager); else the compiled call
     rows: int = COMPILE_MAX_NEW  # forwards of at most this many new tokens run compiled
     dynamic: bool | None = None  # torch.compile's `dynamic` (True: one shape-generic graph)
+    sizes: tuple = (1,)  # row counts the graph cache captures (the step; γ+1 for a verify: graphs.py)
     backend: Backend | None = None  # the backend set_cache chose (it makes new caches); None: not yet
     on_dynamic: Backend | None = None  # the backend that serves a DynamicCache of this model
 
