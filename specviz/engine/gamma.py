@@ -178,6 +178,10 @@ CONF_PRIOR = (0.5, 0.5, 0.6, 0.85, 0.95, 0.99)
 CONF_MAX = 0.99  # a learned rate of 1 would make every further draft look free
 
 
+def conf_bucket(conf: float) -> int:
+    return sum(1 for e in CONF_EDGES if conf >= e)
+
+
 @dataclass
 class ChainLength:
     """Sizes a draft model's chain token by token from measured costs: after each drafted token,
@@ -196,7 +200,7 @@ class ChainLength:
     seen: list = field(default_factory=lambda: [PRIOR_WEIGHT] * len(CONF_PRIOR))
 
     def rate(self, conf: float) -> float:
-        b = sum(1 for e in CONF_EDGES if conf >= e)
+        b = conf_bucket(conf)
         return min(self.hits[b] / self.seen[b], CONF_MAX)
 
     def start(self) -> None:
@@ -216,7 +220,7 @@ class ChainLength:
     def observe(self, n_accepted: int) -> None:
         """The drafted positions the target tested: the accepted ones and the first refused."""
         for i, conf in enumerate(self.confs[: n_accepted + 1]):
-            b = sum(1 for e in CONF_EDGES if conf >= e)
+            b = conf_bucket(conf)
             self.hits[b] = DECAY * self.hits[b] + float(i < n_accepted)
             self.seen[b] = DECAY * self.seen[b] + 1
         self.confs = []

@@ -86,19 +86,18 @@ class HybridProposer(Proposer):
         if g is None:
             prop = sp.emit(d, where, k, committed, eos_ids, t0)
         else:  # the suffix draft still learns its calibration from what gets committed
-            t1 = time.perf_counter()
+            t0 = time.perf_counter()  # the lookup's end
             prop = self.draft.propose(committed, g, params, generator, eos_ids)
-            t0 = t1
         return self.annotate(prop, d, k, rate_s, len(prop.tokens), t0)
 
     def rollback(self, committed, n_accepted, n_drafted):
         self.draft.rollback(committed, n_accepted, n_drafted)  # a lagging cache is left as it is
-        if self._model_round and n_drafted and self.draft.length is not None:
-            self.draft.length.observe(n_accepted)
-        if self._model_round and n_drafted and self.policy is not None:
-            # a one-hot (greedy) or drawn draft: the positions tested, 1 for kept, 0 for the first refused
-            tested = min(n_drafted, n_accepted + 1)
-            self.policy.observe([1.0] * n_accepted + [0.0] * (tested - n_accepted), n_accepted)
+        if not (self._model_round and n_drafted and self.policy is not None):
+            return
+        self.draft.length.observe(n_accepted)  # set beside policy (reset)
+        # a one-hot (greedy) or drawn draft: the positions tested, 1 for kept, 0 for the first refused
+        tested = min(n_drafted, n_accepted + 1)
+        self.policy.observe([1.0] * n_accepted + [0.0] * (tested - n_accepted), n_accepted)
 
 
 @dataclass
@@ -120,12 +119,11 @@ class HybridTreeProposer(HybridProposer):
         if g is None:
             prop = sp.tree_emit(d, k, committed, t0)
         else:
-            t1 = time.perf_counter()
+            t0 = time.perf_counter()  # the lookup's end
             chain = self.draft.propose(committed, g, params, generator, eos_ids)
             n = len(chain.tokens)
             q = torch.cat([chain.q, torch.zeros(1, chain.q.shape[-1])])  # row i: node i's child law
             prop = TreeProposal(chain.tokens, list(range(-1, n - 1)), q, chain.forwards)
-            t0 = t1
         self._drafted = len(prop.tokens)
         return self.annotate(prop, d, k, rate_s, len(prop.tokens), t0)
 
