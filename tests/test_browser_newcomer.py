@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+from browser.pages import Pages
 from browser.server import InProcessApp
 from test_browser import ARTIFACTS, TIMEOUT  # noqa: F401
 
 SHOTS = Path(os.environ.get("SPECVIZ_SHOTS") or ARTIFACTS)
-OPENED: list = []
 
 
 @pytest.fixture(scope="module")
@@ -23,13 +23,13 @@ def app(tmp_path_factory):
     a.close()
 
 
+PAGES = Pages(TIMEOUT)
+
+
 @pytest.fixture(autouse=True)
 def _close_pages():
     yield
-    while OPENED:
-        page = OPENED.pop()
-        if not page.is_closed():
-            page.close()
+    PAGES.close_all()
 
 
 @pytest.fixture
@@ -41,14 +41,8 @@ def quiet(monkeypatch):
 
 
 def _open(browser, app, size=(1440, 900), scheme="light"):  # noqa: F811
-    page = browser.new_page(viewport={"width": size[0], "height": size[1]}, color_scheme=scheme)
-    OPENED.append(page)
-    errors = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(f"{app.url}?__theme={scheme}")
-    page.wait_for_selector("#sv-run:not([disabled])", timeout=TIMEOUT)
-    page.wait_for_timeout(1500)  # the first status poll; a phone's explainer folds
-    return page, errors
+    # settle: the first status poll; a phone's explainer folds
+    return PAGES.open(browser, app.url, size=size, scheme=scheme, settle_ms=1500)
 
 
 def _shot(page, name, full=False):

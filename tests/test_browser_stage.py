@@ -6,6 +6,7 @@ Screenshots: test-artifacts/stage-*.png."""
 import threading
 
 import pytest
+from browser.pages import Pages
 from browser.server import InProcessApp, free_port
 from test_browser import ARTIFACTS, TIMEOUT  # noqa: F401
 
@@ -17,30 +18,18 @@ def app(tmp_path_factory):
     a.close()
 
 
-OPENED: list = []  # the pages _open made, closed after each test (_close_pages)
+PAGES = Pages(TIMEOUT)  # the pages _open made, closed after each test (_close_pages)
 
 
 @pytest.fixture(autouse=True)
 def _close_pages():
-    """A failed test's page is closed too (which cancels its run): a run left going holds the
-    one run slot, and the next test's run waits behind it (issue 21: a failed test's
-    200-token run kept the next test's badge away for 120 s)."""
     yield
-    while OPENED:
-        page = OPENED.pop()
-        if not page.is_closed():
-            page.close()
+    PAGES.close_all()
 
 
 def _open(browser, app, query="", size=(1280, 720), scheme="light"):  # noqa: F811
-    page = browser.new_page(viewport={"width": size[0], "height": size[1]}, color_scheme=scheme)
-    OPENED.append(page)
-    errors = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(f"{app.url}?__theme={scheme}{'&' + query if query else ''}")
-    page.wait_for_selector("#sv-run:not([disabled])", timeout=TIMEOUT)
-    page.wait_for_timeout(1200)  # the first status poll (folds the replay section)
-    return page, errors
+    # settle: the first status poll (folds the replay section)
+    return PAGES.open(browser, app.url, query=query, size=size, scheme=scheme, settle_ms=1200)
 
 
 def _wait_done(page):
