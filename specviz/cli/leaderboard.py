@@ -4,8 +4,8 @@
         --methods draft,auto,tree,hybrid,suffix,staged,lookup,lookahead,rest --max-new-tokens 64 \\
         [--out race.json]
 
-Plain decoding, then each method alone in fair mode with plain timed again after it, so
-each × plain is a same-minute ratio (specviz/run/leaderboard.py);
+Each method races plain decoding in fair mode, step by step, so each × plain is a ratio
+of the same moments (specviz/run/leaderboard.py);
 --out saves the whole race as one bundle the page loads in its "Race all
 methods" tab (specviz/run/race_bundle.py). `--from FILE` prints a saved bundle's table.
 """
@@ -19,8 +19,6 @@ from ..run.flags import add_method_args, add_pair_args, load_from_args, method_o
 from ..run.leaderboard import (
     DEFAULT_KEYS,
     END,
-    PLAIN,
-    RETIME,
     START,
     Board,
     all_keys,
@@ -33,8 +31,8 @@ COLUMNS = ("#", "method", "γ", "tok/s", "× plain", "plain then", "τ", "α̂",
 
 
 def add_args(sub) -> None:
-    r = sub.add_parser("race-methods", help="race several methods on one prompt (each method timed alone, "
-                                            "plain timed again after each) and print the leaderboard")
+    r = sub.add_parser("race-methods", help="race several methods on one prompt (each raced beside plain "
+                                            "decoding, step by step) and print the leaderboard")
     add_pair_args(r)
     r.add_argument("--prompt", default=None)
     r.add_argument("--preset", default=None, help="take prompt, γ and chat template from this UI preset")
@@ -49,9 +47,9 @@ def add_args(sub) -> None:
     r.add_argument("--seed", default=0)
     r.add_argument("--chat", action="store_true", default=None, help="wrap the prompt in the chat template")
     r.add_argument("--warmup", type=int, default=4,
-                   help="new tokens of an unrecorded warm-up run before each timed run (0: none)")
+                   help="new tokens of an unrecorded warm-up race before each timed race (0: none)")
     r.add_argument("--time-limit", type=float, default=None,
-                   help="seconds per run (default: none)")
+                   help="seconds per race of a method beside plain (default: none)")
     r.add_argument("--label", default="")
     r.add_argument("--out", default=None, help="save the whole race as one bundle (JSON) the page can show")
     r.add_argument("--json", action="store_true", help="print the rows as one JSON list instead of a table")
@@ -130,12 +128,10 @@ def run(args) -> int:
         board.meta["label"] = args.label
     for key, side, _ev in race_methods(pair, req, ids, board, time_limit=args.time_limit, warmup=args.warmup):
         _note_busy(board, key, side)
-        if key == RETIME:
-            continue
         if side == START:
-            label = "plain decoding" if key == PLAIN else board.runs[key].entry.label
-            print(f"[{board.done() + 1}/{board.total}] {label}…", file=sys.stderr, flush=True)
-        elif side == END and key != PLAIN and board.runs[key].error:
+            print(f"[{board.done() + 1}/{board.total}] {board.runs[key].entry.label} beside plain "
+                  "decoding…", file=sys.stderr, flush=True)
+        elif side == END and board.runs[key].error:
             print(f"  not run: {board.runs[key].error}", file=sys.stderr)
     if args.out:
         from ..run.race_bundle import save_bundle
@@ -159,11 +155,11 @@ def _print(args, board: Board) -> int:
         print(json.dumps([r.to_dict() for r in board.rows()]))
         return 0
     s = board.settings
-    n = len(board.meta.get("plain_timings") or ())
     print(f"{headline_text(board.meta, s)}: {s.get('max_new_tokens')} new tokens, "
-          f"{headline(board.meta, s)['sampling']}, each run timed alone (fair); "
-          + (f"× plain: ÷ the mean of plain timed just before and just after each method ({n} plain runs)"
-             if n > 1 else "× plain: ÷ one plain run timed before every method"))
+          f"{headline(board.meta, s)['sampling']}, each run on its own clock (fair); "
+          + ("× plain: ÷ plain decoding raced beside each method, step by step (the same moments)"
+             if board.paired else "× plain: ÷ one plain run timed before every method (recorded before "
+             "2026-11-28: not the same moments, none ranked above plain)"))
     print(table(board))
     bad = [r for r in board.rows() if r.identical == "mismatch"]
     for r in bad:

@@ -49,19 +49,25 @@ class VirtualClock(Clock):
     """A clock that only runs while its owner is resumed.
 
     The fair race steps two engines in turn; each engine reads this clock, so
-    its timestamps count only its own work, as if it ran alone."""
+    its timestamps count only its own work, as if it ran alone. Beside it, `cpu` adds up the
+    process's CPU time (all its threads, time.process_time) over the same steps: on a CPU another
+    program's load stretches the wall time of a step far more than its CPU time."""
 
     def __init__(self, device: torch.device):
         super().__init__(device)
         self.spent = 0.0
         self.since: float | None = None
+        self.cpu = 0.0
+        self._cpu_since = 0.0
 
     def resume(self) -> None:
+        self._cpu_since = time.process_time()
         self.since = self.now_raw()
 
     def pause(self) -> None:
         if self.since is not None:
             self.spent += self.now_raw() - self.since
+            self.cpu += time.process_time() - self._cpu_since
             self.since = None
 
     def now(self) -> float:

@@ -1,26 +1,27 @@
-"""Race all methods: one prompt, plain decoding, then each method timed alone with plain
-timed again after it, then a leaderboard built only from the runs' own events.
+"""Race all methods: one prompt, each method raced beside plain decoding, then a
+leaderboard built only from the runs' own events.
 
     board = new_board(pair, req, ["draft", "auto", "tree"])
     for key, side, ev in race_methods(pair, req, prompt_ids, board):
-        ...                      # (key, START/END, None) marks a run's start and end
+        ...                      # (key, START/END, None) marks a race's start and end
     board.rows()                 # tok/s, × plain, τ, α̂, c, v, identical check; fastest first
 
-Fairness: every run goes through specviz.run.race in fair mode with one side, so
-it is stepped on the race's engine thread under isolation.timed_step() and
-timed on its own VirtualClock: no two runs ever overlap, and work the consumer
-does between events (rendering) is not counted. The first plain run is the
-reference of the greedy check; plain is timed again after each method (RETIME:
-not recorded as events, its numbers kept in meta["plain_timings"]), so each
-× plain divides by the mean of the plain runs just before and just after that
-method: a same-minute ratio. Issue 51: a race whose one baseline ran on a busy
-minute at 4.27 tok/s (19 in a quiet one) ranked a method that accepted nothing
-at 1.38× plain.
+Fairness: each method races plain decoding in fair mode (specviz.run.race, both
+sides), as the page's own two-sided race does: one engine thread steps
+whichever side's virtual clock is behind, a step at a time under
+isolation.timed_step(), so both sides meet the same moments of the machine and
+each × plain is a ratio of the same moments (issue 59: a CPU loop 3 s on, 3 s
+off bent the older "plain just before and just after" ratio of a method that
+accepted nothing to 1.34× and 0.46×). Work the consumer does between events
+(rendering) is not counted. Each run's CPU time (VirtualClock.cpu) is kept
+beside its wall time: where the two ratios part by more than 15 %, the row says
+the machine was disturbed. A method with τ 1.00 never ranks above plain.
 
-Every number in a row comes from run_stats() on the run's own RunSummary, the
-same function the page and the CLI use for a single run; nothing is estimated.
-No gradio or plotly here: the page (ui/leaderboard.py), the CLI
-(cli/leaderboard.py) and the bundle (run/race_bundle.py) consume this.
+Every number in a row comes from run_stats() on the run's own RunSummary and
+the plain run raced beside it, the same function the page and the CLI use for
+a single run (so the speedup box of a picked run shows the row's ratio);
+nothing is estimated. No gradio or plotly here: the page (ui/leaderboard.py),
+the CLI (cli/leaderboard.py) and the bundle (run/race_bundle.py) consume this.
 """
 from __future__ import annotations
 
@@ -36,10 +37,11 @@ from ..errors import ModelError, RequestError, first_line, free_memory, is_oom
 from .equality import compare_greedy, output_tokens
 from .trace import Trace, trace_costs, trace_for
 
-PLAIN = "plain"  # the key of the shared baseline run
-RETIME = "plain-again"  # the key of plain timed again after a method (START/END markers only)
+PLAIN = "plain"  # the key of the plain decoding row (its runs are raced beside each method)
 # τ below this shows as 1.00: no more tokens per target forward than plain decoding
 TAU_PLAIN = 1.005
+# CPU-time and wall-time × plain further apart than this: the machine was disturbed during the race
+CPU_WALL_GAP = 0.15
 PARTIAL = ("stopped", "error")  # stop reasons of a run that did not reach its end
 NOT_RUN = "stopped before it ran"  # a contender's reason after Stop
 START, END = "start", "end"  # markers: (key, START, None) before a run, (key, END, None) after it
@@ -108,16 +110,29 @@ def method_request(req, e: Entry, options: dict | None = None):
 # ------------------------------------------------------------------ the board
 
 
+def _summary(events) -> RunSummary | None:
+    return next((e for e in reversed(events) if isinstance(e, RunSummary)), None)
+
+
+def _whole(s: RunSummary | None) -> bool:
+    return s is not None and s.stop_reason not in PARTIAL
+
+
 @dataclass
 class MethodRun:
     entry: Entry
     settings: dict = field(default_factory=dict)  # asdict(RunRequest) of this run
     events: list = field(default_factory=list)  # its speculative events, RunSummary last
     error: str = ""  # why it has no result ("greedy only", "stopped before it ran", ...)
+    plain: list = field(default_factory=list)  # plain decoding raced beside it, RunSummary last
 
     @property
     def summary(self) -> RunSummary | None:
-        return next((e for e in reversed(self.events) if isinstance(e, RunSummary)), None)
+        return _summary(self.events)
+
+    @property
+    def plain_summary(self) -> RunSummary | None:
+        return _summary(self.plain)
 
 
 @dataclass
@@ -128,7 +143,7 @@ class Row:
     label: str
     gamma: str  # "4", "auto" or "–" (plain)
     tokens_per_s: float | None
-    speedup: float | None  # × plain: tokens/s ÷ the baseline's tokens/s
+    speedup: float | None  # × plain: tokens/s ÷ tokens/s of plain decoding raced beside it
     tau: float | None  # output tokens per target forward
     alpha_hat: float | None
     c: float | None
@@ -139,9 +154,11 @@ class Row:
     stop_reason: str = ""
     error: str = ""
     detail: str = ""  # the greedy check's message
-    plain_tokens_per_s: float | None = None  # what × plain divided by (the same minute's plain)
+    plain_tokens_per_s: float | None = None  # what × plain divided by (plain raced beside it)
     plain_how: str = ""  # how that figure was taken, in words
-    flag: str = ""  # why × plain may mislead here (τ 1.00 above plain, a busy machine), or ""
+    flag: str = ""  # why × plain may mislead here (τ 1.00 above plain, a disturbed machine), or ""
+    cpu_speedup: float | None = None  # × plain by CPU time (process time of each side's steps)
+    paired: bool = True  # False: a race recorded before 2026-11-28, plain timed apart from it
 
     @property
     def plain_then(self) -> str:
@@ -171,20 +188,21 @@ class Row:
 
 @dataclass
 class Board:
-    """A whole race: its settings, the baseline's events, each contender's run."""
+    """A whole race: its settings, each contender's run and the plain run raced beside it."""
 
     meta: dict  # trace meta (settings = the race's request, models, hardware, precision, costs)
     keys: list[str]
-    baseline: list = field(default_factory=list)  # the plain run's events, RunSummary last
+    # the reference plain run (the first whole one); a race recorded before 2026-11-28: its one plain run
+    baseline: list = field(default_factory=list)
     runs: dict[str, MethodRun] = field(default_factory=dict)
     current: str = ""  # the key running now ("" when none)
-    last: str = ""  # the last run's key: the method RETIME's plain run brackets
+    last: str = ""  # the last run's key
 
     def note_busy(self, key: str, reason: str) -> None:
-        """Other programs took the machine during `key`'s run (the page's or the CLI's CPU meter):
-        its row says so, and so does the row of the method a busy RETIME brackets."""
+        """Other programs took the machine during `key`'s race (the page's or the CLI's CPU meter):
+        its row says so."""
         if reason:
-            self.meta.setdefault("busy", {})[self.last if key == RETIME else key] = reason
+            self.meta.setdefault("busy", {})[key] = reason
 
     @property
     def settings(self) -> dict:
@@ -195,29 +213,38 @@ class Board:
         return float(self.settings.get("temperature") or 0.0) == 0.0
 
     @property
-    def base_summary(self) -> RunSummary | None:
-        return next((e for e in reversed(self.baseline) if isinstance(e, RunSummary)), None)
+    def paired(self) -> bool:
+        """Each method raced beside its own plain run (False: a bundle recorded before 2026-11-28)."""
+        return any(r.plain for r in self.runs.values()) or not self.baseline
 
-    def add(self, key: str, ev) -> None:
-        (self.baseline if key == PLAIN else self.runs[key].events).append(ev)
+    @property
+    def base_summary(self) -> RunSummary | None:
+        """The plain row's run: the median of the plain runs raced beside the methods (an old
+        bundle: its one plain run)."""
+        if not self.paired:
+            return _summary(self.baseline)
+        plain = sorted((s for s in (r.plain_summary for r in self.runs.values()) if _whole(s)),
+                       key=lambda s: s.tokens_per_s)
+        return plain[(len(plain) - 1) // 2] if plain else None
+
+    def add(self, key: str, side: str, ev) -> None:
+        run = self.runs[key]
+        (run.plain if side == "baseline" else run.events).append(ev)
 
     def done(self) -> int:
-        """Runs that ended whole, or were given up for a reason of their own, the baseline included:
-        not one cut by Stop, nor one Stop kept from running."""
-        def whole(s):
-            return s is not None and s.stop_reason not in PARTIAL
-        ran = [r for r in self.runs.values() if whole(r.summary) or (r.error and r.error != NOT_RUN)]
-        return whole(self.base_summary) + len(ran)
+        """Races that ended whole, or were given up for a reason of their own: not one cut by Stop,
+        nor one Stop kept from running."""
+        return sum(_whole(r.summary) or bool(r.error and r.error != NOT_RUN) for r in self.runs.values())
 
     @property
     def total(self) -> int:
-        return 1 + len(self.keys)
+        return len(self.keys)
 
     def rows(self) -> list[Row]:
         """Every run with a result, fastest first; then the ones without, in race order."""
         base = self.base_summary
         rows = [self._plain_row(base)] if base is not None else []
-        rows += [self._row(self.runs[k], base) for k in self.keys if self.runs[k].summary is not None]
+        rows += [self._row(self.runs[k]) for k in self.keys if self.runs[k].summary is not None]
         rows.sort(key=_rank_key)
         rows += [Row(k, self.runs[k].entry.label, self._gamma(self.runs[k]), None, None, None, None, None,
                      None, "–", error=self.runs[k].error)
@@ -233,104 +260,107 @@ class Board:
 
     def _plain_row(self, base: RunSummary) -> Row:
         tau = base.n_tokens / base.target_forwards if base.target_forwards else None
-        rates = [t["tokens_per_s"] for t in self.meta.get("plain_timings") or ()]
-        how = (f"timed {len(rates)} times, between the methods: {min(rates):.2f}-{max(rates):.2f} tok/s"
-               if len(rates) > 1 else "timed once, before every method")
+        rates = [s.tokens_per_s for s in (r.plain_summary for r in self.runs.values()) if _whole(s)]
+        how = (f"timed {len(rates)} times, each beside one method (tok/s: the median): "
+               f"{min(rates):.2f}-{max(rates):.2f} tok/s" if len(rates) > 1 and self.paired else
+               "timed once, beside its method" if self.paired else
+               "timed once, before every method (recorded before 2026-11-28)")
         return Row(PLAIN, "plain decoding (baseline)", "–", base.tokens_per_s,
                    1.0 if base.tokens_per_s > 0 else None, tau, None, None, None, "reference",
                    base.n_tokens, base.elapsed, base.stop_reason, plain_tokens_per_s=base.tokens_per_s,
-                   plain_how=how, flag=self._busy(PLAIN))
+                   plain_how=how)
 
-    def _row(self, run: MethodRun, base: RunSummary | None) -> Row:
+    def _row(self, run: MethodRun) -> Row:
         s = run.summary
-        before, after = self._bracket(run.entry.key)
-        # c and v divide by a plain step: the one timed just before this method
-        st = run_stats(s, before or base, trace_costs(Trace(self.meta)))
-        ident, detail = self._check(run, base)
-        ref, how = _same_minute(before, after, base)
-        spd = s.tokens_per_s / ref if ref and s.elapsed > 0 else None
-        flags = [self._busy(run.entry.key)]
-        if spd is not None and spd > 1.0 and st.tau is not None and st.tau < TAU_PLAIN:
-            flags.insert(0, f"τ {st.tau:.2f}: no more tokens per target forward than plain decoding, so "
-                            f"its {spd:.2f}× is timing noise or a disturbed minute, not a speedup; "
-                            "ranked below plain")
+        plain = run.plain_summary if run.plain else (None if self.paired else _summary(self.baseline))
+        # c, v and × plain divide by the plain run raced beside it: the box of the picked run shows the same
+        st = run_stats(s, plain, trace_costs(Trace(self.meta)))
+        ident, detail = self._check(run, plain)
+        spd = st.speedup
+        cpu = _cpu_speedup(s, plain) if run.plain else None
+        flags = [_flag_tau(spd, st.tau), _flag_disturbed(spd, cpu), self._busy(run.entry.key)]
+        if plain is None:
+            how = "the plain run beside it did not finish"
+        elif run.plain:
+            how = (f"÷ {plain.tokens_per_s:.2f} tok/s: plain decoding raced beside it, step by step on "
+                   f"the same moments (fair mode)" + (f"; by CPU time {cpu:.2f}×" if cpu else ""))
+        else:
+            how = f"÷ the one plain run ({plain.tokens_per_s:.2f} tok/s), timed before every method"
+            flags.append("recorded before 2026-11-28: plain was timed minutes apart from this run, not in "
+                         "the same moments, so its × plain may be bent by the machine's load; not ranked "
+                         "above plain")
         return Row(run.entry.key, run.entry.label, self._gamma(run), s.tokens_per_s, spd, st.tau,
                    st.alpha_hat, st.c, st.verify_cost, ident, s.n_tokens, s.elapsed, s.stop_reason,
-                   run.error, detail, plain_tokens_per_s=ref, plain_how=how,
-                   flag="; ".join(f for f in flags if f))
-
-    def _bracket(self, key: str) -> tuple[RunSummary | None, RunSummary | None]:
-        """The plain runs timed just before and just after `key`'s run (None: not timed)."""
-        timings = self.meta.get("plain_timings") or []
-        at = (self.meta.get("plain_brackets") or {}).get(key) or (None, None)
-        return tuple(_timing_summary(timings[i]) if i is not None and i < len(timings) else None
-                     for i in at)
+                   run.error, detail, plain_tokens_per_s=plain.tokens_per_s if plain else None,
+                   plain_how=how, flag="; ".join(f for f in flags if f), cpu_speedup=cpu,
+                   paired=bool(run.plain))
 
     def _busy(self, key: str) -> str:
-        """The page's or the CLI's note that the machine was busy during that run (meta["busy"])."""
+        """The page's or the CLI's note that the machine was busy during that race (meta["busy"])."""
         why = (self.meta.get("busy") or {}).get(key)
-        return f"busy machine ({why}), in this run or the plain one after it" if why else ""
+        return f"busy machine ({why}) during this race" if why else ""
 
-    def _check(self, run: MethodRun, base: RunSummary | None) -> tuple[str, str]:
-        """The greedy output check of run/equality.py against the shared baseline."""
+    def _check(self, run: MethodRun, plain: RunSummary | None) -> tuple[str, str]:
+        """The greedy output check of run/equality.py against the plain run beside it."""
         if not self.greedy:
             return "n/a (sampled)", "sampled runs differ by chance; both follow the target's distribution"
-        if base is None or {base.stop_reason, run.summary.stop_reason} & set(PARTIAL):
+        if plain is None or {plain.stop_reason, run.summary.stop_reason} & set(PARTIAL):
             return "–", "a run was stopped before its end: nothing to compare"
-        eq = compare_greedy(output_tokens(self.baseline), output_tokens(run.events),
+        eq = compare_greedy(output_tokens(run.plain or self.baseline), output_tokens(run.events),
                             dtype_of(self.meta.get("precision") or ""))
         return eq.verdict, eq.message()
 
     def trace(self, key: str) -> Trace:
-        """One contender's run as an ordinary two-sided trace (the baseline, then it), for the
-        page's replay/render path and downloads; PLAIN gives the baseline alone."""
+        """One contender's race as an ordinary two-sided trace (the plain run beside it, then it), for
+        the page's replay/render path and downloads: its speedup is the row's. PLAIN: the plain row's
+        run alone."""
         run = self.runs.get(key)
         settings = dict(run.settings) if run is not None and run.settings else dict(self.settings)
         label = f"{run.entry.label if run is not None else 'plain decoding'} · race of all methods"
-        if run is not None and len(self.meta.get("plain_timings") or ()) > 1:
-            label += " (its speedup here is against the first plain run; the table's, the same minute's)"
         tr = Trace(dict(self.meta, settings=settings, label=label))
-        tr.events = [("baseline", e) for e in self.baseline]
+        if run is None:
+            best = self.base_summary
+            plain = next((r.plain for r in self.runs.values() if r.plain and r.plain[-1] is best),
+                         self.baseline)
+        else:
+            plain = run.plain or self.baseline
+        tr.events = [("baseline", e) for e in plain]
         if run is not None:
             tr.events += [("speculative", e) for e in run.events]
         return tr
 
 
+def _cpu_speedup(s: RunSummary, plain: RunSummary | None) -> float | None:
+    """× plain by CPU time: tokens per CPU-second of the method ÷ plain's (None: not measured)."""
+    a, b = s.extra.get("cpu_s"), plain.extra.get("cpu_s") if plain is not None else None
+    if not a or not b or not s.n_tokens or not plain.n_tokens:
+        return None
+    return (s.n_tokens / a) / (plain.n_tokens / b)
+
+
+def _flag_tau(spd: float | None, tau: float | None) -> str:
+    if spd is not None and spd > 1.0 and tau is not None and tau < TAU_PLAIN:
+        return (f"τ {tau:.2f}: no more tokens per target forward than plain decoding, so its {spd:.2f}× "
+                "is timing noise or a disturbed minute, not a speedup; ranked below plain")
+    return ""
+
+
+def _flag_disturbed(spd: float | None, cpu: float | None) -> str:
+    """The machine was disturbed: × plain by wall time and by CPU time part by more than 15 %."""
+    if spd is None or cpu is None or max(spd / cpu, cpu / spd) <= 1 + CPU_WALL_GAP:
+        return ""
+    return (f"disturbed machine: {spd:.2f}× by wall time but {cpu:.2f}× by CPU time, more than "
+            f"{CPU_WALL_GAP:.0%} apart; race it again on a quieter machine")
+
+
 def _rank_key(r: Row):
-    """Whole runs first, by × plain (a same-minute ratio); a τ 1.00 run never above plain."""
+    """Whole runs first, by × plain (a ratio of the same moments); a τ 1.00 run, or one timed apart
+    from plain (an old bundle), never above plain."""
     if not r.ranked:
         return (True, 0.0, False)
     spd = r.speedup if r.speedup is not None else 0.0
-    capped = r.key != PLAIN and r.tau is not None and r.tau < TAU_PLAIN and spd > 1.0
+    capped = r.key != PLAIN and spd > 1.0 and ((r.tau is not None and r.tau < TAU_PLAIN) or not r.paired)
     return (False, -(min(spd, 1.0) if capped else spd), capped)
-
-
-def _timing(s: RunSummary, after: str) -> dict:
-    """What the board keeps of a plain run timed again (its measured totals, not its tokens)."""
-    return dict(after=after, tokens_per_s=s.tokens_per_s, n_tokens=s.n_tokens, elapsed=s.elapsed,
-                prefill=s.prefill, target_forwards=s.target_forwards, stop_reason=s.stop_reason)
-
-
-def _timing_summary(t: dict) -> RunSummary:
-    return RunSummary("baseline", "plain", [], "", int(t["n_tokens"]), float(t["elapsed"]),
-                      float(t["prefill"]), int(t["target_forwards"]), str(t["stop_reason"]))
-
-
-def _same_minute(before: RunSummary | None, after: RunSummary | None, base: RunSummary | None):
-    """(plain tokens/s to divide by, how it was taken): the mean of the plain runs just before and
-    just after the method; one of them where the other is missing; the one baseline of a bundle
-    recorded before plain was timed again."""
-    if before is not None and after is not None:
-        ref = (before.tokens_per_s + after.tokens_per_s) / 2
-        return ref, (f"÷ {ref:.2f} tok/s: the mean of plain timed just before ({before.tokens_per_s:.2f}) "
-                     f"and just after ({after.tokens_per_s:.2f})")
-    if before is not None:
-        return before.tokens_per_s, (f"÷ plain timed just before it ({before.tokens_per_s:.2f} tok/s); "
-                                     "none after")
-    if base is not None:
-        return base.tokens_per_s, (f"÷ the one plain run ({base.tokens_per_s:.2f} tok/s), timed before "
-                                   "every method: not the same minute")
-    return None, ""
 
 
 def new_board(pair, req, keys, options: dict | None = None) -> Board:
@@ -353,19 +383,18 @@ def new_board(pair, req, keys, options: dict | None = None) -> Board:
 # ------------------------------------------------------------------ the race
 
 
-def _one(pair, req, ids, side: str, stop, limit: float | None, warmup: int) -> Iterator:
-    """A warm-up (not recorded), then one run of `side` alone, fair mode, events as they come.
-    `limit`: seconds for the timed run (as the server's limit for any run)."""
+def _beside_plain(pair, req, ids, stop, limit: float | None, warmup: int) -> Iterator:
+    """A warm-up (not recorded), then the method raced beside plain decoding, fair mode, step by
+    step: (side, event) as they come. `limit`: seconds for the timed race (as for any race)."""
     from .race import race
     if warmup > 0:  # first forwards of a shape pay one-time costs the timed run should not
         for _ in race(pair, replace(req, max_new_tokens=min(warmup, req.max_new_tokens)), ids, "fair",
-                      stop=stop, sides=(side,), time_limit=limit):
+                      stop=stop, time_limit=limit):
             pass
-    for _, ev in race(pair, req, ids, "fair", stop=stop, sides=(side,), time_limit=limit):
-        yield ev
+    yield from race(pair, req, ids, "fair", stop=stop, time_limit=limit)
 
 
-def _request(board: Board, key: str, req):
+def _request(board: Board, key: str):
     from .request import RunRequest
     s = board.runs[key].settings
     return RunRequest(**{**s, "options": dict(s.get("options") or {})})
@@ -373,30 +402,24 @@ def _request(board: Board, key: str, req):
 
 def race_methods(pair, req, prompt_ids: list[int], board: Board, *, stop: threading.Event | None = None,
                  time_limit: float | None = None, warmup: int = 0) -> Iterator[tuple[str, str, object]]:
-    """Run the baseline, then each contender of `board`, one at a time, each followed by plain
-    timed again (RETIME: START/END markers only); yield (key, side, event) as they come, with
-    START/END markers around each run.
+    """Race each contender of `board` beside plain decoding, one race at a time; yield (key, side,
+    event) as they come (side "baseline" or "speculative"), with START/END markers around each race.
     A contender that cannot run here (no draft model, untrained heads, out of
     memory) gets its reason in its row and the race goes on; Stop or the time
-    limit (`time_limit` seconds per run, as for any run of the server) end a run
+    limit (`time_limit` seconds per race, as for any race of the server) end a race
     where it is ("stopped"); after Stop the rest stay unrun, with the reason."""
-    todo = [(PLAIN, req, "baseline")] + [(k, None, "speculative") for k in board.keys]
-    for key, kreq, side in todo:
-        run = board.runs.get(key)
-        if run is not None and run.error:
+    for key in board.keys:
+        run = board.runs[key]
+        if run.error:
             continue
         if stop is not None and stop.is_set():
-            if run is not None:
-                run.error = NOT_RUN
+            run.error = NOT_RUN
             continue
         board.current = board.last = key
-        if key != PLAIN:  # the plain run just before this one: the last timed
-            board.meta.setdefault("plain_brackets", {})[key] = [len(board.meta["plain_timings"]) - 1, None]
         yield key, START, None
         try:
-            kreq = kreq or _request(board, key, req)
-            for ev in _one(pair, kreq, prompt_ids, side, stop, time_limit, warmup):
-                board.add(key, ev)
+            for side, ev in _beside_plain(pair, _request(board, key), prompt_ids, stop, time_limit, warmup):
+                board.add(key, side, ev)
                 yield key, side, ev
         except (RequestError, ModelError) as err:
             _give_up(board, key, str(err))
@@ -406,47 +429,15 @@ def race_methods(pair, req, prompt_ids: list[int], board: Board, *, stop: thread
             free_memory()
             _give_up(board, key, f"out of memory: {first_line(err)}")
         board.current = ""
-        if key == PLAIN and board.base_summary is not None:
-            board.meta["plain_timings"] = [_timing(board.base_summary, "")]
+        if not board.baseline and _whole(run.plain_summary):
+            board.baseline = run.plain  # the reference: the first whole plain run
         yield key, END, None
-        if key == PLAIN and board.base_summary is None:
-            for k in board.keys:  # no reference: nothing else can be compared
-                board.runs[k].error = board.runs[k].error or "the baseline did not finish"
-            return
-        s = run.summary if run is not None else None
-        if s is not None and s.stop_reason not in PARTIAL and not (stop is not None and stop.is_set()):
-            yield from _retime(pair, req, prompt_ids, board, key, stop, time_limit, warmup)
-
-
-def _retime(pair, req, ids, board: Board, key: str, stop, limit, warmup) -> Iterator:
-    """Plain decoding timed again right after `key`'s run, alone as every run is; its totals join
-    meta["plain_timings"] and close `key`'s bracket. A failed or cut one leaves the bracket open."""
-    board.current = RETIME
-    yield RETIME, START, None
-    got = None
-    try:
-        for ev in _one(pair, req, ids, "baseline", stop, limit, warmup):
-            got = ev if isinstance(ev, RunSummary) else got
-    except (RequestError, ModelError):
-        pass
-    except Exception as err:  # noqa: BLE001 - out of memory: the bracket stays open; bugs still raise
-        if not is_oom(err):
-            raise
-        free_memory()
-    board.current = ""
-    if got is not None and got.stop_reason not in PARTIAL:
-        board.meta["plain_timings"].append(_timing(got, key))
-        board.meta["plain_brackets"][key][1] = len(board.meta["plain_timings"]) - 1
-    yield RETIME, END, None
 
 
 def _give_up(board: Board, key: str, why: str) -> None:
-    if key == PLAIN:
-        board.baseline.clear()
-        board.meta["baseline_error"] = why
-    else:
-        board.runs[key].events.clear()
-        board.runs[key].error = why
+    board.runs[key].events.clear()
+    board.runs[key].plain.clear()
+    board.runs[key].error = why
 
 
 def stream_events(events) -> list:

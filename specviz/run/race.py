@@ -148,6 +148,9 @@ def _fair(pair, req, prompt_ids, stop, sides) -> Iterator[tuple[str, Event]]:
                 ev = on_engine_thread(_step, gens[side], clocks[side])
                 pending[side].append(ev)
                 if isinstance(ev, RunSummary):
+                    # CPU seconds of this side's steps (VirtualClock.cpu): beside its wall time, it
+                    # tells a ratio that a busy machine bent (run/leaderboard.py)
+                    ev.extra["cpu_s"] = clocks[side].cpu
                     running.discard(side)
             # emit every pending event that no running side can still precede:
             # a running side's next event is stamped at or after its clock now

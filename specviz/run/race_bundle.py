@@ -1,13 +1,17 @@
 """A whole method race (specviz/run/leaderboard.py) as one JSON file: the race's
-meta, the shared baseline's events once, and each contender's settings, events
-or reason for not running. Events are encoded exactly as in a trace
+meta, the reference plain run's events, and each contender's settings, events
+(its own and those of the plain run raced beside it) or reason for not running.
+Events are encoded exactly as in a trace
 (trace.event_to_dict), and each contender unpacks to an ordinary two-sided
 Trace (Board.trace), so the page replays and renders it like any recorded run.
 
     {"version": 1, "kind": "race-methods", "meta": {...}, "keys": ["draft", ...],
      "baseline": [event, ...],
      "runs": [{"key": "draft", "method": "draft", "auto": false, "settings": {...},
-               "error": "", "events": [event, ...]}, ...]}
+               "error": "", "events": [event, ...], "plain": [event, ...]}, ...]}
+
+A bundle recorded before 2026-11-28 has no "plain" per run (plain was timed apart from
+the methods): its rows say so and none ranks above plain (Board._row).
 
 load_trace() refuses a bundle with a message that says what it is.
 """
@@ -24,7 +28,8 @@ KIND = "race-methods"
 
 def bundle_dict(board: Board) -> dict:
     runs = [{"key": k, "method": r.entry.method, "auto": r.entry.auto, "settings": r.settings,
-             "error": r.error, "events": [event_to_dict(e) for e in r.events]}
+             "error": r.error, "events": [event_to_dict(e) for e in r.events],
+             "plain": [event_to_dict(e) for e in r.plain]}
             for k, r in ((k, board.runs[k]) for k in board.keys)]
     return {"version": VERSION, "kind": KIND, "meta": board.meta, "keys": list(board.keys),
             "baseline": [event_to_dict(e) for e in board.baseline], "runs": runs}
@@ -53,9 +58,10 @@ def board_from_dict(raw: dict) -> Board:
         board.baseline = [event_from_dict(e) for e in raw["baseline"]]
         for r in raw["runs"]:
             e = Entry(str(r["key"]), str(r["method"]), bool(r.get("auto")))
-            board.runs[e.key] = MethodRun(e, dict(r.get("settings") or {}), [event_from_dict(x) for x in
-                                                                             r.get("events") or []],
-                                          str(r.get("error") or ""))
+            board.runs[e.key] = MethodRun(e, dict(r.get("settings") or {}),
+                                          [event_from_dict(x) for x in r.get("events") or []],
+                                          str(r.get("error") or ""),
+                                          [event_from_dict(x) for x in r.get("plain") or []])
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise ValueError(f"not a SpecViz race bundle: {type(err).__name__}: {err}") from None
     missing = [k for k in board.keys if k not in board.runs]

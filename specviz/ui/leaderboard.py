@@ -1,7 +1,8 @@
-"""The "Race all methods" tab: one prompt, the ticked methods, plain decoding, then
-each method timed alone with plain timed again after it (specviz/run/leaderboard.py),
-a leaderboard sorted by same-minute × plain with a bar chart, and each method's
-panes one pick away. While other programs take the CPU, the table says so.
+"""The "Race all methods" tab: one prompt, the ticked methods, each raced beside plain
+decoding step by step in fair mode (specviz/run/leaderboard.py), a leaderboard sorted
+by × plain (a ratio of the same moments) with a bar chart, and each method's panes one
+pick away, their speedup box showing the row's ratio. While other programs take the
+CPU, the table says so.
 
 The panes are the live tab's (PaneStream over a RunView): while the race runs
 they follow the run in progress; afterwards the selector re-renders any
@@ -25,7 +26,6 @@ from ..run.leaderboard import (
     DEFAULT_KEYS,
     END,
     PLAIN,
-    RETIME,
     START,
     Board,
     all_keys,
@@ -50,12 +50,12 @@ CHART_INTERVAL = 0.5
 SETTLE = 0.1  # after each page update, before the next timed step: gradio sends it meanwhile
 WARMUP = 4  # new tokens of an unrecorded warm-up before each timed run (first forwards of a shape are slow)
 OFFERED = tuple(k for k in all_keys() if k != "heads")  # Medusa heads need training a visitor cannot do
-INTRO = ("<div class='sv-explainer'><b>Race all methods</b> on one prompt: plain decoding runs first, then "
-         "each ticked method runs <b>alone</b>, timed on its own clock (fair mode, nothing else running), "
-         "with the same prompt, budget and sampling, and plain decoding is timed again after each, so each "
-         "× plain compares runs of the same minute. The leaderboard's numbers all come from each run's own "
-         "events; greedy outputs are checked token for token against plain decoding. Pick a method below "
-         "the table to see its run in the usual panes.</div>")
+INTRO = ("<div class='sv-explainer'><b>Race all methods</b> on one prompt: each ticked method races "
+         "<b>plain decoding</b> in fair mode, one step of each in turn, each timed on its own clock, with "
+         "the same prompt, budget and sampling, so each × plain compares the same moments of the machine. "
+         "The leaderboard's numbers all come from each run's own events; greedy outputs are checked "
+         "token for token against plain decoding. Pick a method below the table to see its race in the "
+         "usual panes.</div>")
 
 
 def shipped() -> dict[str, Board]:
@@ -106,7 +106,7 @@ def _controls(first: dict, limits: Limits) -> dict:
                                 elem_id="sv-lb-prompt")
             methods = gr.CheckboxGroup([(entry(k).label, k) for k in OFFERED],
                                        value=[k for k in DEFAULT_KEYS if k in OFFERED], label="Methods",
-                                       info="Each runs alone, plain decoding timed again after each",
+                                       info="Each races plain decoding, step by step",
                                        elem_id="sv-lb-methods")
         with gr.Column(scale=2, min_width=280):
             with gr.Row():
@@ -169,7 +169,7 @@ def build_tab(first: dict, limits: Limits) -> BoardTab:
     with gr.Tab("Race all methods", id="race", elem_id="sv-tab-race"):
         gr.HTML(INTRO)
         parts = _controls(first, limits)
-        state = gr.HTML(progress_html(None, "Ready: plain decoding runs first, then each ticked method."),
+        state = gr.HTML(progress_html(None, "Ready: each ticked method races plain decoding in turn."),
                         elem_id="sv-lb-state-box")
         with gr.Row(equal_height=False):
             with gr.Column(scale=3, min_width=320):
@@ -201,8 +201,6 @@ def pane_stream(board: Board, key: str, banner: str = "") -> PaneStream:
 def _picked(board: Board, key: str, side: str) -> str | None:
     """The method selector while a race streams: a finished run names itself; a starting one
     clears it (else it named the last run while the panes showed the next); None: unchanged."""
-    if key == RETIME:
-        return None
     if side == START:
         return ""
     return key if side == END and key != PLAIN and board.row(key) else None
@@ -276,7 +274,7 @@ class BoardHandlers:
         try:
             yield self._outputs(board, None, pick=None, download=gr.DownloadButton(interactive=False))
             for k, side, ev in stream:
-                if side == START and k != RETIME:  # plain timed again: its events are not recorded
+                if side == START:  # the method and plain decoding beside it, in the panes
                     panes = pane_stream(board, k)
                 elif side not in (START, END):
                     panes.add(side, ev)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from ..format import number
-from ..run.leaderboard import PLAIN, RETIME, Board, Row
+from ..run.leaderboard import PLAIN, Board, Row
 from ..run.trace import headline
 from .charts import BLUE, FONT, GREEN, GRID, VERMILLION
 from .render import esc
@@ -16,15 +16,14 @@ CHECK = {"identical": ("✓ identical", "sv-good"), "near-tie": ("≈ near-tie",
          "mismatch": ("≠ differs", "sv-bad"), "reference": ("reference", ""),
          "n/a (sampled)": ("n/a (sampled)", "")}
 HEAD = [("#", ""), ("method", ""), ("γ", "draft length (auto: chosen each round)"),
-        ("tok/s", "output tokens ÷ seconds on this run's own clock (timed alone)"),
-        ("× plain", "tokens/s ÷ plain decoding's tokens/s in the same minute: the mean of plain timed just "
-                    "before and just after this method (hover a figure for its own)"),
-        ("plain then", "plain decoding's tokens/s that × plain divides by: the mean of plain timed just "
-                       "before and just after this method (plain's row: every time it was timed, "
-                       "lowest-highest)"),
+        ("tok/s", "output tokens ÷ seconds on this run's own clock (fair mode: only its own steps)"),
+        ("× plain", "tokens/s ÷ the tokens/s of plain decoding raced beside it, step by step, in the same "
+                    "moments (hover a figure for its plain run and its ratio by CPU time)"),
+        ("plain then", "plain decoding's tokens/s that × plain divides by: plain raced beside this method "
+                       "(plain's row: every race's, lowest-highest)"),
         ("τ", "output tokens per target forward pass"),
         ("α̂", "expected acceptance: mean Σ min(p, q) over drafted positions"),
-        ("c", "one draft forward ÷ one plain target step, the step of plain timed just before it "
+        ("c", "one draft forward ÷ one plain target step, the step of plain raced beside it "
               "(0: no draft model)"),
         ("v", "one verify pass in plain target steps (as c's), measured in this run"),
         ("output", "greedy: the method's text against plain decoding's, token for token "
@@ -60,8 +59,8 @@ def busy_line(reason: str) -> str:
         return ""
     return ("<div class='sv-status sv-status-warning sv-busy' role='alert' id='sv-lb-busy'>"
             f"<span class='sv-dot sv-dot-warning'></span><b>This machine is busy</b> ({esc(reason)}): "
-            "tokens/s measured now are unreliable. Each × plain divides by plain timed in the same minute, "
-            "so it suffers least; a row run while busy says so.</div>")
+            "tokens/s measured now are unreliable. Each × plain divides by plain raced beside it in the "
+            "same moments, so it suffers least; a row run while busy says so.</div>")
 
 
 def table_html(board: Board | None, busy: str = "") -> str:
@@ -72,7 +71,7 @@ def table_html(board: Board | None, busy: str = "") -> str:
 def _table(board: Board | None) -> str:
     if board is None or not (board.baseline or any(r.events for r in board.runs.values())):
         return ("<div class='sv-runinfo' id='sv-lb-empty'><span class='sv-mode'>Tick the methods and press "
-                "<b>Run race</b>: plain decoding, then each method alone with plain timed again after it; "
+                "<b>Run race</b>: each method races plain decoding, step by step; "
                 "the table fills in as each one finishes.</span></div>")
     head = "".join(f"<th title='{esc(tip)}'{LEFT if name in ('method', 'output') else ''}>{esc(name)}</th>"
                    for name, tip in HEAD)
@@ -94,15 +93,14 @@ def _table(board: Board | None) -> str:
 def _footnote(board: Board) -> str:
     s = board.settings
     how = "greedy" if board.greedy else f"sampled at temperature {s.get('temperature')}, seed {s.get('seed')}"
-    timings = board.meta.get("plain_timings") or ()
-    plain = (f"plain decoding timed {len(timings)} times, once before the methods and again after each, "
-             "so each × plain is a same-minute ratio (the mean of plain just before and just after; hover "
-             "it)" if len(timings) > 1 else
-             "plain decoding timed once, before every method: its × plain figures are not same-minute "
-             "ratios")
+    plain = ("each method raced plain decoding step by step (fair mode), so each × plain is a ratio of "
+             "the same moments (hover it), and a row whose ratio by CPU time parts from it by more than "
+             "15 % says the machine was disturbed" if board.paired else
+             "recorded before 2026-11-28: plain decoding timed once, before every method, so its × plain "
+             "figures are not ratios of the same moments and none ranks above plain")
     return (f"<div class='sv-runinfo'><span class='sv-mode'>{esc(s.get('max_new_tokens'))} new tokens, "
             f"{how}; "
-            f"every run timed alone on its own clock (fair mode), each number from that run's own events; "
+            f"every run timed on its own clock (fair mode), each number from that run's own events; "
             f"{plain}; sorted by × plain, a method with τ 1.00 never above plain.</span></div>")
 
 
@@ -111,13 +109,10 @@ def progress_html(board: Board | None, note: str = "", banner: str = "") -> str:
         return (f"<div class='sv-runinfo' id='sv-lb-state'>{banner}<span class='sv-mode'>{esc(note)}</span>"
                 "</div>")
     done, total = board.done(), board.total
-    if board.current == RETIME:
-        what = (f"{done} of {total} runs done; timing <b>plain decoding</b> again, for a same-minute "
-                "× plain")
-    elif board.current:
-        name = "plain decoding (the shared baseline)" if board.current == PLAIN else \
-            board.runs[board.current].entry.label
-        what = f"running {min(done + 1, total)} of {total}: <b>{esc(name)}</b>, timed alone"
+    if board.current:
+        name = board.runs[board.current].entry.label
+        what = (f"running {min(done + 1, total)} of {total}: <b>{esc(name)}</b> beside plain decoding, "
+                "step by step")
     else:
         what = f"{done} of {total} runs done" + (f": {esc(note)}" if note else "")
     bar = (f"<div class='sv-bar' style='height:6px;border-radius:3px;background:rgba(128,128,128,.2);"
@@ -128,7 +123,7 @@ def progress_html(board: Board | None, note: str = "", banner: str = "") -> str:
 def bar_chart(board: Board | None) -> go.Figure:
     """Tokens/s of each finished run, fastest on top; the plain baseline in grey."""
     fig = go.Figure()
-    fig.update_layout(title=dict(text="Tokens/s, each run timed alone", x=0.01, xanchor="left",
+    fig.update_layout(title=dict(text="Tokens/s, each on its own clock", x=0.01, xanchor="left",
                                  font=dict(size=14)),
                       height=320, margin=dict(l=8, r=16, t=48, b=40), paper_bgcolor="rgba(0,0,0,0)",
                       plot_bgcolor="rgba(0,0,0,0)", font=dict(color=FONT, size=12), showlegend=False)
