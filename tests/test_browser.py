@@ -17,6 +17,7 @@ if not Path(CHROMIUM).exists():
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright==1.65.2 (no browser download "
                                                              "needed: the test uses /usr/bin/chromium)")
 
+from browser.pages import charts_drawn, press, ready, run, run_ended, shows  # noqa: E402
 from browser.server import shared_server  # noqa: E402
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -34,13 +35,12 @@ def open_page(browser, server, scheme):
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(f"{server.url}?__theme={scheme}")
-    page.wait_for_selector("#sv-run:not([disabled])", timeout=TIMEOUT)
+    ready(page, TIMEOUT)  # Run enabled and the first status poll in (it folds the replay section)
     return page, errors
 
 
 def open_replay(page):
-    """The replay section folds once the models are ready (issue 21): open it."""
-    page.wait_for_timeout(1200)  # the first status poll folds it
+    """The replay section folds once the models are ready (issue 21; open_page waited for it): open it."""
     if not page.locator("#sv-replay-play").is_visible():
         page.locator("#sv-replay .label-wrap").first.click()
     page.wait_for_selector("#sv-replay-play", state="visible", timeout=TIMEOUT)
@@ -53,15 +53,16 @@ def set_number(page, elem_id, value):
 
 
 def run_and_wait(page):
-    page.click("#sv-run")
+    """Run, and wait for this run's end (not an earlier run's badge) and its charts drawn."""
+    run(page, timeout=TIMEOUT)
     page.wait_for_selector("#sv-runinfo .sv-badge", timeout=TIMEOUT)
-    page.wait_for_timeout(800)  # let plotly finish drawing
+    charts_drawn(page, "#sv-chart-alpha", timeout=TIMEOUT)
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_generation_renders_tokens_and_charts(browser, server, scheme):
     page, errors = open_page(browser, server, scheme)
-    assert "Model pair" in page.inner_text("#sv-status")
+    shows(page, "#sv-status", "Model pair", TIMEOUT)
     set_number(page, "sv-max-new", 48)
     run_and_wait(page)
 
@@ -86,8 +87,8 @@ def test_generation_renders_tokens_and_charts(browser, server, scheme):
     assert page.locator("#sv-baseline .sv-target").count() > 0
     assert page.locator("#sv-speculative .sv-round").count() >= 1
     # four plotly charts were drawn
+    charts_drawn(page, n=4, timeout=TIMEOUT)
     assert page.locator(".js-plotly-plot").count() == 5  # 4 charts + the token-tree view
-    assert page.locator(".js-plotly-plot .main-svg").count() >= 4
     assert "identical outputs" in page.inner_text("#sv-runinfo")
     assert "tokens/s" in page.inner_text("#sv-stats")
     if scheme == "dark":
@@ -110,10 +111,11 @@ def test_stop_button_stops_the_run(browser, server):
         if (document.querySelector('#sv-speculative .sv-round')) {
             obs.disconnect(); document.querySelector('#sv-stop').click(); }
     }).observe(document.querySelector('#sv-speculative'), {childList: true, subtree: true})""")
-    page.click("#sv-run")
+    press(page)
     page.wait_for_function("document.querySelector('#sv-stats').innerText.includes('stopped')",
                            timeout=60_000)
-    assert "stopped by you" in page.inner_text("#sv-runinfo")
+    shows(page, "#sv-runinfo", "stopped by you", TIMEOUT)  # the run's last update; the stats may come first
+    run_ended(page, timeout=TIMEOUT)
     # the next run starts clean
     set_number(page, "sv-max-new", 16)
     run_and_wait(page)
@@ -129,15 +131,13 @@ def test_the_run_button_comes_back_after_a_failed_run_and_after_a_run(browser, s
     the label into: "Running…" stayed after every run)."""
     page, errors = open_page(browser, server, "light")
     page.fill("#sv-prompt textarea", "")
-    page.click("#sv-run")
-    page.wait_for_function("document.querySelector('#sv-runinfo').innerText.includes('prompt is empty')",
-                           timeout=TIMEOUT)
-    page.wait_for_selector("#sv-run:not([disabled])", timeout=10_000)
-    assert page.inner_text("#sv-run").strip() == "▶ Run"
+    press(page)
+    shows(page, "#sv-runinfo", "prompt is empty", TIMEOUT)
+    run_ended(page, timeout=TIMEOUT)  # enabled again; its label may land a poll later
+    page.wait_for_function("document.querySelector('#sv-run').innerText.trim() === '▶ Run'", timeout=10_000)
     page.fill("#sv-prompt textarea", "def f(x):")
     set_number(page, "sv-max-new", 16)
     run_and_wait(page)
-    page.wait_for_selector("#sv-run:not([disabled])", timeout=10_000)
     page.wait_for_function("document.querySelector('#sv-run').innerText.trim() === '▶ Run'", timeout=10_000)
     assert not errors, errors
     page.close()
@@ -174,14 +174,14 @@ def test_loading_progress_then_run_enabled(browser, tmp_path):
         page = browser.new_page(viewport={"width": 1200, "height": 700})
         page.goto(f"http://127.0.0.1:{port}/")
         page.wait_for_selector("#sv-status .sv-status-loading", timeout=TIMEOUT)
-        assert "loading target tiny (test)" in page.inner_text("#sv-status")
+        shows(page, "#sv-status", "loading target tiny (test)", TIMEOUT)  # a poll may show the step later
         assert page.locator("#sv-run").is_disabled()
-        assert "loading models" in page.inner_text("#sv-run")
+        shows(page, "#sv-run", "loading models", TIMEOUT)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "browser-loading.png"))
         release.set()
         page.wait_for_selector("#sv-run:not([disabled])", timeout=TIMEOUT)
-        assert "Model pair" in page.inner_text("#sv-status")
+        shows(page, "#sv-status", "Model pair", TIMEOUT)
         page.close()
     finally:
         release.set()

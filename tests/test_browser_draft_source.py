@@ -81,6 +81,7 @@ def test_a_live_suffix_run_marks_copied_rounds_and_shows_their_source(browser):
     from specviz.engine.proposers import REGISTRY
     if "suffix" not in REGISTRY:
         pytest.skip("no suffix method in this build")
+    from browser.pages import run
     from browser.server import shared_server
     from test_browser import TIMEOUT, open_page
     page, errors = open_page(browser, shared_server(), "light")
@@ -90,7 +91,7 @@ def test_a_live_suffix_run_marks_copied_rounds_and_shows_their_source(browser):
     box = page.locator("#sv-max-new input[type=number]")
     box.fill("32")
     box.press("Enter")
-    page.click("#sv-run")
+    run(page, timeout=TIMEOUT)  # the run's last update in (the badge may come before it)
     page.wait_for_selector("#sv-runinfo .sv-badge", timeout=TIMEOUT)
     copied = page.locator("#sv-speculative .sv-from-text > .sv-tok")
     assert copied.count() > 0, page.inner_text("#sv-speculative")

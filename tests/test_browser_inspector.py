@@ -1,6 +1,7 @@
 """The p/q inspector in a real headless Chromium: click a rejected token, the
 panel shows p, q and the residual. Screenshot: test-artifacts/inspector.png."""
 import pytest
+from browser.pages import settled, shows
 from test_browser import ARTIFACTS, TIMEOUT, open_page, open_replay, run_and_wait, server, set_number  # noqa: F401
 
 
@@ -17,7 +18,7 @@ def test_click_rejected_token_shows_three_distributions(browser, server):  # noq
         pytest.skip("this run had no rejection")
     rejected.first.click()
     page.wait_for_selector("#sv-insp-plot .js-plotly-plot .legendtext", timeout=TIMEOUT)
-    page.wait_for_timeout(600)
+    settled(page, "#sv-inspector", TIMEOUT)  # the click's event ended: its text and figure both in
     legend = _legend(page)
     assert any(t.startswith("p (target)") for t in legend), legend
     assert any(t.startswith("q (draft)") for t in legend), legend
@@ -61,15 +62,16 @@ def test_inspector_in_replay(browser, server, tmp_path):  # noqa: F811
     page, errors = open_page(browser, server, "light")
     open_replay(page)
     page.set_input_files("#sv-replay-upload input[type=file]", str(path))
-    page.wait_for_timeout(1500)
+    shows(page, "#sv-replay-info", "inspector test", TIMEOUT)  # the upload read: its label shown
     page.locator("#sv-replay-speed label", has_text="20×").click()
     page.click("#sv-replay-play")
     page.wait_for_function("document.querySelector('#sv-stats').innerText.includes('done')", timeout=TIMEOUT)
+    settled(page, "#sv-speculative", TIMEOUT)
     rejected = page.locator("#sv-speculative .sv-rejected[data-r]")
     assert rejected.count() > 0
     rejected.first.click()
     page.wait_for_selector("#sv-insp-plot .js-plotly-plot .legendtext", timeout=TIMEOUT)
-    page.wait_for_timeout(600)
+    settled(page, "#sv-inspector", TIMEOUT)
     legend = _legend(page)
     assert [t.split(" ")[0] for t in legend] == ["p", "q", "residual"], legend
     assert page.locator("#sv-insp-plot .xtick").count() > 3  # top-k bars, not one-hot

@@ -6,6 +6,7 @@ import os
 import re
 from pathlib import Path
 
+from browser.pages import charts_drawn, press, ready, run_ended, settled
 from test_browser import ARTIFACTS, TIMEOUT, server  # noqa: F401 - fixtures (browser: conftest.py)
 
 SHOTS = Path(os.environ.get("SPECVIZ_SHOTS") or ARTIFACTS)
@@ -17,7 +18,7 @@ def open_tab(browser, server, width, height):  # noqa: F811
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(f"{server.url}?__theme=light")
-    page.wait_for_selector("#sv-run:not([disabled])", timeout=TIMEOUT)
+    ready(page, TIMEOUT)
     page.get_by_role("tab", name="Race all methods").click()
     page.wait_for_selector("#sv-lb-run", timeout=TIMEOUT)
     return page, errors
@@ -44,10 +45,11 @@ def test_race_table_chart_and_panes(browser, server, tmp_path):  # noqa: F811
     box = page.locator("#sv-lb-max-new input[type=number]")
     box.fill("16")
     box.press("Enter")
-    page.click("#sv-lb-run")
+    press(page, "#sv-lb-run")
     page.wait_for_selector("#sv-lb-state:has-text('running')", timeout=TIMEOUT)
     page.wait_for_selector("#sv-lb-state:has-text('race finished')", timeout=4 * TIMEOUT)
-    page.wait_for_timeout(1000)  # plotly
+    run_ended(page, "#sv-lb-run", TIMEOUT)  # the race's event over: table, panes and pick final
+    charts_drawn(page, "#sv-lb-chart", timeout=TIMEOUT)
     rows = page.locator("#sv-lb-rows tbody tr")
     assert rows.count() == 1 + len(METHODS)
     keys = rows.evaluate_all("els => els.map(e => e.dataset.key)")
@@ -84,7 +86,8 @@ def test_race_table_chart_and_panes(browser, server, tmp_path):  # noqa: F811
     saved = tmp_path / "race.json"
     dl.value.save_as(saved)
     page.locator("#sv-lb-upload input[type=file]").set_input_files(str(saved))
-    page.wait_for_timeout(1000)
+    page.wait_for_selector("#sv-lb-upload :text('race.json')", timeout=TIMEOUT)  # uploaded
+    settled(page, "#sv-lb-upload", TIMEOUT)
     page.click("#sv-lb-show")
     page.wait_for_selector("#sv-lb-state:has-text('Recorded race')", timeout=TIMEOUT)
     assert page.locator("#sv-lb-rows tbody tr").count() == 1 + len(METHODS)
@@ -98,9 +101,10 @@ def test_phone_layout(browser, server):  # noqa: F811
     box = page.locator("#sv-lb-max-new input[type=number]")
     box.fill("12")
     box.press("Enter")
-    page.click("#sv-lb-run")
+    press(page, "#sv-lb-run")
     page.wait_for_selector("#sv-lb-state:has-text('race finished')", timeout=4 * TIMEOUT)
-    page.wait_for_timeout(1000)
+    run_ended(page, "#sv-lb-run", TIMEOUT)
+    charts_drawn(page, "#sv-lb-chart", timeout=TIMEOUT)
     assert page.locator("#sv-lb-rows tbody tr").count() == 2
     # the table scrolls inside its own box; the page itself never scrolls sideways
     assert page.evaluate("document.documentElement.scrollWidth") <= 390 + 1

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from browser.pages import Pages
+from browser.pages import Pages, press, run_ended, settled, shows, still
 from browser.server import InProcessApp
 from test_browser import ARTIFACTS, TIMEOUT  # noqa: F401
 
@@ -41,8 +41,8 @@ def quiet(monkeypatch):
 
 
 def _open(browser, app, size=(1440, 900), scheme="light"):  # noqa: F811
-    # settle: the first status poll; a phone's explainer folds
-    return PAGES.open(browser, app.url, size=size, scheme=scheme, settle_ms=1500)
+    # once the first status poll is in and a phone's explainer folded
+    return PAGES.open(browser, app.url, size=size, scheme=scheme)
 
 
 def _shot(page, name, full=False):
@@ -65,11 +65,12 @@ def _active(page) -> str:
 @pytest.mark.parametrize("size", [(1440, 900), (400, 800)])
 def test_run_on_the_first_screen(browser, app, quiet, size):  # noqa: F811
     page, errors = _open(browser, app, size)
+    still(page, "#sv-run")  # the layout done moving (folds, fonts)
     bottom = page.evaluate("document.querySelector('#sv-run').getBoundingClientRect().bottom")
     assert bottom <= size[1], f"Run ends at y {bottom:.0f}, below the {size[1]} px screen"
     assert page.evaluate("document.documentElement.scrollWidth") <= size[0] + 1
     # the model-pair line in plain words; the precision and timings behind a disclosure
-    status = page.inner_text("#sv-status")
+    status = shows(page, "#sv-status", "weights")
     assert "weights" in status and page.locator("#sv-status details.sv-pair-detail").count() == 1
     _shot(page, f"newcomer-first-paint-{size[0]}x{size[1]}.png")
     assert not errors, errors
@@ -83,7 +84,7 @@ def test_keys_and_glossary_for_every_visitor(browser, app):  # noqa: F811
         assert k in keys, keys
     page.click("#sv-glossary summary")
     gloss = page.inner_text("#sv-glossary")
-    for term in ("w4a8", "g32", "α̂", "τ", "γ", "accepted ÷ drafted"):
+    for term in ("w4a8", "g32", "α̂", "τ", "γ", "accepted ÷ drafted", "7-bit per-token activations"):
         assert term in gloss, term
     terms = page.evaluate("[...document.querySelectorAll('#sv-glossary dt')].map(e => e.innerText.trim())")
     assert {"c", "v"} <= set(terms), terms
@@ -111,13 +112,11 @@ def test_keyboard_run_stop_and_method(browser, app):  # noqa: F811
     page.locator("#sv-more .label-wrap").first.click()
     radios = page.locator("#sv-method input[type=radio]")
     radios.first.focus()
-    values = radios.evaluate_all("els => els.map(e => e.value)")
     page.keyboard.press("ArrowDown")
-    page.wait_for_timeout(300)
-    assert radios.nth(1).is_checked(), values
+    checked = "i => document.querySelectorAll('#sv-method input[type=radio]')[i].checked"
+    page.wait_for_function(checked, arg=1, timeout=10_000)
     page.keyboard.press("ArrowUp")
-    page.wait_for_timeout(300)
-    assert radios.first.is_checked()
+    page.wait_for_function(checked, arg=0, timeout=10_000)
     assert not errors, errors
 
 
@@ -139,8 +138,7 @@ def test_one_queue_counter(browser, app, monkeypatch):  # noqa: F811
     first.click("#sv-run")
     first.wait_for_selector("#sv-speculative .sv-round", timeout=TIMEOUT)
     second.click("#sv-run")
-    second.wait_for_function("document.querySelector('#sv-run').innerText.includes('queue')", timeout=TIMEOUT)
-    assert "queue 2 of 2" in second.inner_text("#sv-run")
+    shows(second, "#sv-run", "queue 2 of 2")
     # gradio keeps its trackers in the page at opacity 0 when hidden: a shown one is what counts
     shown = second.evaluate("""[...document.querySelectorAll('[data-testid=status-tracker]')]
         .filter(t => t.innerText.includes('queue') && getComputedStyle(t).opacity !== '0'
@@ -158,11 +156,10 @@ def test_run_header_names_the_setup(browser, app, method, words):  # noqa: F811
     _set(page, "sv-max-new", 12)
     page.locator("#sv-more .label-wrap").first.click()
     page.locator(f"#sv-method input[value='{method}']").check()
-    page.wait_for_timeout(500)
-    page.click("#sv-run")
-    page.wait_for_function("document.querySelector('#sv-runinfo').innerText.includes('guesses from')",
-                           timeout=TIMEOUT)
-    info = page.inner_text("#sv-runinfo")
+    settled(page, "#sv-more")  # the method's own settings shown
+    press(page)
+    run_ended(page)
+    info = shows(page, "#sv-runinfo", "guesses from")
     for w in words:
         assert w in info, info
     if method == "early-exit":  # the layer calibration chose, not "calibrated"
@@ -187,7 +184,7 @@ def test_race_button_while_racing(browser, app, monkeypatch):  # noqa: F811
     page.wait_for_function("!document.querySelector('#sv-lb-run').disabled", timeout=TIMEOUT)
     seen = page.evaluate("window.svSeen")
     assert ["Racing…", True] in seen, seen[:20]
-    assert page.inner_text("#sv-lb-run").strip() == "▶ Run race"
+    assert shows(page, "#sv-lb-run", "▶ Run race").strip() == "▶ Run race"
     assert not errors, errors
 
 
@@ -195,10 +192,12 @@ def test_toasts_do_not_pile_up(browser, app):  # noqa: F811
     page, errors = _open(browser, app)
     page.locator("#sv-prompt textarea").fill("")
     for _ in range(3):  # an empty prompt: an error each press
-        page.click("#sv-run")
+        press(page)
+        run_ended(page)  # the press's toast has come (it is sent before the failure)
         page.wait_for_selector("[data-testid='toast-body']", timeout=TIMEOUT)
-        page.wait_for_function("!document.querySelector('#sv-run').disabled", timeout=TIMEOUT)
-        page.wait_for_timeout(600)
+    # the older toasts close on the next press; a closing one may fade out for a moment
+    page.wait_for_function("document.querySelectorAll(\"[data-testid='toast-body']\").length === 1",
+                           timeout=10_000)
     toasts = page.locator("[data-testid='toast-body']")
     assert toasts.count() == 1 and "(2)" not in toasts.first.inner_text() \
         and "(3)" not in toasts.first.inner_text(), toasts.all_inner_texts()
@@ -209,9 +208,8 @@ def test_clamped_top_k_shows_in_its_box(browser, app):  # noqa: F811
     page, errors = _open(browser, app)
     page.locator("#sv-more .label-wrap").first.click()
     _set(page, "sv-top-k", -5)
-    page.wait_for_selector("#sv-top-k .sv-clamp", timeout=10_000)
-    assert "-5 was set to 0" in page.inner_text("#sv-top-k .sv-clamp")
-    page.wait_for_timeout(500)
+    shows(page, "#sv-top-k .sv-clamp", "-5 was set to 0", 10_000)
+    settled(page, "#sv-more")
     assert page.input_value("#sv-top-k input[type=number]") == "0"
     assert not errors, errors
 
@@ -223,6 +221,7 @@ def test_baseline_title_one_weight(browser, app, scheme):  # noqa: F811
     page, errors = _open(browser, app, scheme=scheme)
     title = page.locator(".sv-pane-title", has_text="Baseline").first
     assert title.evaluate("e => getComputedStyle(e).fontWeight") == "700"
+    page.evaluate("document.fonts.ready.then(() => true)")  # the faces in use have loaded (or failed)
     faces = page.evaluate("[...document.fonts].filter(f => f.family.includes('Source Sans Pro'))"
                           ".map(f => f.weight + ' ' + f.status)")
     assert "700 loaded" in faces, faces
@@ -255,6 +254,7 @@ def test_draft_size_intro_matches_its_rows(browser, app):  # noqa: F811
     page, errors = _open(browser, app)
     page.get_by_role("tab", name="Draft size").click()
     page.wait_for_selector("#sv-ds-intro .sv-ds-measured", timeout=TIMEOUT)
+    settled(page, "#sv-ds-intro")
     intro = page.inner_text("#sv-ds-intro")
     methods = {s["method"] for s in data["sizes"]}
     for s in data["sizes"]:

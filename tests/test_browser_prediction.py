@@ -2,20 +2,16 @@
 prediction is the page's formula applied to the chips beside it, read from the DOM (or the box
 says "no prediction"); lookahead's is priced with the verify cost its forwards really had.
 Screenshot of the lookahead run: test-artifacts/prediction-lookahead.png (or SPECVIZ_SHOTS)."""
+from browser.pages import settled
 from test_browser import TIMEOUT, server  # noqa: F401 - fixtures (browser: conftest.py)
 from test_browser_leaderboard import open_tab, shot
 from test_prediction_shown import check_prediction
 
 
 def _settled(page) -> str:
-    """The speedup box once two reads half a second apart agree (a pick re-renders it once)."""
-    html = page.inner_html("#sv-lb-stats")
-    while True:
-        page.wait_for_timeout(500)
-        again = page.inner_html("#sv-lb-stats")
-        if again == html:
-            return html
-        html = again
+    """The speedup box once no event writing it is pending (the pick's, the recorded race's)."""
+    settled(page, "#sv-lb-stats, #sv-lb-state", TIMEOUT)
+    return page.inner_html("#sv-lb-stats")
 
 
 def test_the_shipped_race_predicts_from_the_costs_it_shows(browser, server):  # noqa: F811

@@ -2,6 +2,7 @@
 test_browser.py for the setup). Screenshots go to test-artifacts/."""
 import re
 
+from browser.pages import charts_drawn, run, settled, shows
 from test_browser import ARTIFACTS, TIMEOUT, open_page, open_replay, server  # noqa: F401 - fixtures
 
 from specviz.ui import replay as rp  # noqa: E402
@@ -17,7 +18,7 @@ def shots(page, name):
     page.mouse.move(0, 0)  # no hover tooltips in the pictures
     shot(page, f"{name}-light.png")
     page.evaluate("document.body.classList.add('dark')")
-    page.wait_for_timeout(300)
+    page.wait_for_timeout(300)  # a picture only: the dark theme's repaint
     shot(page, f"{name}-dark.png")
     page.evaluate("document.body.classList.remove('dark')")
 
@@ -34,7 +35,8 @@ def test_replay_then_theory_tab(browser, server):  # noqa: F811
     page.click("#sv-replay-play")
     page.wait_for_function("document.querySelector('#sv-stats').innerText.includes('done')", timeout=TIMEOUT)
     page.wait_for_selector("#sv-dl-trace:not([disabled])", timeout=TIMEOUT)
-    page.wait_for_timeout(800)  # plotly
+    settled(page, "#sv-runinfo, #sv-speculative, #sv-baseline", TIMEOUT)
+    charts_drawn(page, "#sv-chart-alpha", timeout=TIMEOUT)
     banner = page.inner_text("#sv-runinfo")
     assert "Replay" in banner and "not live" in banner and traces[name].meta["hardware"] in banner
     assert page.locator("#sv-speculative .sv-round").count() >= 1
@@ -51,15 +53,14 @@ def test_replay_then_theory_tab(browser, server):  # noqa: F811
     # the theory tab shows the replayed run as a measured point
     page.get_by_role("tab", name="Theory explorer").click()
     page.wait_for_selector("#sv-th-gamma-chart .main-svg", timeout=TIMEOUT)
-    page.wait_for_function("document.querySelector('#sv-th-measured').innerText.includes('measured')",
-                           timeout=TIMEOUT)
-    assert "replay:" in page.inner_text("#sv-th-measured")
+    shows(page, "#sv-th-measured", "replay:", TIMEOUT)
     page.click("#sv-th-use-run")
-    page.wait_for_timeout(1000)
     tr = traces[name]
     gamma = tr.meta["settings"]["gamma"]
-    assert page.locator("#sv-th-gamma input[type=number]").input_value() == str(gamma)
-    assert f"γ {gamma}" in page.inner_text("#sv-th-numbers")
+    page.wait_for_function("g => document.querySelector('#sv-th-gamma input[type=number]').value === g",
+                           arg=str(gamma), timeout=TIMEOUT)
+    shows(page, "#sv-th-numbers", f"γ {gamma}", TIMEOUT)
+    charts_drawn(page, "#sv-th-alpha-chart", timeout=TIMEOUT)
     assert page.locator("#sv-th-gamma-chart .js-plotly-plot").count() == 1
     assert page.locator("#sv-th-alpha-chart .js-plotly-plot").count() == 1
     shots(page, "theory")
@@ -77,7 +78,7 @@ def test_live_lookup_run_downloads_and_theory(browser, server, tmp_path):  # noq
     box = page.locator("#sv-max-new input[type=number]")
     box.fill("24")
     box.press("Enter")
-    page.click("#sv-run")
+    run(page, timeout=TIMEOUT)
     page.wait_for_selector("#sv-runinfo .sv-badge", timeout=TIMEOUT)
     assert "prompt lookup" in page.inner_text("#sv-runinfo")
     open_replay(page)
@@ -93,8 +94,7 @@ def test_live_lookup_run_downloads_and_theory(browser, server, tmp_path):  # noq
     dl.value.save_as(tmp_path / "rounds.csv")
     assert (tmp_path / "rounds.csv").read_text().startswith("round,gamma,accepted,appended")
     page.get_by_role("tab", name="Theory explorer").click()
-    page.wait_for_function("document.querySelector('#sv-th-measured').innerText.includes('your last run')",
-                           timeout=TIMEOUT)
-    assert "c 0.000" in page.inner_text("#sv-th-measured")
+    shows(page, "#sv-th-measured", "your last run", TIMEOUT)
+    shows(page, "#sv-th-measured", "c 0.000", TIMEOUT)
     assert not errors, errors
     page.close()

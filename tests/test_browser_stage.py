@@ -6,7 +6,7 @@ Screenshots: test-artifacts/stage-*.png."""
 import threading
 
 import pytest
-from browser.pages import Pages
+from browser.pages import Pages, press, ready, run_ended, settled, shows
 from browser.server import InProcessApp, free_port
 from test_browser import ARTIFACTS, TIMEOUT  # noqa: F401
 
@@ -28,13 +28,13 @@ def _close_pages():
 
 
 def _open(browser, app, query="", size=(1280, 720), scheme="light"):  # noqa: F811
-    # settle: the first status poll (folds the replay section)
-    return PAGES.open(browser, app.url, query=query, size=size, scheme=scheme, settle_ms=1200)
+    return PAGES.open(browser, app.url, query=query, size=size, scheme=scheme)  # the first status poll in
 
 
 def _wait_done(page):
+    """The run a `press` started has ended, its outputs final."""
+    run_ended(page, timeout=TIMEOUT)
     page.wait_for_selector("#sv-runinfo .sv-badge", timeout=TIMEOUT)
-    page.wait_for_timeout(500)
 
 
 def test_stage_mode_large_type_keys_and_one_key_run(browser, app):  # noqa: F811
@@ -42,7 +42,7 @@ def test_stage_mode_large_type_keys_and_one_key_run(browser, app):  # noqa: F811
     assert page.evaluate("document.querySelector('.gradio-container').classList.contains('sv-stage')")
     assert page.locator("#sv-keys").is_visible()
     assert "R" in page.inner_text("#sv-keys") and "next preset" in page.inner_text("#sv-keys")
-    assert not page.locator("#sv-explainer .sv-explainer").is_visible()  # explainer folded
+    page.locator("#sv-explainer .sv-explainer").wait_for(state="hidden", timeout=10_000)  # folded by the script
     size = page.evaluate("parseFloat(getComputedStyle(document.querySelector("
                          "'#sv-speculative.prose, #sv-speculative .prose, .prose.sv-pane')).fontSize)")
     assert size >= 20, size
@@ -52,11 +52,9 @@ def test_stage_mode_large_type_keys_and_one_key_run(browser, app):  # noqa: F811
     page.locator("#sv-max-new input[type=number]").fill("24")
     page.locator("#sv-max-new input[type=number]").press("Enter")
     page.locator("body").click(position={"x": 5, "y": 5})
-    page.keyboard.press("r")  # run
-    page.wait_for_function("document.querySelector('#sv-run').disabled", timeout=10_000)
+    press(page, how=lambda: page.keyboard.press("r"))  # run
     _wait_done(page)
-    page.wait_for_function("!document.querySelector('#sv-run').disabled", timeout=TIMEOUT)
-    assert "Run" in page.inner_text("#sv-run")
+    shows(page, "#sv-run", "Run", TIMEOUT)
     assert page.locator("#sv-speculative .sv-tok").count() > 0
     numbers = page.evaluate("[...document.querySelectorAll('#sv-stats .sv-table, #sv-stats .sv-speedup-num')]"
                             ".map(e => parseFloat(getComputedStyle(e).fontSize))")
@@ -75,23 +73,22 @@ def test_run_button_while_running_and_one_run_per_press(browser, app, monkeypatc
     assert not page.locator("#sv-replay-play").is_visible()  # replay section folded once ready
     page.locator("#sv-max-new input[type=number]").fill("200")
     page.locator("#sv-max-new input[type=number]").press("Enter")
-    page.click("#sv-run")
+    press(page)
     page.locator("#sv-prompt textarea").press("Shift+Enter")  # the keyboard run: must not queue a second
     page.locator("#sv-prompt textarea").press("Enter")
-    page.wait_for_timeout(300)
-    assert page.locator("#sv-run").is_disabled()
-    assert any(w in page.inner_text("#sv-run") for w in ("Running", "queue"))
+    page.wait_for_function("document.querySelector('#sv-run').disabled", timeout=10_000)  # at once, in the page
+    page.wait_for_function("['Running', 'queue'].some(w => document.querySelector('#sv-run').innerText.includes(w))",
+                           timeout=TIMEOUT)  # the label from the server's answer to the press
     _wait_done(page)
-    page.wait_for_function("!document.querySelector('#sv-run').disabled", timeout=TIMEOUT)
-    page.wait_for_timeout(1500)
+    page.wait_for_timeout(1500)  # a negative: a second run would have started by now
     assert len(calls) == 1, calls
     # a press from the top of the page scrolls the run's panes into view (a smooth scroll, seconds
     # on a loaded machine; the keys above put the caret back in the prompt, which scrolls them away)
     page.evaluate("window.scrollTo(0, 0)")
-    page.click("#sv-run")
+    press(page)
     page.wait_for_function("() => { const t = document.querySelector('#sv-runinfo').getBoundingClientRect().top;"
                            " return t >= 0 && t <= 720; }", timeout=TIMEOUT)
-    page.wait_for_function("!document.querySelector('#sv-run').disabled", timeout=TIMEOUT)
+    run_ended(page, timeout=TIMEOUT)
     assert len(calls) == 2, calls
     assert not errors, errors
     page.close()
@@ -101,14 +98,15 @@ def test_failed_run_clears_panes_and_inspector(browser, app):  # noqa: F811
     page, errors = _open(browser, app)
     page.locator("#sv-max-new input[type=number]").fill("24")
     page.locator("#sv-max-new input[type=number]").press("Enter")
-    page.click("#sv-run")
+    press(page)
     _wait_done(page)
     page.locator("#sv-speculative .sv-tok[data-r]").first.click()
-    page.wait_for_function("document.querySelector('#sv-insp-html').innerText.includes('Round')",
-                           timeout=TIMEOUT)
+    shows(page, "#sv-insp-html", "Round", TIMEOUT)
     page.fill("#sv-prompt textarea", "   ")
-    page.click("#sv-run")
+    press(page)
     page.wait_for_function("document.querySelector('#sv-stats').innerText.includes('failed')", timeout=TIMEOUT)
+    run_ended(page, timeout=TIMEOUT)  # the failure's error label too has landed (or not) by now
+    settled(page, "#sv-stats, #sv-runinfo, #sv-speculative, #sv-baseline", TIMEOUT)
     stats = page.inner_text("#sv-stats")
     assert "waiting" not in stats and stats.count("failed") >= 2
     assert "run failed" in page.inner_text("#sv-speculative") and "run failed" in page.inner_text("#sv-baseline")
@@ -128,13 +126,11 @@ def test_clamped_gamma_is_said(browser, app):  # noqa: F811
     box = page.locator("#sv-gamma input[type=number]")
     box.fill("99")
     box.press("Enter")
-    page.wait_for_selector("#sv-gamma .sv-clamp", timeout=10_000)
-    assert "99 was set to 16" in page.inner_text("#sv-gamma .sv-clamp")
+    shows(page, "#sv-gamma .sv-clamp", "99 was set to 16", 10_000)
     box = page.locator("#sv-temperature input[type=number]")  # a visitor typed 50: silently 2 before
     box.fill("50")
     box.press("Enter")
-    page.wait_for_selector("#sv-temperature .sv-clamp", timeout=10_000)
-    assert "temperature must be 0–2: 50 was set to 2" in page.inner_text("#sv-temperature .sv-clamp")
+    shows(page, "#sv-temperature .sv-clamp", "temperature must be 0–2: 50 was set to 2", 10_000)
     page.close()
 
 
@@ -145,9 +141,9 @@ def test_busy_banner_offers_a_replay(browser, app, monkeypatch):  # noqa: F811
     monkeypatch.setattr(busy.METER, "cores", 2)
     page, errors = _open(browser, app, size=(1600, 1000))
     page.wait_for_selector("#sv-busy-banner", timeout=TIMEOUT)
-    assert "unreliable" in page.inner_text("#sv-busy-banner")
+    shows(page, "#sv-busy-banner", "unreliable", TIMEOUT)
     offer = page.locator("#sv-busy-replay")
-    assert offer.is_visible()
+    offer.wait_for(state="visible", timeout=TIMEOUT)  # the same poll's answer, drawn a tick later
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "stage-busy-1600x1000.png"))
     offer.click()
@@ -185,10 +181,9 @@ def test_run_enabled_while_calibrating_in_background(browser, tmp_path):  # noqa
     try:
         page = browser.new_page(viewport={"width": 1280, "height": 720})
         page.goto(f"http://127.0.0.1:{port}/")
-        page.wait_for_selector("#sv-run:not([disabled])", timeout=TIMEOUT)
-        page.wait_for_function("document.querySelector('#sv-status').innerText.includes('Calibrating')",
-                               timeout=TIMEOUT)
-        assert "timing the target in bfloat16" in page.inner_text("#sv-status")
+        ready(page, TIMEOUT)
+        shows(page, "#sv-status", "Calibrating", TIMEOUT)
+        shows(page, "#sv-status", "timing the target in bfloat16", TIMEOUT)  # the step may show a poll later
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "stage-calibrating.png"))
         release.set()

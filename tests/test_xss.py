@@ -15,7 +15,7 @@ CHROMIUM = os.environ.get("SPECVIZ_CHROMIUM", "/usr/bin/chromium")
 if not Path(CHROMIUM).exists():
     pytest.skip(f"no Chromium at {CHROMIUM}", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api")
-
+from browser.pages import ready, run, shows  # noqa: E402
 
 TIMEOUT = 120_000
 PANES = "#sv-baseline, #sv-speculative"
@@ -79,12 +79,12 @@ def test_markup_in_prompt_and_output_shows_as_text(browser, app, scripted_target
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(app.url)
-    page.wait_for_selector("#sv-run:not([disabled])", timeout=TIMEOUT)
+    ready(page, TIMEOUT)
     page.fill("#sv-prompt textarea", PROMPT)
     box = page.locator("#sv-max-new input[type=number]")
     box.fill(str(len(OUTPUT)))
     box.press("Enter")
-    page.click("#sv-run")
+    run(page, timeout=TIMEOUT)  # the run's outputs final (the badge may land before the last update)
     page.wait_for_selector("#sv-runinfo .sv-badge", timeout=TIMEOUT)
     no_injection(page)
     base = page.inner_text("#sv-baseline")
@@ -112,7 +112,7 @@ def test_markup_in_a_model_id_shows_as_text(browser, app):
     (gradio renders toast text as HTML): both escaped."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(app.url)
-    page.wait_for_selector("#sv-run:not([disabled])", timeout=TIMEOUT)
+    ready(page, TIMEOUT)
     page.get_by_text("Model pair", exact=True).click()
     page.get_by_label("Target + draft").click()
     page.get_by_role("option", name="Custom: type a target and a draft below").click()
@@ -122,6 +122,8 @@ def test_markup_in_a_model_id_shows_as_text(browser, app):
     toast = page.get_by_test_id("toast-text")
     toast.wait_for(timeout=30_000)
     assert '<img src=x onerror="window.__xss=5">' in toast.inner_text()
-    assert "is neither a Hugging Face Hub id" in page.inner_text("#sv-status")
+    # the toast comes first, the status line when the event's result lands (issue 59: read at once,
+    # it still said "processing | 0.1s")
+    shows(page, "#sv-status", "is neither a Hugging Face Hub id", TIMEOUT)
     no_injection(page)
     page.close()
