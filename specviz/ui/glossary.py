@@ -26,6 +26,9 @@ TERMS = (
     ("W, G", "lookahead's window (columns of tokens guessed in parallel) and guesses (n-grams of γ+1 tokens "
              "from its pool, checked in the same pass)"),
     ("w4a8", "4-bit weights, 8-bit activations (likewise w8a8: 8-bit weights and activations)"),
+    ("7-bit per-token activations", "w8a8's activations (the numbers passed from layer to layer) rounded to "
+                                    "7-bit integers with one scale per token; w4a8's are 8-bit per-block "
+                                    "activations: one scale per block of 256 numbers"),
     ("int4, int8", "weights stored as 4- or 8-bit integers with a scale, instead of floating point"),
     ("g32", "weights quantised in groups of 32 that share one scale"),
     ("bf16, fp32", "16-bit (bfloat16) and 32-bit floating point"),
