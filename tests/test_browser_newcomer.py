@@ -246,6 +246,23 @@ def test_deep_trace_upload_gets_one_line(browser, app, tmp_path, capfd):  # noqa
     assert not errors, errors
 
 
+def test_a_bad_race_bundle_is_named_at_the_upload(browser, app, tmp_path):  # noqa: F811
+    """Random bytes as a race bundle: the upload box itself says so in words, not Python's "'utf-8'
+    codec can't decode…" in the state line above the table (issue 59)."""
+    junk = tmp_path / "race.json"
+    junk.write_bytes(bytes(range(256)) * 8)
+    page, errors = _open(browser, app)
+    page.get_by_role("tab", name="Race all methods").click()
+    page.get_by_text("Recorded races · download yours").click()
+    page.locator("#sv-lb-upload input[type=file]").set_input_files(str(junk))
+    label = shows(page, "#sv-lb-upload", "Not a race bundle")
+    assert "the file is not text" in label and "codec" not in label, label
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#sv-lb-recorded").screenshot(path=str(SHOTS / "newcomer-bad-bundle.png"))
+    assert "codec" not in page.inner_text("#sv-lb-state-box")
+    assert not errors, errors
+
+
 def test_draft_size_intro_matches_its_rows(browser, app):  # noqa: F811
     from specviz.ui.draft_size import load_result
     data = load_result()

@@ -75,7 +75,9 @@ def load_bundle(source) -> Board:
     try:
         text = str(source) if str(source).lstrip().startswith("{") else Path(source).read_text()
         raw = parse_json(text)  # deep nesting, NaN: a ValueError as below, never a RecursionError
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+    except UnicodeDecodeError:  # random bytes, an image: not Python's "'utf-8' codec can't decode…"
+        raise ValueError("not a SpecViz race bundle: the file is not text") from None
+    except (OSError, ValueError) as err:
         raise ValueError(f"not a SpecViz race bundle: {err}") from None
     return board_from_dict(raw)
 

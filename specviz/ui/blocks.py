@@ -11,8 +11,9 @@ import gradio as gr
 from ..hosting.spaces import gpu_decorator
 from ..models import PairSpec
 from ..prompts import load_presets
+from ..run.race_bundle import load_bundle
 from ..run.request import Limits
-from . import inspector, method_options, stage
+from . import inspector, method_options, render, stage
 from . import leaderboard as board_ui
 from . import replay as replay_ui
 from .handlers import STOP_GRACE, Handlers, pair_choices, run_button_props, session_key
@@ -121,6 +122,7 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
                            api_visibility="private", queue=False)  # ui/stage.py PAGE_JS
     if page.board is not None:  # the "Race all methods" tab
         race_button(page.board, board_ui.wire(page.board, handlers, session_key))
+        bundle_checked(page.board.upload)
 
 
 def race_button(board, races: list) -> None:
@@ -140,6 +142,25 @@ def race_button(board, races: list) -> None:
         race.then(freed, None, btn, **queued)
         race.failure(freed, None, btn, **queued)
     board.stop_btn.click(freed, None, btn, **quiet)
+
+
+def bundle_checked(upload) -> None:
+    """A race bundle is read as it lands: one that cannot be read is dropped, and the upload box says
+    why in its own label (and a toast), where the visitor's eyes are (issue 59: random bytes showed
+    Python's "'utf-8' codec can't decode…" in the state line above the table, after Show)."""
+    label = upload.label
+
+    def check(path):
+        if path:
+            try:
+                load_bundle(path)
+            except ValueError as e:
+                gr.Warning(render.toast_text(f"That file cannot be shown: {e}"))
+                why = str(e).removeprefix("not a SpecViz race bundle: ")
+                return gr.File(value=None, label=f"⚠ Not a race bundle ({why}): upload a .json file saved by "
+                                                 "“Download this race”")
+        return gr.File(label=label)
+    upload.upload(check, upload, upload, api_visibility="private", show_progress="hidden")
 
 
 def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_mode: str = "fair",
