@@ -121,22 +121,29 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
     page.busy_replay.click(None, None, None, js="() => { window.svReplay && window.svReplay(); return []; }",
                            api_visibility="private", queue=False)  # ui/stage.py PAGE_JS
     if page.board is not None:  # the "Race all methods" tab
+        race_pressed(page.board.run_btn)  # before the race's own click: see race_pressed
         race_button(page.board, board_ui.wire(page.board, handlers, session_key))
         bundle_checked(page.board.upload)
 
 
+def race_pressed(btn) -> None:
+    """The press shows at once: disabled in the browser, then "Racing…" from the server. Wired before
+    the race's own click (board_ui.wire): registered after it, gradio ran this press's script and
+    label only once the race's first updates had been drawn, ~3.5 s on a busy 2-core machine (issue 59)."""
+    btn.click(lambda: gr.update(value=RACING, interactive=False), None, btn,
+              js="() => { const b = document.querySelector('#sv-lb-run'); if (b) b.disabled = true; "
+                 "return []; }", api_visibility="private", show_progress="hidden", queue=False)
+
+
 def race_button(board, races: list) -> None:
-    """"▶ Run race" reads "Racing…" and is disabled from the press until the race ends or stops
-    (issue 51: it kept its label and stayed enabled). The release is queued: an unqueued .then()
+    """"▶ Run race" reads "Racing…" and is disabled from the press (race_pressed) until the race ends
+    or stops (issue 51: it kept its label and stayed enabled). The release is queued: an unqueued .then()
     after a queued event was dropped in about half of the tries (gradio 6.31), leaving "Racing…"."""
     quiet = dict(api_visibility="private", show_progress="hidden", queue=False)
     btn = board.run_btn
 
     def freed():
         return gr.update(value=RACE, interactive=True)
-    btn.click(lambda: gr.update(value=RACING, interactive=False), None, btn,
-              js="() => { const b = document.querySelector('#sv-lb-run'); if (b) b.disabled = true; "
-                 "return []; }", **quiet)
     queued = dict(quiet, queue=True)
     for race in races:
         race.then(freed, None, btn, **queued)
