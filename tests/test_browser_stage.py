@@ -152,7 +152,11 @@ def test_busy_banner_offers_a_replay(browser, app, monkeypatch):  # noqa: F811
     assert not errors, errors
 
 
-def test_run_enabled_while_calibrating_in_background(browser, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("cached", ["untimed", "noisy"])
+def test_run_enabled_while_calibrating_in_background(browser, tmp_path, cached):  # noqa: F811
+    """Run is enabled while the calibration runs; the status line never contradicts itself: a noisy
+    cached timing in service was "measured fastest on this CPU" above "a safe default, not timed yet"
+    (issue 59)."""
     from specviz.models import load_pair, resolve_pair
     from specviz.models.tiny import save_tiny_pair
     from specviz.ui.blocks import build_demo
@@ -164,7 +168,9 @@ def test_run_enabled_while_calibrating_in_background(browser, tmp_path):  # noqa
     def loader(spec, device=None, progress=None, calibration="auto", **kw):
         pair = load_pair(spec, device="cpu")
         if calibration == "cached":
-            pair.calibration = "untimed"
+            pair.calibration = cached
+            if cached == "noisy":  # as calibrate.py notes a timing taken under load
+                pair.precision_note = "float32 (3.1 ms/step vs bfloat16 4.2 ms/step) (measured under load 2.1: noisy)"
             return pair
         progress("timing the target in bfloat16", 0.9)
         release.wait(120)
@@ -183,9 +189,14 @@ def test_run_enabled_while_calibrating_in_background(browser, tmp_path):  # noqa
         page.goto(f"http://127.0.0.1:{port}/")
         ready(page, TIMEOUT)
         shows(page, "#sv-status", "Calibrating", TIMEOUT)
-        shows(page, "#sv-status", "timing the target in bfloat16", TIMEOUT)  # the step may show a poll later
+        status = shows(page, "#sv-status", "timing the target in bfloat16", TIMEOUT)  # the step: a poll later
+        if cached == "noisy":
+            assert "while it was busy" in status and "timed earlier while the machine was busy" in status, status
+        else:
+            assert "not timed on this CPU" in status and "not timed yet" in status, status
+        assert "measured fastest" not in status, status  # nothing measured on a quiet machine is in service
         ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "stage-calibrating.png"))
+        page.locator("#sv-status").screenshot(path=str(ARTIFACTS / f"stage-calibrating-{cached}.png"))
         release.set()
         page.wait_for_function("document.querySelector('#sv-status').innerText.includes('Calibrated')",
                                timeout=TIMEOUT)

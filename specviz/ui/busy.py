@@ -95,10 +95,13 @@ def calib_html(status: dict) -> str:
     state = c.get("state")
     if state == "running":
         left = max(0.0, (c.get("budget") or 0) - (c.get("elapsed") or 0))
+        # as the pair line above says (ui/glossary.py plain_precision): a noisy earlier timing, or none
+        why = ("timed earlier while the machine was busy, so timed again now"
+               if status.get("calibration") == "noisy" else "a safe default, not timed yet")
         return ("<small class='sv-calib'>⏱ Calibrating timings in the background: "
                 f"{esc(c.get('step') or '')} "
                 f"({c.get('elapsed', 0):.0f} s, at most {left:.0f} s more). Runs use {prec} meanwhile "
-                "(a safe default, not timed yet).</small>")
+                f"({why}).</small>")
     if state == "done":
         return ("<small class='sv-calib'>✓ Calibrated in the background; the measured precision now "
                 "serves.</small>")

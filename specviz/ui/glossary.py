@@ -66,11 +66,17 @@ def _bits(precision: str) -> str:
     return ""
 
 
-def plain_precision(precision: str, note: str, device: str) -> str:
-    """'4-bit weights, measured fastest on this CPU' (the note's timings are that measurement)."""
+def plain_precision(precision: str, note: str, device: str, calibration: str = "") -> str:
+    """'4-bit weights, measured fastest on this CPU' (the note's timings are that measurement).
+    `calibration` (the pair's: untimed, noisy, …) has the last word, so this line and the background
+    calibration's line below it (ui/busy.py calib_html) say the same (issue 59: "measured fastest on
+    this CPU" above "a safe default, not timed yet")."""
     where = "this GPU" if device.lower().startswith(("cuda", "gpu")) else "this CPU"
     bits = _bits(precision) or "its precision"
-    if "ms/step" in note or " vs " in note:
+    timed = ("ms/step" in note or " vs " in note) and calibration != "untimed"
+    if timed and calibration == "noisy":
+        return f"{bits}, timed on {where} while it was busy"
+    if timed:
         return f"{bits}, measured fastest on {where}"
     return f"{bits} (not timed on {where}: a safe default)" if note or precision else ""
 
@@ -80,7 +86,7 @@ def pair_html(status: dict) -> str:
     the precision and timings that say so behind a disclosure."""
     device = str(status.get("device") or "")
     precision, note = str(status.get("precision") or ""), str(status.get("precision_note") or "")
-    plain = plain_precision(precision, note, device)
+    plain = plain_precision(precision, note, device, str(status.get("calibration") or ""))
     line = (f"Model pair: <b>{esc(status.get('label') or '')}</b> on {esc(device)}"
             + (f" · {esc(plain)}" if plain else ""))
     detail = [x for x in (precision, note) if x]
