@@ -25,7 +25,8 @@ def run_main(args, tmp_path):
 
 def test_cpu_tiny_runs_the_whole_check_without_gradio(tmp_path):
     out = tmp_path / "check.json"
-    res = run_main(["gpu-check", "--cpu-tiny", "--out", str(out)], tmp_path)
+    res = run_main(["gpu-check", "--cpu-tiny", "--new-tokens", "12", "--prompt-len", "8", "--out", str(out)],
+                   tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "CPU, tiny shapes" in res.stdout and "skipped" in res.stdout
     r = json.loads(out.read_text())
@@ -39,8 +40,11 @@ def test_cpu_tiny_runs_the_whole_check_without_gradio(tmp_path):
     assert sorted(int(k) for k in d["v"]["v"]) == list(range(1, 17))
     assert d["spec_self"]["identical"] and d["spec_self"]["alpha"] == 1.0
     assert d["spec_truncated"]["identical"] and d["spec_truncated"]["draft_layers"] == 1
-    assert "race" not in d and "bandwidth" not in r
-    assert r["verdict"]["bf16"] == {"step_le_2x_floor": None, "c_le_half": None}
+    assert d["race"]["identical_to_alone"] and "bandwidth" not in r  # the scheduler runs on a CPU too
+    assert d["page"]["self"]["identical"] and d["page_parallel"]["same_tokens_as_fair"]
+    assert "bare" in d["eager_ways"]["step_ms"] and "compiled" not in d and "big" not in d  # CUDA only
+    v = r["verdict"]["bf16"]
+    assert v["graph_step_le_2x_floor"] is None and v["race_identical"] is True
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
@@ -86,7 +90,9 @@ def fake_gpu_result():
 def test_verdict_and_summary_of_a_gpu_result():
     res = fake_gpu_result()
     assert res["dtypes"]["bf16"]["c"]["graph"] == pytest.approx(0.4)
-    assert res["verdict"]["bf16"] == {"step_le_2x_floor": True, "c_le_half": True}
+    v = res["verdict"]["bf16"]
+    assert v["graph_step_le_2x_floor"] is True and v["c_graph_le_half"] is True
+    assert v["compiled_step_le_2x_floor"] is None and v["page_plain_ge_150_tok_s"] is None  # not measured
     text = "\n".join(gpu_check.summary(res))
     assert len(text.splitlines()) <= 24  # one screen
     for want in ("sm 9.0", "half type bf16", "2500 GB/s", "graphs 2.00", "(1.67x)", "graph 0.40",
@@ -142,7 +148,7 @@ def fake_cuda(monkeypatch):
 
     from specviz.engine.gpu import static
 
-    def capture(fn, device, warmup=2):
+    def capture(fn, device, warmup=2, stream=None):
         for _ in range(warmup):
             fn()
         out = fn()
@@ -179,7 +185,8 @@ def test_replayed_graphs_give_plain_greedy(fake_cuda):
 def test_every_gpu_section_runs_under_fake_cuda(fake_cuda, monkeypatch, tmp_path):
     monkeypatch.setattr(gpu_check, "RACE_STEPS", 10)
     monkeypatch.setattr(gpu_check, "COPY_MIB", 4)
-    args = gpu_check._args(["--cpu-tiny", "--out", str(tmp_path / "c.json"), "--dtypes", "fp32"])
+    args = gpu_check._args(["--cpu-tiny", "--out", str(tmp_path / "c.json"), "--dtypes", "fp32", "--no-big",
+                            "--no-compile", "--new-tokens", "12", "--prompt-len", "8"])
     res = gpu_check.Check(args, torch, torch.device("cpu"), gpu=True).run()
     errors = {k: v for k, v in res["dtypes"]["fp32"].items() if isinstance(v, dict) and "error" in v}
     assert not errors and "error" not in res["bandwidth"]
@@ -189,12 +196,12 @@ def test_every_gpu_section_runs_under_fake_cuda(fake_cuda, monkeypatch, tmp_path
     assert set(d["c"]) == {"eager", "static_eager", "graph"} and d["v"]["how"] == "graph replays"
     assert d["spec_self"]["identical"] and d["spec_truncated"]["identical"]
     race = d["race"]
-    assert set(race["interference"]) == {"baseline", "speculative"} and race["rounds"] == 2
+    assert set(race["interference"]) == {"baseline", "speculative"} and race["identical_to_alone"]
     assert all(v > 0 for v in race["interference"].values())
     assert res["environment"]["capability"] == [9, 0] and res["environment"]["half_type"] == "bf16"
-    assert res["verdict"]["fp32"]["c_le_half"] is not None
+    assert res["verdict"]["fp32"]["c_graph_le_half"] is not None
     assert json.loads((tmp_path / "c.json").read_text())["verdict"] == res["verdict"]
-    assert len(gpu_check.summary(res)) <= 24
+    assert len(gpu_check.summary(res)) <= 30
 
 
 def test_a_greedy_difference_is_exit_1():

@@ -163,14 +163,14 @@ def time_forwards(model, ns, *, context: int = CONTEXT, repeats: int = REPEATS, 
     share the machine's minute (docs/why.md#verify-interleaved)."""
     from transformers import DynamicCache
 
-    from ..engine.forward import crop_cache, forward_logits
+    from ..engine.forward import cache_kind, crop_cache, forward_logits, new_cache
     dev, ns = next(model.parameters()).device, list(ns)
     vocab = model.get_input_embeddings().num_embeddings
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (context + max(MAX_VERIFY_TOKENS, *ns),), generator=g).tolist()
     keep = {} if keep is None else keep
-    if "cache" not in keep:
-        keep["cache"] = DynamicCache()
+    if "cache" not in keep:  # graphs (a GPU): time the cache runs use (engine/backends/graphs.py)
+        keep["cache"] = new_cache(model) if cache_kind(model)[0] == "graphs" else DynamicCache()
         # forward_logits: the path runs take (engine/cpu/lean_forward.py where it applies)
         forward_logits(model, ids[:context], keep["cache"], 1)
     cache, runs, out = keep["cache"], {n: [] for n in ns}, {}

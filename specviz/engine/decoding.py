@@ -16,12 +16,14 @@ from typing import Iterator
 import torch
 
 from .events import Outcome, RoundEvent, RunSummary, TokenEvent, commit_round, round_tokens
-from .forward import crop_cache, forward_logits, pick
+from .forward import crop_cache, forward_logits, new_cache, pick
 from .proposer import ChainProposer
 from .rounds import Clock, check_stop, cut_at_eos, drive_rounds, new_summary, pad_to, run_state
-from .sampling import SamplingParams, Verdict, top2_gap, verify, warp
+from .sampling import SamplingParams, Verdict, greedy_pick, top2_gap, verify, warp
 from .text import TextStream
 from .topk_view import round_dists
+
+EAGER_SELF_SPEC = "eager (dynamic cache): self-speculation runs the target layer by layer, not as a graph"
 
 
 @torch.inference_mode()
@@ -46,15 +48,18 @@ def baseline(
             reason = "stopped"
             break
         logits = forward_logits(model, feed, cache, 1)[-1]
-        p = warp(logits, params)
         forwards += 1
-        x = pick(p, params, gen)
+        if params.greedy:  # p is one-hot at x
+            (x, gap), px = greedy_pick(logits), 1.0
+        else:
+            p = warp(logits, params)
+            x, gap = pick(p, params, gen), None
+            px = float(p[x])
         t = clock.now()
         if not out:
             prefill = t
         out.append(x)
-        gap = top2_gap(logits)[0] if params.greedy else None
-        yield TokenEvent(x, stream.push(x), Outcome.TARGET, t, p=float(p[x]), gap=gap)
+        yield TokenEvent(x, stream.push(x), Outcome.TARGET, t, p=px, gap=gap)
         if x in eos:
             reason = "eos"
             break
@@ -184,6 +189,10 @@ def speculative(
     # same). Round 1 therefore counts as prefill, not in the draft/verify split.
     proposer.reset(prompt_ids)  # the draft's prefill, not in draft_forwards
     if proposer.reads_target_cache:  # self-speculation drafts in the target's cache
+        if getattr(getattr(cache, "backend", None), "name", "") == "graphs":
+            # it runs the target's layers one by one: a graph replays the whole model. This run goes
+            # eager over a dynamic cache, and its summary says so
+            cache, s.extra["path"] = new_cache(target, dynamic=True), EAGER_SELF_SPEC
         proposer.attach_target_cache(cache)
 
     def one_round(r: int, remaining: int) -> RoundEvent:

@@ -61,7 +61,8 @@ def set_cache(model, kind: str = "dynamic", *, compile: bool = False, masked: bo
         raise ValueError(f"cache must be one of {CACHES}, not {kind!r}")
     if kind == "static" and not kvcache.supported(model) or kind == "graphs" and not graph_supported(model):
         kind, compile = "dynamic", False
-    compile = compile and kind != "graphs"  # graphs capture without torch.compile
+    compile = compile and kind != "dynamic"
+    # graphs: compile (inductor) runs inside the captured graphs (gpu/static.py); dynamic: never
     kvcache.choose(model, kind, compile, compile if masked is None else masked)
     return kind + (" + compile" if compile else "")
 
@@ -72,9 +73,11 @@ def cache_kind(model) -> tuple[str, bool, bool]:
     return rt.cache, rt.compile, rt.masked
 
 
-def new_cache(model, capacity: int = 1024):
-    """A fresh KV cache of the kind chosen with set_cache (DynamicCache by default)."""
-    return kvcache.backend(model).new_cache(model, capacity)
+def new_cache(model, capacity: int = 1024, *, dynamic: bool = False):
+    """A fresh KV cache of the kind chosen with set_cache (DynamicCache by default); dynamic: a
+    DynamicCache whatever was chosen (a run the graph cache cannot serve)."""
+    b = kvcache.dynamic_backend(model) if dynamic else kvcache.backend(model)
+    return b.new_cache(model, capacity)
 
 
 def masked_forward(model, cache, *, ids: list[int], positions: list[int], bias: torch.Tensor,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from .backends.base import _RUNTIME, COMPILE_MAX_NEW, Backend, Runtime, runtime
 from .backends.compiled import TRACEABLE, Compiled, _inductor_cache_per_class, compiled_call
 from .backends.eager import Eager
+from .backends.graphs import SIZES as GRAPH_SIZES
 from .backends.graphs import Graphs
 from .backends.lean import Lean
 from .backends.static import GROW, Static, StaticKV, causal_mask
@@ -21,7 +22,7 @@ from .cpu.rowwise_attention import NAME as ROWWISE
 
 __all__ = ["COMPILE_MAX_NEW", "GROW", "TRACEABLE", "Backend", "Runtime", "StaticKV",
            "_inductor_cache_per_class", "backend", "causal_mask", "choose", "compiled_call", "runtime",
-           "serving", "static_forward", "supported"]
+           "serving", "static_forward", "supported", "dynamic_backend"]
 
 
 def supported(model) -> bool:
@@ -47,10 +48,15 @@ def choose(model, kind: str, compile: bool, masked: bool) -> Backend:
     if kind == "dynamic":
         rt.backend = _on_dynamic(model, rt)
     elif kind == "graphs":
-        rt.backend = Graphs()
+        rt.backend, rt.sizes = Graphs(), GRAPH_SIZES
     else:
         rt.backend = Compiled(compiled_call) if compile else Static()  # the name here: tests replace it
     return rt.backend
+
+
+def dynamic_backend(model) -> Backend:
+    """The backend that serves the model's DynamicCaches (whatever cache kind was chosen)."""
+    return _on_dynamic(model, runtime(model))
 
 
 def backend(model) -> Backend:

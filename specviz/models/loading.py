@@ -16,7 +16,7 @@ from ..engine.costs import CostModel
 from ..engine.cpu import kernel_layer, speed
 from ..engine.pair import OURS
 from ..errors import OOM_LOADING, ModelError, first_line, is_oom
-from . import overflow
+from . import gpu_path, overflow
 from .embedded import Progress, cache_root, local_refs
 from .registry import PairSpec, _hub_reachable, _looks_like_path, pick_device_dtype
 
@@ -250,16 +250,29 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
     lean.settle(target), lean.settle(draft)  # a deferred fusion no conversion made (an fp32 choice)
     costs, step = _warm(target, draft, choice.costs, progress)
     target, draft, why = _guard(target, draft, dev, tok, fp32, progress)  # a GPU's 16-bit overflow
+    costs, graphs_note = _gpu_path(target, draft, costs, dev, progress)
     label = _label(choice)
     q = "int8" if choice.target == "int8" else ("draft-int8" if choice.draft == "int8" else None)
     dt = next(target.parameters()).dtype if choice.target != "int8" else torch.float32
     note = choice.note + (f", draft output layer {len(keep):,} of {len(tok):,} tokens" if keep else "")
-    note += (f"; {step.note()}" if step else "") + speed.kernel_note(target, draft)  # w4a8's kernel variant
+    note += (f"; {step.note()}" if step else "") + speed.kernel_note(target, draft) + graphs_note
     pair = ModelPair(target, draft, tok, spec, dev, dt, _eos_ids(target, tok), label, q,
                      costs=costs, precision_note=note, choice=choice, draft_step=step)
     pair.calibration = "untimed" if choice.untimed else "noisy" if choice.noisy else ""  # ui/loader.py
     overflow.mark(pair, why)  # fp32 after a 16-bit overflow: the page says why
     return pair
+
+
+def _gpu_path(target, draft, costs, dev: torch.device, progress):
+    """On a GPU: no cuDNN attention, and the graph path (models/gpu_path.py) -> (costs, note)."""
+    if dev.type != "cuda":
+        return costs, ""
+    gpu_path.no_cudnn_attention()
+    if not gpu_path.wanted(dev):
+        return costs, ""
+    progress("capturing CUDA graphs", 0.97)  # the page's GPU path: captured now, costs timed on it
+    costs, note = gpu_path.use_graphs(target, draft, costs)
+    return costs, f"; {note}" if note else ""
 
 
 def _label(choice) -> str:

@@ -43,9 +43,10 @@ def add_pair_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vllm-url", action="append", default=[], metavar="URL",
                    help="with --engine vllm: a running vLLM server (repeat it: a plain one for the baseline "
                         "and one with speculative_config; each is recognised by its /metrics)")
-    p.add_argument("--cache", choices=["dynamic", "static"], default="dynamic",
-                   help="KV cache of both models: dynamic (default) or static (preallocated; a rollback "
-                        "moves a pointer)")
+    p.add_argument("--cache", choices=["auto", "dynamic", "static", "graphs"], default="auto",
+                   help="KV cache of both models: auto (default): graphs on a CUDA GPU for the Llama family, "
+                        "dynamic elsewhere; dynamic; static (preallocated; a rollback moves a pointer); "
+                        "graphs (a static cache replayed as CUDA graphs, captured at load; eager on a CPU)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the forwards over a static cache (CUDA graphs on a GPU); the first "
                         "steps compile, which takes a while on a CPU")
@@ -77,12 +78,25 @@ def apply_cache_args(pair, args) -> str:
     if compile and on_zerogpu():  # ZeroGPU has no torch.compile: say so, run eager
         compile = False
         pair.note = " ".join(n for n in (getattr(pair, "note", ""), ZEROGPU_NO_COMPILE) if n)
-    kind = "static" if compile else getattr(args, "cache", "dynamic")
+    chosen = cache_kind_of(pair)  # what the load chose: graphs on a GPU (models/gpu_path.py)
+    kind = getattr(args, "cache", "auto")
+    kind = chosen if kind == "auto" else kind
+    if kind == "graphs":
+        if chosen != "graphs" or compile:
+            from ..models.gpu_path import use_graphs
+            pair.costs, _ = use_graphs(pair.target, pair.draft, pair.costs, compile=compile)
+        return cache_kind_of(pair) + (" + compile" if compile else "")
+    kind = "static" if compile else kind
     step = pair.draft_step
     keep = step is not None and step.compiled and kind == "dynamic"  # the draft's measured compiled step
     used = [set_cache(m, kind, compile=compile) for m in (pair.target, pair.draft)
             if m is not None and not (keep and m is pair.draft)]
     return used[0]
+
+
+def cache_kind_of(pair) -> str:
+    from ..engine.forward import cache_kind
+    return cache_kind(pair.target)[0]
 
 
 def method_flags() -> dict[str, list[tuple[str, Option]]]:

@@ -37,6 +37,7 @@ from typing import Iterator
 import torch
 
 from ..engine.events import RoundEvent, RunSummary, TokenEvent, event_time
+from ..engine.gpu.scheduler import WATCHDOG_S, RaceStuck
 from ..engine.rounds import Clock, VirtualClock
 from . import isolation
 from .runner import run_events, side_pair
@@ -202,9 +203,15 @@ def _parallel(pair, req, prompt_ids, stop, halt, sides) -> Iterator[tuple[str, E
         t.start()
     live = len(threads)
     error: BaseException | None = None
+    # a side that makes no progress (a wedged device) ends the race with one line, the page stays up
+    cuda = any(torch.device(side_pair(pair, s).device).type == "cuda" for s in sides)
+    watchdog = WATCHDOG_S if cuda else None
     try:
         while live:
-            side, item = q.get()
+            try:
+                side, item = q.get(timeout=watchdog)
+            except queue.Empty:
+                raise RaceStuck(f"the race made no progress for {watchdog:.0f} s and was ended") from None
             if item is _DONE:
                 live -= 1
             elif isinstance(item, BaseException):
@@ -216,7 +223,7 @@ def _parallel(pair, req, prompt_ids, stop, halt, sides) -> Iterator[tuple[str, E
     finally:
         halt.set()
         for t in threads:
-            t.join()
+            t.join(timeout=watchdog)  # a thread stuck in the device stays behind (daemon), not the page
 
 
 # ------------------------------------------------------------ measurement

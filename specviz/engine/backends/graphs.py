@@ -1,25 +1,60 @@
 """A GPU's static cache with its forwards replayed as captured CUDA graphs: engine/gpu/ (StaticModel,
 GraphCache; plain torch.cuda.CUDAGraph, no torch.compile, so ZeroGPU can run it too). Chosen with
-set_cache(model, "graphs") for a Llama-family model; on a CPU the same forwards run eagerly over the
-same cache (the exactness tests). A forward of n rows runs in the smallest captured size >= n,
-padded (the Runtime's `sizes`: the step, and γ+1 for a verify); others run eagerly.
-Chain forwards only: a token tree's masked forward and kept slots need the DynamicCache, and the
-cache holds `capacity` positions (graphs read fixed buffers: it never grows).
-Untested on a GPU as of 2026-11-27 (none lent yet)."""
+set_cache(model, "graphs") for a Llama-family model (the page's default on CUDA: run/flags.py); on a
+CPU the same forwards run eagerly over the same cache (the exactness tests). A forward of n rows runs
+in the smallest captured size >= n, padded (the Runtime's `sizes`); longer ones (a prompt) eagerly.
+
+Caches are pooled per model: a run's cache goes back to the pool when the run drops it, and the next
+run reuses its buffers and captured graphs, so only the first runs (or prewarm(), at load) capture.
+A race holds two target caches at once (baseline and verify), each its own StaticModel with its
+own capture stream (gpu/static.py says why).
+Chain forwards only: a token tree's masked forward and kept slots need the DynamicCache (tree and
+lookahead engines make their own; self-speculation gets one: decoding.py), and the cache holds
+`capacity` positions (graphs read fixed buffers: it never grows)."""
 from __future__ import annotations
+
+import threading
+import weakref
 
 from ..gpu.cache import GraphCache
 from ..gpu.static import StaticModel
 from .base import Backend, runtime
 
+# positions every graph cache holds: the page's longest prompt (2048) + its most new tokens (512)
+# + a verify's rows past the end, rounded to 16 (attention reads the whole buffer under a mask:
+# 2592 positions of the 1.5B's KV: 76 MB a step, 2.5 % of its 3.1 GB of weights)
+CAPACITY = 2592
+SIZES = (1, 2, 4, 8, 17)  # verify rows padded up (17: γ 16): v(k) is flat on a GPU (H100 v(8)/v(5) 1.002)
+
 
 class Graphs(Backend):
     name = "graphs"
 
+    def __init__(self):
+        self.pool: list[StaticModel] = []
+        self.lock = threading.Lock()  # two sides of a parallel race take caches at once
+
+    def _take(self, model, capacity: int) -> StaticModel:
+        with self.lock:
+            for i, sm in enumerate(self.pool):
+                if sm.max_len >= capacity:
+                    return self.pool.pop(i)
+        return StaticModel(model, max(capacity, CAPACITY), weak=True, compile=runtime(model).compile)
+
+    def _give(self, sm: StaticModel) -> None:
+        with self.lock:
+            self.pool.append(sm)
+
     def new_cache(self, model, capacity: int = 1024):
-        cache = GraphCache(StaticModel(model, capacity), sizes=runtime(model).sizes)
+        cache = GraphCache(self._take(model, capacity), sizes=runtime(model).sizes)
         cache.backend = self
+        weakref.finalize(cache, self._give, cache.static)  # back to the pool when the run drops it
         return cache
+
+    def prewarm(self, model, caches: int) -> None:
+        """Capture `caches` caches' graphs now (at load), so that no run's timing holds a capture."""
+        made = [self.new_cache(model) for _ in range(max(0, caches - len(self.pool)))]
+        del made  # each returns to the pool
 
     def forward(self, model, ids: list[int], cache, keep: int):
         return cache.forward(ids, keep)

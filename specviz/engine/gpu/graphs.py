@@ -1,10 +1,16 @@
 """The greedy decode loops over static caches and replayed graphs (gpt-fast's pattern, no torch.compile).
 
-Plain: one captured 1-token graph replayed per token, the next token chosen on the device; the host
-reads the tokens once at the end. Speculative: per round γ draft steps (the draft's 1-token graph),
+Each loop is a generator that enqueues device work and yields whenever the host could let the
+other side of a race run (scheduler.py): after a batch of plain steps, after a speculative round's
+drafts, verify and acceptance. It reads the host only after resuming, when the scheduler has seen
+that work finish (an event's query()), so a read never blocks the other side. Its value
+(StopIteration.value, or drive()'s return) is the tokens.
+
+Plain: one captured 1-token graph replayed per token, the next token chosen on the device; tokens
+stay on the device until the end. Speculative: per round γ draft steps (the draft's 1-token graph),
 one target verify of exactly γ+1 rows (its own graph: the last token and the γ drafts), and the
 acceptance computed on the device (argmax of every verify row against the drafts, the accepted
-prefix length by a cumulative product); the host reads the round's tokens once (one sync a round).
+prefix length by a cumulative product); the host reads the round's verdict once (one sync a round).
 A round that accepted every draft feeds the last draft to the draft model (one more 1-token step),
 as gpt-fast does, so the draft's cache holds every committed token.
 
@@ -18,6 +24,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .static import StaticModel
+
+PLAIN_BATCH = 8  # plain steps enqueued between two yields: one event and one poll per 8 tokens
 
 
 @dataclass
@@ -42,6 +50,15 @@ def _ids(prompt, device) -> torch.Tensor:
     return torch.as_tensor(list(prompt), dtype=torch.long, device=device)
 
 
+def drive(loop):
+    """Run a loop generator alone to its end -> its value."""
+    while True:
+        try:
+            next(loop)
+        except StopIteration as done:
+            return done.value
+
+
 @torch.no_grad()
 def prefill(model: StaticModel, prompt) -> torch.Tensor:
     """Read the prompt (eager: its length varies) -> the first new token, on the device, shape [1]."""
@@ -50,16 +67,23 @@ def prefill(model: StaticModel, prompt) -> torch.Tensor:
 
 
 @torch.no_grad()
-def plain_greedy(target: StaticModel, prompt, new: int) -> list[int]:
-    """`new` greedy tokens, one 1-token forward each; one host read at the end."""
+def plain_loop(target: StaticModel, prompt, new: int, batch: int = PLAIN_BATCH):
+    """`new` greedy tokens, one 1-token forward each, chained on the device; yields every `batch`."""
     target.capture(1)
-    last = prefill(target, prompt)
-    out, pos = [last], len(prompt)
-    for _ in range(new - 1):
-        last = target.run(last, pos)[0, -1:].argmax(-1)
-        out.append(last)
-        pos += 1
-    return torch.cat(out).tolist()
+    toks = torch.empty(new, dtype=torch.long, device=target.device)
+    toks[:1] = prefill(target, prompt)
+    pos, i = len(prompt), 1
+    yield
+    while i < new:
+        for _ in range(min(batch, new - i)):
+            toks[i:i + 1] = target.run(toks[i - 1:i], pos)[0, -1:].argmax(-1)
+            pos, i = pos + 1, i + 1
+        yield
+    return toks.tolist()
+
+
+def plain_greedy(target: StaticModel, prompt, new: int) -> list[int]:
+    return drive(plain_loop(target, prompt, new))
 
 
 @torch.no_grad()
@@ -84,21 +108,22 @@ def accept(target_rows: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def speculative_greedy(target: StaticModel, draft: StaticModel, prompt, new: int, gamma: int) -> SpecRun:
+def speculative_loop(target: StaticModel, draft: StaticModel, prompt, new: int, gamma: int):
     """Greedy speculative decoding of `new` tokens: the same tokens as plain_greedy by construction
-    (every committed token is the target's argmax after its prefix), one host sync a round."""
+    (every committed token is the target's argmax after its prefix), one host read a round."""
     target.capture(gamma + 1), draft.capture(1)
     last = prefill(target, prompt)
     prefill(draft, prompt)
+    yield
     run = SpecRun([], gamma=gamma)
     pos = len(prompt)  # where `last` goes
-    first = last.tolist()  # the prompt's token: read once, as plain's is
-    run.tokens += first
+    run.tokens += last.tolist()  # the prompt's token: read once, as plain's is
     while len(run.tokens) < new:
         drafts = _draft(draft, last, pos, gamma)
         rows = target.run(torch.cat([last, drafts]), pos)[0]
-        verdict = accept(rows, drafts)
-        host = verdict.tolist()  # the one sync of the round
+        verdict = accept(rows, drafts).clone()  # rows: the graph's buffer, replayed again next round
+        yield  # the scheduler resumes this side once the round's work is done
+        host = verdict.tolist()  # the one read of the round
         n = host[0]
         run.tokens += host[1:n + 2]
         run.accepted.append(n)
@@ -108,6 +133,10 @@ def speculative_greedy(target: StaticModel, draft: StaticModel, prompt, new: int
         pos += n + 1
     run.tokens = run.tokens[:new]
     return run
+
+
+def speculative_greedy(target: StaticModel, draft: StaticModel, prompt, new: int, gamma: int) -> SpecRun:
+    return drive(speculative_loop(target, draft, prompt, new, gamma))
 
 
 def cache_len(prompt_len: int, new: int, gamma: int) -> int:

@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import json
 import statistics
-import threading
 import time
 from pathlib import Path
 
 import torch
 
-from .graphs import cache_len, plain_greedy, speculative_greedy  # noqa: F401 - cache_len: for gpu-check
+from .graphs import cache_len, drive, plain_greedy, plain_loop, speculative_greedy, speculative_loop  # noqa: F401
+from .scheduler import WATCHDOG_S, run_sides
 from .static import StaticModel
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 TARGET_CONFIG = "qwen2.5-coder-1.5b-instruct.json"
 DRAFT_CONFIG = "qwen2.5-coder-0.5b-instruct.json"
+BIG_CONFIG = "qwen2.5-coder-7b-instruct.json"  # the pair for cards of 24 GB or more (issue 58)
 # --cpu-tiny: the same architectures shrunk, so the check's own code runs in the suite in seconds
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=512, max_position_embeddings=1024)
@@ -198,74 +199,151 @@ def tie_gap(target, prefix: list[int], a: int, b: int) -> dict:
 
 # ------------------------------------------------------------------ the race
 
-BARRIER_S, RACE_JOIN_S = 60.0, 120.0  # a broken start or a stuck side ends the section, not the check
-
-
-def _side(work, stream, barrier, out: dict, key: str) -> None:
-    """One side in its own thread on its own stream, timed by events on that stream."""
-    with torch.cuda.stream(stream):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        barrier.wait(timeout=BARRIER_S)  # a side that failed to start breaks it: no hang
-        start.record(stream)
-        out[key + "_last"] = work().clone()  # a graph's output buffer: cloned before anyone replays it again
-        end.record(stream)
-        out[key] = (start, end)
-
-
-def _together(works: dict, device) -> dict[str, float]:
-    streams = {k: torch.cuda.Stream(device) for k in works}
-    torch.cuda.synchronize(device)
-    barrier = threading.Barrier(len(works))
-    out: dict = {}
-    threads = [threading.Thread(target=_side, args=(w, streams[k], barrier, out, k))
-               for k, w in works.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=RACE_JOIN_S)
-    if any(t.is_alive() for t in threads):
-        raise TimeoutError(f"a race side ran past {RACE_JOIN_S} s")
-    torch.cuda.synchronize(device)
-    return {k: out[k][0].elapsed_time(out[k][1]) / 1e3 for k in works}
-
 
 @torch.no_grad()
-def race(target, draft, prompt, steps: int, gamma: int, max_len: int, repeats: int = 3) -> dict:
-    """The page's parallel mode on one GPU: the baseline (target 1-token steps) and the speculative
-    side (γ draft steps + a γ+1 verify per round, as many tokens' worth of rounds) at once on two
-    streams against each alone -> the interference ratio (together ÷ alone, per side). Every
-    graph is captured before any thread starts (a capture fails on other threads' CUDA work)."""
-    dev = next(target.parameters()).device
+def race(target, draft, prompt, new: int, gamma: int, max_len: int, repeats: int = 3,
+         watchdog_s: float = WATCHDOG_S, parts=None) -> dict:
+    """Both sides of a greedy race over graphs: the baseline (plain_loop) and the speculative side
+    (speculative_loop), each alone and then together, driven by one thread on two streams
+    (scheduler.run_sides) -> the interference (together ÷ alone, per side) and whether the
+    together runs gave each side's alone tokens. Every graph is captured before the first run,
+    and each side runs once untimed."""
     base, ver, dra = (StaticModel(target, max_len), StaticModel(target, max_len), StaticModel(draft, max_len))
-    for sm, rows in ((base, 1), (ver, gamma + 1), (dra, 1)):
-        sm.run(torch.tensor(prompt, device=dev), 0)
-        sm.capture(rows)
-    one, block = torch.tensor(prompt[:1], device=dev), torch.tensor(prompt[:gamma + 1], device=dev)
-    p, rounds = len(prompt), max(1, steps // (gamma + 1))
+    base.capture(1), ver.capture(gamma + 1), dra.capture(1)
+    loops = {"baseline": lambda: plain_loop(base, prompt, new),
+             "speculative": lambda: speculative_loop(ver, dra, prompt, new, gamma)}
+    dev = next(target.parameters()).device
 
-    def baseline():
-        for _ in range(steps):
-            out = base.run(one, p)
-        return out
+    def tokens(v):
+        return v if isinstance(v, list) else v.tokens
 
-    def speculative():
-        for _ in range(rounds):
-            for j in range(gamma):
-                dra.run(one, p + j)
-            out = ver.run(block, p)
-        return out
-
-    works = {"baseline": baseline, "speculative": speculative}
-    alone = {k: [] for k in works}
-    both = {k: [] for k in works}
+    ref = {k: tokens(drive(f())) for k, f in loops.items()}
+    alone = {k: [] for k in loops}
+    both = {k: [] for k in loops}
+    same = True
     for _ in range(repeats):
-        for k, w in works.items():
-            alone[k].append(_together({k: w}, dev)[k])
-        for k, s in _together(works, dev).items():
-            both[k].append(s)
-    med = {k: (statistics.median(alone[k]), statistics.median(both[k])) for k in works}
-    return {"steps": steps, "gamma": gamma, "rounds": rounds,
+        for k, f in loops.items():
+            vals, secs = run_sides({k: f()}, dev, watchdog_s=watchdog_s, parts=parts)
+            alone[k].append(secs[k])
+            same &= tokens(vals[k]) == ref[k]
+        vals, secs = run_sides({k: f() for k, f in loops.items()}, dev, watchdog_s=watchdog_s, parts=parts)
+        for k in loops:
+            both[k].append(secs[k])
+            same &= tokens(vals[k]) == ref[k]
+    med = {k: (statistics.median(alone[k]), statistics.median(both[k])) for k in loops}
+    spec = drive(loops["speculative"]())
+    return {"new_tokens": new, "gamma": gamma, "rounds": len(spec.accepted),
+            "tokens_per_round": spec.tokens_per_round, "identical_to_alone": same,
+            "identical_to_plain": spec.tokens == ref["baseline"],
             **{f"{k}_alone_s": a for k, (a, _) in med.items()},
             **{f"{k}_together_s": b for k, (_, b) in med.items()},
             "interference": {k: b / a for k, (a, b) in med.items()},
-            "note": "together ÷ alone per side, each timed by CUDA events on its own stream and thread"}
+            "speedup_alone": med["baseline"][0] / med["speculative"][0],
+            "speedup_together": med["baseline"][1] / med["speculative"][1],
+            "note": "one scheduler thread, a stream per side, events polled with query(); "
+                    "together ÷ alone per side, each side's stream time by CUDA events"}
+
+
+# ------------------------------------------------------------------ where the eager step goes
+
+EAGER_WAYS = ("bare", "logits_to_keep", "generate_like")
+
+
+def _eager_kwargs(way: str, p: int, dev) -> dict:
+    if way == "bare":  # what gpu-check timed on 2026-11-28
+        return {}
+    if way == "logits_to_keep":
+        return {"logits_to_keep": 1}
+    return {"logits_to_keep": 1, "attention_mask": torch.ones((1, p + 1), dtype=torch.long, device=dev),
+            "cache_position": torch.tensor([p], device=dev), "position_ids": torch.tensor([[p]], device=dev)}
+
+
+@torch.no_grad()
+def eager_ways(model, prompt: list[int], steps: int = 8, profile: bool = True) -> dict:
+    """ms a 1-token step of transformers' forward over a DynamicCache costs when called three ways
+    (bare; logits_to_keep; as generate calls it), the engine's own dynamic-cache forward, and
+    generate itself; the profiler's top operators (self CPU time) of the bare and generate-like
+    steps: where the eager step's time goes (issue 58's "mystery 80 ms")."""
+    dev = next(model.parameters()).device
+    out, tables = {}, {}
+    for way in (*EAGER_WAYS, "engine"):
+        step = _eager_step(model, prompt, way, dev)
+        step(0), step(1)
+        _, s = wall_s(lambda st=step: [st(2 + i) for i in range(steps)], dev)
+        out[way] = s / steps * 1e3
+        if profile and way in ("bare", "generate_like"):
+            tables[way] = _top_ops(lambda st=step: [st(2 + steps + i) for i in range(3)], dev)
+    ids = torch.tensor([prompt], device=dev)
+    gen = lambda n: model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,  # noqa: E731
+                                   min_new_tokens=n, do_sample=False, pad_token_id=0)
+    gen(4)
+    (_, a), (_, b) = wall_s(lambda: gen(8), dev), wall_s(lambda: gen(8 + steps * 2), dev)
+    out["generate"] = (b - a) / (steps * 2) * 1e3
+    return {"step_ms": out, "top_ops_self_cpu": tables}
+
+
+def _eager_step(model, prompt: list[int], way: str, dev):
+    """A 1-token step after the prompt over a fresh DynamicCache, called `way` -> step(i)."""
+    from ..forward import forward_logits
+    cache, p = dynamic_cache(model), len(prompt)
+    if way == "engine":  # the engine's dynamic-cache backend (engine/kvcache.py)
+        forward_logits(model, prompt, cache, 1)
+        return lambda i: forward_logits(model, [5], cache, 1)
+    model(input_ids=torch.tensor([prompt], device=dev), past_key_values=cache, use_cache=True)
+    tok = torch.tensor([[5]], device=dev)
+    return lambda i: model(input_ids=tok, past_key_values=cache, use_cache=True,
+                           **_eager_kwargs(way, p + i, dev))
+
+
+def _top_ops(fn, dev, rows: int = 12) -> list[str]:
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda(dev) else [])
+    with profile(activities=acts) as prof:
+        fn()
+        if cuda(dev):
+            torch.cuda.synchronize(dev)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+    return table.splitlines()
+
+
+# ------------------------------------------------------------------ compile, and a bigger target
+
+
+def compiled_step_s(model, prompt: list[int], rows: int = 1, **kw) -> float:
+    """static_step_s with inductor's kernels inside the captured graph (gpt-fast's path)."""
+    return static_step_s(StaticModel(model, len(prompt) + 32, compile=True), prompt, rows=rows, **kw)
+
+
+@torch.no_grad()
+def eager_lengths(model, prompt_len: int = 300, steps: int = 12) -> dict:
+    """ms of transformers' eager step over a DynamicCache at a new key length each step (as
+    decoding meets them) and at one repeated length, with SDPA's cuDNN backend on and off (CUDA):
+    cuDNN plans per shape (models/gpu_path.no_cudnn_attention)."""
+    dev = next(model.parameters()).device
+    vocab = model.config.vocab_size
+
+    def median_ms(n_prompt: int, fresh: bool) -> float:
+        cache = dynamic_cache(model)
+        model(input_ids=torch.tensor([prompt_ids(n_prompt, vocab, seed=n_prompt)], device=dev),
+              past_key_values=cache, use_cache=True)
+        tok = torch.tensor([[5]], device=dev)
+        model(input_ids=tok, past_key_values=cache, use_cache=True)
+        ms = []
+        for _ in range(steps):
+            if not fresh:
+                cache.crop(-(cache.get_seq_length() - n_prompt))
+            _, s = wall_s(lambda: model(input_ids=tok, past_key_values=cache, use_cache=True), dev)
+            ms.append(s * 1e3)
+        return statistics.median(ms)
+
+    out = {}
+    ways = (True, False) if cuda(dev) else (None,)
+    for i, on in enumerate(ways):
+        if on is not None:
+            torch.backends.cuda.enable_cudnn_sdp(on)
+        base = prompt_len + 400 * i
+        out["cudnn_on" if on else "cudnn_off" if on is False else "cpu"] = {
+            "fresh_lengths_ms": median_ms(base, True), "same_length_ms": median_ms(base + 200, False)}
+    if cuda(dev):
+        torch.backends.cuda.enable_cudnn_sdp(False)  # what the app sets on a GPU
+    return out

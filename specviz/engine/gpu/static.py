@@ -15,6 +15,7 @@ A layer prefix (`n_layers`) gives a truncated draft that shares the target's wei
 from __future__ import annotations
 
 import sys
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -34,12 +35,14 @@ class StaticModel:
     replays when there is one (capture(n)), else the same forward runs eagerly. The returned logits
     are the graph's output buffer: read (or clone) them before the next replay of that size."""
 
-    def __init__(self, model, max_len: int, n_layers: int | None = None, graphs: bool | None = None):
+    def __init__(self, model, max_len: int, n_layers: int | None = None, graphs: bool | None = None,
+                 compile: bool = False, weak: bool = False):
         if not supported(model):
             raise ValueError("the static-graph path needs a Llama-family model (llama, qwen2, mistral)")
-        self.model = model
+        # weak: a pool of caches (backends/graphs.py) must not keep a replaced pair alive
+        self._model = weakref.ref(model) if weak else (lambda: model)
         base = model.model
-        self.layers = list(base.layers)[: n_layers or len(base.layers)]
+        self.n_layers = n_layers or len(base.layers)
         cfg = model.config
         p = next(model.parameters())
         # a multiple of 16: the memory-efficient attention kernel wants its mask's rows aligned
@@ -49,11 +52,26 @@ class StaticModel:
         hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         self.heads, self.kv_heads, self.head_dim, self.groups = heads, kv, hd, heads // kv
         shape = (1, kv, self.max_len, hd)
-        self.k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
-        self.v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        self.k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layers)]
+        self.v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layers)]
         self.keys = torch.arange(self.max_len, device=self.device)
         self.use_graphs = (self.device.type == "cuda") if graphs is None else bool(graphs)
         self.graphs: dict[int, tuple] = {}  # rows -> (graph, ids buffer, positions buffer, logits)
+        # this model's own capture stream. Why: cuBLAS keeps a workspace per (handle, stream), and a
+        # graph bakes in the workspace of the stream it was captured on. torch.cuda.graph's default
+        # capture stream is one per process, so every graph shared one workspace, and two sides replaying
+        # at once on two streams ran kernels over the same scratch memory: the suspected cause of the
+        # 2026-11-28 H100 race that hung with both threads inside replay. Own stream, own workspace.
+        on_gpu = self.use_graphs and self.device.type == "cuda"
+        self.stream = torch.cuda.Stream(self.device) if on_gpu else None
+        # compile: torch.compile (inductor) fuses the norms, rotary and SiLU·mul before capture, as
+        # gpt-fast does; the graphs replay its kernels (no torch.compile where ZeroGPU forbids it)
+        self.compiled = compile
+        self._forward = compiled_forward(self.forward) if compile else self.forward
+
+    @property
+    def model(self):
+        return self._model()
 
     # ------------------------------------------------------------------ forward
 
@@ -84,7 +102,7 @@ class StaticModel:
         base = self.model.model
         x = base.embed_tokens(ids)
         cos, sin = base.rotary_emb(x, pos.view(1, -1))
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(base.layers[: self.n_layers]):
             x = x + self._attention(i, layer, layer.input_layernorm(x), pos, cos, sin)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.model.lm_head(base.norm(x))
@@ -98,7 +116,7 @@ class StaticModel:
             return
         ids = torch.zeros((1, n), dtype=torch.long, device=self.device)
         pos = torch.arange(self.max_len - n, self.max_len, device=self.device)
-        graph, out = capture_graph(lambda: self.forward(ids, pos), self.device, warmup)
+        graph, out = capture_graph(lambda: self._forward(ids, pos), self.device, warmup, stream=self.stream)
         self.graphs[n] = (graph, ids, pos, out)
 
     @torch.no_grad()
@@ -109,7 +127,7 @@ class StaticModel:
         if pos0 + n > self.max_len:
             raise ValueError(f"static cache full: {pos0 + n} positions of {self.max_len}")
         entry = self.graphs.get(n)
-        if entry is None:
+        if entry is None:  # eager (a prompt's length): compiled code runs only inside captured graphs
             return self.forward(ids, self.keys[pos0:pos0 + n])
         graph, ids_buf, pos_buf, out = entry
         ids_buf.copy_(ids)
@@ -118,17 +136,27 @@ class StaticModel:
         return out
 
 
-def capture_graph(fn, device, warmup: int = 2):
-    """(graph, output): fn() run `warmup` times on a side stream (kernels chosen, workspaces
-    allocated), then captured as one torch.cuda.CUDAGraph; graph.replay() reruns it on the current
-    stream, writing the same output tensor (read or clone it before the next replay)."""
-    side = torch.cuda.Stream(device)
+def capture_graph(fn, device, warmup: int = 2, stream=None):
+    """(graph, output): fn() run `warmup` times on `stream` (kernels chosen, compiled, workspaces
+    allocated), then captured on that same stream as one torch.cuda.CUDAGraph; graph.replay() reruns
+    it on the current stream, writing the same output tensor (read or clone it before the next
+    replay). One stream per model: see StaticModel.stream."""
+    side = stream or torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
         for _ in range(warmup):
             fn()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=side):
         out = fn()
     return graph, out
+
+
+def compiled_forward(fn):
+    """fn under torch.compile (inductor, static shapes: one compile per row count and model;
+    CUDA graphs are ours, so no "reduce-overhead")."""
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    setattr(cfg, name, max(getattr(cfg, name), 64))  # row counts x models x caches
+    return torch.compile(fn, dynamic=False)

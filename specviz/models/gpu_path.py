@@ -1,0 +1,57 @@
+"""The page's decode path on a CUDA GPU: both sides over static caches replayed as CUDA graphs
+(engine/backends/graphs.py), captured at load, and the pair's costs (plain step, v(k), draft step)
+timed again on that path, since those are the forwards every run makes.
+
+Why: the 2026-11-28 H100 ran the page's default path (transformers' forward over a DynamicCache)
+at 8.6-13.2 tok/s plain for the 1.5B target, while the same model replayed as one CUDA graph took
+4.11 ms a step; a batch-1 step on a GPU is bound by kernel launches, which a graph removes.
+SPECVIZ_GPU_GRAPHS=0 keeps the dynamic cache (eager); --cache dynamic does the same per run.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+from ..engine.costs import MAX_VERIFY_TOKENS
+
+NOTE = "both sides replay CUDA graphs over static caches (captured at load)"
+BASELINE_CACHES, DRAFT_CACHES = 2, 1  # the baseline's and the verifier's; the draft's
+
+
+def no_cudnn_attention() -> None:
+    """SDPA without its cuDNN backend, for the eager forwards (tree methods, self-speculation,
+    SPECVIZ_GPU_GRAPHS=0). Why: cuDNN builds an execution plan per new key length, and an eager
+    decode step meets a new length every token. 2026-11-28, H200, the 1.5B's shapes, transformers'
+    forward over a DynamicCache: 58.5 ms a step at fresh lengths against 19.1 ms at a repeated one;
+    with cuDNN's SDPA off, 18.7 ms fresh (docs/gpu/h200-2026-11-28/page_probe.json). That is the
+    "mystery 80 ms" of the 2026-11-28 H100. The graphs capture one length (the whole cache) once."""
+    import torch
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
+def wanted(device) -> bool:
+    return getattr(device, "type", str(device)) == "cuda" and os.environ.get("SPECVIZ_GPU_GRAPHS", "1") != "0"
+
+
+def use_graphs(target, draft, costs, compile: bool = False):
+    """Put both models on graphs, capture their caches and re-time the costs on that path ->
+    (costs, note); (costs, "") where the target's family has no graph path (it stays dynamic)."""
+    from ..calibration.calibrate import time_forwards
+    from ..engine.forward import set_cache
+    from ..engine.kvcache import backend
+    models = [m for m in (target, draft) if m is not None]
+    if not models or set_cache(target, "graphs", compile=compile).split()[0] != "graphs":
+        return costs, ""
+    if draft is not None and set_cache(draft, "graphs", compile=compile).split()[0] != "graphs":
+        set_cache(target, "dynamic")  # a speed trick reaches both sides or neither
+        return costs, ""
+    backend(target).prewarm(target, BASELINE_CACHES)
+    if draft is not None:
+        backend(draft).prewarm(draft, DRAFT_CACHES)
+    if costs is None:
+        return costs, NOTE
+    verify = time_forwards(target, range(1, MAX_VERIFY_TOKENS + 1), interleave=True)
+    step = time_forwards(draft, [1])[1] if draft is not None else None
+    costs = replace(costs, plain_step_s=verify[1], verify_s=tuple(verify[n] for n in sorted(verify)),
+                    draft_step_s=step if step is not None else costs.draft_step_s)
+    return costs, NOTE + "; costs timed on them"

@@ -1,0 +1,105 @@
+"""The page's own decode path, measured by gpu-check on token ids, without gradio: both sides on
+the graph backend (models/gpu_path.py), the engines and the race exactly as the page calls them
+(run/race.py), and the figures the page would show (engine/metrics.run_stats)."""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import torch
+
+from ..engine.events import RunSummary
+from ..engine.metrics import run_stats
+from ..engine.pair import OURS
+from .race import race
+from .request import RunRequest
+
+# each tried once (self-speculation calibrates on text first: its eager fallback is a CPU test)
+CHAIN = ("draft", "adaptive", "lookup", "suffix", "hybrid", "staged")
+
+
+class IdTokenizer:
+    """Text for token ids (random weights have no tokenizer to speak of): "<id>"."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(f"<{i}>" for i in ids)
+
+    def __len__(self):
+        return 1 << 20
+
+
+def page_pair(target, draft):
+    """The Pair protocol's fields (engine/pair.py) for two loaded models."""
+    spec = SimpleNamespace(name="gpu-check", label="random weights", target="target", draft="draft")
+    return SimpleNamespace(target=target, draft=draft, tokenizer=IdTokenizer(), spec=spec,
+                           device=next(target.parameters()).device, dtype=next(target.parameters()).dtype,
+                           eos_ids=[], precision_label="", precision_note="", quantize=None, costs=None,
+                           calibration="", note="", unmeasured=(), baseline_pair=None, draft_step=None,
+                           engine=OURS, has_chat_template=False, max_positions=None, close=lambda: None)
+
+
+def _race(pair, req, prompt, mode):
+    t0 = time.perf_counter()
+    out = {s: ev for s, ev in race(pair, req, prompt, mode) if isinstance(ev, RunSummary)}
+    return out, time.perf_counter() - t0
+
+
+def shown(pair, req, prompt, mode: str = "fair") -> dict:
+    """One race as the page runs it -> what the page would show (and the tokens)."""
+    out, wall = _race(pair, req, prompt, mode)
+    base, spec = out["baseline"], out["speculative"]
+    st = run_stats(spec, base, pair.costs)
+    return {"mode": mode, "method": req.method, "gamma": req.gamma, "temperature": req.temperature,
+            "plain_tok_s": base.tokens_per_s, "speculative_tok_s": spec.tokens_per_s,
+            "shown_speedup": st.speedup, "c": st.c, "c_basis": st.c_basis, "v": st.verify_cost,
+            "alpha": st.alpha,
+            "tokens_per_round": st.tau, "plain_s": base.elapsed, "speculative_s": spec.elapsed,
+            "prompt_read_s": {"baseline": base.prefill, "speculative": spec.prefill},
+            "identical": base.token_ids == spec.token_ids, "wall_s": wall,
+            "path": spec.extra.get("path", "graphs"), "_tokens": (base.token_ids, spec.token_ids)}
+
+
+def _clean(d: dict) -> dict:
+    return {k: v for k, v in d.items() if not k.startswith("_")}
+
+
+@torch.no_grad()
+def page_checks(target, draft, prompt: list[int], new: int, gamma: int) -> dict:
+    """The page's path: draft = target (c must come out ~1, the speedup <= 1), the real-size draft,
+    sampling, and every chain method's greedy tokens against plain's."""
+    from ..models.gpu_path import use_graphs
+    use_graphs(target, draft, None)
+    greedy = RunRequest(prompt="", method="draft", gamma=gamma, max_new_tokens=new, temperature=0.0)
+    same = page_pair(target, target)
+    shown(same, greedy, prompt)  # first runs: the pools' third cache is captured here, untimed
+    r = {"self": _clean(shown(same, greedy, prompt))}
+    pair = page_pair(target, draft)
+    shown(pair, greedy, prompt)
+    fair = shown(pair, greedy, prompt)
+    r["draft"] = _clean(fair)
+    sampled = RunRequest(prompt="", method="draft", gamma=gamma, max_new_tokens=new, temperature=1.0,
+                         seed=1)
+    r["draft_sampled"] = _clean(shown(pair, sampled, prompt))
+    r["methods"] = {}
+    for method in CHAIN:
+        req = RunRequest(prompt="", method=method, gamma=gamma, max_new_tokens=new, temperature=0.0)
+        try:
+            m = shown(pair, req, prompt)
+            r["methods"][method] = {k: m[k] for k in ("identical", "shown_speedup", "tokens_per_round",
+                                                      "plain_tok_s", "speculative_tok_s", "path")}
+        except Exception as err:  # noqa: BLE001 - one method's failure is its own row
+            r["methods"][method] = {"error": f"{type(err).__name__}: {err}"[:300]}
+    return r
+
+
+@torch.no_grad()
+def page_parallel(target, draft, prompt: list[int], new: int, gamma: int) -> dict:
+    """The page's parallel race (a thread and a stream per side, run/race.py) against its fair race
+    (each side timed alone): the same tokens, and the interference (parallel ÷ fair, per side)."""
+    greedy = RunRequest(prompt="", method="draft", gamma=gamma, max_new_tokens=new, temperature=0.0)
+    pair = page_pair(target, draft)
+    fair = shown(pair, greedy, prompt)
+    par = shown(pair, greedy, prompt, "parallel")
+    return {**_clean(par), "same_tokens_as_fair": par["_tokens"] == fair["_tokens"],
+            "interference": {"baseline": par["plain_s"] / fair["plain_s"],
+                             "speculative": par["speculative_s"] / fair["speculative_s"]}}
