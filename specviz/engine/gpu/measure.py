@@ -261,12 +261,13 @@ def _eager_kwargs(way: str, p: int, dev) -> dict:
 @torch.no_grad()
 def eager_ways(model, prompt: list[int], steps: int = 8, profile: bool = True) -> dict:
     """ms a 1-token step of transformers' forward over a DynamicCache costs when called three ways
-    (bare; logits_to_keep; as generate calls it), the engine's own dynamic-cache forward, and
-    generate itself; the profiler's top operators (self CPU time) of the bare and generate-like
-    steps: where the eager step's time goes (issue 58's "mystery 80 ms")."""
+    (bare; logits_to_keep; as generate calls it) and generate itself; the profiler's top operators
+    (self CPU time) of the bare and generate-like steps: where the eager step's time goes.
+    2026-11-28 H200: all alike (launch-bound, ~920 kernels a step); the H100's extra 80 ms was
+    cuDNN planning each new key length (eager_lengths)."""
     dev = next(model.parameters()).device
     out, tables = {}, {}
-    for way in (*EAGER_WAYS, "engine"):
+    for way in EAGER_WAYS:
         step = _eager_step(model, prompt, way, dev)
         step(0), step(1)
         _, s = wall_s(lambda st=step: [st(2 + i) for i in range(steps)], dev)
@@ -284,11 +285,7 @@ def eager_ways(model, prompt: list[int], steps: int = 8, profile: bool = True) -
 
 def _eager_step(model, prompt: list[int], way: str, dev):
     """A 1-token step after the prompt over a fresh DynamicCache, called `way` -> step(i)."""
-    from ..forward import forward_logits
     cache, p = dynamic_cache(model), len(prompt)
-    if way == "engine":  # the engine's dynamic-cache backend (engine/kvcache.py)
-        forward_logits(model, prompt, cache, 1)
-        return lambda i: forward_logits(model, [5], cache, 1)
     model(input_ids=torch.tensor([prompt], device=dev), past_key_values=cache, use_cache=True)
     tok = torch.tensor([[5]], device=dev)
     return lambda i: model(input_ids=tok, past_key_values=cache, use_cache=True,
