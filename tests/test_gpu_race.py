@@ -163,3 +163,22 @@ def test_greedy_pick_is_argmax_and_the_gap():
         assert x == int(row.argmax())
         ref = top2_gap(row)[0]
         assert float(gap) == float(ref) and (gap.top, gap.second) == (ref.top, ref.second)
+
+
+def test_costs_are_timed_again_on_the_graph_path_and_a_method_recommended():
+    from specviz.engine.costs import MAX_VERIFY_TOKENS, CostModel
+    t = measure.build(measure.TARGET_CONFIG, "cpu", torch.float32, seed=5, tiny=True)
+    d = measure.build(measure.DRAFT_CONFIG, "cpu", torch.float32, seed=6, tiny=True)
+    old = CostModel(plain_step_s=9.0, verify_s=(9.0,) * MAX_VERIFY_TOKENS, draft_step_s=9.0)
+    costs, note = use_graphs(t, d, old)
+    assert costs.plain_step_s < 1 and len(costs.verify_s) == MAX_VERIFY_TOKENS and costs.draft_step_s < 1
+    assert forward.cache_kind(t)[0] == forward.cache_kind(d)[0] == "graphs"
+    assert "costs timed on them" in note and "recommended here: hybrid" in note
+
+
+def test_the_recommendation_prices_the_chain():
+    from specviz.engine.theory import recommend
+    flat = [1.0] + [1.1] * 16  # a GPU: launch-bound, verify rows nearly free
+    method, why = recommend(0.7, flat)
+    assert method == "hybrid" and "c = 0.70" in why and "predicts" in why
+    assert "pays here" in recommend(0.2, flat)[1]

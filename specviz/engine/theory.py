@@ -64,3 +64,26 @@ def verify_curve(costs=None, v_measured: float | None = None, gamma: float | Non
         return [v_measured] * (MAX_GAMMA + 1)
     slope = (v_measured - 1.0) / gamma
     return [1.0 + slope * k for k in range(MAX_GAMMA + 1)]
+
+
+# the 0.5B draft's α̂ on the 1.5B target's code prompts (docs/benchmarks.md: α̂ ≈ 0.9): an optimistic α,
+# so that a chain this cannot make pay will not pay on a visitor's prompt either
+TYPICAL_ALPHA = 0.9
+CHAIN_PAYS = 1.2  # below this predicted speedup a draft chain is not worth recommending
+
+
+def recommend(c: float | None, curve: Sequence[float] | None) -> tuple[str, str]:
+    """(method, why) for a pair on this machine, from its measured draft cost c and verify curve
+    v(k) (k = 0..16, in plain steps): the hybrid, which copies drafts from text for free and calls the
+    draft model only where a round is priced in, and says what a draft chain would give."""
+    if c is None or not curve:
+        return "hybrid", "drafts copied from text cost no draft step; the draft model joins where it pays"
+    g = best_gamma(TYPICAL_ALPHA, c, curve)
+    chain = speedup(TYPICAL_ALPHA, g, c, v_at(curve, g))
+    free = f"a verify of 16 drafts costs {v_at(curve, min(16, len(curve) - 1)):.2f} plain steps"
+    if chain < CHAIN_PAYS:
+        return "hybrid", (f"the draft model costs c = {c:.2f} of a target step here, so even at α "
+                          f"{TYPICAL_ALPHA} its best chain (γ {g}) predicts {chain:.2f}×; drafts copied "
+                          f"from text cost nothing and {free}")
+    return "hybrid", (f"a draft chain pays here (c = {c:.2f}: {chain:.2f}× predicted at α {TYPICAL_ALPHA}, "
+                      f"γ {g}), and the hybrid adds free drafts copied from text; {free}")

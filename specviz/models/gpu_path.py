@@ -54,4 +54,12 @@ def use_graphs(target, draft, costs, compile: bool = False):
     step = time_forwards(draft, [1])[1] if draft is not None else None
     costs = replace(costs, plain_step_s=verify[1], verify_s=tuple(verify[n] for n in sorted(verify)),
                     draft_step_s=step if step is not None else costs.draft_step_s)
-    return costs, NOTE + "; costs timed on them"
+    return costs, NOTE + "; costs timed on them; " + recommendation(costs)
+
+
+def recommendation(costs) -> str:
+    """The method this card's measured costs recommend, and why (engine/theory.recommend)."""
+    from ..engine.theory import recommend
+    curve = [1.0] + [costs.verify_cost(k) for k in range(1, MAX_VERIFY_TOKENS)]
+    method, why = recommend(costs.c, curve)
+    return f"recommended here: {method} ({why})"
