@@ -67,13 +67,19 @@ def _clean(d: dict) -> dict:
 def page_checks(target, draft, prompt: list[int], new: int, gamma: int) -> dict:
     """The page's path: draft = target (c must come out ~1, the speedup <= 1), the real-size draft,
     sampling, and every chain method's greedy tokens against plain's."""
+    from ..engine.costs import MAX_VERIFY_TOKENS, CostModel
     from ..models.gpu_path import use_graphs
-    use_graphs(target, draft, None)
+    # as a load does: graphs captured, then the costs timed on them (the hybrid and auto γ price by them)
+    untimed = CostModel(plain_step_s=1.0, verify_s=(1.0,) * MAX_VERIFY_TOKENS, draft_step_s=1.0)
+    costs, note = use_graphs(target, draft, untimed)
     greedy = RunRequest(prompt="", method="draft", gamma=gamma, max_new_tokens=new, temperature=0.0)
     same = page_pair(target, target)
     shown(same, greedy, prompt)  # first runs: the pools' third cache is captured here, untimed
-    r = {"self": _clean(shown(same, greedy, prompt))}
+    r = {"load_costs": {"plain_step_ms": costs.plain_step_s * 1e3, "c": costs.c,
+                        "v": {k: costs.verify_cost(k) for k in (1, 4, 8, 16)}, "note": note},
+         "self": _clean(shown(same, greedy, prompt))}
     pair = page_pair(target, draft)
+    pair.costs = costs
     shown(pair, greedy, prompt)
     fair = shown(pair, greedy, prompt)
     r["draft"] = _clean(fair)
@@ -82,7 +88,8 @@ def page_checks(target, draft, prompt: list[int], new: int, gamma: int) -> dict:
     r["draft_sampled"] = _clean(shown(pair, sampled, prompt))
     r["methods"] = {}
     for method in CHAIN:
-        req = RunRequest(prompt="", method=method, gamma=gamma, max_new_tokens=new, temperature=0.0)
+        req = RunRequest(prompt="", method=method, gamma=gamma, max_new_tokens=new, temperature=0.0,
+                         gamma_auto=method in ("draft", "hybrid"))  # auto γ: priced by the load's costs
         try:
             m = shown(pair, req, prompt)
             r["methods"][method] = {k: m[k] for k in ("identical", "shown_speedup", "tokens_per_round",
