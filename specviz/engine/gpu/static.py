@@ -116,7 +116,9 @@ class StaticModel:
             return
         ids = torch.zeros((1, n), dtype=torch.long, device=self.device)
         pos = torch.arange(self.max_len - n, self.max_len, device=self.device)
-        graph, out = capture_graph(lambda: self._forward(ids, pos), self.device, warmup, stream=self.stream)
+        with all_attention_kernels():  # the one fixed shape: cuDNN's plan is built once, here
+            graph, out = capture_graph(lambda: self._forward(ids, pos), self.device, warmup,
+                                       stream=self.stream)
         self.graphs[n] = (graph, ids, pos, out)
 
     @torch.no_grad()
@@ -134,6 +136,14 @@ class StaticModel:
         pos_buf.copy_(self.keys[pos0:pos0 + n])
         graph.replay()
         return out
+
+
+def all_attention_kernels():
+    """SDPA free to pick any backend, cuDNN's too, which the app turns off for eager forwards
+    (models/gpu_path.no_cudnn_attention: a plan per new key length) but a graph's fixed shape wants."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+                        SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def capture_graph(fn, device, warmup: int = 2, stream=None):
