@@ -247,7 +247,7 @@ def test_tree_view_draws_every_round_from_replayed_events(tok, peaked):
 
 def test_a_tree_runs_charts_draw_no_legend_entry_without_a_line(tok, peaked):
     """A token tree has no chain prediction and no per-position tests: the charts left their
-    legend entries ("Leviathan prediction", "kept ÷ tested") with nothing drawn."""
+    legend entries ("Leviathan prediction", "accepted ÷ tested") with nothing drawn."""
     from specviz.ui.charts import position_chart, speedup_chart
     from specviz.ui.state import RunView
     t, d = peaked
@@ -259,5 +259,5 @@ def test_a_tree_runs_charts_draw_no_legend_entry_without_a_line(tok, peaked):
     for ev in run(tree_speculative(t, TreeDraftProposer(d, budget=6), tok, ids, 12, 3, SamplingParams()))[0]:
         view.add("speculative", ev)
     names = [tr.name for tr in speedup_chart(view).data + position_chart(view).data]
-    assert "measured" in names and "kept ÷ drafted" in names
-    assert not any(n.startswith("Leviathan") or n == "kept ÷ tested" for n in names)
+    assert "measured" in names and "accepted ÷ drafted" in names
+    assert not any(n.startswith("Leviathan") or n == "accepted ÷ tested" for n in names)

@@ -161,8 +161,25 @@ def test_charts_build_from_events():
     figs = all_charts(view)
     # speedup chart: measured, Leviathan's and the verify-cost-aware prediction
     assert [len(f.data) for f in figs] == [2, 3, 2, 2]
-    pos = figs[3].data[1].y  # kept ÷ tested per position: 1/1 then 0/1
+    pos = figs[3].data[1].y  # accepted ÷ tested per position: 1/1 then 0/1
     assert list(pos) == [1.0, 0.0]
+    # one name per measure (issue 59: "kept ÷ drafted", "kept ÷ tested", "rate"): the glossary's names
+    from specviz.ui.glossary import MEANING
+    names = {t.name for f in (figs[0], figs[3]) for t in f.data} - {"this round", "so far"}
+    assert names <= set(MEANING), names
+    assert "accepted ÷ drafted" in figs[3].layout.yaxis.title.text
+
+
+def test_draft_size_cells_name_acceptance_as_the_page_does():
+    """The Draft size tab wrote "α 0.80" (accepted ÷ drafted) beside an "α̂" column (issue 59)."""
+    from specviz.ui import draft_size_plot as dsp
+    size = dict(name="d", label="draft", measured_best=2, theory_best=2, alpha_hat=0.9, c=0.2,
+                rows=[dict(gamma=2, speedup=1.5, alpha=0.8, theory=1.6, tps=3.0, tau=2.0, c=0.2)])
+    data = dict(gammas=[2], sizes=[size])
+    table = dsp.table_md(data)
+    assert "α " not in table and "1.50× ★○ · 0.80" in table
+    assert "accepted ÷ drafted" in dsp.heatmap(data).layout.title.text and "accepted ÷ drafted" in dsp.CELL
+    assert "| accepted ÷ drafted |" in dsp.best_md(data, ref="d")
 
 
 @pytest.mark.parametrize("text", ["\n", "\n\n", "x\ny", "\r\n"])

@@ -139,36 +139,38 @@ def copied_markers(fig: go.Figure, rounds, ys: list[float]) -> None:
 
 
 def position_chart(view: RunView) -> go.Figure:
-    """Per draft position i: how often the i-th guess was kept, out of all rounds
-    that drafted it (bars), and out of the rounds where it was tested, i.e. all
-    earlier guesses were kept (line)."""
+    """Per draft position i: how often the i-th guess was accepted, out of all rounds
+    that drafted it (bars: accepted ÷ drafted, the chips' name), and out of the rounds where it
+    was tested, i.e. all earlier guesses were accepted (line: accepted ÷ tested). One name per
+    measure on every chart (issue 59: "kept ÷ drafted", "kept ÷ tested" and "rate" here)."""
     rounds = view.spec.rounds
     fig = go.Figure()
-    _layout(fig, "Acceptance by draft position", "draft position (1..γ)", "rate", yaxis_range=[0, 1.05])
+    _layout(fig, "Acceptance by draft position", "draft position (1..γ)", "accepted ÷ drafted (or ÷ tested)",
+            yaxis_range=[0, 1.05])
     if not rounds:
         return empty(fig, "waiting for the first round…")
     g = max(r.gamma for r in rounds)
     drafted = [0] * g
     tested = [0] * g
-    kept = [0] * g
+    accepted = [0] * g
     for r in rounds:
         for i in range(r.gamma):
             drafted[i] += 1
             if i < len(r.u):  # one uniform per tested position
                 tested[i] += 1
             if i < r.n_accepted:
-                kept[i] += 1
+                accepted[i] += 1
     x = list(range(1, g + 1))
-    per_drafted = list(zip(kept, drafted, strict=True))
-    per_tested = list(zip(kept, tested, strict=True))
-    fig.add_bar(x=x, y=[k / d if d else None for k, d in per_drafted], name="kept ÷ drafted",
+    per_drafted = list(zip(accepted, drafted, strict=True))
+    per_tested = list(zip(accepted, tested, strict=True))
+    fig.add_bar(x=x, y=[k / d if d else None for k, d in per_drafted], name="accepted ÷ drafted",
                 marker_color=GREEN, opacity=0.75, customdata=[f"{k}/{d}" for k, d in per_drafted],
-                hovertemplate="%{customdata}<extra>kept ÷ drafted</extra>")
+                hovertemplate="%{customdata}<extra>accepted ÷ drafted</extra>")
     if any(tested):  # a token tree's rounds record no per-position tests: no empty legend entry
-        fig.add_scatter(x=x, y=[k / t if t else None for k, t in per_tested], name="kept ÷ tested",
+        fig.add_scatter(x=x, y=[k / t if t else None for k, t in per_tested], name="accepted ÷ tested",
                         mode="lines+markers", line=dict(color=BLUE, width=2), marker=dict(size=6),
                         customdata=[f"{k}/{t}" for k, t in per_tested],
-                        hovertemplate="%{customdata}<extra>kept ÷ tested</extra>")
+                        hovertemplate="%{customdata}<extra>accepted ÷ tested</extra>")
     fig.update_xaxes(dtick=1)
     return fig
 

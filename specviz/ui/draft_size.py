@@ -51,7 +51,8 @@ def intro_html(data: dict) -> str:
                 f"<b>{esc(str(data.get('precision', '')))}</b>, on {esc(str(data.get('machine', '')))}"
                 + (f", {esc(', '.join(dates))}" if dates else "") + ". Not measured on this page, and not "
                 "necessarily the pair the live tab runs (its status line names that one).</div>")
-    return (measured + "<p>How acceptance α and speedup change with γ and with where the drafts come from. "
+    return (measured + "<p>How acceptance (accepted ÷ drafted) and speedup change with γ and with where "
+            "the drafts come from. "
             f"The rows:</p><ul>{rows}</ul><p>{data.get('prompts')} prompts × {data.get('max_new_tokens')} "
             "new tokens, greedy. ★ = measured best γ, ○ = the verify-cost-aware theory's best γ. The CPU was "
             f"shared with other jobs: load averages below.</p><ul>{cmds}</ul>")
@@ -72,7 +73,7 @@ def build_tab(path: Path = RESULT):
     """The tab's layout (call inside a gr.Blocks)."""
     import gradio as gr
 
-    from .draft_size_plot import heatmap, lines, table_md
+    from .draft_size_plot import CELL, heatmap, lines, table_md
     data = load_result(path)
     with gr.Tab("Draft size", id="draft-size", elem_id="sv-tab-draft-size"):
         if not data or not data.get("sizes"):
@@ -82,4 +83,4 @@ def build_tab(path: Path = RESULT):
         gr.HTML(intro_html(data), elem_id="sv-ds-intro")
         gr.Plot(on_page(heatmap(data)), show_label=False, elem_id="sv-ds-heatmap")
         gr.Plot(on_page(lines(data)), show_label=False, elem_id="sv-ds-lines")
-        gr.Markdown(table_md(data))
+        gr.Markdown(f"<small>{CELL}; α̂: the expected acceptance, pooled over γ</small>\n\n{table_md(data)}")

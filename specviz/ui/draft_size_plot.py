@@ -1,6 +1,8 @@
 """Figures of the draft-size analysis (plotly only, no gradio): a heatmap of
 measured speedup over draft size × γ, and speedup-vs-γ lines with the theory
-dashed; both mark the measured optimum (★) and the theory's optimum (○)."""
+dashed; both mark the measured optimum (★) and the theory's optimum (○). Acceptance goes by the
+live tab's names: accepted ÷ drafted per cell, α̂ (expected acceptance) pooled per size (issue 59:
+the cells said "α 0.80" beside an "α̂" column)."""
 from __future__ import annotations
 
 from .charts import PALETTE
@@ -9,8 +11,12 @@ from .charts import PALETTE
 def _cell(s: dict, r: dict) -> str:
     marks = ("★" if r["gamma"] == s["measured_best"] else "") \
         + ("○" if r["gamma"] == s["theory_best"] else "")
-    alpha = "α n/a" if r["alpha"] is None else f"α {r['alpha']:.2f}"
+    alpha = "n/a" if r["alpha"] is None else f"{r['alpha']:.2f}"
     return f"{r['speedup']:.2f}× {marks}<br>{alpha}"
+
+
+# what a cell holds, said once beside the table and in the heatmap's title
+CELL = "each γ cell: measured speedup vs plain, then accepted ÷ drafted"
 
 
 def _grid(data: dict):
@@ -29,7 +35,8 @@ def heatmap(data: dict):
     fig = go.Figure(go.Heatmap(x=[str(g) for g in gammas], y=labels, z=z, text=text,
                                texttemplate="%{text}", colorscale="RdBu", zmid=1.0,
                                colorbar=dict(title="speedup")))
-    fig.update_layout(title="Measured speedup vs plain by draft size and γ (★ measured best, ○ theory best)",
+    fig.update_layout(title="Measured speedup vs plain by draft size and γ, then accepted ÷ drafted<br>"
+                            "<sup>★ measured best, ○ theory best</sup>",
                       xaxis_title="γ (draft tokens per round)", template="plotly_white",
                       height=140 + 40 * len(labels), width=820, yaxis_autorange="reversed",
                       margin=dict(l=170))
@@ -63,13 +70,14 @@ def lines(data: dict):
 
 
 def table_md(data: dict) -> str:
-    """Markdown table: one row per size, speedup (α) per γ, pooled α̂ and c, both optima."""
+    """Markdown table: one row per size, speedup and accepted ÷ drafted per γ (CELL), pooled α̂ and c,
+    both optima."""
     head = ("| draft | " + " | ".join(f"γ={g}" for g in data["gammas"])
             + " | α̂ | c | best γ measured / theory |")
     lines_ = [head, "|" + "---|" * (len(data["gammas"]) + 4)]
     for s in data["sizes"]:
         by_g = {r["gamma"]: r for r in s["rows"]}
-        cells = [_cell(s, by_g[g]).replace("<br>", " ") if g in by_g else ""
+        cells = [_cell(s, by_g[g]).replace("<br>", " · ") if g in by_g else ""
                  for g in data["gammas"]]
         tail = f" | {s['alpha_hat']:.2f} | {s['c']:.2f} | {s['measured_best']} / {s['theory_best']} |"
         lines_.append(f"| {s['label']} | " + " | ".join(cells) + tail)
@@ -77,10 +85,10 @@ def table_md(data: dict) -> str:
 
 
 def best_md(data: dict, ref: str = "draft-int8") -> str:
-    """Per size at its measured best γ: α, τ, c, tokens/s, speedup vs plain and vs `ref`."""
+    """Per size at its measured best γ: accepted ÷ drafted, τ, c, tokens/s, speedup vs plain and vs `ref`."""
     best = {s["name"]: next(r for r in s["rows"] if r["gamma"] == s["measured_best"]) for s in data["sizes"]}
     ref_tps = best[ref]["tps"] if ref in best else None
-    out = ["| draft | best γ | α | τ | c | tokens/s | vs plain | vs " + ref + " |",
+    out = ["| draft | best γ | accepted ÷ drafted | τ | c | tokens/s | vs plain | vs " + ref + " |",
            "|---|---|---|---|---|---|---|---|"]
     for s in data["sizes"]:
         r = best[s["name"]]

@@ -17,6 +17,8 @@ TERMS = (
              "the draft's probabilities p and q"),
     ("accepted ÷ drafted", "the share of drafted tokens kept; tokens after a round's first rejection are "
                            "never checked and count as not kept"),
+    ("accepted ÷ tested", "per draft position: the share accepted of the guesses the target tested there "
+                          "(a guess after the round's first rejection is never tested)"),
     ("τ", "tokens gained per target forward pass (per verification round)"),
     ("c", "the cost of one draft step, as a fraction of one plain target step"),
     ("v", "the cost of one verification pass (γ+1 tokens at once), in plain target steps"),
