@@ -9,7 +9,8 @@ import torch
 from helpers import fake_pair, run
 
 from specviz.engine import forward
-from specviz.engine.decoding import EAGER_SELF_SPEC, baseline, speculative
+from specviz.engine.decoding import baseline, speculative
+from specviz.engine.forward import EAGER_PATH, GRAPHS_PATH
 from specviz.engine.gpu import measure
 from specviz.engine.gpu.scheduler import RaceStuck, run_sides
 from specviz.engine.kvcache import backend
@@ -127,7 +128,7 @@ def test_every_chain_method_on_the_graph_path_gives_plain_greedy(graph_pair, met
     prompt = measure.prompt_ids(10, t.config.vocab_size) * 2  # a repeat: the copying methods find drafts
     req = RunRequest(prompt="", method=method, gamma=4, max_new_tokens=20, temperature=0.0)
     r = gpu_page.shown(gpu_page.page_pair(t, d), req, prompt)
-    assert r["identical"] and r["path"] == "graphs"
+    assert r["identical"] and r["path"] == GRAPHS_PATH
 
 
 def test_self_speculation_goes_eager_on_graphs_and_says_so(graph_pair, tok):
@@ -137,7 +138,26 @@ def test_self_speculation_goes_eager_on_graphs_and_says_so(graph_pair, tok):
     req = RunRequest(prompt="", method="early-exit", gamma=3, max_new_tokens=16, options={"exit_layer": 2})
     _, base = run(baseline(t, pair.tokenizer, prompt, 16, GREEDY))
     _, spec = run(speculative(t, build_proposer(pair, "early-exit", req), pair.tokenizer, prompt, 16, 3, GREEDY))
-    assert spec.token_ids == base.token_ids and spec.extra["path"] == EAGER_SELF_SPEC
+    assert spec.token_ids == base.token_ids and spec.extra["path"] == EAGER_PATH
+    assert base.extra["path"] == GRAPHS_PATH
+
+
+@pytest.mark.parametrize("method", ["tree", "lookahead"])
+def test_tree_and_jacobi_methods_run_eager_beside_graphs_and_say_so(graph_pair, method):
+    t, d = graph_pair
+    prompt = measure.prompt_ids(10, t.config.vocab_size) * 2
+    req = RunRequest(prompt="", method=method, gamma=3, max_new_tokens=16, temperature=0.0)
+    r = gpu_page.shown(gpu_page.page_pair(t, d), req, prompt)
+    assert r["identical"] and r["path"] == EAGER_PATH
+
+
+def test_the_page_shows_each_sides_forward_path():
+    from specviz.ui.speedup_box import stats_html
+    side = dict(n_tokens=4, elapsed=0.1, tokens_per_s=40.0, target_forwards=4, state="done")
+    snap = dict(baseline={**side, "path": GRAPHS_PATH}, speculative={**side, "path": EAGER_PATH}, stats={})
+    html = stats_html(snap)
+    assert "forward path" in html and "CUDA graphs" in html and "eager (dynamic cache)" in html
+    assert "forward path" not in stats_html(dict(baseline=side, speculative=side, stats={}))
 
 
 def test_a_draft_that_is_the_target_costs_one_step(graph_pair):

@@ -16,14 +16,12 @@ from typing import Iterator
 import torch
 
 from .events import Outcome, RoundEvent, RunSummary, TokenEvent, commit_round, round_tokens
-from .forward import crop_cache, forward_logits, new_cache, pick
+from .forward import crop_cache, forward_logits, new_cache, path_note, pick
 from .proposer import ChainProposer
 from .rounds import Clock, check_stop, cut_at_eos, drive_rounds, new_summary, pad_to, run_state
 from .sampling import SamplingParams, Verdict, greedy_pick, top2_gap, verify, warp
 from .text import TextStream
 from .topk_view import round_dists
-
-EAGER_SELF_SPEC = "eager (dynamic cache): self-speculation runs the target layer by layer, not as a graph"
 
 
 @torch.inference_mode()
@@ -64,10 +62,11 @@ def baseline(
             reason = "eos"
             break
         feed = [x]
+    path = path_note(model, cache)
     yield RunSummary(
         side="baseline", method="plain", token_ids=out, text=stream.final(), n_tokens=len(out),
         elapsed=clock.now(), prefill=prefill, target_forwards=forwards, stop_reason=reason,
-        device=str(model.device),
+        device=str(model.device), **({"extra": {"path": path}} if path else {}),
     )
 
 
@@ -192,8 +191,10 @@ def speculative(
         if getattr(getattr(cache, "backend", None), "name", "") == "graphs":
             # it runs the target's layers one by one: a graph replays the whole model. This run goes
             # eager over a dynamic cache, and its summary says so
-            cache, s.extra["path"] = new_cache(target, dynamic=True), EAGER_SELF_SPEC
+            cache = new_cache(target, dynamic=True)
         proposer.attach_target_cache(cache)
+    if path_note(target, cache):
+        s.extra["path"] = path_note(target, cache)
 
     def one_round(r: int, remaining: int) -> RoundEvent:
         g = policy.next_gamma(gamma) if policy is not None else proposer.next_gamma(gamma)

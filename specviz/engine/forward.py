@@ -67,6 +67,18 @@ def set_cache(model, kind: str = "dynamic", *, compile: bool = False, masked: bo
     return kind + (" + compile" if compile else "")
 
 
+GRAPHS_PATH = "CUDA graphs"
+EAGER_PATH = "eager (dynamic cache): a token tree's or a layer-by-layer forward is not a captured graph"
+
+
+def path_note(model, cache) -> str:
+    """What a run's forwards ran on, where the model is on graphs (a GPU): GRAPHS_PATH, or
+    EAGER_PATH for a run that made a dynamic cache instead; "" elsewhere (nothing to say)."""
+    if kvcache.runtime(model).cache != "graphs":
+        return ""
+    return GRAPHS_PATH if getattr(getattr(cache, "backend", None), "name", "") == "graphs" else EAGER_PATH
+
+
 def cache_kind(model) -> tuple[str, bool, bool]:
     """(kind, compiled, masked layout)"""
     rt = kvcache.runtime(model)

@@ -56,7 +56,7 @@ def shown(pair, req, prompt, mode: str = "fair") -> dict:
             "tokens_per_round": st.tau, "plain_s": base.elapsed, "speculative_s": spec.elapsed,
             "prompt_read_s": {"baseline": base.prefill, "speculative": spec.prefill},
             "identical": base.token_ids == spec.token_ids, "wall_s": wall,
-            "path": spec.extra.get("path", "graphs"), "_tokens": (base.token_ids, spec.token_ids)}
+            "path": spec.extra.get("path", ""), "_tokens": (base.token_ids, spec.token_ids)}
 
 
 def _clean(d: dict) -> dict:

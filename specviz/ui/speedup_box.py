@@ -33,6 +33,9 @@ def stats_html(snap: dict) -> str:
     rows = "".join(
         f"<tr><th scope='row'>{name}</th>{_cell(bv)}{_cell(sv)}</tr>"
         for (name, bv), (_, sv) in zip(side_rows(base), side_rows(spec), strict=True))
+    if base.get("path") or spec.get("path"):  # on a GPU: graphs, or a run that went eager
+        rows += (f"<tr><th scope='row'>forward path</th>{_cell(esc(base.get('path') or ''))}"
+                 f"{_cell(esc(spec.get('path') or ''))}</tr>")
     st = snap["stats"]
     spd, sub = _speedup_text(snap)
     spd_cls = "" if spd is None else (" sv-good" if spd >= 1 else " sv-bad")

@@ -249,8 +249,9 @@ class RunView:
     def snapshot(self) -> dict:
         def side(v: SideView) -> dict:
             state = "failed" if self.error and v.summary is None else v.state
+            path = (v.summary.extra or {}).get("path", "") if v.summary is not None else ""
             return dict(n_tokens=v.n_tokens, elapsed=v.elapsed, tokens_per_s=v.tokens_per_s,
-                        target_forwards=v.target_forwards, state=state)
+                        target_forwards=v.target_forwards, state=state, path=path)
         stats = self.stats()
         return dict(baseline=side(self.base), speculative=side(self.spec), stats=stats,
                     identical=self.identical(), finished=self.finished, greedy=self.greedy,
