@@ -42,6 +42,9 @@ PLAIN = "plain"  # the key of the plain decoding row (its runs are raced beside 
 TAU_PLAIN = 1.005
 # CPU-time and wall-time × plain further apart than this: the machine was disturbed during the race
 CPU_WALL_GAP = 0.15
+# a bundle recorded before 2026-11-28 timed plain apart from each method: below this τ its × plain
+# is within what a drifting machine bends (issue 59: 1.34× for τ 1.00), so it never ranks above plain
+TAU_CLEAR = 1.5
 PARTIAL = ("stopped", "error")  # stop reasons of a run that did not reach its end
 NOT_RUN = "stopped before it ran"  # a contender's reason after Stop
 START, END = "start", "end"  # markers: (key, START, None) before a run, (key, END, None) after it
@@ -287,8 +290,8 @@ class Board:
         else:
             how = f"÷ the one plain run ({plain.tokens_per_s:.2f} tok/s), timed before every method"
             flags.append("recorded before 2026-11-28: plain was timed minutes apart from this run, not in "
-                         "the same moments, so its × plain may be bent by the machine's load; not ranked "
-                         "above plain")
+                         "the same moments, so its × plain may be bent by the machine's load"
+                         + (f"; τ {st.tau:.2f}: not ranked above plain" if _unclear(st.tau) else ""))
         return Row(run.entry.key, run.entry.label, self._gamma(run), s.tokens_per_s, spd, st.tau,
                    st.alpha_hat, st.c, st.verify_cost, ident, s.n_tokens, s.elapsed, s.stop_reason,
                    run.error, detail, plain_tokens_per_s=plain.tokens_per_s if plain else None,
@@ -353,14 +356,19 @@ def _flag_disturbed(spd: float | None, cpu: float | None) -> str:
             f"{CPU_WALL_GAP:.0%} apart; race it again on a quieter machine")
 
 
+def _unclear(tau: float | None) -> bool:
+    return tau is None or tau < TAU_CLEAR
+
+
 def _rank_key(r: Row):
-    """Whole runs first, by × plain (a ratio of the same moments); a τ 1.00 run, or one timed apart
-    from plain (an old bundle), never above plain."""
+    """Whole runs first, by × plain (a ratio of the same moments); a τ 1.00 run never above plain,
+    nor one of an old bundle (plain timed apart from it) with τ under TAU_CLEAR."""
     if not r.ranked:
-        return (True, 0.0, False)
+        return (True, 0.0, False, 0.0)
     spd = r.speedup if r.speedup is not None else 0.0
-    capped = r.key != PLAIN and spd > 1.0 and ((r.tau is not None and r.tau < TAU_PLAIN) or not r.paired)
-    return (False, -(min(spd, 1.0) if capped else spd), capped)
+    capped = r.key != PLAIN and spd > 1.0 and (
+        (r.tau is not None and r.tau < TAU_PLAIN) or (not r.paired and _unclear(r.tau)))
+    return (False, -(min(spd, 1.0) if capped else spd), capped, -spd)
 
 
 def new_board(pair, req, keys, options: dict | None = None) -> Board:
