@@ -81,3 +81,9 @@ def loadavg() -> str:
         return "/".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "n/a"
+
+
+def on_zerogpu() -> bool:
+    """A ZeroGPU Space: the `spaces` package's own switch (SPACES_ZERO_GPU=true there)."""
+    import os
+    return os.environ.get("SPACES_ZERO_GPU", "").strip().lower() in ("1", "t", "true")

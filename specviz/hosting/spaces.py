@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from .. import machine
 from ..models import PAIRS, PairSpec
 
 HUB_TARGET = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
@@ -29,12 +30,13 @@ def on_space() -> bool:
 
 def on_zerogpu() -> bool:
     """A ZeroGPU Space: the `spaces` package's own switch (SPACES_ZERO_GPU=true there)."""
-    return os.environ.get("SPACES_ZERO_GPU", "").strip().lower() in ("1", "t", "true")
+    return machine.on_zerogpu()
 
 
 # ZeroGPU documents no torch.compile (its route is ahead-of-time compilation, spaces.aoti_*); what the
-# page then runs, said where the pair is named. engine/gpu/'s graph loop needs no compile, but the
-# page does not run it yet, and nothing of this has run on ZeroGPU
+# page then runs, said where the pair is named. Graphs captured at load would not reach the forked
+# process of each GPU call, so the page stays eager there (models/gpu_path.wanted); nothing of this
+# has run on ZeroGPU
 ZEROGPU_NOTE = ("ZeroGPU: both sides of a run share one borrowed-GPU call (spaces.GPU). torch.compile is "
                 "not used there, so both sides run transformers' eager forwards (not yet CUDA graphs). "
                 "Not yet run on a real ZeroGPU Space.")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
+from .. import machine
 from ..engine.costs import MAX_VERIFY_TOKENS
 
 NOTE = "both sides replay CUDA graphs over static caches (captured at load)"
@@ -30,7 +31,10 @@ def no_cudnn_attention() -> None:
 
 
 def wanted(device) -> bool:
-    return getattr(device, "type", str(device)) == "cuda" and os.environ.get("SPECVIZ_GPU_GRAPHS", "1") != "0"
+    """Graphs on a CUDA device, unless SPECVIZ_GPU_GRAPHS=0 or on ZeroGPU: each of its GPU calls is
+    a freshly forked process, which graphs captured at load would not reach."""
+    cuda = getattr(device, "type", str(device)) == "cuda"
+    return cuda and os.environ.get("SPECVIZ_GPU_GRAPHS", "1") != "0" and not machine.on_zerogpu()
 
 
 def use_graphs(target, draft, costs, compile: bool = False):
