@@ -62,9 +62,17 @@ def _active(page) -> str:
                          "(a.closest('[id]') || {}).id)) || ''; })()")
 
 
-@pytest.mark.parametrize("size", [(1440, 900), (400, 800)])
-def test_run_on_the_first_screen(browser, app, quiet, size):  # noqa: F811
+@pytest.mark.parametrize("size, load", [((1440, 900), 0.0), ((400, 800), 0.0), ((400, 800), 1.6)],
+                         ids=["1440", "400", "400-busy"])
+def test_run_on_the_first_screen(browser, app, monkeypatch, size, load):  # noqa: F811
+    """Run on the first screen, on a phone too, and with the busy banner (issue 59: just below)."""
+    from specviz.ui import busy
+    monkeypatch.setattr(busy.METER, "sample", lambda: load)  # other tests' jobs share the cores
+    monkeypatch.setattr(busy.METER, "others", load)
+    monkeypatch.setattr(busy.METER, "cores", 2)
     page, errors = _open(browser, app, size)
+    if load:
+        page.wait_for_selector("#sv-busy-banner", timeout=TIMEOUT)
     still(page, "#sv-run")  # the layout done moving (folds, fonts)
     bottom = page.evaluate("document.querySelector('#sv-run').getBoundingClientRect().bottom")
     assert bottom <= size[1], f"Run ends at y {bottom:.0f}, below the {size[1]} px screen"
@@ -72,7 +80,7 @@ def test_run_on_the_first_screen(browser, app, quiet, size):  # noqa: F811
     # the model-pair line in plain words; the precision and timings behind a disclosure
     status = shows(page, "#sv-status", "weights")
     assert "weights" in status and page.locator("#sv-status details.sv-pair-detail").count() == 1
-    _shot(page, f"newcomer-first-paint-{size[0]}x{size[1]}.png")
+    _shot(page, f"newcomer-first-paint-{size[0]}x{size[1]}{'-busy' if load else ''}.png")
     assert not errors, errors
 
 

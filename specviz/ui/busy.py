@@ -82,10 +82,13 @@ def busy_reason(status: dict, meter: CpuMeter = METER) -> str:
 def busy_html(reason: str) -> str:
     if not reason:
         return ""
-    return ("<div class='sv-status sv-status-warning sv-busy' role='alert' id='sv-busy-banner'>"
-            "<span class='sv-dot sv-dot-warning'></span><b>This machine is busy</b> "
-            f"({esc(reason)}): tokens/s, speedups, c and v measured now are unreliable. "
-            "A replay of a run recorded on a quiet machine shows the true timings.</div>")
+    # a phone shows the first sentence only (ui/stage.py CSS: .sv-busy-more), so Run stays on its
+    # first screen (issue 59: at 400 px the banner pushed it just below); the replay offer follows
+    return ("<div class='sv-status sv-status-warning sv-busy' role='alert' id='sv-busy-banner' "
+            f"title='{esc(reason)}'><span class='sv-dot sv-dot-warning'></span><b>This machine is busy</b>"
+            f"<span class='sv-busy-more'> ({esc(reason)})</span>: tokens/s, speedups, c and v measured now "
+            "are unreliable.<span class='sv-busy-more'> A replay of a run recorded on a quiet machine shows "
+            "the true timings.</span></div>")
 
 
 def calib_html(status: dict) -> str:

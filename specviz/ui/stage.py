@@ -176,6 +176,7 @@ abbr[title] { text-decoration: underline dotted; cursor: help; }
   #sv-preset .info-text, #sv-prompt .info-text { display: none; }
   .sv-status { font-size: 13px; }
   .sv-header p { font-size: 14px; }
+  .sv-busy-more { display: none; }  /* the busy banner's first sentence only (issue 59) */
 }
 """
 # large type for a hall, written `.sv-stage X` and scoped by staged() below
