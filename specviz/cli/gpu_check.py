@@ -199,10 +199,11 @@ def _floor_ms(model, m, gbs) -> float | None:
 
 def _compiled(m, target, draft, prompt, gbs, gamma) -> dict:
     """Inductor's kernels inside our captured graphs: the target's step and verify, the draft's step."""
-    sm = m.StaticModel(target, len(prompt) + 32, compile=True)
+    from ..engine.backends.compiled import inductor
+    sm = m.StaticModel(target, len(prompt) + 32, compile=inductor)
     step = m.static_step_s(sm, prompt, rows=1)
     verify = m.static_step_s(sm, prompt, rows=gamma + 1)
-    d = m.static_step_s(m.StaticModel(draft, len(prompt) + 32, compile=True), prompt, rows=1)
+    d = m.static_step_s(m.StaticModel(draft, len(prompt) + 32, compile=inductor), prompt, rows=1)
     ft, fd = _floor_ms(target, m, gbs), _floor_ms(draft, m, gbs)
     return {"target_step_ms": step * 1e3, "target_verify_ms": verify * 1e3, "draft_step_ms": d * 1e3,
             "c": d / step, "v": verify / step, "verify_rows": gamma + 1,

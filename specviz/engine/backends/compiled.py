@@ -106,3 +106,12 @@ def _inductor_cache_per_class() -> None:
     current = os.path.abspath(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir())
     root = os.path.dirname(current) if os.path.basename(current).startswith(prefix) else current
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, tag)
+
+
+def inductor(fn):
+    """fn under torch.compile (inductor, static shapes: one compile per row count and model), for
+    engine/gpu/static.py's graphs, which are ours (so no "reduce-overhead")."""
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    setattr(cfg, name, max(getattr(cfg, name), 64))  # row counts x models x caches
+    return torch.compile(fn, dynamic=False)

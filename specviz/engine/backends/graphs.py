@@ -19,6 +19,7 @@ import weakref
 from ..gpu.cache import GraphCache
 from ..gpu.static import StaticModel
 from .base import Backend, runtime
+from .compiled import inductor
 
 # positions every graph cache holds: the page's longest prompt (2048) + its most new tokens (512)
 # + a verify's rows past the end, rounded to 16 (attention reads the whole buffer under a mask:
@@ -39,7 +40,8 @@ class Graphs(Backend):
             for i, sm in enumerate(self.pool):
                 if sm.max_len >= capacity:
                     return self.pool.pop(i)
-        return StaticModel(model, max(capacity, CAPACITY), weak=True, compile=runtime(model).compile)
+        compile = inductor if runtime(model).compile else None
+        return StaticModel(model, max(capacity, CAPACITY), weak=True, compile=compile)
 
     def _give(self, sm: StaticModel) -> None:
         with self.lock:

@@ -36,7 +36,7 @@ class StaticModel:
     are the graph's output buffer: read (or clone) them before the next replay of that size."""
 
     def __init__(self, model, max_len: int, n_layers: int | None = None, graphs: bool | None = None,
-                 compile: bool = False, weak: bool = False):
+                 compile=None, weak: bool = False):
         if not supported(model):
             raise ValueError("the static-graph path needs a Llama-family model (llama, qwen2, mistral)")
         # weak: a pool of caches (backends/graphs.py) must not keep a replaced pair alive
@@ -64,10 +64,11 @@ class StaticModel:
         # 2026-11-28 H100 race that hung with both threads inside replay. Own stream, own workspace.
         on_gpu = self.use_graphs and self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if on_gpu else None
-        # compile: torch.compile (inductor) fuses the norms, rotary and SiLU·mul before capture, as
-        # gpt-fast does; the graphs replay its kernels (no torch.compile where ZeroGPU forbids it)
-        self.compiled = compile
-        self._forward = compiled_forward(self.forward) if compile else self.forward
+        # compile: a compiler for the forward (backends/compiled.inductor: fuses the norms, rotary and
+        # SiLU·mul before capture, as gpt-fast does); the graphs replay its kernels. None: this file
+        # never calls torch.compile (ZeroGPU has none)
+        self.compiled = compile is not None
+        self._forward = compile(self.forward) if compile is not None else self.forward
 
     @property
     def model(self):
@@ -161,12 +162,3 @@ def capture_graph(fn, device, warmup: int = 2, stream=None):
     with torch.cuda.graph(graph, stream=side):
         out = fn()
     return graph, out
-
-
-def compiled_forward(fn):
-    """fn under torch.compile (inductor, static shapes: one compile per row count and model;
-    CUDA graphs are ours, so no "reduce-overhead")."""
-    cfg = torch._dynamo.config
-    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
-    setattr(cfg, name, max(getattr(cfg, name), 64))  # row counts x models x caches
-    return torch.compile(fn, dynamic=False)
