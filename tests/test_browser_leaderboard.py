@@ -86,8 +86,13 @@ def test_race_table_chart_and_panes(browser, server, tmp_path):  # noqa: F811
     saved = tmp_path / "race.json"
     dl.value.save_as(saved)
     page.locator("#sv-lb-upload input[type=file]").set_input_files(str(saved))
-    page.wait_for_selector("#sv-lb-upload :text('race.json')", timeout=TIMEOUT)  # uploaded
-    settled(page, "#sv-lb-upload", TIMEOUT)
+    try:  # uploaded: the box names the file (its text, shown or not), no event pending on it
+        page.wait_for_function("document.querySelector('#sv-lb-upload').textContent.includes('race.json')",
+                               timeout=TIMEOUT)
+        settled(page, "#sv-lb-upload", TIMEOUT)
+    except Exception:
+        shot(page, "race-upload-failed.png")
+        raise AssertionError("upload not shown: " + page.inner_html("#sv-lb-upload")[-1500:]) from None
     page.click("#sv-lb-show")
     page.wait_for_selector("#sv-lb-state:has-text('Recorded race')", timeout=TIMEOUT)
     assert page.locator("#sv-lb-rows tbody tr").count() == 1 + len(METHODS)

@@ -116,12 +116,20 @@ def test_keyboard_run_stop_and_method(browser, app):  # noqa: F811
     assert _active(page) == "sv-stop"  # not <body>: the next Tab skipped Stop
     page.wait_for_selector("#sv-runinfo .sv-badge", timeout=TIMEOUT)
     page.wait_for_function("document.activeElement && document.activeElement.id === 'sv-run'", timeout=TIMEOUT)
-    # the method selector moves with the arrow keys
-    page.locator("#sv-more .label-wrap").first.click()
+    # "← → method" from anywhere outside a text field, More settings folded (issue 59: only once a
+    # radio inside it had the focus); it opens, the picked radio takes the focus
+    checked = "i => !!(document.querySelectorAll('#sv-method input[type=radio]')[i] || {}).checked"
+    assert not page.locator("#sv-method input[type=radio]").first.is_visible()
+    page.locator("body").click(position={"x": 5, "y": 5})
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function(checked, arg=1, timeout=10_000)
+    assert page.locator("#sv-method input[type=radio]").nth(1).is_visible()
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function(checked, arg=0, timeout=10_000)
+    # and on the radios themselves, up and down too
     radios = page.locator("#sv-method input[type=radio]")
     radios.first.focus()
     page.keyboard.press("ArrowDown")
-    checked = "i => document.querySelectorAll('#sv-method input[type=radio]')[i].checked"
     page.wait_for_function(checked, arg=1, timeout=10_000)
     page.keyboard.press("ArrowUp")
     page.wait_for_function(checked, arg=0, timeout=10_000)

@@ -77,6 +77,24 @@ PAGE_JS = """() => {
     const b = e.target && e.target.closest && e.target.closest('button');
     if (b && !b.closest('.toast-wrap')) closeToasts();
   }, true);
+  // ← → outside a text field: the next or previous method on the live tab, its settings opened so
+  // the change shows (issue 59: the keys line's "← → method" worked only once a radio, folded
+  // inside More settings, had the focus); the picked radio takes the focus, so the keys go on
+  const svMethod = (step, tries = 10) => {
+    const run = document.querySelector('#sv-run');
+    if (!run || !run.offsetParent) return false;  // another tab
+    const more = document.querySelector('#sv-more .label-wrap');
+    if (more && !more.classList.contains('open') && tries === 10) more.click();
+    const all = [...document.querySelectorAll('#sv-method input[type=radio]')].filter((r) => !r.disabled);
+    if (!all.length || !all[0].offsetParent) {  // drawn once the fold opens
+      if (tries > 0) setTimeout(() => svMethod(step, tries - 1), 50);
+      return true;
+    }
+    const at = all.findIndex((r) => r.checked);
+    const next = all[(at + step + all.length) %% all.length];
+    next.focus(); next.click();
+    return true;
+  };
   // replay the selected recorded run; the replay section may be folded: open it first
   window.svReplay = () => {
     const play = document.querySelector('#sv-replay-play');
@@ -93,7 +111,9 @@ PAGE_JS = """() => {
       return;
     }
     const k = e.key.toLowerCase();
-    if (k === 'r') click('#sv-run');
+    if (k === 'arrowleft' || k === 'arrowright') {
+      if (!svMethod(k === 'arrowright' ? 1 : -1)) return;
+    } else if (k === 'r') click('#sv-run');
     else if (k === 's' || k === 'escape') click('#sv-stop');
     else if (k === 'p') window.svReplay();
     else if (k === 'n') click('#sv-next-preset');
