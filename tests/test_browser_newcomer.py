@@ -207,6 +207,28 @@ def test_race_button_while_racing(browser, app, monkeypatch):  # noqa: F811
     assert not errors, errors
 
 
+def test_panes_follow_the_output_of_a_long_prompt(browser, app):  # noqa: F811
+    """An edit preset's long prompt fills the panes; the output that follows it is scrolled into
+    view, not left below the panes' fold (issue 59: both panes stayed at the top)."""
+    page, errors = _open(browser, app)
+    page.locator("#sv-preset input").click()
+    page.get_by_role("option", name="Edit · rename a parameter").click()
+    page.wait_for_function("document.querySelector('#sv-prompt textarea').value.length > 500", timeout=TIMEOUT)
+    _set(page, "sv-max-new", 400)  # the tiny pair writes a character a token: many lines
+    press(page)
+    run_ended(page)
+    for pane in ("#sv-baseline", "#sv-speculative"):
+        geo = page.evaluate("""s => { const e = document.querySelector(s + ' .prose');
+            const last = [...e.querySelectorAll('.sv-tok')].pop().getBoundingClientRect();
+            const box = e.getBoundingClientRect();
+            return [e.scrollHeight > e.clientHeight, last.bottom <= box.bottom + 1 && last.top >= box.top]; }""",
+                            pane)
+        assert geo == [True, True], (pane, geo)  # overflowing, and its newest token in view
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#sv-speculative").screenshot(path=str(SHOTS / "newcomer-edit-preset-pane.png"))
+    assert not errors, errors
+
+
 def test_toasts_do_not_pile_up(browser, app):  # noqa: F811
     page, errors = _open(browser, app)
     page.locator("#sv-prompt textarea").fill("")

@@ -95,6 +95,27 @@ PAGE_JS = """() => {
     next.focus(); next.click();
     return true;
   };
+  // the panes follow their newest tokens while a run or replay streams, unless the visitor scrolled
+  // up in one (issue 59: after an edit preset's run both panes stayed at the top, showing the long
+  // prompt, with the output below their fold); a press of Run, Play or Run race follows again
+  const follow = new Map();  // pane scroller -> [following, tokens seen]
+  const scroller = (root) => root && (root.matches('.prose') ? root : root.querySelector('.prose'));
+  const panes = '#sv-baseline, #sv-speculative, #sv-lb-baseline, #sv-lb-speculative';
+  new MutationObserver(() => document.querySelectorAll(panes).forEach((root) => {
+    const e = scroller(root);
+    if (!e) return;
+    if (!follow.has(e)) {
+      follow.set(e, [true, 0]);
+      e.addEventListener('scroll', () => {  // at the bottom (or our own scroll): follow on
+        follow.get(e)[0] = e.scrollTop + e.clientHeight >= e.scrollHeight - 24; });
+    }
+    const st = follow.get(e), n = e.querySelectorAll('.sv-tok').length;
+    if (n !== st[1]) { st[1] = n; if (st[0]) e.scrollTop = e.scrollHeight; }  // new tokens, not a hover card
+  })).observe(document.body, {childList: true, subtree: true});
+  document.addEventListener('click', (e) => {
+    if (e.target && e.target.closest && e.target.closest('#sv-run, #sv-replay-play, #sv-lb-run'))
+      follow.forEach((st) => { st[0] = true; });
+  }, true);
   // replay the selected recorded run; the replay section may be folded: open it first
   window.svReplay = () => {
     const play = document.querySelector('#sv-replay-play');
