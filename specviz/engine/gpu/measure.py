@@ -303,3 +303,38 @@ def _top_ops(fn, dev, rows: int = 12) -> list[str]:
     return table.splitlines()
 
 
+
+
+@torch.no_grad()
+def eager_lengths(model, prompt_len: int = 300, steps: int = 12) -> dict:
+    """ms of transformers' eager step over a DynamicCache at a new key length each step (as
+    decoding meets them) and at one repeated length, with SDPA's cuDNN backend on and off (CUDA):
+    cuDNN plans per shape (models/gpu_path.no_cudnn_attention)."""
+    dev = next(model.parameters()).device
+    vocab = model.config.vocab_size
+
+    def median_ms(n_prompt: int, fresh: bool) -> float:
+        cache = dynamic_cache(model)
+        model(input_ids=torch.tensor([prompt_ids(n_prompt, vocab, seed=n_prompt)], device=dev),
+              past_key_values=cache, use_cache=True)
+        tok = torch.tensor([[5]], device=dev)
+        model(input_ids=tok, past_key_values=cache, use_cache=True)
+        ms = []
+        for _ in range(steps):
+            if not fresh:
+                cache.crop(-(cache.get_seq_length() - n_prompt))
+            _, s = wall_s(lambda: model(input_ids=tok, past_key_values=cache, use_cache=True), dev)
+            ms.append(s * 1e3)
+        return statistics.median(ms)
+
+    out = {}
+    ways = (True, False) if cuda(dev) else (None,)
+    for i, on in enumerate(ways):
+        if on is not None:
+            torch.backends.cuda.enable_cudnn_sdp(on)
+        base = prompt_len + 400 * i
+        out["cudnn_on" if on else "cudnn_off" if on is False else "cpu"] = {
+            "fresh_lengths_ms": median_ms(base, True), "same_length_ms": median_ms(base + 200, False)}
+    if cuda(dev):
+        torch.backends.cuda.enable_cudnn_sdp(False)  # what the app sets on a GPU
+    return out
