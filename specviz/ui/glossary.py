@@ -83,13 +83,25 @@ def plain_precision(precision: str, note: str, device: str, calibration: str = "
     return f"{bits} (not timed on {where}: a safe default)" if note or precision else ""
 
 
+def short_label(label: str) -> str:
+    """A local folder by its last name ("…/target"), Hub ids ("Qwen/Qwen2.5-Coder-1.5B") as they are.
+    Why: a phone's pair line wrapped /tmp/.../target over three lines and pushed Run below an
+    800 px screen (CI, 2026-11-28: Run ended at y 812); the full label stays in the tooltip."""
+    parts = []
+    for part in label.split(" + "):
+        bits = [b for b in part.split("/") if b]
+        parts.append(f"…/{bits[-1]}" if len(bits) > 2 else part)
+    return " + ".join(parts)
+
+
 def pair_html(status: dict) -> str:
     """The ready status: 'Model pair: X on cpu · 4-bit weights, measured fastest on this CPU',
     the precision and timings that say so behind a disclosure."""
     device = str(status.get("device") or "")
     precision, note = str(status.get("precision") or ""), str(status.get("precision_note") or "")
     plain = plain_precision(precision, note, device, str(status.get("calibration") or ""))
-    line = (f"Model pair: <b>{esc(status.get('label') or '')}</b> on {esc(device)}"
+    label = str(status.get("label") or "")
+    line = (f"Model pair: <b title='{esc(label)}'>{esc(short_label(label))}</b> on {esc(device)}"
             + (f" · {esc(plain)}" if plain else ""))
     detail = [x for x in (precision, note) if x]
     if detail:
