@@ -237,7 +237,9 @@ def test_local_paths_with_the_operator_flag(inproc, other_vocab_dir, tmp_path):
     # a good local pair loads and serves
     client.predict("custom", tiny, f"{inproc.dir}/draft", api_name="/load_pair")
     status = wait_loaded(client)
-    assert "sv-status-ready" in status and f"{tiny} + " in text_of(status), status
+    # named by its last part, the whole path in the tooltip (ui/glossary.short_label)
+    assert "sv-status-ready" in status and f"title='{tiny} + " in status, status
+    assert f"…/{tiny.rstrip('/').split('/')[-1]} + " in text_of(status), status
     good_run_works(client)
 
 
