@@ -348,7 +348,7 @@ def main(argv=None) -> int:
     if not args.cpu_tiny:  # as the app runs on a GPU (models/gpu_path.py says why)
         from ..models.gpu_path import no_cudnn_attention
         no_cudnn_attention()
-    if args.cpu_tiny:  # the code path, not the figures: one short timing each
+    else:  # the code path, not the figures: one short timing each
         from ..engine.gpu import measure
         measure.TIMING.update(calls=1, repeats=2, warmup=1)
     check = Check(args, torch, dev)

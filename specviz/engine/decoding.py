@@ -16,7 +16,7 @@ from typing import Iterator
 import torch
 
 from .events import Outcome, RoundEvent, RunSummary, TokenEvent, commit_round, round_tokens
-from .forward import crop_cache, forward_logits, new_cache, path_note, pick
+from .forward import crop_cache, forward_logits, new_cache, on_graphs, path_extra, pick
 from .proposer import ChainProposer
 from .rounds import Clock, check_stop, cut_at_eos, drive_rounds, new_summary, pad_to, run_state
 from .sampling import SamplingParams, Verdict, greedy_pick, top2_gap, verify, warp
@@ -62,11 +62,10 @@ def baseline(
             reason = "eos"
             break
         feed = [x]
-    path = path_note(model, cache)
     yield RunSummary(
         side="baseline", method="plain", token_ids=out, text=stream.final(), n_tokens=len(out),
         elapsed=clock.now(), prefill=prefill, target_forwards=forwards, stop_reason=reason,
-        device=str(model.device), **({"extra": {"path": path}} if path else {}),
+        device=str(model.device), extra=path_extra(model, cache),
     )
 
 
@@ -188,13 +187,12 @@ def speculative(
     # same). Round 1 therefore counts as prefill, not in the draft/verify split.
     proposer.reset(prompt_ids)  # the draft's prefill, not in draft_forwards
     if proposer.reads_target_cache:  # self-speculation drafts in the target's cache
-        if getattr(getattr(cache, "backend", None), "name", "") == "graphs":
+        if on_graphs(cache):
             # it runs the target's layers one by one: a graph replays the whole model. This run goes
             # eager over a dynamic cache, and its summary says so
             cache = new_cache(target, dynamic=True)
         proposer.attach_target_cache(cache)
-    if path_note(target, cache):
-        s.extra["path"] = path_note(target, cache)
+    s.extra.update(path_extra(target, cache))
 
     def one_round(r: int, remaining: int) -> RoundEvent:
         g = policy.next_gamma(gamma) if policy is not None else proposer.next_gamma(gamma)

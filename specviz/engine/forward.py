@@ -71,12 +71,18 @@ GRAPHS_PATH = "CUDA graphs"
 EAGER_PATH = "eager (dynamic cache): a token tree's or a layer-by-layer forward is not a captured graph"
 
 
-def path_note(model, cache) -> str:
-    """What a run's forwards ran on, where the model is on graphs (a GPU): GRAPHS_PATH, or
-    EAGER_PATH for a run that made a dynamic cache instead; "" elsewhere (nothing to say)."""
+def on_graphs(cache) -> bool:
+    """Whether `cache` is a graph cache (engine/backends/graphs.py)."""
+    return getattr(getattr(cache, "backend", None), "name", "") == "graphs"
+
+
+def path_extra(model, cache) -> dict:
+    """A run summary's `extra` entry saying what its forwards ran on, where the model is on graphs
+    (a GPU): GRAPHS_PATH, or EAGER_PATH for a run that made a dynamic cache instead; {} elsewhere
+    (nothing to say, and a CPU's recorded streams stay as they were)."""
     if kvcache.runtime(model).cache != "graphs":
-        return ""
-    return GRAPHS_PATH if getattr(getattr(cache, "backend", None), "name", "") == "graphs" else EAGER_PATH
+        return {}
+    return {"path": GRAPHS_PATH if on_graphs(cache) else EAGER_PATH}
 
 
 def cache_kind(model) -> tuple[str, bool, bool]:

@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from .events import Outcome, RoundEvent, RunSummary, commit_round, round_tokens
-from .forward import crop_cache, keep_cache_slots, path_note
+from .forward import crop_cache, keep_cache_slots, path_extra
 from .proposer import TreeProposer
 from .rounds import Clock, cut_at_eos, drive_rounds, make_generator, new_summary, pad_to
 from .sampling import SamplingParams, greedy_rows, overlap, top2_gap, warp
@@ -136,8 +136,7 @@ def tree_speculative(target, proposer: TreeProposer, tokenizer, prompt_ids: list
     # 16-node tree that measured 1.83×): no prediction or best γ is shown; τ is the tree's measure
     s = new_summary(proposer.name, depth, target.device, unmeasured=["predicted"],
                     gamma_policy=getattr(policy, "name", ""))
-    if path_note(target, cache):  # the model is on graphs: this run is not
-        s.extra["path"] = path_note(target, cache)
+    s.extra.update(path_extra(target, cache))  # the model is on graphs: this run is not
     if width is not None:  # the width rule sizes the tree, its depth too: the γ policy is not asked
         policy = None
     committed = list(prompt_ids)

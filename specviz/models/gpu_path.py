@@ -43,8 +43,7 @@ def use_graphs(target, draft, costs, compile: bool = False):
     from ..calibration.calibrate import time_forwards
     from ..engine.forward import set_cache
     from ..engine.kvcache import backend
-    models = [m for m in (target, draft) if m is not None]
-    if not models or set_cache(target, "graphs", compile=compile).split()[0] != "graphs":
+    if set_cache(target, "graphs", compile=compile).split()[0] != "graphs":
         return costs, ""
     if draft is not None and set_cache(draft, "graphs", compile=compile).split()[0] != "graphs":
         set_cache(target, "dynamic")  # a speed trick reaches both sides or neither
@@ -63,7 +62,6 @@ def use_graphs(target, draft, costs, compile: bool = False):
 
 def recommendation(costs) -> str:
     """The method this card's measured costs recommend, and why (engine/theory.recommend)."""
-    from ..engine.theory import recommend
-    curve = [1.0] + [costs.verify_cost(k) for k in range(1, MAX_VERIFY_TOKENS)]
-    method, why = recommend(costs.c, curve)
+    from ..engine.theory import recommend, verify_curve
+    method, why = recommend(costs.c, verify_curve(costs))
     return f"recommended here: {method} ({why})"

@@ -3,7 +3,6 @@ the graph backend (models/gpu_path.py), the engines and the race exactly as the 
 (run/race.py), and the figures the page would show (engine/metrics.run_stats)."""
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 
 import torch
@@ -11,7 +10,7 @@ import torch
 from ..engine.events import RunSummary
 from ..engine.metrics import run_stats
 from ..engine.pair import OURS
-from .race import race
+from .race import RaceInfo, race
 from .request import RunRequest
 
 # each tried once (self-speculation calibrates on text first: its eager fallback is a CPU test)
@@ -38,15 +37,10 @@ def page_pair(target, draft):
                            engine=OURS, has_chat_template=False, max_positions=None, close=lambda: None)
 
 
-def _race(pair, req, prompt, mode):
-    t0 = time.perf_counter()
-    out = {s: ev for s, ev in race(pair, req, prompt, mode) if isinstance(ev, RunSummary)}
-    return out, time.perf_counter() - t0
-
-
 def shown(pair, req, prompt, mode: str = "fair") -> dict:
     """One race as the page runs it -> what the page would show (and the tokens)."""
-    out, wall = _race(pair, req, prompt, mode)
+    info = RaceInfo(mode)
+    out = {s: ev for s, ev in race(pair, req, prompt, mode, info=info) if isinstance(ev, RunSummary)}
     base, spec = out["baseline"], out["speculative"]
     st = run_stats(spec, base, pair.costs)
     return {"mode": mode, "method": req.method, "gamma": req.gamma, "temperature": req.temperature,
@@ -55,7 +49,7 @@ def shown(pair, req, prompt, mode: str = "fair") -> dict:
             "alpha": st.alpha,
             "tokens_per_round": st.tau, "plain_s": base.elapsed, "speculative_s": spec.elapsed,
             "prompt_read_s": {"baseline": base.prefill, "speculative": spec.prefill},
-            "identical": base.token_ids == spec.token_ids, "wall_s": wall,
+            "identical": base.token_ids == spec.token_ids, "wall_s": info.wall,
             "path": spec.extra.get("path", ""), "_tokens": (base.token_ids, spec.token_ids)}
 
 

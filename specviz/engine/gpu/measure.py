@@ -217,7 +217,8 @@ def race(target, draft, prompt, new: int, gamma: int, max_len: int, repeats: int
     def tokens(v):
         return v if isinstance(v, list) else v.tokens
 
-    ref = {k: tokens(drive(f())) for k, f in loops.items()}
+    first = {k: drive(f()) for k, f in loops.items()}  # untimed: every shape warmed
+    ref = {k: tokens(v) for k, v in first.items()}
     alone = {k: [] for k in loops}
     both = {k: [] for k in loops}
     same = True
@@ -231,7 +232,7 @@ def race(target, draft, prompt, new: int, gamma: int, max_len: int, repeats: int
             both[k].append(secs[k])
             same &= tokens(vals[k]) == ref[k]
     med = {k: (statistics.median(alone[k]), statistics.median(both[k])) for k in loops}
-    spec = drive(loops["speculative"]())
+    spec = first["speculative"]
     return {"new_tokens": new, "gamma": gamma, "rounds": len(spec.accepted),
             "tokens_per_round": spec.tokens_per_round, "identical_to_alone": same,
             "identical_to_plain": spec.tokens == ref["baseline"],
@@ -268,7 +269,7 @@ def eager_ways(model, prompt: list[int], steps: int = 8, profile: bool = True) -
     dev = next(model.parameters()).device
     out, tables = {}, {}
     for way in EAGER_WAYS:
-        step = _eager_step(model, prompt, way, dev)
+        step, _ = _eager_step(model, prompt, way, dev)
         step(0), step(1)
         _, s = wall_s(lambda st=step: [st(2 + i) for i in range(steps)], dev)
         out[way] = s / steps * 1e3
@@ -284,12 +285,12 @@ def eager_ways(model, prompt: list[int], steps: int = 8, profile: bool = True) -
 
 
 def _eager_step(model, prompt: list[int], way: str, dev):
-    """A 1-token step after the prompt over a fresh DynamicCache, called `way` -> step(i)."""
+    """A 1-token step after the prompt over a fresh DynamicCache, called `way` -> (step(i), cache)."""
     cache, p = dynamic_cache(model), len(prompt)
     model(input_ids=torch.tensor([prompt], device=dev), past_key_values=cache, use_cache=True)
     tok = torch.tensor([[5]], device=dev)
     return lambda i: model(input_ids=tok, past_key_values=cache, use_cache=True,
-                           **_eager_kwargs(way, p + i, dev))
+                           **_eager_kwargs(way, p + i, dev)), cache
 
 
 def _top_ops(fn, dev, rows: int = 12) -> list[str]:
@@ -303,8 +304,6 @@ def _top_ops(fn, dev, rows: int = 12) -> list[str]:
     return table.splitlines()
 
 
-
-
 @torch.no_grad()
 def eager_lengths(model, prompt_len: int = 300, steps: int = 12) -> dict:
     """ms of transformers' eager step over a DynamicCache at a new key length each step (as
@@ -314,16 +313,13 @@ def eager_lengths(model, prompt_len: int = 300, steps: int = 12) -> dict:
     vocab = model.config.vocab_size
 
     def median_ms(n_prompt: int, fresh: bool) -> float:
-        cache = dynamic_cache(model)
-        model(input_ids=torch.tensor([prompt_ids(n_prompt, vocab, seed=n_prompt)], device=dev),
-              past_key_values=cache, use_cache=True)
-        tok = torch.tensor([[5]], device=dev)
-        model(input_ids=tok, past_key_values=cache, use_cache=True)
+        step, cache = _eager_step(model, prompt_ids(n_prompt, vocab, seed=n_prompt), "bare", dev)
+        step(0)
         ms = []
         for _ in range(steps):
             if not fresh:
                 cache.crop(-(cache.get_seq_length() - n_prompt))
-            _, s = wall_s(lambda: model(input_ids=tok, past_key_values=cache, use_cache=True), dev)
+            _, s = wall_s(lambda: step(0), dev)
             ms.append(s * 1e3)
         return statistics.median(ms)
 

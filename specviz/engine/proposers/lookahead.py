@@ -40,7 +40,7 @@ from transformers import DynamicCache
 
 from ...errors import RequestError
 from ..events import Outcome, RoundEvent, RunSummary, commit_round, round_tokens
-from ..forward import bias_of, context_apart, keep_cache_slots, masked_forward, path_note
+from ..forward import bias_of, context_apart, keep_cache_slots, masked_forward, path_extra
 from ..proposer import Option, Proposer, register
 from ..rounds import Clock, cut_at_eos, drive_rounds, new_summary
 from ..sampling import SamplingParams, top2_gap
@@ -205,8 +205,7 @@ def lookahead(target, prop: LookaheadProposer, tokenizer, prompt_ids: list[int],
     cache = DynamicCache()
     stream = TextStream(tokenizer)
     s = new_summary(prop.name, prop.ngram - 1, target.device)
-    if path_note(target, cache):  # the model is on graphs: this run is not
-        s.extra["path"] = path_note(target, cache)
+    s.extra.update(path_extra(target, cache))  # the model is on graphs: this run is not
     committed = list(prompt_ids)
     prop.reset(prompt_ids)
     yield from drive_rounds(s, stream, clock, max_new_tokens, stop, lambda r, remaining: _round(
