@@ -72,31 +72,26 @@ def load_from_args(args, progress=None, allow_local_paths=True):
 def apply_cache_args(pair, args) -> str:
     """--cache/--compile onto both models (baseline, verify and draft use the same kind), except
     that the default (dynamic) leaves a draft step load compiled (calibration/draft_compile.py)."""
-    from ..engine.forward import set_cache
+    from ..engine.forward import cache_kind, set_cache
     from ..hosting.spaces import ZEROGPU_NO_COMPILE, on_zerogpu
     compile = getattr(args, "compile", False)
     if compile and on_zerogpu():  # ZeroGPU has no torch.compile: say so, run eager
         compile = False
         pair.note = " ".join(n for n in (getattr(pair, "note", ""), ZEROGPU_NO_COMPILE) if n)
-    chosen = cache_kind_of(pair)  # what the load chose: graphs on a GPU (models/gpu_path.py)
+    chosen = cache_kind(pair.target)[0]  # what the load chose: graphs on a GPU (models/gpu_path.py)
     kind = getattr(args, "cache", "auto")
     kind = chosen if kind == "auto" else kind
     if kind == "graphs":
         if chosen != "graphs" or compile:
             from ..models.gpu_path import use_graphs
             pair.costs, _ = use_graphs(pair.target, pair.draft, pair.costs, compile=compile)
-        return cache_kind_of(pair) + (" + compile" if compile else "")
+        return cache_kind(pair.target)[0] + (" + compile" if compile else "")
     kind = "static" if compile else kind
     step = pair.draft_step
     keep = step is not None and step.compiled and kind == "dynamic"  # the draft's measured compiled step
     used = [set_cache(m, kind, compile=compile) for m in (pair.target, pair.draft)
             if m is not None and not (keep and m is pair.draft)]
     return used[0]
-
-
-def cache_kind_of(pair) -> str:
-    from ..engine.forward import cache_kind
-    return cache_kind(pair.target)[0]
 
 
 def method_flags() -> dict[str, list[tuple[str, Option]]]:
