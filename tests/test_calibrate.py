@@ -324,3 +324,23 @@ def test_an_int8_candidate_shares_the_fp32_tensors_and_leaves_the_model_intact()
         assert torch.equal(got(ids).logits, want(ids).logits)
     model.to(torch.bfloat16)  # a later candidate's in-place cast leaves the int8 twin as it was
     assert got.get_input_embeddings().weight.dtype == torch.float32
+
+
+def test_a_noisy_cached_calibration_is_timed_again_once_quiet(tmp_path, tok, monkeypatch):
+    """mode auto (bench, CLI): an entry timed under load serves only while the machine is busy;
+    once quiet it is timed again, and the quiet timing replaces it in the cache."""
+    from specviz.models.tiny import tiny_model
+    fresh = lambda: tiny_model(len(tok), seed=0, layers=2)  # noqa: E731
+    path = tmp_path / "cal.json"
+    args = dict(precision="auto", quantize="none", native_bf16=False, cache_file=path, min_params=0)
+    monkeypatch.setattr(cal, "busy", lambda *a: True)
+    _, _, noisy = cal.calibrate(fresh(), tiny_model(len(tok), seed=1, layers=1), **args)
+    assert noisy.noisy and path.exists()
+    _, _, still = cal.calibrate(fresh(), tiny_model(len(tok), seed=1, layers=1), **args)
+    assert still.cached and still.noisy  # still busy: the noisy entry beats timing under load again
+    monkeypatch.setattr(cal, "busy", lambda *a: False)
+    _, _, quiet = cal.calibrate(fresh(), tiny_model(len(tok), seed=1, layers=1), **args)
+    assert not quiet.cached and not quiet.noisy
+    assert not cal.load_cached(path).noisy
+    _, _, cached = cal.calibrate(fresh(), tiny_model(len(tok), seed=1, layers=1), mode="cached", **args)
+    assert cached.cached and not cached.noisy
