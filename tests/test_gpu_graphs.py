@@ -153,3 +153,19 @@ def test_graph_cache_pads_verifies_to_the_captured_size(target, reference, monke
     monkeypatch.setattr(static, "capture_graph", capture)
     assert cache_decode(target, near(target), [4, 1, 3, 2], graphs=True) == reference
     assert set(sizes_run) == {1, 5}  # every verify (2-5 rows) in the one 5-row graph
+
+
+def test_graph_cache_takes_device_ids_without_a_host_tensor(target, monkeypatch):
+    """A token already on the device (the batched plain loop's) goes into the forward as it is: no
+    tensor is built on the host for it, and the logits are those of the same token given as an int."""
+    from specviz.engine.gpu.cache import GraphCache
+    host, dev = (GraphCache(StaticModel(target, 64, graphs=False)) for _ in range(2))
+    first = host.forward(PROMPT)
+    assert torch.equal(first, dev.forward(PROMPT))
+    x = first[-1:].argmax(-1)  # [1], on the "device"
+    built, real = [], torch.tensor
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: built.append(a[0]) or real(*a, **k))
+    on_dev = dev.forward(x)
+    assert built == []
+    assert torch.equal(host.forward([int(x)]), on_dev) and built == [[int(x)]]
+    assert dev.rows(real([3, 4]), 5).tolist() == [3, 4, 0, 0, 0]  # padded on the device

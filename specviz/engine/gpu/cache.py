@@ -39,10 +39,34 @@ class GraphCache:
         return fits[0] if fits and self.static.use_graphs else n
 
     @torch.no_grad()
-    def forward(self, ids: list[int], keep: int = 1) -> torch.Tensor:
+    def forward(self, ids, keep: int = 1) -> torch.Tensor:
+        """ids: host ints, or a device tensor (the batched plain loop's token: engine/decoding.py)."""
         n = len(ids)
-        size = self.size_for(n)
-        t = torch.tensor(list(ids) + [PAD] * (size - n), dtype=torch.long, device=self.static.device)
+        t = self.rows(ids, self.size_for(n))
         logits = self.static.run(t, self.length)[0, n - keep:n].clone()  # a graph's buffer: copied
         self.length += n
         return logits
+
+    def rows(self, ids, size: int) -> torch.Tensor:
+        """ids padded to `size` rows on the device, without a host sync: a device tensor is padded
+        there (no host tensor at all); host ints take one asynchronous copy (to_device). Why: a
+        tensor built from a list and copied the ordinary way waits for the stream, every step (about
+        2 ms a step of host overhead on the 2026-11-28 H200). Positions need no copy from the host:
+        StaticModel.run slices them from its own arange on the device."""
+        dev = self.static.device
+        if not isinstance(ids, torch.Tensor):
+            return to_device(list(ids) + [PAD] * (size - len(ids)), dev)
+        t = ids.reshape(-1)
+        if size > t.numel():
+            t = torch.cat([t, t.new_full((size - t.numel(),), PAD)])
+        return t
+
+
+def to_device(ints: list[int], device) -> torch.Tensor:
+    """Host ints as a long tensor on `device`: on CUDA through pinned memory, non-blocking (the
+    pinned block is held by torch's host allocator until the copy is done), so the host never waits
+    for the stream's queued work; on a CPU the tensor itself."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return torch.tensor(ints, dtype=torch.long, device=device)
+    return torch.tensor(ints, dtype=torch.long).pin_memory().to(device, non_blocking=True)
