@@ -16,9 +16,10 @@ from .backends.eager import Eager
 from .backends.graphs import SIZES as GRAPH_SIZES
 from .backends.graphs import Graphs
 from .backends.lean import Lean
-from .backends.static import GROW, Static, StaticKV, causal_mask
+from .backends.static import Static, causal_mask
 from .cpu import lean
 from .cpu.rowwise_attention import NAME as ROWWISE
+from .gpu.static import GROW, StaticKV
 
 __all__ = ["COMPILE_MAX_NEW", "GROW", "TRACEABLE", "Backend", "Runtime", "StaticKV",
            "_inductor_cache_per_class", "backend", "causal_mask", "choose", "compiled_call", "runtime",

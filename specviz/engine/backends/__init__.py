@@ -6,7 +6,8 @@ model's Runtime (base.py), so that no forward asks again which path it takes.
 - lean.py: the Llama family's lean forward and C layer stack over a DynamicCache
   (engine/cpu/lean_forward.py), stepping aside per call only for what can change between calls
   (a forward hook, a forward longer than the path serves);
-- static.py: the static (preallocated) KV cache, eager;
+- static.py: the static (preallocated) KV cache, eager (the cache itself: engine/gpu/static.py's
+  StaticKV, the one the graph path runs over too);
 - compiled.py: the static cache's step under torch.compile ("reduce-overhead" on CUDA);
 - graphs.py: a GPU's static cache replayed as captured CUDA graphs (engine/gpu/), no torch.compile.
 

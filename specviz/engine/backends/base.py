@@ -10,10 +10,7 @@ import weakref
 from dataclasses import dataclass
 
 from ..cpu.rowwise_attention import is_rowwise
-
-# forwards of more new tokens (the prompt) run eagerly on a compiled cache: one graph per prompt
-# length otherwise
-COMPILE_MAX_NEW = 32
+from ..gpu.static import COMPILE_MAX_NEW
 
 
 @dataclass

@@ -9,8 +9,9 @@ import torch
 
 from ..cpu.lowbit import lowbit_format
 from ..cpu.speed import has_int8
+from ..gpu.static import StaticKV
 from .base import runtime
-from .static import Static, StaticKV, call, inputs
+from .static import Static, call, inputs
 
 TRACEABLE = ("w4", "w8", "w4a8")  # low-bit formats dynamo traces: aten kernels, or a custom op (qgemm)
 

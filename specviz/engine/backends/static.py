@@ -1,112 +1,17 @@
-"""A static (preallocated) KV cache, as gpt-fast keeps one, and its eager forward.
-
-Every layer's keys and values live in one buffer of `capacity` positions,
-written in place. The cache holds positions [0, pos); rolling back after a
-rejection is moving `pos` back: the stale entries past it are never attended
-to (sliced away, or masked out by the causal mask) and are overwritten by the
-next forward. Nothing is reallocated per step, unlike DynamicCache's cat.
-
-Two layouts of the same cache:
-- eager (`full=False`): attention reads the valid prefix k[:, :, :pos+n];
-- compiled (`full=True`): attention reads the whole buffer under a mask, so
-  every shape is fixed and `torch.compile` (CUDA graphs on a GPU) sees the
-  same graph at every step; only the number of new tokens n varies (compiled.py).
-
-The model is called with explicit position_ids and a prepared mask dict, so
-the transformers versions we support (5.17 .. 5.23) only ever call
-`update(k, v, layer_idx, ...)` on this object. Where the lean forward serves (the eager
-layout), it runs instead: the same bits, less Python (lean.py).
+"""The static KV cache (engine/gpu/static.py's StaticKV, the one the GPU's graph path runs over too)
+served to transformers' models, eager: `model(...)` with explicit position_ids and a prepared mask,
+so the transformers versions we support (5.17 .. 5.23) only ever call `update(k, v, layer_idx, ...)`
+on it. Where the lean forward serves (the eager layout), it runs instead: the same bits, less
+Python (lean.py). compiled.py runs its step under torch.compile (the masked layout).
 """
 from __future__ import annotations
 
 import torch
 
 from ..cpu import kernel_layer, lean_forward
-from .base import COMPILE_MAX_NEW, runtime
+from ..gpu.static import StaticKV
+from .base import runtime
 from .lean import Lean
-
-GROW = 512  # positions added when a run outgrows the buffer (a compiled graph then recompiles once)
-
-
-class StaticKV:
-    """Preallocated per-layer K/V buffers and a position pointer (see module doc)."""
-
-    is_compileable = True
-    is_sliding = False
-
-    def __init__(self, capacity: int = 1024, *, full: bool = False, compiled=None,
-                 rows: int = COMPILE_MAX_NEW, backend=None):
-        self.capacity = capacity
-        self.full = full
-        self.compiled = compiled  # torch.compile'd forward, or None
-        self.rows = rows  # forwards of at most this many new tokens take the compiled call
-        self.backend = backend  # the backend that made it (None: bound at its first forward)
-        self.pos = 0  # positions held
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
-        self.write_pos: torch.Tensor | None = None  # positions this forward writes (full layout)
-
-    # ---- what the model calls
-    def update(self, key, value, layer_idx, *args, **kwargs):
-        k, v = self.keys[layer_idx], self.values[layer_idx]
-        if self.full:
-            k.index_copy_(2, self.write_pos, key)
-            v.index_copy_(2, self.write_pos, value)
-            return k, v
-        end = self.pos + key.shape[-2]
-        k[:, :, self.pos:end] = key
-        v[:, :, self.pos:end] = value
-        return k[:, :, :end], v[:, :, :end]
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.pos
-
-    def buffers(self):
-        """(keys, values, pos) for a C forward that writes its new entries at pos in place
-        (engine/cpu/kernel_layer.py); None in the masked layout, written at write_pos."""
-        return None if self.full else (self.keys, self.values, self.pos)
-
-    def crop(self, length: int) -> None:
-        # transformers' convention: a negative length removes that many positions
-        self.pos = min(self.pos, length if length >= 0 else max(0, self.pos + length))
-
-    def reset(self) -> None:
-        self.pos = 0
-
-    # ---- our side
-    def allocate(self, model) -> None:
-        """The buffers, before the first forward (never inside a compiled graph)."""
-        cfg = model.config
-        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        for _ in range(cfg.num_hidden_layers):
-            for buf in (self.keys, self.values):
-                buf.append(torch.zeros((1, heads, self.capacity, dim), dtype=model.dtype,
-                                       device=model.device))
-        if self.compiled is not None:
-            _static_address(*self.keys, *self.values)
-
-    def reserve(self, end: int) -> None:
-        if end <= self.capacity:
-            return
-        new = max(end, self.capacity + GROW)
-        for buf in (self.keys, self.values):
-            for i, t in enumerate(buf):
-                grown = t.new_zeros((*t.shape[:2], new, t.shape[-1]))
-                grown[:, :, : self.pos] = t[:, :, : self.pos]
-                buf[i] = grown
-                if self.compiled is not None:
-                    _static_address(grown)
-        self.capacity = new
-
-
-def _static_address(*tensors) -> None:
-    # fixed data pointers: CUDA graphs replay without copying the buffers (as transformers' StaticLayer);
-    # on a CPU nothing replays, and a static address would make a grown buffer recompile the graph
-    if not torch.compiler.is_compiling():
-        for t in tensors:
-            if t.is_cuda:
-                torch._dynamo.mark_static_address(t)
 
 
 def causal_mask(model, p: int, n: int, kv_len: int, device) -> torch.Tensor | None:

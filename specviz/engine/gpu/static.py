@@ -1,16 +1,27 @@
-"""A Llama-family causal LM (Llama, Qwen2, Mistral) run over its own static KV cache, gpt-fast style.
+"""The one static KV cache (StaticKV), and a Llama-family causal LM run over it, gpt-fast style
+(StaticModel: the GPU's graph path).
 
-Every forward takes token ids [1, n] and their positions [n] as tensors and writes its keys and
-values at those positions; attention reads the whole preallocated cache under a mask built on the
-device from the positions (a key counts when its position is <= the query's). Nothing in a forward
-reads a tensor on the host, so a forward of n rows can be captured once as a torch.cuda.CUDAGraph
-and replayed with new ids and positions copied into its input buffers (gpt-fast's generate.py does
-the same with torch.compile; this captures the graph itself, as ZeroGPU has no torch.compile).
+StaticKV: every layer's keys and values live in one preallocated buffer of `capacity` positions,
+written in place. The cache holds positions [0, pos); rolling back after a rejection is moving
+`pos` back: the stale entries past it are never attended to (sliced away, or masked out by the
+causal mask) and are overwritten by the next forward. Nothing is reallocated per step, unlike
+DynamicCache's cat. Two layouts of the same buffers:
+- eager (`full=False`): attention reads the valid prefix k[:, :, :pos+n];
+- masked (`full=True`): keys and values are written at `write_pos` (a device tensor) and attention
+  reads the whole buffer under a mask, so every shape is fixed: torch.compile (engine/backends/
+  compiled.py) and captured CUDA graphs (StaticModel) see the same shapes at every step.
+transformers' models call only `update(k, v, layer_idx, ...)` on it (engine/backends/static.py
+serves it to them, eager or compiled); StaticModel calls the same update from its own forward.
 
-A rollback is free: entries past the accepted length are never attended (the mask) and are
-overwritten before any later query can see them. The model's own modules run the work (embedding,
-norms, projections, MLP, rotary table, output layer); only the cache and attention are ours.
-A layer prefix (`n_layers`) gives a truncated draft that shares the target's weights.
+StaticModel: every forward takes token ids [1, n] and their positions [n] as tensors and writes its
+keys and values at those positions (the masked layout); attention reads the whole cache under a
+mask built on the device from the positions (a key counts when its position is <= the query's).
+Nothing in a forward reads a tensor on the host, so a forward of n rows can be captured once as a
+torch.cuda.CUDAGraph and replayed with new ids and positions copied into its input buffers
+(gpt-fast's generate.py does the same with torch.compile; this captures the graph itself, as
+ZeroGPU has no torch.compile). The model's own modules run the work (embedding, norms, projections,
+MLP, rotary table, output layer); only the cache and attention are ours. A layer prefix
+(`n_layers`) gives a truncated draft that shares the target's weights.
 """
 from __future__ import annotations
 
@@ -19,6 +30,93 @@ import weakref
 
 import torch
 import torch.nn.functional as F
+
+GROW = 512  # positions added when a run outgrows the buffer (a compiled graph then recompiles once)
+# forwards of more new tokens (the prompt) run eagerly on a compiled cache: one graph per prompt
+# length otherwise
+COMPILE_MAX_NEW = 32
+
+
+class StaticKV:
+    """Preallocated per-layer K/V buffers and a position pointer (see module doc)."""
+
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, capacity: int = 1024, *, full: bool = False, compiled=None,
+                 rows: int = COMPILE_MAX_NEW, backend=None):
+        self.capacity = capacity
+        self.full = full
+        self.compiled = compiled  # torch.compile'd forward, or None
+        self.rows = rows  # forwards of at most this many new tokens take the compiled call
+        self.backend = backend  # the backend that made it (None: bound at its first forward)
+        self.pos = 0  # positions held
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.write_pos: torch.Tensor | None = None  # positions this forward writes (full layout)
+
+    # ---- what the model calls
+    def update(self, key, value, layer_idx, *args, **kwargs):
+        k, v = self.keys[layer_idx], self.values[layer_idx]
+        if self.full:
+            k.index_copy_(2, self.write_pos, key)
+            v.index_copy_(2, self.write_pos, value)
+            return k, v
+        end = self.pos + key.shape[-2]
+        k[:, :, self.pos:end] = key
+        v[:, :, self.pos:end] = value
+        return k[:, :, :end], v[:, :, :end]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.pos
+
+    def buffers(self):
+        """(keys, values, pos) for a C forward that writes its new entries at pos in place
+        (engine/cpu/kernel_layer.py); None in the masked layout, written at write_pos."""
+        return None if self.full else (self.keys, self.values, self.pos)
+
+    def crop(self, length: int) -> None:
+        # transformers' convention: a negative length removes that many positions
+        self.pos = min(self.pos, length if length >= 0 else max(0, self.pos + length))
+
+    def reset(self) -> None:
+        self.pos = 0
+
+    # ---- our side
+    def allocate(self, model, layers: int | None = None) -> None:
+        """The buffers (of the first `layers` layers: a truncated draft), before the first forward
+        (never inside a compiled graph)."""
+        cfg = model.config
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        for _ in range(layers or cfg.num_hidden_layers):
+            for buf in (self.keys, self.values):
+                buf.append(torch.zeros((1, heads, self.capacity, dim), dtype=model.dtype,
+                                       device=model.device))
+        if self.compiled is not None:
+            _static_address(*self.keys, *self.values)
+
+    def reserve(self, end: int) -> None:
+        if end <= self.capacity:
+            return
+        new = max(end, self.capacity + GROW)
+        for buf in (self.keys, self.values):
+            for i, t in enumerate(buf):
+                grown = t.new_zeros((*t.shape[:2], new, t.shape[-1]))
+                grown[:, :, : self.pos] = t[:, :, : self.pos]
+                buf[i] = grown
+                if self.compiled is not None:
+                    _static_address(grown)
+        self.capacity = new
+
+
+def _static_address(*tensors) -> None:
+    # fixed data pointers: CUDA graphs replay without copying the buffers (as transformers' StaticLayer);
+    # on a CPU nothing replays, and a static address would make a grown buffer recompile the graph
+    if not torch.compiler.is_compiling():
+        for t in tensors:
+            if t.is_cuda:
+                torch._dynamo.mark_static_address(t)
 
 
 def supported(model) -> bool:
@@ -29,7 +127,7 @@ def supported(model) -> bool:
 
 
 class StaticModel:
-    """One model (or its first `n_layers` layers) over a static cache of `max_len` positions.
+    """One model (or its first `n_layers` layers) over a StaticKV of `max_len` positions, masked layout.
 
     run(ids, pos0) computes logits for ids at positions pos0.. : a captured graph of that row count
     replays when there is one (capture(n)), else the same forward runs eagerly. The returned logits
@@ -51,10 +149,9 @@ class StaticModel:
         kv = getattr(cfg, "num_key_value_heads", None) or heads
         hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         self.heads, self.kv_heads, self.head_dim, self.groups = heads, kv, hd, heads // kv
-        shape = (1, kv, self.max_len, hd)
-        self.k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layers)]
-        self.v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layers)]
-        self.keys = torch.arange(self.max_len, device=self.device)
+        self.kv = StaticKV(self.max_len, full=True)  # never grows: graphs read its fixed buffers
+        self.kv.allocate(model, self.n_layers)
+        self.positions = torch.arange(self.max_len, device=self.device)
         self.use_graphs = (self.device.type == "cuda") if graphs is None else bool(graphs)
         self.graphs: dict[int, tuple] = {}  # rows -> (graph, ids buffer, positions buffer, logits)
         # this model's own capture stream. Why: cuBLAS keeps a workspace per (handle, stream), and a
@@ -88,19 +185,19 @@ class StaticModel:
         v = v.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
         rotary = getattr(attn, "_rotary", None) or sys.modules[type(attn).__module__].apply_rotary_pos_emb
         q, k = rotary(q, k, cos, sin)
-        self.k[i].index_copy_(2, pos, k)
-        self.v[i].index_copy_(2, pos, v)
+        keys, values = self.kv.update(k, v, i)  # written at kv.write_pos (forward set it: pos)
         # grouped heads folded into the query rows: the cache is read once per kv head, never copied
         g = self.groups
         q = q.reshape(1, self.kv_heads, g * n, self.head_dim)
-        mask = (self.keys.view(1, -1) <= pos.view(-1, 1)).repeat(g, 1).view(1, 1, g * n, self.max_len)
-        out = F.scaled_dot_product_attention(q, self.k[i], self.v[i], attn_mask=mask, scale=attn.scaling)
+        mask = (self.positions.view(1, -1) <= pos.view(-1, 1)).repeat(g, 1).view(1, 1, g * n, self.max_len)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
         out = out.reshape(1, self.heads, n, self.head_dim).transpose(1, 2).reshape(1, n, -1)
         return attn.o_proj(out)
 
     def forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Logits [1, n, vocab] of ids [1, n] at positions pos [n]; keys/values written at pos."""
         base = self.model.model
+        self.kv.write_pos = pos
         x = base.embed_tokens(ids)
         cos, sin = base.rotary_emb(x, pos.view(1, -1))
         for i, layer in enumerate(base.layers[: self.n_layers]):
@@ -131,10 +228,10 @@ class StaticModel:
             raise ValueError(f"static cache full: {pos0 + n} positions of {self.max_len}")
         entry = self.graphs.get(n)
         if entry is None:  # eager (a prompt's length): compiled code runs only inside captured graphs
-            return self.forward(ids, self.keys[pos0:pos0 + n])
+            return self.forward(ids, self.positions[pos0:pos0 + n])
         graph, ids_buf, pos_buf, out = entry
         ids_buf.copy_(ids)
-        pos_buf.copy_(self.keys[pos0:pos0 + n])
+        pos_buf.copy_(self.positions[pos0:pos0 + n])
         graph.replay()
         return out
 
