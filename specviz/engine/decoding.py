@@ -10,6 +10,7 @@ the last one, which is fed by the next forward pass.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -17,9 +18,10 @@ import torch
 
 from .events import Outcome, RoundEvent, RunSummary, TokenEvent, commit_round, round_tokens
 from .forward import crop_cache, forward_logits, new_cache, on_graphs, path_extra, pick
+from .gpu.graphs import PLAIN_BATCH
 from .proposer import ChainProposer
 from .rounds import Clock, check_stop, cut_at_eos, drive_rounds, new_summary, pad_to, run_state
-from .sampling import SamplingParams, Verdict, greedy_pick, top2_gap, verify, warp
+from .sampling import SamplingParams, Verdict, greedy_pick, plain_of, plain_row, top2_gap, verify, warp
 from .text import TextStream
 from .topk_view import round_dists
 
@@ -36,37 +38,84 @@ def baseline(
     stop: threading.Event | None = None,
     clock: Clock | None = None,
 ) -> Iterator[TokenEvent | RunSummary]:
-    """Plain KV-cached autoregressive decoding of the target."""
+    """Plain KV-cached autoregressive decoding of the target: a token read per step, or on a graph
+    cache (a GPU's) in batches (_plain_batches), the same tokens either way."""
     eos, gen, clock, cache, stream = run_state(model, tokenizer, eos_ids, seed, clock)
     out: list[int] = []
-    feed = list(prompt_ids)
-    forwards, prefill, reason = 0, 0.0, "max_new_tokens"
-    while len(out) < max_new_tokens:
-        if check_stop(stop):
-            reason = "stopped"
+    run = _Plain()
+    steps = _plain_batches if on_graphs(cache) else _plain_steps
+    for x, px, gap, t in steps(model, list(prompt_ids), max_new_tokens, params, gen, stop, clock, cache, run):
+        if not out:
+            run.prefill = t
+        out.append(x)
+        yield TokenEvent(x, stream.push(x), Outcome.TARGET, t, p=px, gap=gap)
+        if x in eos:
+            run.reason = "eos"
             break
+    yield RunSummary(
+        side="baseline", method="plain", token_ids=out, text=stream.final(), n_tokens=len(out),
+        elapsed=clock.now(), prefill=run.prefill, target_forwards=run.forwards, stop_reason=run.reason,
+        device=str(model.device), extra=path_extra(model, cache),
+    )
+
+
+@dataclass
+class _Plain:
+    forwards: int = 0
+    prefill: float = 0.0
+    reason: str = "max_new_tokens"
+
+
+def _plain_steps(model, feed, new, params, gen, stop, clock, cache, run):
+    """(token, p, gap, time) per step, each token read from the device as it is chosen."""
+    while run.forwards < new:
+        if check_stop(stop):
+            run.reason = "stopped"
+            return
         logits = forward_logits(model, feed, cache, 1)[-1]
-        forwards += 1
+        run.forwards += 1
         if params.greedy:  # p is one-hot at x
             (x, gap), px = greedy_pick(logits), 1.0
         else:
             p = warp(logits, params)
             x, gap = pick(p, params, gen), None
             px = float(p[x])
-        t = clock.now()
-        if not out:
-            prefill = t
-        out.append(x)
-        yield TokenEvent(x, stream.push(x), Outcome.TARGET, t, p=px, gap=gap)
-        if x in eos:
-            reason = "eos"
-            break
+        yield x, px, gap, clock.now()
         feed = [x]
-    yield RunSummary(
-        side="baseline", method="plain", token_ids=out, text=stream.final(), n_tokens=len(out),
-        elapsed=clock.now(), prefill=prefill, target_forwards=forwards, stop_reason=reason,
-        device=str(model.device), extra=path_extra(model, cache),
-    )
+
+
+PLAIN_BATCH_S = 0.05  # a batch reads PLAIN_BATCH tokens (gpu/graphs.py's), or fewer after this long
+
+
+def _plain_batches(model, feed, new, params, gen, stop, clock, cache, run):
+    """_plain_steps' tokens on a graph cache, read in batches: each token stays on the device and is
+    fed from there (GraphCache takes a device tensor), its row (sampling.plain_row) is kept there,
+    and one read a batch brings the batch's rows to the host: PLAIN_BATCH tokens, or fewer once
+    PLAIN_BATCH_S of host time went by. The prompt's token is a batch of its own, so prefill is
+    read exactly. The consumer (baseline) cuts at the first EOS: the tokens are those of
+    _plain_steps, and the forwards past EOS in its batch ran (target_forwards counts them).
+    Times: the read's time is the batch's last token's; the batch's span since the previous read is
+    split evenly over its tokens. Why split, not all at the read: every step in a batch replays the
+    same 1-token graph, so their device times are equal but for noise, and a staircase of identical
+    times would show a burst where the device produced a steady stream."""
+    since = None
+    while run.forwards < new:
+        if check_stop(stop):
+            run.reason = "stopped"
+            return
+        size = 1 if since is None else min(PLAIN_BATCH, new - run.forwards)
+        rows, start = [], time.perf_counter()
+        while len(rows) < size and (not rows or time.perf_counter() - start < PLAIN_BATCH_S):
+            logits = forward_logits(model, feed, cache, 1)[-1]
+            run.forwards += 1
+            feed, row = plain_row(logits, params, gen)
+            rows.append(row)
+        host = torch.stack(rows).tolist()  # the batch's one read
+        t = clock.now()
+        t0 = t if since is None else since
+        for i, r in enumerate(host):
+            yield (*plain_of(r, params), t0 + (t - t0) * (i + 1) / len(host))
+        since = t
 
 
 @dataclass

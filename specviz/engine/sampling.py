@@ -82,10 +82,28 @@ def top2_gap(logits: torch.Tensor) -> list[Gap]:
     """Per row of logits (..., V): top-1 minus top-2 logit, in the logits' own
     precision (a gap of 0.0 in bf16 is an exact tie there), with both tokens."""
     top = logits.reshape(-1, logits.shape[-1]).topk(2, dim=-1)
-    v, i = top.values.float().tolist(), top.indices.tolist()
+    return gaps_of(top.values.float().tolist(), top.indices.tolist())
+
+
+def gaps_of(values, indices) -> list[Gap]:
+    """top2_gap from its rows read to the host: [[top-1, top-2 logit], ...] and their token ids."""
     # an exact tie: torch.argmax (the token the run took) is the lower index, topk's order is not fixed
-    return [Gap(a - b, *((t, s) if a > b else sorted((t, s))), a)
-            for (a, b), (t, s) in zip(v, i, strict=True)]
+    return [Gap(a - b, *((int(t), int(s)) if a > b else sorted((int(t), int(s)))), a)
+            for (a, b), (t, s) in zip(values, indices, strict=True)]
+
+
+def greedy_row(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """On the device, nothing read: a plain greedy step's token [1] (torch.argmax: ties go to the
+    lowest index) and its row [token, top-2 ids, top-2 logits] in float64 (exact for every id and
+    for the logits of any float type), for greedy_of once read."""
+    x = logits.argmax().view(1)
+    top = logits.topk(2)
+    return x, torch.cat([x.double(), top.indices.double(), top.values.double()])
+
+
+def greedy_of(row) -> tuple[int, Gap]:
+    """A greedy_row read to the host -> (token, its top2_gap)."""
+    return int(row[0]), gaps_of([row[3:5]], [row[1:3]])[0]
 
 
 def greedy_pick(logits: torch.Tensor) -> tuple[int, Gap]:
@@ -93,10 +111,26 @@ def greedy_pick(logits: torch.Tensor) -> tuple[int, Gap]:
     index) and the row's top2_gap, read from the device at once. Why: on a GPU every read is a sync,
     and warp's one-hot, pick's argmax, p[x] and the gap were four (2026-11-28 H200: plain at
     149-153 tok/s on a 3.9 ms graph step)."""
-    top = logits.topk(2)
-    row = torch.cat([logits.argmax().view(1).double(), top.indices.double(), top.values.double()]).tolist()
-    x, t, s, a, b = int(row[0]), int(row[1]), int(row[2]), row[3], row[4]
-    return x, Gap(a - b, *((t, s) if a > b else sorted((t, s))), a)
+    return greedy_of(greedy_row(logits)[1].tolist())
+
+
+def plain_row(logits: torch.Tensor, params: SamplingParams, generator=None):
+    """On the device, nothing read: a plain step's token [1] (fed to the next forward as it is) and
+    its row for plain_of: greedy_row's, or [token, p(token)] sampled (drawn as pick draws it, so a
+    seeded run gives the same tokens)."""
+    if params.greedy:
+        return greedy_row(logits)
+    p = warp(logits, params)
+    x = sample(p, generator).view(1)
+    return x, torch.cat([x.double(), p[x].double()])
+
+
+def plain_of(row, params: SamplingParams) -> tuple[int, float, Gap | None]:
+    """A plain_row read to the host -> (token, p(token), gap): greedy p is 1 (one-hot) with its gap."""
+    if params.greedy:
+        x, gap = greedy_of(row)
+        return x, 1.0, gap
+    return int(row[0]), row[1], None
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
