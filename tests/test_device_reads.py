@@ -2,13 +2,17 @@
 its tokens from the device in batches, and a speculative round reads what the page shows in one
 copy. Their events equal those of the path that reads as it goes. Reads are counted by patching
 every way a tensor's value reaches the host."""
+import dataclasses
+
 import pytest
 import torch
+from helpers import noisy_copy
 
 from specviz.engine import decoding
-from specviz.engine.decoding import baseline
-from specviz.engine.events import RunSummary
-from specviz.engine.forward import set_cache
+from specviz.engine.decoding import baseline, speculative
+from specviz.engine.events import RoundEvent, RunSummary
+from specviz.engine.forward import GRAPHS_PATH, set_cache
+from specviz.engine.proposers import DraftModelProposer, PromptLookupProposer
 from specviz.engine.sampling import SamplingParams
 from specviz.models.tiny import tiny_model
 
@@ -77,3 +81,69 @@ def test_a_stop_token_inside_a_batch_ends_the_output_exactly_there(graph_target,
     assert s.token_ids == want_s.token_ids and s.stop_reason == want_s.stop_reason == "eos"
     assert reads == ["tolist"] * 3
     assert s.target_forwards == 17 > want_s.target_forwards == i + 1  # the batch's forwards past EOS ran
+
+
+# ------------------------------------------------ a speculative round: what the page shows, one copy
+
+def strip(ev):
+    """An event as the page shows it, times left out (measured, never equal)."""
+    d = dataclasses.asdict(ev)
+    for k in ("t_start", "t_draft", "t_verify", "t_end", "elapsed", "prefill", "draft_time", "verify_time"):
+        d.pop(k, None)
+    for t in d.get("tokens", []):
+        t.pop("t")
+    return d
+
+
+def spec(target, proposer, tok, params, monkeypatch, *, prompt=PROMPT, copied=True, reads=None, gamma=4):
+    """A speculative run on the graph cache -> its events; copied=False: the path that reads as it
+    goes (the CPU's), on the same cache. reads: counted per round (a list of counts)."""
+    with monkeypatch.context() as mp:
+        if not copied:
+            mp.setattr(decoding, "on_graphs", lambda cache: False)
+        per_round = Reads()
+        if reads is not None:
+            per_round.on(mp)
+        evs = []
+        for ev in speculative(target, proposer, tok, tok.encode(prompt), 24, gamma, params, seed=5):
+            if isinstance(ev, RoundEvent) and reads is not None:
+                reads.append(len(per_round))
+                per_round.clear()
+            evs.append(ev)
+    return evs
+
+
+REPEAT = "def f(arr): return arr + 1\ndef g(arr): return arr + 1\ndef h(arr): return arr"
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("method", ["draft", "lookup"])
+def test_a_round_on_a_graph_cache_shows_the_same_in_one_copy(graph_target, tok, params, method, monkeypatch):
+    """Verdict, p/q/u, gaps, the inspector's top-k and residual, the appended token's p: the same
+    events as the per-read path's (rounds that accept and reject, resample and bonus)."""
+    if method == "draft":
+        draft = noisy_copy(graph_target, 0, scale=0.05)  # accepts some drafts, rejects others
+        set_cache(draft, "graphs")
+        make = lambda: DraftModelProposer(draft)  # noqa: E731
+    else:
+        make = lambda: PromptLookupProposer(len(tok), min_ngram=1)  # noqa: E731
+    want = spec(graph_target, make(), tok, params, monkeypatch, prompt=REPEAT, copied=False)
+    got = spec(graph_target, make(), tok, params, monkeypatch, prompt=REPEAT)
+    assert [strip(e) for e in got] == [strip(e) for e in want]
+    rounds = [e for e in got if isinstance(e, RoundEvent)]
+    assert any(r.dists for r in rounds) and got[-1].extra["path"] == GRAPHS_PATH
+    if method == "draft":
+        assert {r.resampled for r in rounds} == {True, False}
+        assert any(r.residual for r in rounds) == (params is SAMPLED)  # greedy shows no residual
+
+
+def test_a_round_reads_the_device_once(graph_target, tok, monkeypatch):
+    """Prompt lookup drafts on the host, so every read in its rounds is the engine's: one a round
+    on a graph cache, against a dozen and more where each part is read apart."""
+    make = lambda: PromptLookupProposer(len(tok), min_ngram=1)  # noqa: E731
+    for params in (GREEDY, SAMPLED):
+        copied, apart = [], []
+        spec(graph_target, make(), tok, params, monkeypatch, prompt=REPEAT, reads=copied)
+        spec(graph_target, make(), tok, params, monkeypatch, prompt=REPEAT, copied=False, reads=apart)
+        assert copied == [1] * len(copied) and len(copied) > 3
+        assert min(apart) > 5

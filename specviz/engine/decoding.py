@@ -18,12 +18,25 @@ import torch
 
 from .events import Outcome, RoundEvent, RunSummary, TokenEvent, commit_round, round_tokens
 from .forward import crop_cache, forward_logits, new_cache, on_graphs, path_extra, pick
+from .gpu.cache import to_device
 from .gpu.graphs import PLAIN_BATCH
 from .proposer import ChainProposer
-from .rounds import Clock, check_stop, cut_at_eos, drive_rounds, new_summary, pad_to, run_state
-from .sampling import SamplingParams, Verdict, greedy_pick, plain_of, plain_row, top2_gap, verify, warp
+from .rounds import Clock, check_stop, copy_once, cut_at_eos, drive_rounds, new_summary, pad_to, run_state
+from .sampling import (
+    SamplingParams,
+    Verdict,
+    gaps_of,
+    greedy_pick,
+    plain_of,
+    plain_row,
+    top2_gap,
+    verdict_of,
+    verify,
+    verify_device,
+    warp,
+)
 from .text import TextStream
-from .topk_view import round_dists
+from .topk_view import round_dists, round_dists_of, round_parts
 
 
 @torch.inference_mode()
@@ -136,20 +149,48 @@ class _Round:
     raw: tuple | None = None  # greedy: (target logits, draft logits or None): the inspector's softmax
     dists: list = field(default_factory=list)  # engine/topk_view.py, filled by _inspect
     residual: dict | None = None
+    copied: dict | None = None  # a graph cache's round: what _verify_copied read in its one copy
 
 
 def _inspect(rd: _Round, stream: TextStream, clock: Clock) -> None:
-    """The p/q inspector's top-k (a few ms on a 150k vocabulary): page bookkeeping, off the clock."""
+    """The p/q inspector's top-k (a few ms on a 150k vocabulary): page bookkeeping, off the clock.
+    A round on a graph cache brought them to the host with its verdict (_verify_copied)."""
     t = clock.now()
-    p, q = rd.p, rd.q
-    if rd.raw is not None:  # greedy: one-hot p and q say nothing; the models' softmax says why
-        p = rd.raw[0].float().softmax(-1)
-        if rd.raw[1]:
-            q = torch.stack([x.float() for x in rd.raw[1]]).softmax(-1)
-            q = pad_to(q.to(p.device), p.shape[-1])
-    rd.dists, rd.residual = round_dists(p, q, rd.v.n_accepted, rd.v.resampled, text_of=stream.token_text,
-                                        raw=rd.raw is not None)
+    if rd.copied is not None:
+        rd.dists, rd.residual = round_dists_of(rd.copied, rd.v.n_accepted, rd.v.resampled,
+                                               text_of=stream.token_text, raw=rd.raw is not None)
+    else:
+        p, q = _shown(rd.p, rd.q, rd.raw)
+        rd.dists, rd.residual = round_dists(p, q, rd.v.n_accepted, rd.v.resampled, text_of=stream.token_text,
+                                            raw=rd.raw is not None)
     clock.exclude(clock.now() - t)
+
+
+def _shown(p, q, raw):
+    """The inspector's p and q: as verified, or for greedy (one-hot p and q say nothing) the models'
+    softmax, which says why."""
+    if raw is not None:
+        p = raw[0].float().softmax(-1)
+        if raw[1]:
+            q = torch.stack([x.float() for x in raw[1]]).softmax(-1)
+            q = pad_to(q.to(p.device), p.shape[-1])
+    return p, q
+
+
+def _verify_copied(logits, p, q, tokens: list[int], params: SamplingParams, gen, raw):
+    """verify, top2_gap and the inspector's top-k of a round on a graph cache (a GPU's), computed on
+    the device and brought to the host in one copy (rounds.copy_once), not a read each: the same
+    verdict, gaps and rows (sampling.verify_device, topk_view.round_parts). Their few top-k kernels
+    run before the read, so inside t_verify (tens of µs on a GPU, beside a round of ms).
+    -> (Verdict, gaps, the parts read: the inspector's)."""
+    parts, r = verify_device(to_device(tokens, p.device), q, p, gen, greedy=params.greedy)
+    if params.greedy:
+        top = logits.reshape(-1, logits.shape[-1]).topk(2, dim=-1)
+        parts.update(gap_v=top.values.float(), gap_i=top.indices)
+    parts.update(round_parts(*_shown(p, q, raw), None if params.greedy else r))
+    host = copy_once(parts)  # the round's one read
+    gaps = gaps_of(host["gap_v"], host["gap_i"]) if params.greedy else None
+    return verdict_of(host, len(tokens)), gaps, host
 
 
 def _draft_and_verify(target, proposer, committed, cache, g, params, gen, eos, clock) -> _Round:
@@ -167,11 +208,16 @@ def _draft_and_verify(target, proposer, committed, cache, g, params, gen, eos, c
         logits = forward_logits(target, fed + prop.tokens, cache, k + 1)
     p = warp(logits, params)
     q = pad_to(prop.q.to(p.device), p.shape[-1]) if k else p[:0]
-    drafted = torch.tensor(prop.tokens, device=p.device, dtype=torch.long)
-    v = verify(drafted, q, p, gen, greedy=params.greedy)
-    gaps = top2_gap(logits) if params.greedy else None
+    raw = (logits, prop.raw) if params.greedy else None
+    copied = None
+    if on_graphs(cache):
+        v, gaps, copied = _verify_copied(logits, p, q, prop.tokens, params, gen, raw)
+    else:
+        drafted = torch.tensor(prop.tokens, device=p.device, dtype=torch.long)
+        v = verify(drafted, q, p, gen, greedy=params.greedy)
+        gaps = top2_gap(logits) if params.greedy else None
     return _Round(prop.tokens, prop.forwards, fed, p, gaps, v, t_start, t_drafted, clock.now(),
-                  info=prop.info, q=q, raw=(logits, prop.raw) if params.greedy else None)
+                  info=prop.info, q=q, raw=raw, copied=copied)
 
 
 def _token_events(rd: _Round, new: list[int], stream: TextStream, r: int) -> list[TokenEvent]:
@@ -186,7 +232,8 @@ def _token_events(rd: _Round, new: list[int], stream: TextStream, r: int) -> lis
         if v.resampled:
             rejected = (rd.tokens[j], j + 1, dict(p=v.p_x[j], q=v.q_x[j], u=v.u[j], gap=gap(j)))
         kind = Outcome.RESAMPLED if v.resampled else Outcome.BONUS
-        last = (v.token, kind, dict(p=float(rd.p[j, v.token]), gap=gap(j)))
+        px = float(rd.p[j, v.token]) if rd.copied is None else rd.copied["p_token"][0]
+        last = (v.token, kind, dict(p=px, gap=gap(j)))
     return round_tokens(stream, rd.t_end, r, accepted, rejected, last)
 
 

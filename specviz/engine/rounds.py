@@ -90,6 +90,21 @@ def make_generator(device, seed):
     return g
 
 
+def copy_once(parts: dict[str, torch.Tensor]) -> dict:
+    """Named device tensors brought to the host in one copy (one sync): packed as one float64 vector
+    (exact for float32/bf16 values and for token ids), read once, unpacked by name, each to its shape
+    (a number, a list, a list of lists)."""
+    host = torch.cat([t.reshape(-1).to(torch.float64) for t in parts.values()]).tolist()
+    out, i = {}, 0
+    for name, t in parts.items():
+        n, shape = t.numel(), tuple(t.shape)
+        vals = host[i:i + n]
+        i += n
+        out[name] = vals[0] if not shape else vals if len(shape) == 1 else \
+            [vals[j * shape[1]:(j + 1) * shape[1]] for j in range(shape[0])]
+    return out
+
+
 def pad_to(q: torch.Tensor, vocab: int) -> torch.Tensor:
     # a draft with a smaller output layer proposes nothing past its size
     return F.pad(q, (0, vocab - q.shape[-1])) if q.shape[-1] < vocab else q

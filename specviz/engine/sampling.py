@@ -204,12 +204,7 @@ def verify(
     bonus are point masses, so argmax replaces a multinomial draw over V (same token).
     """
     draw = (lambda probs: int(probs.argmax())) if greedy else (lambda probs: int(sample(probs, generator)))
-    gamma = draft_tokens.shape[0]
-    idx = draft_tokens.view(-1, 1)
-    p_x = p[:gamma].gather(-1, idx).squeeze(-1)
-    q_x = q.gather(-1, idx).squeeze(-1)
-    u = draw_uniform(gamma, generator, device=p.device).to(p.device)
-    ok = accept_mask(p_x, q_x, u)
+    gamma, p_x, q_x, u, ok = _tested(draft_tokens, q, p, generator)
     # first rejected position, or γ when all accepted
     rejected = (~ok).nonzero()
     n = int(rejected[0, 0]) if rejected.numel() else gamma
@@ -228,3 +223,41 @@ def verify(
         q_x=q_x.tolist(),
         overlap=overlap(p[:gamma], q).tolist(),
     )
+
+
+def _tested(draft_tokens, q, p, generator):
+    """The accept test of every draft: (γ, p(x), q(x), the uniforms drawn, accepted)."""
+    gamma = draft_tokens.shape[0]
+    idx = draft_tokens.view(-1, 1)
+    p_x = p[:gamma].gather(-1, idx).squeeze(-1)
+    q_x = q.gather(-1, idx).squeeze(-1)
+    u = draw_uniform(gamma, generator, device=p.device).to(p.device)
+    return gamma, p_x, q_x, u, accept_mask(p_x, q_x, u)
+
+
+def verify_device(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+                  generator: torch.Generator | None = None, *, greedy: bool = False):
+    """verify's work with nothing read from the device: the same draws from the generator, in the
+    same order, from the same rows, so verdict_of(its parts, read) is verify's Verdict. -> (parts,
+    residual row): parts n, token, u, p_x, q_x, overlap and p_token (p at the appended token, at
+    row n); the residual norm(max(0, p - q)) at row min(n, γ-1), (1, V) (the inspector's)."""
+    gamma, p_x, q_x, u, ok = _tested(draft_tokens, q, p, generator)
+    n = ok.to(torch.long).cumprod(0).sum()  # first rejected position, or γ
+    if gamma:
+        row = n.clamp(max=gamma - 1).view(1)
+        r = residual(p.index_select(0, row), q.index_select(0, row))
+        law = torch.where(n < gamma, r, p[gamma:gamma + 1])
+    else:
+        r, law = p[:0], p[:1]
+    token = law.argmax(-1) if greedy else sample(law, generator)
+    parts = dict(n=n, token=token, u=u, p_x=p_x, q_x=q_x, overlap=overlap(p[:gamma], q),
+                 p_token=p[n.view(1), token.view(1)])
+    return parts, r
+
+
+def verdict_of(h: dict, gamma: int) -> Verdict:
+    """verify_device's parts as read to the host -> the Verdict verify gives."""
+    n = int(h["n"])
+    return Verdict(n_accepted=n, token=int(h["token"][0]), resampled=n < gamma,
+                   u=h["u"][: n + 1 if n < gamma else gamma], p_x=h["p_x"], q_x=h["q_x"],
+                   overlap=h["overlap"])
