@@ -22,10 +22,12 @@ from specviz.ui.method_options import METHOD_CHOICES, TRAINED_ONLY  # noqa: E402
 
 # inputs of /run, in order
 FIELDS = ("prompt", "gamma", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "chat_template", "mode",
-          "method", "gamma_auto", *method_options.KEYS)  # the method settings: generated, in this order
+          "method", "gamma_auto", *method_options.KEYS,  # the method settings: generated, in this order
+          "fresh_memory")  # the box under Run (suffix, hybrid: read no earlier run's output)
 GOOD = dict(prompt="def f(x):", gamma=4, max_new_tokens=8, temperature=0.0, top_p=1.0, top_k=0, seed=0,
             chat_template=False, mode="fair", method="draft", gamma_auto=False,
-            tree_shape="", tree_budget=None, window=4, guesses=2, exit_layer=None, skip_layers="")
+            tree_shape="", tree_budget=None, window=4, guesses=2, exit_layer=None, skip_layers="",
+            fresh_memory=False)
 BASE, SPEC, STATS, INFO = 0, 1, 2, 3
 
 
@@ -145,7 +147,7 @@ def test_raw_http_lone_surrogate_prompt_runs(client, server):
 
 def test_raw_http_wrong_number_of_inputs(client, server):
     kind, payload = raw_run(server, ["def f(x):", 4])
-    assert kind == "error" and "didn't receive enough input values (needed: 17, got: 2)" in payload["error"]
+    assert kind == "error" and "didn't receive enough input values (needed: 18, got: 2)" in payload["error"]
     assert server.alive()
     good_run_works(client)
 

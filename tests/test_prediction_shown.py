@@ -26,18 +26,24 @@ def _shown(html: str) -> tuple[float | None, str]:
 
 
 def check_prediction(html: str) -> str:
-    """Assert the box's prediction against its chips; return its line."""
+    """Assert the box's prediction against its chips; return its line. The line names the α̂, γ, c and
+    v it used as values, each the chip's; one v chip, saying whose v it is (issue 59)."""
+    assert html.count("<b>verify cost v</b>") == 1 and "v at calibration" not in html
     pred, line = _shown(html)
     if pred is None:
         assert line.startswith(("no prediction", "predicted –", "shown after")), line
         return line
-    a, g, c = _chip(html, "α̂ expected acceptance"), _chip(html, "γ drafted"), _chip(html, "c")
-    if "measured in this run" in line:
-        v = _chip(html, "verify cost v")
-    elif "at calibration" in line:
-        v = _chip(html, "v at calibration")
+    m = re.search(r"at α̂ ([0-9.]+), γ ([0-9.]+), c ([0-9.]+)(?:, v ([0-9.]+))?", line)
+    assert m, line
+    a, g, c = (float(x) for x in m.group(1, 2, 3))
+    assert (a, g, c) == (_chip(html, "α̂ expected acceptance"), _chip(html, "γ drafted"), _chip(html, "c")), line
+    if m.group(4):
+        v = float(m.group(4))
+        chip = re.search(r"<b>verify cost v</b> ([0-9.]+) steps · (this run|calibration)", html)
+        assert chip and float(chip.group(1)) == v, (line, chip)
+        assert ("measured in this run" in line) == (chip.group(2) == "this run"), (line, chip.group(2))
     else:
-        assert "by Leviathan (v = 1)" in line, line
+        assert line.startswith("predicted ") and "by Leviathan (v = 1) at" in line, line
         v = 1.0
     # chips are rounded (α̂, c to 3 places, γ and v to 2), the prediction to 2
     assert pred == pytest.approx(formula(a, g, c, v), abs=0.02), (line, a, g, c, v)

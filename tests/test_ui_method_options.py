@@ -37,7 +37,7 @@ def test_page_and_cli_come_from_the_declared_options():
 def test_page_run_takes_the_options_positionally_in_key_order(handlers):
     params = list(inspect.signature(handlers.page_run()).parameters)
     i = params.index("gamma_auto")
-    assert params[i + 1:] == [*mo.KEYS, "request"]
+    assert params[i + 1:] == [*mo.KEYS, "fresh_memory", "request"]  # the page's box under Run last
     assert mo.as_mapping(range(len(mo.KEYS))) == dict(zip(mo.KEYS, range(len(mo.KEYS)), strict=True))
     with pytest.raises(TypeError):
         mo.as_mapping([1])
@@ -90,8 +90,8 @@ def test_page_builds_with_the_group_hidden_for_draft():
         page = build_page(presets=presets, choices=pair_choices(None, network=False), limits=Limits(),
                           default_mode="fair", status=ModelManager().status(), allow_local_paths=False,
                           fixed_pair=False)
-    assert len(page.run_inputs) == 11 + len(mo.KEYS)
-    assert page.run_inputs[11:] == page.method_options.inputs
+    assert len(page.run_inputs) == 11 + len(mo.KEYS) + 1
+    assert page.run_inputs[11:-1] == page.method_options.inputs and page.run_inputs[-1] is page.fresh_memory
     assert not any(c.visible for c in page.method_options.inputs) and page.method_options.note.visible
 
 

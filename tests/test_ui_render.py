@@ -158,11 +158,17 @@ def test_charts_build_from_events():
     view.add("baseline", tok("b", Outcome.TARGET, t=0.4, round=-1, position=0))
     view.add("speculative", _round(0, [tok("a"), tok("b", Outcome.REJECTED, position=2),
                                        tok("c", Outcome.RESAMPLED, position=0)], 1, t=0.5))
+    # the predictions start at round PREDICT_FROM (the first rounds' α̂ rests on a few tokens, issue 59)
+    assert [len(f.data) for f in all_charts(view)] == [2, 1, 2, 2]
+    pos = all_charts(view)[3].data[1].y  # accepted ÷ tested per position: 1/1 then 0/1
+    assert list(pos) == [1.0, 0.0]
+    from specviz.ui.state import PREDICT_FROM
+    for i in range(1, PREDICT_FROM):
+        view.add("speculative", _round(i, [tok("a"), tok("b", Outcome.BONUS, position=0)], 2, t=0.5 + 0.3 * i))
     figs = all_charts(view)
     # speedup chart: measured, Leviathan's and the verify-cost-aware prediction
     assert [len(f.data) for f in figs] == [2, 3, 2, 2]
-    pos = figs[3].data[1].y  # accepted ÷ tested per position: 1/1 then 0/1
-    assert list(pos) == [1.0, 0.0]
+    assert [p[2] is None for p in view.speedup_series] == [True] * (PREDICT_FROM - 1) + [False]
     # one name per measure (issue 59: "kept ÷ drafted", "kept ÷ tested", "rate"): the glossary's names
     from specviz.ui.glossary import MEANING
     names = {t.name for f in (figs[0], figs[3]) for t in f.data} - {"this round", "so far"}

@@ -70,6 +70,9 @@ class RunRequest:
     # whose memory of earlier outputs a run may read and add to (suffix, hybrid): the page's session
     # hash; None (CLI, bench, API without a session): this run's own text only
     scope: str | None = field(default=None, compare=False)
+    # fresh memory (the page's "fresh memory" box): the suffix drafters copy from this run's prompt and
+    # output only, never from earlier runs' memory (its output is still remembered for later runs)
+    fresh_memory: bool = field(default=False, compare=False)
 
     @property
     def gamma_label(self) -> str:
@@ -111,7 +114,7 @@ def _number(name, value, kind, lo, hi):
 def make_request(prompt, *, method="draft", gamma=4, max_new_tokens=64, temperature=0.0,
                  top_p=1.0, top_k=0, seed=0, chat_template=False,
                  limits: Limits | None = None, options: dict | None = None,
-                 scope: str | None = None) -> RunRequest:
+                 scope: str | None = None, fresh_memory: bool = False) -> RunRequest:
     limits = limits or Limits.from_env()
     if not isinstance(prompt, str) or not prompt.strip():
         raise RequestError("The prompt is empty: type something or pick a preset.")
@@ -148,6 +151,7 @@ def make_request(prompt, *, method="draft", gamma=4, max_new_tokens=64, temperat
         chat_template=bool(chat_template),
         options=method_spec(method).check_options(dict(options or {})),
         scope=str(scope) if scope else None,
+        fresh_memory=fresh_memory is True,
     )
 
 

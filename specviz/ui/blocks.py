@@ -16,6 +16,7 @@ from ..run.request import Limits
 from . import inspector, method_options, render, stage
 from . import leaderboard as board_ui
 from . import replay as replay_ui
+from .draft_source import READS_MEMORY
 from .handlers import STOP_GRACE, Handlers, pair_choices, run_button_props, session_key
 from .layout import Page, build_page
 from .loader import ModelManager
@@ -92,6 +93,9 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
     if page.method_options is not None:  # show the picked method's settings; its check_options names bad ones
         page.method.change(method_options.on_method, page.method, page.method_options.outputs, **quiet)
         raw_values(*page.method_options.numbers)
+    if page.fresh_memory is not None:  # the box under Run, for the methods that copy from earlier runs
+        page.method.change(lambda m: gr.update(visible=m in READS_MEMORY), page.method, page.fresh_memory,
+                           **quiet)
     # ZeroGPU on a Space: borrow a GPU per run, for as long as its limits need (else a no-op)
     run = gpu_decorator(handlers.limits, max_tokens_arg=2)(handlers.page_run())
     # no gradio tracker: the Run button is the one queue counter (ui/runqueue.py; issue 51)

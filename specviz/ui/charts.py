@@ -8,7 +8,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from ..engine.events import OUTCOME_COLOURS, Outcome
-from .draft_source import chart_hover, from_text
+from .draft_source import FREE_DRAFTS, chart_hover, from_text
 from .state import RunView
 
 GREEN = OUTCOME_COLOURS[Outcome.ACCEPTED]
@@ -73,12 +73,14 @@ def speedup_chart(view: RunView) -> go.Figure:
     pts = view.speedup_series
     fig = go.Figure()
     clock = "seconds (virtual clock)" if view.mode == "fair" else "seconds"
-    title = "Speedup over time: measured" + (" (no chain prediction for a tree)" if view.is_tree else
-                                             " vs predicted")
+    title = "Speedup over time: measured" + (
+        " (no chain prediction for a tree)" if view.is_tree else
+        " (no prediction for copied drafts)" if view.method in FREE_DRAFTS else " vs predicted")
     _layout(fig, title, clock, "× baseline")
     if not pts:
         return empty(fig, "waiting for both sides…")
     t = [p[0] for p in pts]
+    fig.update_yaxes(range=[0, speedup_top(pts)])
     fig.add_hline(y=1.0, line=dict(color=FONT, width=1, dash="dot"))
     fig.add_scatter(x=t, y=[p[1] for p in pts], name="measured", mode="lines+markers",
                     line=dict(color=BLUE, width=2.5), marker=dict(size=5), connectgaps=False,
@@ -93,6 +95,15 @@ def speedup_chart(view: RunView) -> go.Figure:
                         line=dict(color=VERMILLION, width=2, dash="dot"),
                         hovertemplate="%{y:.2f}×<extra>predicted with v</extra>")
     return fig
+
+
+def speedup_top(pts) -> float:
+    """The speedup axis' top: the measured points and the predictions' last values (the box's), with
+    room above; an early prediction beyond it runs off the top rather than squeezing the run's curve
+    (issue 59: predictions of ~6.5× in the first rounds stretched the axis of a 1.5× run)."""
+    last = [next((p[i] for p in reversed(pts) if len(p) > i and p[i] is not None), None) for i in (2, 3)]
+    seen = [p[1] for p in pts if p[1] is not None] + [x for x in last if x is not None]
+    return 1.15 * max([1.0, *seen])
 
 
 def time_split_chart(view: RunView) -> go.Figure:

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import html
 
+from ..engine.events import Outcome
 from .escape import esc
 
 SUFFIX = "suffix"  # info["drafter"] of a round drafted from a suffix tree
 # the methods that draft from text (engine/proposers/suffix.py, hybrid.py): priced per round by v(k),
 # no chain-formula prediction (the speedup box) and no point on the theory charts
 FREE_DRAFTS = ("suffix", "hybrid", "suffix-tree", "hybrid-tree")
+# the chain methods whose suffix tree also reads earlier runs' outputs (suffix_tree.Memory); the tree
+# modes copy from this run's own text only
+READS_MEMORY = ("suffix", "hybrid")
 COPY_SIGN = "❝"
 WHERE_WORDS = {"prompt": "the prompt", "output": "this output", "memory": "an earlier output"}
 
@@ -33,6 +37,30 @@ def source_of(info: dict | None) -> dict:
     """The round's source dict, {} when none (a plain step, a model draft, a forgotten memory)."""
     src = info.get("source") if isinstance(info, dict) else None
     return src if isinstance(src, dict) else {}
+
+
+def from_memory(info: dict | None) -> bool:
+    """A copied round whose draft came from an earlier run's output (the visitor's own, or a preset's):
+    not from this run's prompt or output. A copied round whose source was forgotten since (evicted
+    from the memory) came from there too: this run's own text always has a source."""
+    return from_text(info) and source_of(info).get("where", "memory") == "memory"
+
+
+def memory_tokens(rounds) -> int:
+    """Tokens of the output that were drafts copied from earlier runs' outputs and accepted by the
+    target (a round's resampled or bonus token is the target's own, never counted)."""
+    return sum(1 for r in rounds if from_memory(r.info) for t in r.tokens if t.outcome is Outcome.ACCEPTED)
+
+
+def drafter_counts(rounds) -> dict:
+    """Rounds per drafter of a suffix or hybrid run: {'suffix': copied, 'model': draft model, 'none':
+    plain steps}; {} for a method whose rounds do not say."""
+    out: dict = {}
+    for r in rounds:
+        who = r.info.get("drafter") if isinstance(r.info, dict) else None
+        if who in ("suffix", "model", "none"):
+            out[who] = out.get(who, 0) + 1
+    return out
 
 
 def _int(x) -> int | None:

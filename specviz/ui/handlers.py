@@ -233,7 +233,7 @@ class Handlers:
         return render.status_html(status), button_state(status), gr.Timer(active=True)
 
     def _checked(self, prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed, chat_template, mode,
-                 method, gamma_auto=False, options=None, scope=None):
+                 method, gamma_auto=False, options=None, scope=None, fresh_memory=False):
         """(request, pair, prompt ids), or RequestError in words the visitor understands. `scope`:
         the visitor's session, whose earlier outputs alone the suffix drafters may copy from."""
         gamma = "auto" if gamma_auto is True else gamma
@@ -241,7 +241,8 @@ class Handlers:
         req = make_request(prompt, method=method, gamma=gamma, max_new_tokens=max_new_tokens,
                            temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                            chat_template=chat_template, limits=self.limits,
-                           options=method_options.collect(method, options or {}), scope=scope)
+                           options=method_options.collect(method, options or {}), scope=scope,
+                           fresh_memory=fresh_memory)
         if mode not in MODES:
             raise RequestError(f"Unknown execution mode {mode!r}: choose fair or parallel.")
         pair = self.manager.pair
@@ -253,13 +254,15 @@ class Handlers:
         return req, pair, encode_prompt(pair.tokenizer, req, pair.max_positions, self.limits)
 
     def run(self, prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed, chat_template, mode,
-            method="draft", gamma_auto=False, options: dict | None = None, request: gr.Request = None):
+            method="draft", gamma_auto=False, options: dict | None = None, request: gr.Request = None,
+            fresh_memory=False):
         """One race, streamed into the panes. `options`: the method settings by name (the page
-        sends every method's controls; method_options.collect keeps the picked method's)."""
+        sends every method's controls; method_options.collect keeps the picked method's).
+        `fresh_memory`: the suffix drafters read no earlier run's output (the page's box under Run)."""
         try:
             req, pair, ids = self._checked(prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed,
                                            chat_template, mode, method, gamma_auto, options,
-                                           scope=session_key(request))
+                                           scope=session_key(request), fresh_memory=fresh_memory is True)
         except RequestError as e:
             yield failed_outputs(str(e))
             raise gr.Error(render.toast_text(e), print_exception=False) from None
@@ -273,15 +276,18 @@ class Handlers:
         """`run` as gradio calls it: every input positional (the method settings last, in
         method_options.KEYS order, made one mapping here), the request injected by its
         annotation. Gradio reads the signature, so it is spelled out."""
-        settings = [p for p in inspect.signature(self.run).parameters if p not in ("options", "request")]
-        n = len(settings)
+        settings = [p for p in inspect.signature(self.run).parameters
+                    if p not in ("options", "request", "fresh_memory")]
+        n, k = len(settings), len(method_options.KEYS)
 
         def handler(*values):
             *inputs, request = values
-            yield from self.run(*inputs[:n], options=method_options.as_mapping(inputs[n:]), request=request)
+            yield from self.run(*inputs[:n], options=method_options.as_mapping(inputs[n:n + k]),
+                                request=request, fresh_memory=inputs[n + k] if len(inputs) > n + k else False)
 
         P = inspect.Parameter
-        params = [P(name, P.POSITIONAL_OR_KEYWORD) for name in (*settings, *method_options.KEYS)]
+        names = (*settings, *method_options.KEYS, "fresh_memory")  # the box under Run last (API callers)
+        params = [P(name, P.POSITIONAL_OR_KEYWORD) for name in names]
         handler.__signature__ = inspect.Signature(
             [*params, P("request", P.POSITIONAL_OR_KEYWORD, default=None, annotation=gr.Request)])
         handler.__annotations__ = {"request": gr.Request}
@@ -295,6 +301,7 @@ class Handlers:
         try:
             view = RunView(req.gamma, req.temperature, mode, req.prompt, req.chat_template)
             view.method, view.gamma_auto, view.dtype = req.method, req.gamma_auto, pair.dtype
+            view.fresh_memory, view.reads_memory = req.fresh_memory, bool(req.scope) and not req.fresh_memory
             # shown next to the method in the run header, with what calibration chose for a blank exit
             # layer or skip set (the run resolves the same, cached, values: run/runner.py)
             view.options = (resolve_options(pair, req.method, req.options) if pair.engine == OURS

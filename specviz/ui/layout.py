@@ -63,12 +63,14 @@ class Page:
     next_preset: gr.Button | None = None  # the N key (ui/stage.py)
     busy_replay: gr.Button | None = None  # shown with the busy banner: replay a quiet machine's run
     board: object = None  # the "Race all methods" tab (ui/leaderboard.py)
+    fresh_memory: gr.Checkbox | None = None  # suffix, hybrid: read no earlier run's output
 
     @property
     def run_inputs(self) -> list:
         extra = self.method_options.inputs if self.method_options is not None else []
+        fresh = [self.fresh_memory] if self.fresh_memory is not None else []
         return [self.prompt, self.gamma, self.max_new, self.temperature, self.top_p, self.top_k, self.seed,
-                self.chat, self.mode, self.method, self.gamma_auto, *extra]
+                self.chat, self.mode, self.method, self.gamma_auto, *extra, *fresh]
 
     @property
     def run_outputs(self) -> list:
@@ -91,7 +93,12 @@ def _prompt_column(presets: list[dict], ready: bool) -> dict:
                                 interactive=ready, elem_id="sv-run", scale=2)
             stop_btn = gr.Button("■ Stop", variant="secondary", elem_id="sv-stop", scale=1)
             next_preset = gr.Button("Next preset (N)", variant="secondary", elem_id="sv-next-preset", scale=1)
-    return dict(preset=preset, prompt=prompt, next_preset=next_preset, run_btn=run_btn, stop_btn=stop_btn)
+        # for the methods that copy from earlier runs' outputs (suffix, hybrid): a fair comparison one
+        # click from Run (issue 59: a preset run twice got faster by copying the first run's output)
+        fresh_memory = gr.Checkbox(False, label="fresh memory: copy only from this run's prompt and output, "
+                                   "not from earlier runs", elem_id="sv-fresh-memory", visible=False)
+    return dict(preset=preset, prompt=prompt, next_preset=next_preset, run_btn=run_btn, stop_btn=stop_btn,
+                fresh_memory=fresh_memory)
 
 
 def _settings_column(first: dict, limits: Limits, default_mode: str) -> dict:

@@ -303,6 +303,10 @@ CSS = """
 .sv-speedup-num { font-size: 2em; font-weight: 700; font-variant-numeric: tabular-nums; }
 .sv-speedup-label { font-size: 12px; opacity: .8; }
 .sv-speedup-sub { font-size: 11.5px; opacity: .7; max-width: 24em; text-align: center; }
+.sv-speedup-mem { font-size: 12px; max-width: 22em; text-align: center; margin-top: 5px; padding: 2px 6px;
+  border-radius: 6px; }
+.sv-mem-copied { outline: 1.5px dashed #0072B2; outline-offset: -1px; }
+.dark .sv-mem-copied { outline-color: #56B4E9; }
 .sv-good { background: rgba(0,158,115,.14); }
 .sv-bad { background: rgba(213,94,0,.12); }
 .sv-table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; }

@@ -160,6 +160,9 @@ def view_for(tr: Trace) -> tuple[RunView, str]:
                    str(m.get("execution_mode") or "fair"),
                    prompt, chat)
     view.method = str(settings.get("method") or (spec.method if spec is not None else "draft"))
+    view.gamma_auto = bool(settings.get("gamma_auto"))
+    view.fresh_memory = bool(settings.get("fresh_memory"))
+    view.reads_memory = bool(settings.get("scope")) and not view.fresh_memory
     opts = settings.get("options")  # older traces have none: the defaults ran
     view.options = dict(opts) if isinstance(opts, dict) else {}
     view.costs = trace_costs(tr)

@@ -9,6 +9,7 @@ from ..engine.costs import MAX_VERIFY_TOKENS
 from ..format import number
 from .draft_source import FREE_DRAFTS
 from .escape import esc
+from .state import PREDICT_FROM
 
 
 def _cell(v) -> str:
@@ -42,7 +43,7 @@ def stats_html(snap: dict) -> str:
     big = (f"<div class='sv-speedup{spd_cls}' title='speculative tokens/s ÷ baseline tokens/s'>"
            f"<span class='sv-speedup-num'>{number(spd, '{:.2f}×')}</span>"
            f"<span class='sv-speedup-label'>measured speedup</span>"
-           f"<span class='sv-speedup-sub'>{sub}</span>"
+           f"<span class='sv-speedup-sub'>{sub}</span>" + memory_html(snap)
            + (f"<span class='sv-badge sv-badge-diff'>{esc(snap['disturbed'])}</span>" if snap.get("disturbed")
               else "") + "</div>")
     chips = "".join(
@@ -68,27 +69,66 @@ def _speedup_text(snap: dict) -> tuple[float | None, str]:
     if (st.get("rounds") or 0) < HOLD_ROUNDS and not snap.get("finished"):
         return None, f"shown after {HOLD_ROUNDS} rounds (round 1 also reads the prompt)"
     if snap.get("method") in FREE_DRAFTS:
-        return st.get("speedup"), ("no prediction: drafts copied from text cost no draft steps, and the "
-                                   "chain formula prices a draft model's γ·c each round")
-    return st.get("speedup"), _prediction_text(st, bool(snap.get("tree")))
+        return st.get("speedup"), _no_chain_text(snap)
+    return st.get("speedup"), _prediction_text(st, bool(snap.get("tree")), snap)
 
 
-def _prediction_text(st: dict, tree: bool) -> str:
-    """The prediction and the costs it used, each one a chip beside it shows (issue 51: a lookahead
-    run's box had priced v at the calibration's γ drafted 1.36 while its forwards verified ~24 rows)."""
+def _no_chain_text(snap: dict) -> str:
+    """Why a suffix or hybrid run has no prediction, in the terms of the rounds it ran (issue 59: a
+    hybrid's box said drafts copied from text cost no draft steps, while its draft model ran at c 0.90)."""
+    n = snap.get("drafters") or {}
+    copied, model = n.get("suffix", 0), n.get("model", 0)
+    if not model:
+        return ("no prediction: drafts copied from text cost no draft steps, and the chain formula prices "
+                "a draft model's γ·c each round")
+    c = (snap["stats"] or {}).get("c")
+    return (f"no prediction: {copied} round{'s' * (copied != 1)} copied text (no draft step) and {model} ran "
+            f"the draft model" + (f" (c {c:.3f})" if c else "") + "; the chain formula prices one drafter "
+            "every round")
+
+
+def _prediction_text(st: dict, tree: bool, snap: dict | None = None) -> str:
+    """The prediction with the α̂, γ, c and v it used, as values, each the chip beside it (issue 51: a
+    lookahead run's box had priced v at the calibration's γ drafted 1.36 while its forwards verified ~24
+    rows; issue 59: a draft run's box named where v came from, not its value, nor which γ)."""
     pv, pl = st.get("predicted_v"), st.get("predicted")
     lev = f"{number(pl, '{:.2f}×')} by Leviathan (v = 1)"
-    if pv is not None and st.get("predicted_v_basis") == "this run":
-        return f"predicted {number(pv, '{:.2f}×')} with the verify cost v measured in this run · {lev}"
-    if pv is not None:
-        return (f"predicted {number(pv, '{:.2f}×')} with the v at calibration (no verify pass timed yet)"
-                f" · {lev}")
-    if pl is not None:
-        return f"predicted {lev}"
+    basis = st.get("predicted_v_basis")
+    if pv is not None or pl is not None:
+        a, g, c = st.get("alpha_hat"), st.get("gamma_mean"), st.get("c")
+        used = f"α̂ {a:.3f}, γ {g:.2f}, c {c:.3f}"
+        why = _gamma_why(g, snap or {})
+        if pv is None:
+            return f"predicted {lev} at {used}{why}"
+        v = st.get("verify_cost") if basis == "this run" else st.get("verify_cost_calibrated")
+        where = "measured in this run" if basis == "this run" else "at calibration (no verify pass timed yet)"
+        return f"predicted {pv:.2f}× at {used}, v {v:.2f} {where} · {lev}{why}"
     if tree:
         return "no prediction: the chain formula (1 − α̂^(γ+1)) / (1 − α̂) does not describe a token tree"
-    return "predicted –: no draft step timed yet (c unknown)" if st.get("alpha_hat") is not None else \
-        "predicted –"
+    if st.get("alpha_hat") is None:
+        return "predicted –"
+    if st.get("c") is None:
+        return "predicted –: no draft step timed yet (c unknown)"
+    if (st.get("rounds") or 0) < PREDICT_FROM:
+        return f"predicted –: from round {PREDICT_FROM} on (the first rounds' α̂ rests on a few tokens)"
+    return "predicted –"
+
+
+def _gamma_why(g: float | None, snap: dict) -> str:
+    """Which γ the formula took when it is not the γ the visitor set: the mean drafted per round, so
+    that it prices the rounds this run had; and why they drafted fewer."""
+    want = snap.get("gamma")
+    if g is None or not want or abs(g - want) < 0.005:
+        return ""
+    if snap.get("gamma_auto"):
+        why = f"auto γ picked each round's, up to {want}"
+    elif snap.get("method") == "adaptive":
+        why = f"adaptive γ moved it each round, from {want}"
+    elif snap.get("method") in ("draft", "early-exit", "layer-skip", "heads"):
+        why = f"you set {want}; the budget's last rounds and an end of text draft fewer"
+    else:
+        why = f"you set {want}; this method's drafts vary in length"
+    return f" · γ {g:.2f} = the mean drafted per round ({why})"
 
 
 def _unknown(x, fmt: str) -> str:
@@ -133,19 +173,53 @@ def _metric_chips(st: dict, method: str = "") -> list:
          "mean tokens drafted per round: the γ the predictions use (adaptive γ, lookup and the last round "
          "differ from the requested γ)"),
         ("rounds", st.get("rounds"), "{}", "verification rounds so far"),
-        ("verify cost v", st.get("verify_cost"), "{:.2f} steps",
-         f"time of one verification pass ({rows} at once) in plain target steps, measured in this run; "
-         "the prediction uses it; Leviathan's formula assumes 1"),
-        ("v at calibration", st.get("verify_cost_calibrated"), "{:.2f} steps",
-         f"the same pass ({rows}) timed when the models loaded; a measured v far above it means other "
-         "work on the machine slowed this run" if st.get("verify_cost_calibrated") is not None else
-         f"not timed: the calibration times passes of up to {MAX_VERIFY_TOKENS} tokens"
-         + (f", this one had {r:.1f}" if r else "") + ", or no calibration ran"),
+        _v_chip(st, rows),
         ("best γ", st.get("best_gamma"), "{}",
          f"γ that maximises (1−α̂^(γ+1)) / ((1−α̂)(γc + v(γ))), v(γ) from {v_src}"),
         ("best γ (v = 1)", st.get("best_gamma_leviathan"), "{}",
          "γ that maximises Leviathan's prediction, which assumes a verify pass costs one plain step"),
     ]
+
+
+def _v_chip(st: dict, rows: str) -> tuple:
+    """One v: this run's measured verify cost, or the calibration's at the same rows before a verify pass
+    was timed: the one the prediction uses (issue 59: "v 1.00" beside "v at calibration 1.18" left
+    "which v?" open). The other is in its hover."""
+    v, cal = st.get("verify_cost"), st.get("verify_cost_calibrated")
+    if v is not None:
+        tip = (f"time of one verification pass ({rows} at once) in plain target steps, measured in this "
+               "run; the prediction uses it (Leviathan's formula assumes 1). "
+               + (f"At calibration the same pass cost {cal:.2f}: a measured v far above it means other work "
+                  "on the machine slowed this run" if cal is not None else
+                  f"Not timed at calibration (passes of up to {MAX_VERIFY_TOKENS} tokens), or none ran"))
+        return "verify cost v", v, "{:.2f} steps · this run", tip
+    if cal is not None:
+        return ("verify cost v", cal, "{:.2f} steps · calibration",
+                f"the same pass ({rows} at once) timed when the models loaded, in plain target steps: no "
+                "verify pass of this run timed yet (round 1 reads the prompt); the prediction uses it")
+    return ("verify cost v", None, "{:.2f}", f"not measured yet: no verify pass ({rows}) of this run timed, "
+            f"and the calibration times passes of up to {MAX_VERIFY_TOKENS} tokens, or none ran")
+
+
+def memory_html(snap: dict) -> str:
+    """The headline's word on copying from earlier runs (issue 59: the hybrid on a preset went from
+    1.54× to 2.31× on its second run, only a hover card said why): how many of the run's tokens were
+    accepted drafts copied from earlier runs' outputs, and the fair comparison one click away."""
+    mem = snap.get("memory")
+    if not mem:
+        return ""
+    if mem.get("fresh"):
+        return ("<span class='sv-speedup-mem sv-mem-fresh'>fresh memory: copied from this run's prompt and "
+                "output only</span>")
+    n, total = mem.get("copied") or 0, mem.get("tokens") or 0
+    if not (n or mem.get("reads")):
+        return ""  # a run with no memory to read (a race of all methods, the CLI): its own text only
+    cls = " sv-mem-copied" if n else ""
+    tail = (": tick “fresh memory” under Run for a fair comparison" if n else
+            " (it may copy from them: “fresh memory” under Run turns that off)")
+    return (f"<span class='sv-speedup-mem{cls}' title='accepted drafts whose source was an earlier run of "
+            f"yours or of a preset, not this run&#39;s prompt or output'><b>{n} of {total} tokens</b> copied "
+            f"from earlier runs{tail}</span>")
 
 
 def v_curve_svg(curve, basis: str = "", w: int = 110, h: int = 30) -> str:

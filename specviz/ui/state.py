@@ -7,12 +7,18 @@ the bench compute α, τ, c and the speedup the same way).
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from ..engine.events import RoundEvent, RunSummary, TokenEvent, book_round
 from ..engine.metrics import cost_drift_note, disturbed_note, run_stats, target_step_time
+from .draft_source import FREE_DRAFTS, READS_MEMORY, drafter_counts, memory_tokens
+
+# the predictions start at this round, in the box and on the chart: the α̂ of the first rounds rests
+# on a handful of drafted tokens (a round that kept all its drafts gives α̂ 1 and predicts (γ+1)/(γc+v),
+# the chart's ~6.5× spikes of issue 59)
+PREDICT_FROM = 4
 
 
 @dataclass
@@ -102,6 +108,8 @@ class RunView:
         self.method = "draft"  # where the guesses came from (RunRequest.method)
         self.options: dict = {}  # its settings (RunRequest.options: tree shape, exit layer, ...)
         self.gamma_auto = False  # γ chosen each round (engine/gamma.py): predict at the mean drafted γ
+        self.fresh_memory = False  # RunRequest.fresh_memory: the suffix drafters read no earlier run's output
+        self.reads_memory = False  # a session's run (RunRequest.scope), not fresh: may copy earlier runs
         self.dtype = torch.float32  # the target's float type: sets the greedy near-tie threshold
         self.error = ""  # a failed run's message for the visitor
         self.unmeasured: tuple = ()  # Stats fields the engine cannot measure (vLLM: α̂, c, prediction)
@@ -145,10 +153,12 @@ class RunView:
             # ends after the speculative side (it had used the baseline's rate so far)
             if side == "baseline" and self.speedup_series:
                 self.speedup_series.pop()
-            spec = self.spec.summary
+            spec = self._spec_summary()  # the engine's summary, as the box reads it (no chain formula…)
             st = run_stats(spec, self.base.partial_summary() if self.base.tokens else None, self.costs,
                            self.verify_rows)
-            self.speedup_series.append((spec.elapsed, st.speedup, st.predicted, st.predicted_v))
+            held = len(self.spec.rounds) < PREDICT_FROM
+            self.speedup_series.append((spec.elapsed, st.speedup, None if held else st.predicted,
+                                        None if held else st.predicted_v))
 
     # ------------------------------------------------------------ numbers
 
@@ -168,6 +178,8 @@ class RunView:
     def _speedup_at(self, r: RoundEvent) -> tuple[None, float | None, float | None]:
         """(measured: filled in by _match, Leviathan's prediction, verify-cost-aware prediction)
         after round r."""
+        if len(self.spec.rounds) < PREDICT_FROM:
+            return None, None, None
         st = run_stats(self._spec_summary(), self._base_at(r.t_end), self.costs, self.verify_rows)
         return None, st.predicted, st.predicted_v
 
@@ -183,10 +195,12 @@ class RunView:
                 self.speedup_series[i] = (t, self._base_times[n - 1] / t, pred, pred_v)
 
     def _spec_summary(self) -> RunSummary:
-        spec = self.spec.partial_summary()
+        spec = replace(self.spec.partial_summary())  # a copy: the engine's summary is recorded as it came
         spec.method = self.method
         spec.unmeasured = list(self.unmeasured) or spec.unmeasured  # n/a, never 0 (run_stats blanks them)
-        if self.is_tree and "predicted" not in spec.unmeasured:  # the chain formula does not fit a tree
+        # the chain formula fits neither a tree nor rounds of copied text (a hybrid's mixed with draft-model
+        # chains): no prediction from the first round on, as the engine's summary says at the end
+        if (self.is_tree or self.method in FREE_DRAFTS) and "predicted" not in spec.unmeasured:
             spec.unmeasured = [*spec.unmeasured, "predicted"]
         return spec
 
@@ -208,6 +222,8 @@ class RunView:
             return {"rounds": 0}
         spec.gamma = self.gamma
         spec.gamma_policy = "auto" if self.gamma_auto else spec.gamma_policy
+        if len(self.spec.rounds) < PREDICT_FROM and "predicted" not in spec.unmeasured:
+            spec.unmeasured = [*spec.unmeasured, "predicted"]
         st = run_stats(spec, base, self.costs, self.verify_rows).to_dict()
         st["rounds"] = len(self.spec.rounds)
         return st
@@ -257,4 +273,14 @@ class RunView:
                     identical=self.identical(), finished=self.finished, greedy=self.greedy,
                     mode=self.mode, clock=self.clock, note=self.note, method=self.method,
                     options=self.options, error=self.error, tree=self.is_tree,
-                    disturbed=self.disturbed(stats))
+                    disturbed=self.disturbed(stats), gamma=self.gamma, gamma_auto=self.gamma_auto,
+                    drafters=drafter_counts(self.spec.rounds), memory=self.memory())
+
+    def memory(self) -> dict | None:
+        """For a method that may copy from earlier runs' outputs (suffix, hybrid): how many of this
+        run's tokens were accepted drafts copied from them, of how many, and whether it ran with fresh
+        memory (read none); None for the other methods."""
+        if self.method not in READS_MEMORY:
+            return None
+        return dict(copied=memory_tokens(self.spec.rounds), tokens=self.spec.n_tokens,
+                    fresh=self.fresh_memory, reads=self.reads_memory)

@@ -80,6 +80,7 @@ class SuffixProposer(Proposer):
     scope: str | None = None  # whose memory this run reads (with PRESETS) and writes
     write_scope: str | None = None  # where its output goes (PRESETS for a shipped preset's prompt)
     prompt_text: str = ""  # the prompt as the visitor typed it: a source's line is counted in it
+    read_memory: bool = True  # False (fresh memory): copy from this run's own text only, still write it
     name: str = "suffix"
     chain_formula = False  # a free draft: no γ·c + v(γ) prediction (decoding.speculative)
     cal: Calibration = field(default_factory=Calibration)
@@ -123,7 +124,7 @@ class SuffixProposer(Proposer):
     def candidate(self, committed, gamma) -> tuple[Draft | None, str]:
         """The best chain of the run's own tree and the readable memory, and whose it is."""
         best, where = self.tree.speculate(self.tree.tails(SELF), gamma), "self"
-        if self.memory is None:
+        if self.memory is None or not self.read_memory:
             return best, where
         tail = committed[-DEPTH:]
         for scope in dict.fromkeys((self.scope, PRESETS)):
@@ -335,7 +336,8 @@ def build_suffix(pair, req=None, cls=None) -> SuffixProposer:
     return (cls or SuffixProposer)(target_vocab(pair.target),
                           verify_cost=monotone(costs.verify_cost) if costs is not None else None,
                           tokenizer=pair.tokenizer, memory=MEMORY if scope else None, scope=scope,
-                          write_scope=write, prompt_text=getattr(req, "prompt", "") or "")
+                          write_scope=write, prompt_text=getattr(req, "prompt", "") or "",
+                          read_memory=not getattr(req, "fresh_memory", False))
 
 
 @register("suffix", "suffix tree", order=3, own_gamma=True, summarize=summarize, round_note=round_note,
