@@ -122,3 +122,11 @@ def chi_square_pvalue(counts, exact, n):
 
 def assert_follows_target(counts, exact, n):
     assert chi_square_pvalue(counts, exact, n) > 1e-3
+
+
+def run_fields() -> tuple:
+    """Every input of the page's /run, in order (a raw queue/join must send them all)."""
+    from specviz.ui import method_options
+    return ("prompt", "gamma", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "chat_template", "mode",
+            "method", "gamma_auto", *method_options.KEYS,  # the method settings: generated, in this order
+            "fresh_memory")  # the box under Run (suffix, hybrid: read no earlier run's output)

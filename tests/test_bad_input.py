@@ -16,14 +16,11 @@ import pytest
 pytest.importorskip("gradio_client")
 
 from browser.server import InProcessApp, ready_client, shared_server  # noqa: E402
+from helpers import run_fields  # noqa: E402
 
-from specviz.ui import method_options  # noqa: E402
 from specviz.ui.method_options import METHOD_CHOICES, TRAINED_ONLY  # noqa: E402
 
-# inputs of /run, in order
-FIELDS = ("prompt", "gamma", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "chat_template", "mode",
-          "method", "gamma_auto", *method_options.KEYS,  # the method settings: generated, in this order
-          "fresh_memory")  # the box under Run (suffix, hybrid: read no earlier run's output)
+FIELDS = run_fields()  # every input of /run, in order (a raw queue/join must send them all)
 GOOD = dict(prompt="def f(x):", gamma=4, max_new_tokens=8, temperature=0.0, top_p=1.0, top_k=0, seed=0,
             chat_template=False, mode="fair", method="draft", gamma_auto=False,
             tree_shape="", tree_budget=None, window=4, guesses=2, exit_layer=None, skip_layers="",

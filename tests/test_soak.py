@@ -29,15 +29,12 @@ psutil = pytest.importorskip("psutil")
 
 from browser.server import free_port, ready_client, shared_server  # noqa: E402
 from gradio_client.utils import Status  # noqa: E402
+from helpers import run_fields  # noqa: E402
 
-from specviz.ui import method_options  # noqa: E402
-
-# every input of /run, in order (a raw queue/join must send them all; gradio_client fills defaults)
-FIELDS = ("prompt", "gamma", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "chat_template", "mode",
-          "method", "gamma_auto", *method_options.KEYS)  # the method settings: generated, in this order
+FIELDS = run_fields()  # every input of /run, in order (a raw queue/join must send them all)
 GOOD = dict(prompt="def f(x):", gamma=4, max_new_tokens=24, temperature=0.0, top_p=1.0, top_k=0, seed=0,
             chat_template=False, mode="fair", method="draft", gamma_auto=False,
-            tree_shape="", tree_budget="", window=4, guesses=2, exit_layer="", skip_layers="")
+            tree_shape="", tree_budget="", window=4, guesses=2, exit_layer="", skip_layers="", fresh_memory=False)
 BASE, SPEC, STATS, INFO = 0, 1, 2, 3
 MAX_NEW = 512  # the server's limit on new tokens (the built-in default)
 RSS_BOUND_MB = 150  # growth of the server's RSS over 50 runs, after warm-up

@@ -13,8 +13,7 @@ emulates it, so auto keeps fp32 there WITHOUT timing bf16. Models under 100M
 parameters stay fp32 (nothing to gain; test pairs keep exact equality). On
 CUDA the device's half type is the natural choice.
 
-The choice logic (calibration/choice.py: candidates, choose_target, choose_draft) is
-pure and tested with injected timings; the timing here touches real models.
+The choice logic (calibration/choice.py) is pure, tested with injected timings.
 """
 from __future__ import annotations
 
@@ -438,11 +437,7 @@ def calibrate(target, draft, *, precision: str = "auto", quantize: str | None = 
     reload = reload or Loaded(None, None)
     where = "GPU" if device != "cpu" else "CPU"
     cached = load_cached(cache_file) if cache_file and mode != "fresh" else None
-    if cached and cached.noisy and mode == "auto" and not busy():
-        # timed under load, and the machine is quiet now: time again. Why: the bench and the CLI
-        # (mode auto) kept a calibration of load 8.9-10.3 on a 2-core Xeon (2026-11-28) whose plain
-        # step read 1.31 s (0.08 s when quiet) and c 1.23 (0.23): γ auto then drafted 1 token a
-        # round, τ 1.79 and 0.83x plain, where γ 3 gave 0.94x in the same bench
+    if cached and cached.noisy and mode == "auto" and not busy():  # timed under load, now quiet: again
         progress("the cached calibration was timed under load: timing it again now", 0.02)
         cached = None
     if cached and cached.target in tc and (draft is None or cached.draft in dc):
