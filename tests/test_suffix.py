@@ -10,7 +10,7 @@ from helpers import assert_follows_target, check_stream, fake_pair, noisy_copy, 
 from specviz.engine.decoding import baseline, speculative
 from specviz.engine.proposers import make_proposer
 from specviz.engine.proposers.draft import DraftModelProposer
-from specviz.engine.proposers.hybrid import HybridProposer
+from specviz.engine.proposers.hybrid import EVIDENCE, HybridProposer
 from specviz.engine.proposers.suffix import SuffixProposer, best_length
 from specviz.engine.sampling import SamplingParams
 from specviz.engine.suffix_tree import PRESETS, Memory, SuffixTree
@@ -63,8 +63,9 @@ def _suffix(vocab, **kw):
     return SuffixProposer(vocab, **kw)
 
 
-def _hybrid(draft, vocab, c=0.3, **kw):
-    return HybridProposer(SuffixProposer(vocab, verify_cost=v_cost, **kw), DraftModelProposer(draft), c=c)
+def _hybrid(draft, vocab, c=0.3, lazy=True, **kw):
+    return HybridProposer(SuffixProposer(vocab, verify_cost=v_cost, **kw), DraftModelProposer(draft), c=c,
+                          lazy=lazy)
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 6])
@@ -102,7 +103,8 @@ def test_sequences_follow_target_distribution(which):
     d = noisy_copy(t, 0)
     mem = Memory()  # shared by every run: what it proposes depends on earlier runs' outputs
     new = {"suffix_memory": lambda: _suffix(V, verify_cost=v_cost, memory=mem, scope="a", write_scope="a"),
-           "hybrid": lambda: _hybrid(d, V, c=0.25)}[which]
+           # the draft model reads the prompt at reset, so model rounds come in these 3-token runs
+           "hybrid": lambda: _hybrid(d, V, c=0.25, lazy=False)}[which]
     exact, counts, runs = sample_sequences(speculative, t, new, 3, SamplingParams(temperature=1.0), N)
     drafters = {r.info["drafter"] for rounds, _ in runs for r in rounds}
     assert "suffix" in drafters and (which != "hybrid" or "model" in drafters)
@@ -185,7 +187,7 @@ def _hybrid_tree(draft, vocab, c=0.3, **kw):
     from specviz.engine.proposers.hybrid import HybridTreeProposer
     from specviz.engine.proposers.suffix import SuffixTreeProposer
     return HybridTreeProposer(SuffixTreeProposer(vocab, verify_cost=v_cost, **kw), DraftModelProposer(draft),
-                              c=c)
+                              c=c, lazy=False)  # the draft reads the prompt at reset: model rounds in short runs
 
 
 @pytest.mark.parametrize("gamma", [2, 5])
@@ -261,7 +263,51 @@ def test_chain_length_drafts_on_through_sure_tokens_and_stops_at_an_unsure_one()
 
 def test_hybrid_model_rounds_vary_their_length_by_confidence(tok, target, draft):
     ids = tok.encode("def quicksort(arr): arr arr arr return arr arr")
-    prop = _hybrid(draft, target.config.vocab_size, c=0.05)
+    prop = _hybrid(draft, target.config.vocab_size, c=0.05, lazy=False)  # model rounds from round 1
     rounds, _ = run(speculative(target, prop, tok, ids, 40, 16, GREEDY))
     lengths = {r.gamma for r in rounds if r.info["drafter"] == "model"}
     assert len(lengths) > 1 and max(lengths) < 16
+
+
+# ------------------------------------------------------------------ the hybrid's lazy draft
+def test_the_lazy_draft_reads_the_prompt_only_when_a_model_round_pays(tok, target, draft):
+    """The draft model skips the prompt at reset; round 1 never reads it; a later model round reads
+    all it skipped in one forward (info draft_read), and greedy output is plain's either way."""
+    ids = tok.encode("def quicksort(arr): if len(arr) <= 1: return arr; pivot = arr[0]; left = []")
+    _, base = run(baseline(target, tok, ids, 40, GREEDY))
+    V = target.config.vocab_size
+    for lazy in (True, False):
+        # a cheap draft (c 0.05): its chain outprices a plain step even with its read of the prompt
+        rounds, spec = run(speculative(target, _hybrid(draft, V, c=0.05, tokenizer=tok, lazy=lazy), tok, ids,
+                                       40, 4, GREEDY))
+        assert spec.token_ids == base.token_ids
+        check_stream(rounds, spec)
+        first_model = next(i for i, r in enumerate(rounds) if r.info["drafter"] == "model")
+        if lazy:
+            assert first_model >= EVIDENCE and all(r.info["drafter"] != "model" for r in rounds[:EVIDENCE])
+            assert rounds[first_model].info["draft_read"] >= len(ids) - 1
+        else:
+            assert first_model == 0 and "draft_read" not in rounds[0].info
+
+
+def test_a_lagging_draft_waits_while_copied_text_serves():
+    """The read is spread over the model rounds it would serve: the share of rounds so far whose
+    model chain outpriced the suffix draft, times the rest of the run; rarely wanted, it waits."""
+    h = _hybrid(None, 10, c=0.3)
+    h.policy, h.remaining, h._lag = object(), 100, 300
+    tokens, cost = 3.0, 2.0  # the chain's expected tokens and cost: 1.5 tokens a step
+    h._rounds, h._wanted = EVIDENCE, EVIDENCE
+    assert not h.catch_up_pays(tokens, cost, 1.0)  # the first rounds never read
+    h._rounds, h._wanted = 10, 10  # the model outpriced copied text in every round so far
+    assert h.catch_up_pays(tokens, cost, 1.0)
+    h._rounds, h._wanted = 10, 1  # copied text served 9 rounds in 10
+    assert not h.catch_up_pays(tokens, cost, 1.0)
+    assert h.read_cost(5) == pytest.approx(0.3 * v_cost(4))
+    assert h.read_cost(300) > h.read_cost(17) > h.read_cost(5)
+
+
+def test_the_round_note_says_when_the_draft_reads_or_waits():
+    from specviz.engine.proposers.suffix import round_note
+    assert "read the 230 tokens it had skipped" in round_note({"drafter": "model", "draft_read": 230})
+    waits = round_note({"drafter": "none", "match_len": 0, "lookup_ms": 0.1, "draft_waits": 231})
+    assert waits.startswith("suffix: no draft") and "waits" in waits and "231 tokens" in waits

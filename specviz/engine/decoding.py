@@ -294,6 +294,7 @@ def speculative(
         g = policy.next_gamma(gamma) if policy is not None else proposer.next_gamma(gamma)
         # never draft past the budget: the last slot is the target's own token
         g = min(g, max(1, remaining - 1))
+        proposer.remaining = remaining
         rd = _draft_and_verify(target, proposer, committed, cache, g, params, gen, eos, clock)
         _inspect(rd, stream, clock)
         new, hit_eos = cut_at_eos(rd.tokens[: rd.v.n_accepted] + [rd.v.token], eos, remaining)

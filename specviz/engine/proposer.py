@@ -162,6 +162,9 @@ class Proposer:
     name = "base"
     reads_target_cache = False
     supplies_verify_logits = False
+    # tokens the run may still write, set by the engine loop before each propose(): a proposer that
+    # prices a one-off cost over the rest of the run reads it (the hybrid's lazy draft)
+    remaining: int | None = None
 
     def reset(self, prompt_ids: list[int]) -> int:
         """Start a new sequence. Returns forward passes spent (prefill)."""

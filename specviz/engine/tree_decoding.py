@@ -145,6 +145,7 @@ def tree_speculative(target, proposer: TreeProposer, tokenizer, prompt_ids: list
     def one_round(r: int, remaining: int) -> RoundEvent:
         t_start = clock.now()
         d = policy.next_gamma(depth) if policy is not None else depth
+        proposer.remaining = remaining
         prop = proposer.propose(committed, min(d, max(1, remaining - 1)), params, gen, eos, width=width)
         t_drafted = clock.now()
         n_prefix = len(committed)

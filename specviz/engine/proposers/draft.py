@@ -31,6 +31,20 @@ class DraftModelProposer(Proposer):
             return 1
         return 0
 
+    def open(self) -> int:
+        """Start a sequence without reading the prompt: the first propose() reads all the
+        cache lacks in one forward (the hybrid's draft, while copied text serves)."""
+        self.cache = new_cache(self.model)
+        return 0
+
+    def unread(self) -> bool:
+        """Opened without reading the prompt, and no propose() since."""
+        return self.cache.get_seq_length() == 0
+
+    def lag(self, committed) -> int:
+        """Tokens the next propose() must read beyond its usual one or two."""
+        return max(0, len(committed) - self.cache.get_seq_length() - 2)
+
     def _logits(self, ids, keep=1):
         logits = forward_logits(self.model, ids, self.cache, keep, exact=False)
         return logits[..., : self.vocab_size] if self.vocab_size else logits

@@ -313,11 +313,15 @@ def summarize(infos: list[dict]) -> dict:
 
 
 def round_note(info: dict) -> str:
-    src = info.get("source")
+    src, read, waits = info.get("source"), info.get("draft_read"), info.get("draft_waits")
     if info.get("drafter") == "model":
-        return ("draft model ran this round (the suffix draft was priced lower); its chain "
+        first = f"it first read the {read} tokens it had skipped (the prompt); " if read else ""
+        return ("draft model ran this round (the suffix draft was priced lower); " + first + "its chain "
                 "stopped where one more token, by the last one's confidence, no longer paid "
                 "for a draft step and a verify row")
+    if waits:
+        return round_note({k: v for k, v in info.items() if k != "draft_waits"}) + (
+            f"; the draft model waits: reading the {waits} tokens it skipped would not pay yet")
     if not src:
         return (f"suffix: no draft worth its verify rows (best match {info.get('match_len', 0)} tokens, "
                 f"lookup {info.get('lookup_ms', 0)} ms)")
