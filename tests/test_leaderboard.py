@@ -387,13 +387,12 @@ def test_a_load_that_meets_one_side_only_is_flagged(pair, monkeypatch):
 
 
 def test_the_shipped_race_ranks_no_tau_one_method_above_plain():
-    """The race shipped in assets/races was recorded before 2026-11-28 (plain timed once, before every
-    method): it ranked prompt lookup (τ 1.21, 1.17×) and REST (τ 1.28, 1.24×) above plain. Until it is
-    recorded again beside plain, its rows say so and only a clear τ ranks above plain."""
+    """The race shipped in assets/races was recorded again on 2026-11-28 under the new rule (each
+    method raced beside plain, step by step): every row is paired, and no row without more tokens per
+    forward than plain (τ 1.00) ranks above it. A bundle of the old rule: test_an_old_bundle_*."""
     from specviz.ui.leaderboard import shipped
     for name, board in shipped().items():
         rows = board.rows()
         above = rows[:[r.key for r in rows].index(PLAIN)]
-        assert all(r.tau >= 1.5 for r in above), (name, [(r.key, r.tau) for r in above])
-        if not board.paired:
-            assert all("recorded before 2026-11-28" in r.flag for r in rows if r.key != PLAIN), name
+        assert all(r.tau > 1.0 for r in above), (name, [(r.key, r.tau) for r in above])
+        assert board.paired and all(r.paired for r in rows if r.key != PLAIN and not r.error), name
