@@ -32,6 +32,19 @@ def tick_only(page, labels):
             box.click()
 
 
+def race(page, labels, max_new: int, prompt: str | None = None):
+    """Tick only these methods, set the prompt and tokens, run the race and wait for its end."""
+    tick_only(page, labels)
+    if prompt is not None:
+        page.fill("#sv-lb-prompt textarea", prompt)
+    box = page.locator("#sv-lb-max-new input[type=number]")
+    box.fill(str(max_new))
+    box.press("Enter")
+    press(page, "#sv-lb-run")
+    page.wait_for_selector("#sv-lb-state:has-text('race finished')", timeout=4 * TIMEOUT)
+    run_ended(page, "#sv-lb-run", TIMEOUT)
+
+
 def shot(page, name):
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.mouse.move(0, 0)
@@ -102,13 +115,7 @@ def test_race_table_chart_and_panes(browser, server, tmp_path):  # noqa: F811
 
 def test_phone_layout(browser, server):  # noqa: F811
     page, errors = open_tab(browser, server, 390, 844)
-    tick_only(page, ("prompt lookup",))
-    box = page.locator("#sv-lb-max-new input[type=number]")
-    box.fill("12")
-    box.press("Enter")
-    press(page, "#sv-lb-run")
-    page.wait_for_selector("#sv-lb-state:has-text('race finished')", timeout=4 * TIMEOUT)
-    run_ended(page, "#sv-lb-run", TIMEOUT)
+    race(page, ("prompt lookup",), 12)
     charts_drawn(page, "#sv-lb-chart", timeout=TIMEOUT)
     assert page.locator("#sv-lb-rows tbody tr").count() == 2
     # the table scrolls inside its own box; the page itself never scrolls sideways

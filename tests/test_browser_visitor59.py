@@ -9,7 +9,7 @@ import re
 import pytest
 from browser.pages import charts_drawn, press, ready, run, run_ended, settled, shows
 from test_browser import TIMEOUT, open_page, server  # noqa: F401 - fixtures (browser: conftest.py)
-from test_browser_leaderboard import SHOTS, open_tab, shot, tick_only
+from test_browser_leaderboard import SHOTS, open_tab, race, shot
 
 PRESET = "Edit · rename a parameter"
 MAX_NEW = 48
@@ -117,14 +117,7 @@ def _ratio(text: str) -> float:
 def test_a_picked_methods_box_shows_its_rows_ratio(browser, server):  # noqa: F811
     """Race two methods; pick each under the table: its speedup box shows the row's × plain."""
     page, errors = open_tab(browser, server, 1440, 900)
-    tick_only(page, ("draft model", "prompt lookup"))
-    page.fill("#sv-lb-prompt textarea", "x = [1, 2, 3]\ny = [1, 2, 3]\nx = [")
-    box = page.locator("#sv-lb-max-new input[type=number]")
-    box.fill("16")
-    box.press("Enter")
-    press(page, "#sv-lb-run")
-    page.wait_for_selector("#sv-lb-state:has-text('race finished')", timeout=4 * TIMEOUT)
-    run_ended(page, "#sv-lb-run", TIMEOUT)
+    race(page, ("draft model", "prompt lookup"), 16, prompt="x = [1, 2, 3]\ny = [1, 2, 3]\nx = [")
     rows = page.locator("#sv-lb-rows tbody tr")
     cells = {k: (label.strip(), spd) for k, label, spd in rows.evaluate_all(
         "els => els.map(e => [e.dataset.key, e.children[1].innerText, e.children[4].innerText])")}
