@@ -1,5 +1,7 @@
 """Two visitors through the app's API (gradio_client, each with its own session): a suffix run
 drafts from the visitor's own earlier output, never from another visitor's (issue 52)."""
+import re
+
 import pytest
 
 pytest.importorskip("gradio_client")
@@ -29,4 +31,8 @@ def test_two_visitors_never_share_drafts():
     again = alice.predict(*args(PROMPT, max_new_tokens=40), "suffix", api_name="/run")
     assert MINE in again[SPEC], "a visitor's second run copies from their first"
     other = bob.predict(*args(PROMPT, max_new_tokens=40), "suffix", api_name="/run")
-    assert MINE not in other[SPEC] and "memory" not in other[SPEC]
+    assert MINE not in other[SPEC]
+    # memory bob may read: the shipped presets' outputs (shared by design), which another test on this
+    # shared server may have filled (the visitor59 browser test runs a preset twice); never alice's runs
+    froms = re.findall(r'data-src-where="memory" data-src-from="([^"]*)"', other[SPEC])
+    assert all(f.startswith("a preset&#x27;s earlier output") for f in froms), froms
