@@ -89,7 +89,7 @@ class HybridProposer(Proposer):
     def price(self, k: int, rate_s: float, cap: int, committed) -> int | None:
         """The round's drafter: None for the suffix draft (or a plain step), else the draft model's γ."""
         g, tokens, cost = self.model_price(cap)
-        self._rate_m = tokens / cost if self.policy is not None else 0.0
+        self._rate_m = tokens / cost  # 0 without measured costs (model_price: 0 tokens)
         self._model_round = not (k and rate_s >= self._rate_m)
         self._rounds += 1
         self._wanted += self._model_round
