@@ -169,3 +169,28 @@ def test_graph_cache_takes_device_ids_without_a_host_tensor(target, monkeypatch)
     assert built == []
     assert torch.equal(host.forward([int(x)]), on_dev) and built == [[int(x)]]
     assert dev.rows(real([3, 4]), 5).tolist() == [3, 4, 0, 0, 0]  # padded on the device
+
+
+def test_joined_projections_give_the_same_logits_and_no_second_copy():
+    """fuse=True (the default on CUDA): q/k/v and gate/up joined, each Linear a view of the joined
+    matrix; the static forward and transformers' own forward give the same logits as before."""
+    model = tiny_model(96, 0, layers=3)
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        plain = StaticModel(model, 32, graphs=False, fuse=False).run(ids, 0).clone()
+    params = sum(p.numel() for p in model.parameters())
+    sm = StaticModel(model, 32, graphs=False, fuse=True)
+    f = sm.fused[0]
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert f is not None and f.gate_up is not None
+    assert attn.q_proj.weight.data_ptr() == f.qkv.data_ptr()  # a view, not a copy
+    assert mlp.up_proj.weight.data_ptr() == f.gate_up[mlp.gate_proj.out_features:].data_ptr()
+    assert sum(p.numel() for p in model.parameters()) == params
+    with torch.no_grad():
+        torch.testing.assert_close(sm.run(ids, 0), plain, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model(input_ids=ids).logits, before, rtol=1e-5, atol=1e-5)
+    # joined once: a second StaticModel (the verify cache, a truncated draft) reuses it
+    assert StaticModel(model, 32, graphs=False, fuse=True, n_layers=2).fused[0] is f
+    assert plain_greedy(StaticModel(model, cache_len(len(PROMPT), NEW, 4), graphs=False, fuse=True),
+                        PROMPT, NEW) == dynamic_greedy(model, PROMPT, NEW)

@@ -31,6 +31,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from .fuse import fuse_projections
+
 GROW = 512  # positions added when a run outgrows the buffer (a compiled graph then recompiles once)
 # forwards of more new tokens (the prompt) run eagerly on a compiled cache: one graph per prompt
 # length otherwise
@@ -134,7 +136,7 @@ class StaticModel:
     are the graph's output buffer: read (or clone) them before the next replay of that size."""
 
     def __init__(self, model, max_len: int, n_layers: int | None = None, graphs: bool | None = None,
-                 compile=None, weak: bool = False):
+                 compile=None, weak: bool = False, fuse: bool | None = None):
         if not supported(model):
             raise ValueError("the static-graph path needs a Llama-family model (llama, qwen2, mistral)")
         # weak: a pool of caches (backends/graphs.py) must not keep a replaced pair alive
@@ -166,6 +168,9 @@ class StaticModel:
         # never calls torch.compile (ZeroGPU has none)
         self.compiled = compile is not None
         self._forward = compile(self.forward) if compile is not None else self.forward
+        # fuse: q/k/v as one matrix and gate/up as one (fuse_projections), on by default on CUDA
+        self.fused = fuse_projections(model, self.n_layers) if (
+            self.device.type == "cuda" if fuse is None else fuse) else [None] * self.n_layers
 
     @property
     def model(self):
@@ -173,10 +178,13 @@ class StaticModel:
 
     # ------------------------------------------------------------------ forward
 
-    def _attention(self, i: int, layer, x: torch.Tensor, pos: torch.Tensor, cos, sin) -> torch.Tensor:
+    def _attention(self, i: int, layer, x: torch.Tensor, mask, cos, sin) -> torch.Tensor:
         attn = layer.self_attn
         n = x.shape[1]
-        if hasattr(attn, "qkv_proj"):  # engine/cpu/lean.py's fused projections
+        fused = self.fused[i]
+        if fused is not None:
+            q, k, v = F.linear(x, fused.qkv, fused.qkv_bias).split(fused.sizes, -1)
+        elif hasattr(attn, "qkv_proj"):  # engine/cpu/lean.py's fused projections
             q, k, v = attn.qkv_proj(x).split(attn.sizes, -1)
         else:
             q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
@@ -187,9 +195,7 @@ class StaticModel:
         q, k = rotary(q, k, cos, sin)
         keys, values = self.kv.update(k, v, i)  # written at kv.write_pos (forward set it: pos)
         # grouped heads folded into the query rows: the cache is read once per kv head, never copied
-        g = self.groups
-        q = q.reshape(1, self.kv_heads, g * n, self.head_dim)
-        mask = (self.positions.view(1, -1) <= pos.view(-1, 1)).repeat(g, 1).view(1, 1, g * n, self.max_len)
+        q = q.reshape(1, self.kv_heads, self.groups * n, self.head_dim)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
         out = out.reshape(1, self.heads, n, self.head_dim).transpose(1, 2).reshape(1, n, -1)
         return attn.o_proj(out)
@@ -200,10 +206,21 @@ class StaticModel:
         self.kv.write_pos = pos
         x = base.embed_tokens(ids)
         cos, sin = base.rotary_emb(x, pos.view(1, -1))
+        # built once a forward, not once a layer (two kernels fewer per layer in a graph): a key counts
+        # when its position is <= the query's; grouped heads repeat each query row's mask
+        n, g = ids.shape[1], self.groups
+        mask = (self.positions.view(1, -1) <= pos.view(-1, 1)).repeat(g, 1).view(1, 1, g * n, self.max_len)
         for i, layer in enumerate(base.layers[: self.n_layers]):
-            x = x + self._attention(i, layer, layer.input_layernorm(x), pos, cos, sin)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + self._attention(i, layer, layer.input_layernorm(x), mask, cos, sin)
+            x = x + self._mlp(i, layer.mlp, layer.post_attention_layernorm(x))
         return self.model.lm_head(base.norm(x))
+
+    def _mlp(self, i: int, mlp, x: torch.Tensor) -> torch.Tensor:
+        fused = self.fused[i]
+        if fused is None or fused.gate_up is None:
+            return mlp(x)
+        gate, up = F.linear(x, fused.gate_up, fused.gate_up_bias).chunk(2, -1)
+        return mlp.down_proj(mlp.act_fn(gate) * up)
 
     # ------------------------------------------------------------------ graphs
 
