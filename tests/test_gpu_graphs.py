@@ -194,3 +194,15 @@ def test_joined_projections_give_the_same_logits_and_no_second_copy():
     assert StaticModel(model, 32, graphs=False, fuse=True, n_layers=2).fused[0] is f
     assert plain_greedy(StaticModel(model, cache_len(len(PROMPT), NEW, 4), graphs=False, fuse=True),
                         PROMPT, NEW) == dynamic_greedy(model, PROMPT, NEW)
+
+
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_attention_over_the_smallest_span_gives_the_same_tokens(target, reference, gamma):
+    """Spans (16, 32, then the whole cache): each forward reads the smallest span holding every
+    position written so far, crossing two spans within one run, and greedy stays plain greedy."""
+    base = static(target, gamma, spans=(16, 32))
+    assert base.spans == [16, 32, base.max_len] and base.span_for(17) == 32
+    assert plain_greedy(base, PROMPT, NEW) == reference
+    d = near(target)
+    assert speculative_greedy(static(target, gamma, spans=(16, 32)), static(d, gamma, spans=(16, 32)),
+                              PROMPT, NEW, gamma).tokens == reference

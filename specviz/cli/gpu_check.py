@@ -224,8 +224,9 @@ def _compiled(m, target, draft, prompt, gbs, gamma) -> dict:
 
 def _fusion(m, target, draft, prompt, gpu) -> dict:
     """The graph step with q/k/v and gate/up joined (engine/gpu/fuse.py, the default on CUDA) against
-    the model's seven projections, at the prompt + 32 positions; and joined at the page's capacity
-    (attention reads every position of the static cache under a mask)."""
+    the model's seven projections, at the prompt + 32 positions; and joined at the page's capacity,
+    attention reading the whole cache under a mask or the smallest span holding the prompt
+    (gpu/static.py's SPANS)."""
     from ..engine.backends.graphs import CAPACITY
     out = {}
     for name, model in (("target", target), ("draft", draft)):
@@ -233,7 +234,8 @@ def _fusion(m, target, draft, prompt, gpu) -> dict:
             return m.static_step_s(m.StaticModel(model, n_pos, graphs=gpu, **kw), prompt) * 1e3
         out[name] = {"joined_ms": ms(len(prompt) + 32, fuse=True),
                      "separate_ms": ms(len(prompt) + 32, fuse=False),
-                     f"joined_{CAPACITY}_positions_ms": ms(CAPACITY, fuse=True)}
+                     f"joined_{CAPACITY}_whole_ms": ms(CAPACITY, fuse=True, spans=()),
+                     f"joined_{CAPACITY}_spans_ms": ms(CAPACITY, fuse=True)}
     return out
 
 

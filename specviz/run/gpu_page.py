@@ -3,6 +3,7 @@ the graph backend (models/gpu_path.py), the engines and the race exactly as the 
 (run/race.py), and the figures the page would show (engine/metrics.run_stats)."""
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import torch
@@ -65,11 +66,13 @@ def page_checks(target, draft, prompt: list[int], new: int, gamma: int) -> dict:
     from ..models.gpu_path import use_graphs
     # as a load does: graphs captured, then the costs timed on them (the hybrid and auto γ price by them)
     untimed = CostModel(plain_step_s=1.0, verify_s=(1.0,) * MAX_VERIFY_TOKENS, draft_step_s=1.0)
+    t0 = time.perf_counter()
     costs, note = use_graphs(target, draft, untimed)
+    load_s = time.perf_counter() - t0  # the graphs' captures (every size and span) and the cost timing
     greedy = RunRequest(prompt="", method="draft", gamma=gamma, max_new_tokens=new, temperature=0.0)
     same = page_pair(target, target)
     shown(same, greedy, prompt)  # first runs: the pools' third cache is captured here, untimed
-    r = {"load_costs": {"plain_step_ms": costs.plain_step_s * 1e3, "c": costs.c,
+    r = {"load_costs": {"plain_step_ms": costs.plain_step_s * 1e3, "c": costs.c, "load_s": load_s,
                         "v": {k: costs.verify_cost(k) for k in (1, 4, 8, 16)}, "note": note},
          "self": _clean(shown(same, greedy, prompt))}
     pair = page_pair(target, draft)

@@ -37,6 +37,11 @@ GROW = 512  # positions added when a run outgrows the buffer (a compiled graph t
 # forwards of more new tokens (the prompt) run eagerly on a compiled cache: one graph per prompt
 # length otherwise
 COMPILE_MAX_NEW = 32
+# the key spans a forward's attention reads (and the cache's whole length): the smallest that holds
+# every position written so far. Why: attention reads its whole span under a mask, and the page's
+# 2592-position cache made the 1.5B's graph step 4.84 ms against 3.36 ms at 96 positions (H200,
+# 2026-11-28, gpu-check's fusion section); a run that stays within 256 positions reads 256
+SPANS = (256, 512, 1024)
 
 
 class StaticKV:
@@ -136,7 +141,7 @@ class StaticModel:
     are the graph's output buffer: read (or clone) them before the next replay of that size."""
 
     def __init__(self, model, max_len: int, n_layers: int | None = None, graphs: bool | None = None,
-                 compile=None, weak: bool = False, fuse: bool | None = None):
+                 compile=None, weak: bool = False, fuse: bool | None = None, spans=SPANS):
         if not supported(model):
             raise ValueError("the static-graph path needs a Llama-family model (llama, qwen2, mistral)")
         # weak: a pool of caches (backends/graphs.py) must not keep a replaced pair alive
@@ -155,7 +160,8 @@ class StaticModel:
         self.kv.allocate(model, self.n_layers)
         self.positions = torch.arange(self.max_len, device=self.device)
         self.use_graphs = (self.device.type == "cuda") if graphs is None else bool(graphs)
-        self.graphs: dict[int, tuple] = {}  # rows -> (graph, ids buffer, positions buffer, logits)
+        # (rows, span) -> (graph, ids buffer, positions buffer, logits)
+        self.graphs: dict[tuple[int, int], tuple] = {}
         # this model's own capture stream. Why: cuBLAS keeps a workspace per (handle, stream), and a
         # graph bakes in the workspace of the stream it was captured on. torch.cuda.graph's default
         # capture stream is one per process, so every graph shared one workspace, and two sides replaying
@@ -167,6 +173,9 @@ class StaticModel:
         # SiLU·mul before capture, as gpt-fast does); the graphs replay its kernels. None: this file
         # never calls torch.compile (ZeroGPU has none)
         self.compiled = compile is not None
+        # a compiled forward would compile once per span: one span (the whole cache) there
+        shorter = {s for s in (spans or ()) if s < self.max_len and not self.compiled}
+        self.spans = sorted(shorter | {self.max_len})
         self._forward = compile(self.forward) if compile is not None else self.forward
         # fuse: q/k/v as one matrix and gate/up as one (fuse_projections), on by default on CUDA
         self.fused = fuse_projections(model, self.n_layers) if (
@@ -178,7 +187,7 @@ class StaticModel:
 
     # ------------------------------------------------------------------ forward
 
-    def _attention(self, i: int, layer, x: torch.Tensor, mask, cos, sin) -> torch.Tensor:
+    def _attention(self, i: int, layer, x: torch.Tensor, mask, cos, sin, span: int) -> torch.Tensor:
         attn = layer.self_attn
         n = x.shape[1]
         fused = self.fused[i]
@@ -194,24 +203,26 @@ class StaticModel:
         rotary = getattr(attn, "_rotary", None) or sys.modules[type(attn).__module__].apply_rotary_pos_emb
         q, k = rotary(q, k, cos, sin)
         keys, values = self.kv.update(k, v, i)  # written at kv.write_pos (forward set it: pos)
+        keys, values = keys[:, :, :span], values[:, :, :span]
         # grouped heads folded into the query rows: the cache is read once per kv head, never copied
         q = q.reshape(1, self.kv_heads, self.groups * n, self.head_dim)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
         out = out.reshape(1, self.heads, n, self.head_dim).transpose(1, 2).reshape(1, n, -1)
         return attn.o_proj(out)
 
-    def forward(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Logits [1, n, vocab] of ids [1, n] at positions pos [n]; keys/values written at pos."""
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, span: int | None = None) -> torch.Tensor:
+        """Logits [1, n, vocab] of ids [1, n] at positions pos [n]; keys/values written at pos;
+        attention reads the first `span` positions (default all)."""
         base = self.model.model
         self.kv.write_pos = pos
         x = base.embed_tokens(ids)
         cos, sin = base.rotary_emb(x, pos.view(1, -1))
         # built once a forward, not once a layer (two kernels fewer per layer in a graph): a key counts
         # when its position is <= the query's; grouped heads repeat each query row's mask
-        n, g = ids.shape[1], self.groups
-        mask = (self.positions.view(1, -1) <= pos.view(-1, 1)).repeat(g, 1).view(1, 1, g * n, self.max_len)
+        n, g, span = ids.shape[1], self.groups, span or self.max_len
+        mask = (self.positions[:span].view(1, -1) <= pos.view(-1, 1)).repeat(g, 1).view(1, 1, g * n, span)
         for i, layer in enumerate(base.layers[: self.n_layers]):
-            x = x + self._attention(i, layer, layer.input_layernorm(x), mask, cos, sin)
+            x = x + self._attention(i, layer, layer.input_layernorm(x), mask, cos, sin, span)
             x = x + self._mlp(i, layer.mlp, layer.post_attention_layernorm(x))
         return self.model.lm_head(base.norm(x))
 
@@ -226,15 +237,23 @@ class StaticModel:
 
     @torch.no_grad()
     def capture(self, n: int, warmup: int = 2) -> None:
-        """Capture the forward of n rows (positions at the cache's end: nothing valid is touched)."""
-        if not self.use_graphs or n in self.graphs:
+        """Capture the forward of n rows, one graph per span (positions at the cache's end: nothing
+        valid is touched, whatever the span)."""
+        if not self.use_graphs:
             return
-        ids = torch.zeros((1, n), dtype=torch.long, device=self.device)
-        pos = torch.arange(self.max_len - n, self.max_len, device=self.device)
-        with all_attention_kernels():  # the one fixed shape: cuDNN's plan is built once, here
-            graph, out = capture_graph(lambda: self._forward(ids, pos), self.device, warmup,
-                                       stream=self.stream)
-        self.graphs[n] = (graph, ids, pos, out)
+        for span in self.spans:
+            if (n, span) in self.graphs:
+                continue
+            ids = torch.zeros((1, n), dtype=torch.long, device=self.device)
+            pos = torch.arange(self.max_len - n, self.max_len, device=self.device)
+            with all_attention_kernels():  # the one fixed shape: cuDNN's plan is built once, here
+                graph, out = capture_graph(lambda ids=ids, pos=pos, span=span: self._forward(ids, pos, span),
+                                           self.device, warmup, stream=self.stream)
+            self.graphs[(n, span)] = (graph, ids, pos, out)
+
+    def span_for(self, end: int) -> int:
+        """The smallest span holding positions [0, end)."""
+        return next(s for s in self.spans if s >= end)
 
     @torch.no_grad()
     def run(self, ids: torch.Tensor, pos0: int) -> torch.Tensor:
@@ -243,9 +262,10 @@ class StaticModel:
         n = ids.shape[1]
         if pos0 + n > self.max_len:
             raise ValueError(f"static cache full: {pos0 + n} positions of {self.max_len}")
-        entry = self.graphs.get(n)
+        span = self.span_for(pos0 + n)
+        entry = self.graphs.get((n, span))
         if entry is None:  # eager (a prompt's length): compiled code runs only inside captured graphs
-            return self.forward(ids, self.positions[pos0:pos0 + n])
+            return self.forward(ids, self.positions[pos0:pos0 + n], span)
         graph, ids_buf, pos_buf, out = entry
         ids_buf.copy_(ids)
         pos_buf.copy_(self.positions[pos0:pos0 + n])
