@@ -38,6 +38,19 @@ def page_pair(target, draft):
                            engine=OURS, has_chat_template=False, max_positions=None, close=lambda: None)
 
 
+def _difference(pair, prompt, base, spec, temperature: float) -> dict:
+    """Where a greedy run's two sides part: the target's logits for both tokens there (a gap within
+    the type's rounding is a near-tie among random weights, read through two kernels; a wide one is a
+    bug). Sampled runs differ by design: nothing."""
+    a, b = base.token_ids, spec.token_ids
+    first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+    if first is None or temperature > 0:
+        return {"first_difference": first}
+    from ..engine.gpu.measure import tie_gap
+    return {"first_difference": first,
+            "logit_gap_at_difference": tie_gap(pair.target, list(prompt) + a[:first], a[first], b[first])}
+
+
 def shown(pair, req, prompt, mode: str = "fair") -> dict:
     """One race as the page runs it -> what the page would show (and the tokens)."""
     info = RaceInfo(mode)
@@ -50,7 +63,8 @@ def shown(pair, req, prompt, mode: str = "fair") -> dict:
             "alpha": st.alpha,
             "tokens_per_round": st.tau, "plain_s": base.elapsed, "speculative_s": spec.elapsed,
             "prompt_read_s": {"baseline": base.prefill, "speculative": spec.prefill},
-            "identical": base.token_ids == spec.token_ids, "wall_s": info.wall,
+            "identical": base.token_ids == spec.token_ids,
+            **_difference(pair, prompt, base, spec, req.temperature), "wall_s": info.wall,
             "path": spec.extra.get("path", ""), "_tokens": (base.token_ids, spec.token_ids)}
 
 
