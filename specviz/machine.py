@@ -6,7 +6,12 @@ import functools
 import hashlib
 import os
 import platform
+import threading
+import time
 from pathlib import Path
+
+BUSY_SHARE = 0.5  # others use at least half of all cores: timings are unreliable
+MIN_INTERVAL = 2.0  # seconds between two readings of /proc (CpuMeter's default)
 
 
 @functools.lru_cache(maxsize=1)
@@ -87,3 +92,51 @@ def on_zerogpu() -> bool:
     """A ZeroGPU Space: the `spaces` package's own switch (SPACES_ZERO_GPU=true there)."""
     import os
     return os.environ.get("SPACES_ZERO_GPU", "").strip().lower() in ("1", "t", "true")
+
+
+def read_proc() -> tuple[float, float] | None:
+    """(all CPU seconds used by anyone, seconds used by this process) since boot."""
+    try:
+        with open("/proc/stat") as f:
+            vals = [float(x) for x in f.readline().split()[1:]]
+        with open("/proc/self/stat") as f:
+            own = f.read().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    used = sum(vals) - vals[3] - (vals[4] if len(vals) > 4 else 0)  # minus idle and iowait
+    return used / tick, (float(own[11]) + float(own[12])) / tick  # utime + stime
+
+
+class CpuMeter:
+    """Cores used by other processes, averaged between two readings."""
+
+    def __init__(self, read=None, cores: int | None = None, clock=time.monotonic,
+                 interval: float = MIN_INTERVAL):
+        self._read, self._clock, self.interval = read or read_proc, clock, interval
+        self.cores = cores or os.cpu_count() or 1
+        self._lock = threading.Lock()
+        self._last: tuple[float, tuple[float, float]] | None = None
+        self.others: float | None = None  # cores' worth used by other processes
+
+    def sample(self) -> float | None:
+        with self._lock:
+            now = self._clock()
+            if self._last is not None and now - self._last[0] < self.interval:
+                return self.others
+            got = self._read()
+            if got is None:
+                try:
+                    self.others = os.getloadavg()[0]
+                except OSError:
+                    self.others = None
+                return self.others
+            if self._last is not None:
+                dt = now - self._last[0]
+                used, own = got[0] - self._last[1][0], got[1] - self._last[1][1]
+                self.others = max(0.0, (used - own) / dt)
+            self._last = (now, got)
+            return self.others
+
+    def busy(self) -> bool:
+        return self.others is not None and self.others >= BUSY_SHARE * self.cores

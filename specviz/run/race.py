@@ -28,6 +28,7 @@ No gradio or plotly here: the UI, tests and scripts all consume this stream.
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import threading
 import time
@@ -39,6 +40,7 @@ import torch
 from ..engine.events import RoundEvent, RunSummary, TokenEvent, event_time
 from ..engine.gpu.scheduler import WATCHDOG_S, RaceStuck
 from ..engine.rounds import Clock, VirtualClock
+from ..engine.threads import Governor
 from . import isolation
 from .runner import run_events, side_pair
 
@@ -114,6 +116,8 @@ _DONE = object()
 # this keeps one warm pool instead of one per server thread; and two fair races
 # (two visitors, a test and the app) never overlap, so each side stays timed in
 # isolation.
+# SPECVIZ_FIXED_THREADS=1: every step at torch's thread count, whatever the load (engine/threads.py)
+GOVERN = os.environ.get("SPECVIZ_FIXED_THREADS", "") != "1"
 _FAIR_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specviz-fair")
 
 
@@ -126,9 +130,11 @@ def on_engine_thread(fn, *args, **kwargs):
     return _FAIR_THREAD.submit(fn, *args, **kwargs).result()
 
 
-def _step(gen, clock: VirtualClock):
+def _step(gen, clock: VirtualClock, governor: Governor | None = None, side: str = ""):
     # the lock first: waiting for a replay's render or a load is not this side's time
     with isolation.timed_step():
+        if governor is not None:  # the threads for this step: the cores others leave free
+            governor.apply(side)
         clock.resume()
         try:
             return next(gen)
@@ -138,6 +144,8 @@ def _step(gen, clock: VirtualClock):
 
 def _fair(pair, req, prompt_ids, stop, sides) -> Iterator[tuple[str, Event]]:
     clocks = {side: VirtualClock(side_pair(pair, side).device) for side in sides}
+    on_cpu = any(torch.device(side_pair(pair, side).device).type == "cpu" for side in sides)
+    governor = Governor() if on_cpu and GOVERN else None
     gens = {side: run_events(pair, req, side, prompt_ids, stop=stop, clock=clocks[side]) for side in sides}
     pending: dict[str, list[Event]] = {side: [] for side in sides}
     running = set(sides)
@@ -146,12 +154,14 @@ def _fair(pair, req, prompt_ids, stop, sides) -> Iterator[tuple[str, Event]]:
             if running:
                 # step the side whose virtual clock is behind (ties: baseline first)
                 side = min(running, key=lambda side: (clocks[side].now(), sides.index(side)))
-                ev = on_engine_thread(_step, gens[side], clocks[side])
+                ev = on_engine_thread(_step, gens[side], clocks[side], governor, side)
                 pending[side].append(ev)
                 if isinstance(ev, RunSummary):
                     # CPU seconds of this side's steps (VirtualClock.cpu): beside its wall time, it
                     # tells a ratio that a busy machine bent (run/leaderboard.py)
                     ev.extra["cpu_s"] = clocks[side].cpu
+                    if governor is not None:  # steps per thread count (engine/threads.py)
+                        ev.extra["threads"] = dict(governor.used.get(side, {}))
                     running.discard(side)
             # emit every pending event that no running side can still precede:
             # a running side's next event is stamped at or after its clock now
@@ -166,6 +176,8 @@ def _fair(pair, req, prompt_ids, stop, sides) -> Iterator[tuple[str, Event]]:
     finally:
         for g in gens.values():
             g.close()
+        if governor is not None:
+            on_engine_thread(governor.restore)
 
 
 def _parallel(pair, req, prompt_ids, stop, halt, sides) -> Iterator[tuple[str, Event]]:

@@ -1,0 +1,54 @@
+"""How many CPU threads the next engine step uses: the cores other programs leave free.
+
+Why: beside a program that keeps one of two cores busy, a two-thread step waits at every barrier
+for the thread that shares the busy core. On a 2-core Intel Xeon (2026-11-28, the default pair,
+transformers' forward), the 1.5B target's step took 148-202 ms with 2 threads and 93-94 ms with
+1; quiet, 53-55 ms and 91 ms. The draft's small steps went 55-62 ms against 28-30 ms. The loss
+swings with the other program's phase, and it hits the draft's many small forwards differently
+from the target's. So the speedup a race showed moved with the load (issue 59: a draft ratio
+29 % under its quiet value). One thread per free core keeps both sides near their quiet speed.
+
+The fair race (run/race.py) asks before each step, on the thread that steps both sides, so both
+sides meet the same thread count at the same moments; the count it used is recorded per side.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from ..machine import CpuMeter, read_proc
+
+INTERVAL = 0.3  # seconds between two readings of /proc: a load that turns every 3 s is met within one
+METER = CpuMeter(interval=INTERVAL)
+HAS_PROC = read_proc() is not None  # one history for every race: the first step has a reading
+
+
+class Governor:
+    """threads(): the cores others leave free (at least 1, at most the count at the first call)."""
+
+    def __init__(self, meter: CpuMeter | None = None):
+        self.meter = meter or METER
+        self.base: int | None = None  # torch's thread count before the race (restored after)
+        self.used: dict[str, Counter] = {}
+
+    def threads(self) -> int:
+        # only /proc's reading: the meter's fallback (the load average) counts our own threads too
+        others = self.meter.sample() if HAS_PROC else None
+        if others is None:
+            return self.base
+        return max(1, min(self.base, int(self.meter.cores - others + 0.5)))
+
+    def apply(self, side: str) -> int:
+        """Set the calling thread's torch threads for `side`'s next step; returns the count."""
+        if self.base is None:
+            self.base = torch.get_num_threads()
+        n = self.threads()
+        if torch.get_num_threads() != n:
+            torch.set_num_threads(n)
+        self.used.setdefault(side, Counter())[n] += 1
+        return n
+
+    def restore(self) -> None:
+        if self.base is not None and torch.get_num_threads() != self.base:
+            torch.set_num_threads(self.base)

@@ -1,0 +1,59 @@
+"""engine/threads.py: the fair race steps on the cores other programs leave free (issue 59's drift:
+beside a loop on one of two cores, a two-thread step ran 1.6-3.8x slower than a one-thread one)."""
+import pytest
+import torch
+from helpers import fake_pair
+
+from specviz.engine import threads
+from specviz.engine.events import RunSummary
+from specviz.machine import CpuMeter
+from specviz.run.race import on_engine_thread, race
+from specviz.run.request import make_request
+
+
+def meter(others: list[float], cores=2):
+    """A CpuMeter whose /proc readings give `others` cores used by other programs, one per reading."""
+    used, own, t = [0.0], [0.0], [0.0]
+
+    def read():
+        o = others.pop(0) if len(others) > 1 else others[0]
+        t[0] += 1.0
+        used[0] += o + 1.0
+        own[0] += 1.0
+        return used[0], own[0]
+    return CpuMeter(read=read, cores=cores, clock=lambda: t[0], interval=0.0)
+
+
+@pytest.mark.parametrize("others,want", [(0.0, 2), (0.3, 2), (0.6, 1), (1.0, 1), (1.9, 1)])
+def test_threads_are_the_cores_others_leave_free(monkeypatch, others, want):
+    monkeypatch.setattr(threads, "HAS_PROC", True)
+    g = threads.Governor(meter([others]))
+    g.base = 2
+    g.meter.sample()  # the first reading has nothing to compare with
+    assert g.threads() == want
+
+
+def test_no_proc_keeps_the_thread_count(monkeypatch):
+    monkeypatch.setattr(threads, "HAS_PROC", False)  # the load average would count our own threads
+    g = threads.Governor(meter([1.5]))
+    g.base = 2
+    assert g.threads() == 2
+
+
+def test_a_fair_race_on_a_loaded_machine_steps_on_one_thread_and_restores(monkeypatch, tok, target, draft):
+    monkeypatch.setattr(threads, "HAS_PROC", True)
+    monkeypatch.setattr(threads, "METER", meter([1.0]))  # another program keeps one of two cores busy
+    base = on_engine_thread(torch.get_num_threads)
+    on_engine_thread(torch.set_num_threads, 2)
+    try:
+        pair = fake_pair(target=target, draft=draft, tokenizer=tok, eos_ids=[], device=torch.device("cpu"))
+        req = make_request("x = [1, 2, 3]\ny = [", method="draft", gamma=3, max_new_tokens=12)
+        ends = {s: e for s, e in race(pair, req, tok.encode(req.prompt), mode="fair")
+                if isinstance(e, RunSummary)}
+        assert ends["baseline"].token_ids == ends["speculative"].token_ids
+        for side in ("baseline", "speculative"):
+            used = ends[side].extra["threads"]
+            assert used.get(1, 0) >= sum(used.values()) - 1  # the first step may precede a reading
+        assert on_engine_thread(torch.get_num_threads) == 2  # restored after the race
+    finally:
+        on_engine_thread(torch.set_num_threads, base)
