@@ -1,10 +1,10 @@
-"""engine/threads.py: the fair race steps on the cores other programs leave free (issue 59's drift:
+"""engine/cpu/threads.py: the fair race steps on the cores other programs leave free (issue 59's drift:
 beside a loop on one of two cores, a two-thread step ran 1.6-3.8x slower than a one-thread one)."""
 import pytest
 import torch
 from helpers import fake_pair
 
-from specviz.engine import threads
+from specviz.engine.cpu import threads
 from specviz.engine.events import RunSummary
 from specviz.machine import CpuMeter
 from specviz.run.race import on_engine_thread, race
@@ -53,7 +53,7 @@ def test_a_fair_race_on_a_loaded_machine_steps_on_one_thread_and_restores(monkey
         assert ends["baseline"].token_ids == ends["speculative"].token_ids
         for side in ("baseline", "speculative"):
             used = ends[side].extra["threads"]
-            assert used.get(1, 0) >= sum(used.values()) - 1  # the first step may precede a reading
+            assert used.get("1", 0) >= sum(used.values()) - 1  # the first step may precede a reading
         assert on_engine_thread(torch.get_num_threads) == 2  # restored after the race
     finally:
         on_engine_thread(torch.set_num_threads, base)

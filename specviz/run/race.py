@@ -37,10 +37,10 @@ from typing import Iterator
 
 import torch
 
+from ..engine.cpu.threads import Governor
 from ..engine.events import RoundEvent, RunSummary, TokenEvent, event_time
 from ..engine.gpu.scheduler import WATCHDOG_S, RaceStuck
 from ..engine.rounds import Clock, VirtualClock
-from ..engine.threads import Governor
 from . import isolation
 from .runner import run_events, side_pair
 
@@ -116,7 +116,7 @@ _DONE = object()
 # this keeps one warm pool instead of one per server thread; and two fair races
 # (two visitors, a test and the app) never overlap, so each side stays timed in
 # isolation.
-# SPECVIZ_FIXED_THREADS=1: every step at torch's thread count, whatever the load (engine/threads.py)
+# SPECVIZ_FIXED_THREADS=1: every step at torch's thread count, whatever the load (engine/cpu/threads.py)
 GOVERN = os.environ.get("SPECVIZ_FIXED_THREADS", "") != "1"
 _FAIR_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specviz-fair")
 
@@ -160,8 +160,8 @@ def _fair(pair, req, prompt_ids, stop, sides) -> Iterator[tuple[str, Event]]:
                     # CPU seconds of this side's steps (VirtualClock.cpu): beside its wall time, it
                     # tells a ratio that a busy machine bent (run/leaderboard.py)
                     ev.extra["cpu_s"] = clocks[side].cpu
-                    if governor is not None:  # steps per thread count (engine/threads.py)
-                        ev.extra["threads"] = dict(governor.used.get(side, {}))
+                    if governor is not None:  # steps per thread count (engine/cpu/threads.py)
+                        ev.extra["threads"] = {str(n): k for n, k in governor.used.get(side, {}).items()}
                     running.discard(side)
             # emit every pending event that no running side can still precede:
             # a running side's next event is stamped at or after its clock now

@@ -17,7 +17,7 @@ from collections import Counter
 
 import torch
 
-from ..machine import CpuMeter, read_proc
+from ...machine import CpuMeter, read_proc
 
 INTERVAL = 0.1  # seconds between two readings of /proc (10 ms ticks: ±0.2 of a core at worst)
 METER = CpuMeter(interval=INTERVAL)
