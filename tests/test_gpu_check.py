@@ -148,7 +148,7 @@ def fake_cuda(monkeypatch):
 
     from specviz.engine.gpu import static
 
-    def capture(fn, device, warmup=2, stream=None):
+    def capture(fn, device, warmup=2, stream=None, pool=None):
         for _ in range(warmup):
             fn()
         out = fn()

@@ -146,7 +146,7 @@ def test_graph_cache_pads_verifies_to_the_captured_size(target, reference, monke
             sizes_run.append(self.out.shape[1])
             self.out.copy_(self.fn())
 
-    def capture(fn, device, warmup=2, stream=None):
+    def capture(fn, device, warmup=2, stream=None, pool=None):
         out = fn()
         return Graph(fn, out), out
 

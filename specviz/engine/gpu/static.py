@@ -169,6 +169,10 @@ class StaticModel:
         # 2026-11-28 H100 race that hung with both threads inside replay. Own stream, own workspace.
         on_gpu = self.use_graphs and self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if on_gpu else None
+        # one memory pool for all this model's graphs (a graph per row count and span): they replay one
+        # at a time on its stream, and each graph's output stays allocated, so only scratch is shared
+        # (vLLM shares one pool across its batch sizes the same way)
+        self.pool = torch.cuda.graph_pool_handle() if on_gpu else None
         # compile: a compiler for the forward (backends/compiled.inductor: fuses the norms, rotary and
         # SiLU·mul before capture, as gpt-fast does); the graphs replay its kernels. None: this file
         # never calls torch.compile (ZeroGPU has none)
@@ -248,7 +252,7 @@ class StaticModel:
             pos = torch.arange(self.max_len - n, self.max_len, device=self.device)
             with all_attention_kernels():  # the one fixed shape: cuDNN's plan is built once, here
                 graph, out = capture_graph(lambda ids=ids, pos=pos, span=span: self._forward(ids, pos, span),
-                                           self.device, warmup, stream=self.stream)
+                                           self.device, warmup, stream=self.stream, pool=self.pool)
             self.graphs[(n, span)] = (graph, ids, pos, out)
 
     def span_for(self, end: int) -> int:
@@ -281,7 +285,7 @@ def all_attention_kernels():
                         SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
-def capture_graph(fn, device, warmup: int = 2, stream=None):
+def capture_graph(fn, device, warmup: int = 2, stream=None, pool=None):
     """(graph, output): fn() run `warmup` times on `stream` (kernels chosen, compiled, workspaces
     allocated), then captured on that same stream as one torch.cuda.CUDAGraph; graph.replay() reruns
     it on the current stream, writing the same output tensor (read or clone it before the next
@@ -293,6 +297,6 @@ def capture_graph(fn, device, warmup: int = 2, stream=None):
             fn()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
+    with torch.cuda.graph(graph, pool=pool, stream=side):
         out = fn()
     return graph, out
