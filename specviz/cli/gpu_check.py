@@ -53,8 +53,9 @@ def _args(argv):
     ap.add_argument("--skip", default="", help="comma-separated sections not to run (e.g. eager_ways,"
                     "eager_lengths: diagnostics two earlier runs answered), listed as skipped")
     ap.add_argument("--tuned", action="store_true",
-                    help="also compile with inductor's coordinate-descent tuning (gpt-fast's setting; "
-                         "slow to compile), last")
+                    help="also compile with inductor's coordinate-descent tuning (gpt-fast's setting), "
+                         "last. On an H200 (2026-11-28) it failed inside a graph capture and left the "
+                         "device unusable for the sections after it")
     ap.add_argument("--budget-s", type=float, default=330.0,
                     help="sections not started by then are skipped (and listed) so the run ends in time")
     args = ap.parse_args(argv)
