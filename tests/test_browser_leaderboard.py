@@ -99,13 +99,18 @@ def test_race_table_chart_and_panes(browser, server, tmp_path):  # noqa: F811
     saved = tmp_path / "race.json"
     dl.value.save_as(saved)
     page.locator("#sv-lb-upload input[type=file]").set_input_files(str(saved))
-    try:  # uploaded: the box names the file (its text, shown or not), no event pending on it
-        page.wait_for_function("document.querySelector('#sv-lb-upload').textContent.includes('race.json')",
-                               timeout=TIMEOUT)
-        settled(page, "#sv-lb-upload", TIMEOUT)
-    except Exception:
-        shot(page, "race-upload-failed.png")
-        raise AssertionError("upload not shown: " + page.inner_html("#sv-lb-upload")[-1500:]) from None
+    # uploaded: the box names the file (its text, shown or not), no event pending on it. Its preview
+    # writes the name as two spans, "race" and ".json", with a space between them in the text: read with
+    # the spaces taken out (the clean clone's CI, 2026-11-28, missed the transient "race.json" of the
+    # upload's progress and then waited 120 s on the finished box, which showed "race.json 173.8 KB")
+    named = "document.querySelector('#sv-lb-upload').textContent.replace(/\\s+/g, '').includes('race.json')"
+    for wait, what in ((lambda: page.wait_for_function(named, timeout=TIMEOUT), "upload not named"),
+                       (lambda: settled(page, "#sv-lb-upload", TIMEOUT), "upload still pending")):
+        try:
+            wait()
+        except Exception:
+            shot(page, "race-upload-failed.png")
+            raise AssertionError(f"{what}: " + page.inner_html("#sv-lb-upload")[-1500:]) from None
     page.click("#sv-lb-show")
     page.wait_for_selector("#sv-lb-state:has-text('Recorded race')", timeout=TIMEOUT)
     assert page.locator("#sv-lb-rows tbody tr").count() == 1 + len(METHODS)
