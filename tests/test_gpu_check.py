@@ -223,3 +223,10 @@ def test_listed_with_the_tools():
     from specviz.cli.main import TOOLS, build_parser
     assert TOOLS["gpu-check"][0] == "specviz.cli.gpu_check"
     assert "gpu-check" in build_parser().format_help()
+
+
+def test_the_summary_says_whether_a_page_parting_is_a_tie():
+    from specviz.cli.gpu_check import _parting
+    assert "(a tie)" in _parting({"first_difference": 47, "logit_gap_at_difference": {"gap": 0.0, "type_eps": 0.025}})
+    assert "NOT A TIE" in _parting({"first_difference": 3, "logit_gap_at_difference": {"gap": 1.5, "type_eps": 0.02}})
+    assert _parting({"first_difference": None}) == ""

@@ -379,7 +379,7 @@ def _dtype_lines(name: str, r: dict) -> list[str]:
         if "plain_tok_s" in p:
             lines.append(f"[{name}] page {key}: plain {p['plain_tok_s']:.0f} tok/s, speculative "
                          f"{p['speculative_tok_s']:.0f} tok/s, shown {p['shown_speedup']:.2f}x, "
-                         f"c {p['c']:.2f}")
+                         f"c {p['c']:.2f}" + _parting(p))
     for key in ("compiled", "compiled_tuned", "big"):
         if r.get(key):
             figures = ", ".join(f"{k} {v:.2f}" for k, v in r[key].items() if isinstance(v, float))
@@ -389,6 +389,17 @@ def _dtype_lines(name: str, r: dict) -> list[str]:
         lines.append(f"[{name}] race: together ÷ alone " +
                      ", ".join(f"{k} {v:.2f}" for k, v in race["interference"].items()))
     return lines
+
+
+def _parting(p: dict) -> str:
+    """Where a greedy page run's sides parted, and the target's logit gap there against the type's
+    rounding (a tie, or a bug)."""
+    gap = p.get("logit_gap_at_difference")
+    if not gap:
+        return ""
+    kind = "a tie" if gap["gap"] <= gap["type_eps"] else "NOT A TIE"
+    return (f", parted at token {p['first_difference']}: gap {gap['gap']:.3g} against rounding "
+            f"{gap['type_eps']:.3g} ({kind})")
 
 
 def main(argv=None) -> int:
