@@ -118,6 +118,7 @@ class CpuMeter:
         self._lock = threading.Lock()
         self._last: tuple[float, tuple[float, float]] | None = None
         self.others: float | None = None  # cores' worth used by other processes
+        self.exact = False  # others came from /proc (not the load average, which counts our threads too)
 
     def sample(self) -> float | None:
         with self._lock:
@@ -125,6 +126,7 @@ class CpuMeter:
             if self._last is not None and now - self._last[0] < self.interval:
                 return self.others
             got = self._read()
+            self.exact = got is not None
             if got is None:
                 try:
                     self.others = os.getloadavg()[0]

@@ -25,8 +25,7 @@ def meter(others: list[float], cores=2):
 
 
 @pytest.mark.parametrize("others,want", [(0.0, 2), (0.3, 2), (0.6, 1), (1.0, 1), (1.9, 1)])
-def test_threads_are_the_cores_others_leave_free(monkeypatch, others, want):
-    monkeypatch.setattr(threads, "HAS_PROC", True)
+def test_threads_are_the_cores_others_leave_free(others, want):
     g = threads.Governor(meter([others]))
     g.base = 2
     g.meter.sample()  # the first reading has nothing to compare with
@@ -34,14 +33,13 @@ def test_threads_are_the_cores_others_leave_free(monkeypatch, others, want):
 
 
 def test_no_proc_keeps_the_thread_count(monkeypatch):
-    monkeypatch.setattr(threads, "HAS_PROC", False)  # the load average would count our own threads
-    g = threads.Governor(meter([1.5]))
+    monkeypatch.setattr("os.getloadavg", lambda: (1.5, 1.5, 1.5))  # it counts our own threads too
+    g = threads.Governor(CpuMeter(read=lambda: None, cores=2, interval=0.0))  # no /proc here
     g.base = 2
     assert g.threads() == 2
 
 
 def test_a_fair_race_on_a_loaded_machine_steps_on_one_thread_and_restores(monkeypatch, tok, target, draft):
-    monkeypatch.setattr(threads, "HAS_PROC", True)
     monkeypatch.setattr(threads, "METER", meter([1.0]))  # another program keeps one of two cores busy
     base = on_engine_thread(torch.get_num_threads)
     on_engine_thread(torch.set_num_threads, 2)

@@ -10,7 +10,7 @@ cached measurement taken under load) counts too.
 """
 from __future__ import annotations
 
-from ..machine import CpuMeter, read_proc  # noqa: F401 - the meter's home is machine.py
+from ..machine import CpuMeter
 from .render import esc
 
 METER = CpuMeter()

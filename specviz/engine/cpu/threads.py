@@ -17,11 +17,10 @@ from collections import Counter
 
 import torch
 
-from ...machine import CpuMeter, read_proc
+from ...machine import CpuMeter
 
 INTERVAL = 0.1  # seconds between two readings of /proc (10 ms ticks: ±0.2 of a core at worst)
-METER = CpuMeter(interval=INTERVAL)
-HAS_PROC = read_proc() is not None  # one history for every race: the first step has a reading
+METER = CpuMeter(interval=INTERVAL)  # one history for every race: the first step has a reading
 
 
 class Governor:
@@ -34,8 +33,8 @@ class Governor:
 
     def threads(self) -> int:
         # only /proc's reading: the meter's fallback (the load average) counts our own threads too
-        others = self.meter.sample() if HAS_PROC else None
-        if others is None:
+        others = self.meter.sample()
+        if others is None or not self.meter.exact:
             return self.base
         return max(1, min(self.base, int(self.meter.cores - others + 0.5)))
 
