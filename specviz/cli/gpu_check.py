@@ -208,18 +208,21 @@ def _floor_ms(model, m, gbs) -> float | None:
     return m.weight_bytes(model) / (gbs * 1e9) * 1e3 if gbs else None
 
 
-def _compiled(m, target, draft, prompt, gbs, gamma) -> dict:
-    """Inductor's kernels inside our captured graphs: the target's step and verify, the draft's step."""
+def _compiled(m, target, draft, prompt, gbs, gamma: int | None) -> dict:
+    """Inductor's kernels inside our captured graphs: the target's step and verify (gamma None: no
+    verify), the draft's step."""
     from ..engine.backends.compiled import inductor
     t0 = time.perf_counter()
     sm = m.StaticModel(target, len(prompt) + 32, compile=inductor)
     step = m.static_step_s(sm, prompt, rows=1)
-    verify = m.static_step_s(sm, prompt, rows=gamma + 1)
+    out = {}
+    if gamma is not None:
+        verify = m.static_step_s(sm, prompt, rows=gamma + 1)
+        out = {"target_verify_ms": verify * 1e3, "v": verify / step, "verify_rows": gamma + 1}
     d = m.static_step_s(m.StaticModel(draft, len(prompt) + 32, compile=inductor), prompt, rows=1)
     ft, fd = _floor_ms(target, m, gbs), _floor_ms(draft, m, gbs)
-    return {"target_step_ms": step * 1e3, "target_verify_ms": verify * 1e3, "draft_step_ms": d * 1e3,
-            "c": d / step, "v": verify / step, "verify_rows": gamma + 1, "seconds": time.perf_counter() - t0,
-            "target_over_floor": step * 1e3 / ft if ft else None,
+    return {"target_step_ms": step * 1e3, **out, "draft_step_ms": d * 1e3, "c": d / step,
+            "seconds": time.perf_counter() - t0, "target_over_floor": step * 1e3 / ft if ft else None,
             "draft_over_floor": d * 1e3 / fd if fd else None}
 
 
@@ -243,17 +246,9 @@ def _fusion(m, target, draft, prompt, gpu) -> dict:
 def _compiled_tuned(m, target, draft, prompt, gbs) -> dict:
     """The compiled steps again with inductor's coordinate-descent tuning (as gpt-fast compiles)."""
     import torch
-
-    from ..engine.backends.compiled import inductor
     torch._dynamo.reset()
-    t0 = time.perf_counter()
     with torch._inductor.config.patch(coordinate_descent_tuning=True):
-        step = m.static_step_s(m.StaticModel(target, len(prompt) + 32, compile=inductor), prompt, rows=1)
-        d = m.static_step_s(m.StaticModel(draft, len(prompt) + 32, compile=inductor), prompt, rows=1)
-    ft, fd = _floor_ms(target, m, gbs), _floor_ms(draft, m, gbs)
-    return {"target_step_ms": step * 1e3, "draft_step_ms": d * 1e3, "c": d / step,
-            "target_over_floor": step * 1e3 / ft if ft else None,
-            "draft_over_floor": d * 1e3 / fd if fd else None, "seconds": time.perf_counter() - t0}
+        return _compiled(m, target, draft, prompt, gbs, None)  # no verify: the steps' compiles are long
 
 
 def _big(m, dev, dtype, draft, prompt, gbs) -> dict:
