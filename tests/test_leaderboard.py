@@ -396,3 +396,40 @@ def test_the_shipped_race_ranks_no_tau_one_method_above_plain():
         above = rows[:[r.key for r in rows].index(PLAIN)]
         assert all(r.tau > 1.0 for r in above), (name, [(r.key, r.tau) for r in above])
         assert board.paired and all(r.paired for r in rows if r.key != PLAIN and not r.error), name
+
+
+def _load_from(monkeypatch, start: float, step: dict[str, float]):
+    """A simulated machine as in _drifting, but each side's step has its own cost (`step`, seconds)
+    and from `start` s of wall time on, a load makes every step 3 times as long."""
+    from types import SimpleNamespace
+
+    from specviz.engine import rounds
+    from specviz.run import race as race_mod
+    sim = SimpleNamespace(wall=0.0, cpu=0.0)
+    monkeypatch.setattr(rounds, "time", SimpleNamespace(perf_counter=lambda: sim.wall,
+                                                        process_time=lambda: sim.cpu))
+    real = race_mod.run_events
+
+    def slowed(pair, req, side, ids, **kw):
+        for ev in real(pair, req, side, ids, **kw):
+            sim.wall += step[side] * (3 if sim.wall >= start else 1)
+            sim.cpu += step[side]
+            yield ev
+    monkeypatch.setattr(race_mod, "run_events", slowed)
+    return sim
+
+
+def test_both_sides_end_together_so_a_late_load_meets_both(pair, monkeypatch):
+    """Stepped by its clock, the faster side ended first and plain ran its last part alone: a load
+    that came then slowed plain only (the draft's ratio read 2.58x beside a loop, 2.04x quiet).
+    Paced by tokens out, both sides meet the load alike and the ratio holds."""
+    step = {"baseline": 0.02, "speculative": 0.01}  # the method: twice plain's speed, quiet
+    _load_from(monkeypatch, float("inf"), step)
+    quiet, _ = race(pair, ["lookup"], max_new=16)
+    assert quiet.row("lookup").speedup == pytest.approx(2.0, rel=0.1)
+    whole = quiet.runs["lookup"].summary.elapsed + quiet.runs["lookup"].plain_summary.elapsed
+    sim = _load_from(monkeypatch, 0.0, step)  # the load comes two thirds into the race's wall time
+    sim.wall = -2 / 3 * whole
+    board, _ = race(pair, ["lookup"], max_new=16)
+    r = board.row("lookup")  # stepped by the clock: 3.0x (plain alone in the load)
+    assert r.speedup == pytest.approx(2.0, rel=0.15), r
