@@ -343,11 +343,10 @@ def test_the_race_table_says_when_the_machine_is_busy():
 
 # ------------------------------------------------------------ a drifting load (issue 59)
 
-def _drifting(monkeypatch, period: float, only: str | None = None):
-    """The race's clocks read a simulated machine: every engine step costs 20 ms of CPU, and while a
-    load that switches every `period` s of that machine's time is on, it takes 40 ms more of wall time
-    (another program holding the core). `only`: the load meets that side alone (what timing plain
-    apart from a method meets). Deterministic: the real machine's load does not enter."""
+def _simulated(monkeypatch, cost):
+    """The race's clocks read a simulated machine: each engine step of `side` adds
+    cost(side, wall) = (wall seconds, CPU seconds). Deterministic: the real machine's load does not
+    enter. Returns the machine (its .wall may be set)."""
     from types import SimpleNamespace
 
     from specviz.engine import rounds
@@ -359,11 +358,22 @@ def _drifting(monkeypatch, period: float, only: str | None = None):
 
     def slowed(pair, req, side, ids, **kw):
         for ev in real(pair, req, side, ids, **kw):
-            on = int(sim.wall / period) % 2 == 0 and only in (None, side)
-            sim.wall += 0.02 + (0.04 if on else 0.0)
-            sim.cpu += 0.02
+            wall, cpu = cost(side, sim.wall)
+            sim.wall += wall
+            sim.cpu += cpu
             yield ev
     monkeypatch.setattr(race_mod, "run_events", slowed)
+    return sim
+
+
+def _drifting(monkeypatch, period: float, only: str | None = None):
+    """Every engine step costs 20 ms of CPU, and while a load that switches every `period` s of the
+    simulated machine's time is on, it takes 40 ms more of wall time (another program holding the
+    core). `only`: the load meets that side alone (what timing plain apart from a method meets)."""
+    def cost(side, wall):
+        on = int(wall / period) % 2 == 0 and only in (None, side)
+        return 0.02 + (0.04 if on else 0.0), 0.02
+    return _simulated(monkeypatch, cost)
 
 
 def test_a_drifting_load_leaves_a_tau_one_method_near_plain(pair, monkeypatch):
@@ -399,24 +409,9 @@ def test_the_shipped_race_ranks_no_tau_one_method_above_plain():
 
 
 def _load_from(monkeypatch, start: float, step: dict[str, float]):
-    """A simulated machine as in _drifting, but each side's step has its own cost (`step`, seconds)
-    and from `start` s of wall time on, a load makes every step 3 times as long."""
-    from types import SimpleNamespace
-
-    from specviz.engine import rounds
-    from specviz.run import race as race_mod
-    sim = SimpleNamespace(wall=0.0, cpu=0.0)
-    monkeypatch.setattr(rounds, "time", SimpleNamespace(perf_counter=lambda: sim.wall,
-                                                        process_time=lambda: sim.cpu))
-    real = race_mod.run_events
-
-    def slowed(pair, req, side, ids, **kw):
-        for ev in real(pair, req, side, ids, **kw):
-            sim.wall += step[side] * (3 if sim.wall >= start else 1)
-            sim.cpu += step[side]
-            yield ev
-    monkeypatch.setattr(race_mod, "run_events", slowed)
-    return sim
+    """Each side's step has its own cost (`step`, seconds); from `start` s of the simulated
+    machine's wall time on, a load makes every step 3 times as long."""
+    return _simulated(monkeypatch, lambda side, wall: (step[side] * (3 if wall >= start else 1), step[side]))
 
 
 def test_both_sides_end_together_so_a_late_load_meets_both(pair, monkeypatch):
