@@ -428,3 +428,21 @@ def test_both_sides_end_together_so_a_late_load_meets_both(pair, monkeypatch):
     board, _ = race(pair, ["lookup"], max_new=16)
     r = board.row("lookup")  # stepped by the clock: 3.0x (plain alone in the load)
     assert r.speedup == pytest.approx(2.0, rel=0.15), r
+
+
+def test_a_starting_race_shows_an_empty_baseline_pane(pair):
+    """Seen in the browser (2026-11-28): as the second race started, its baseline pane showed the
+    first race's whole plain run, and the new race's plain tokens were appended after it."""
+    from specviz.ui.leaderboard import pane_stream
+    req = make_request(PROMPT, gamma=3, max_new_tokens=8, temperature=0.0, seed=3)
+    board = new_board(pair, req, ["draft", "lookup"])
+    panes = None
+    for k, side, ev in race_methods(pair, req, encode_prompt(pair.tokenizer, req), board):
+        if side == START:
+            panes = pane_stream(board, k, live=True)
+            if k == "lookup":  # the first race's plain run is the board's reference by now
+                assert board.baseline and panes.base_html == panes.spec_html  # the prompt alone, both
+        elif side != END:
+            panes.add(side, ev)
+    fresh = pane_stream(board, "lookup")  # the finished race, built again from its own events
+    assert panes.base_html == fresh.base_html

@@ -13,10 +13,11 @@ and end in the same moments of the machine and each × plain is a ratio of the
 same moments (issue 59: a CPU loop 3 s on, 3 s off bent the older "plain just
 before and just after" ratio of a method that accepted nothing to 1.34× and
 0.46×; stepped by the virtual clock, as the page's two-sided race is, plain ran
-its last part alone and the draft's ratio read 1.83-2.58× against 2.04× quiet). Work the consumer does between events
-(rendering) is not counted. Each run's CPU time (VirtualClock.cpu) is kept
-beside its wall time: where the two ratios part by more than 15 %, the row says
-the machine was disturbed. A method with τ 1.00 never ranks above plain.
+its last part alone and the draft's ratio read 1.83-2.58× against 2.04× quiet).
+Work the consumer does between events (rendering) is not counted. Each run's
+CPU time (VirtualClock.cpu) is kept beside its wall time: where the two ratios
+part by more than 15 %, the row says the machine was disturbed. A method with
+τ 1.00 never ranks above plain.
 
 Every number in a row comes from run_stats() on the run's own RunSummary and
 the plain run raced beside it, the same function the page and the CLI use for
@@ -314,10 +315,11 @@ class Board:
                             dtype_of(self.meta.get("precision") or ""))
         return eq.verdict, eq.message()
 
-    def trace(self, key: str) -> Trace:
+    def trace(self, key: str, live: bool = False) -> Trace:
         """One contender's race as an ordinary two-sided trace (the plain run beside it, then it), for
         the page's replay/render path and downloads: its speedup is the row's. PLAIN: the plain row's
-        run alone."""
+        run alone. live: the race is running, so its plain side is only what it has run so far (a
+        finished row without one, from an old bundle, shows the board's reference plain run)."""
         run = self.runs.get(key)
         settings = dict(run.settings) if run is not None and run.settings else dict(self.settings)
         label = f"{run.entry.label if run is not None else 'plain decoding'} · race of all methods"
@@ -327,7 +329,7 @@ class Board:
             plain = next((r.plain for r in self.runs.values() if r.plain and r.plain[-1] is best),
                          self.baseline)
         else:
-            plain = run.plain or self.baseline
+            plain = run.plain if live or run.plain else self.baseline
         tr.events = [("baseline", e) for e in plain]
         if run is not None:
             tr.events += [("speculative", e) for e in run.events]

@@ -186,9 +186,11 @@ def build_tab(first: dict, limits: Limits) -> BoardTab:
 # ------------------------------------------------------------------ handlers
 
 
-def pane_stream(board: Board, key: str, banner: str = "") -> PaneStream:
-    """A PaneStream for one run of the board, its recorded events so far already added."""
-    tr = board.trace(key)
+def pane_stream(board: Board, key: str, banner: str = "", live: bool = False) -> PaneStream:
+    """A PaneStream for one run of the board, its recorded events so far already added. live: a race
+    starting now, so the baseline pane starts empty (it showed the first race's whole plain run, with
+    the new race's tokens appended after it)."""
+    tr = board.trace(key, live=live)
     view, head = replay_ui.view_for(tr)
     view.gamma_auto = bool(tr.meta["settings"].get("gamma_auto"))
     view.dtype = dtype_of(board.meta.get("precision") or "")
@@ -275,7 +277,7 @@ class BoardHandlers:
             yield self._outputs(board, None, pick=None, download=gr.DownloadButton(interactive=False))
             for k, side, ev in stream:
                 if side == START:  # the method and plain decoding beside it, in the panes
-                    panes = pane_stream(board, k)
+                    panes = pane_stream(board, k, live=True)
                 elif side not in (START, END):
                     panes.add(side, ev)
                 if side in (START, END):
