@@ -55,3 +55,32 @@ def test_a_fair_race_on_a_loaded_machine_steps_on_one_thread_and_restores(monkey
         assert on_engine_thread(torch.get_num_threads) == 2  # restored after the race
     finally:
         on_engine_thread(torch.set_num_threads, base)
+
+
+def machine(busy, others_before: float):
+    """A simulated machine for settle(): busy(t) cores in use (everyone's) at t s after the update;
+    METER's last reading before the update saw `others_before`."""
+    t, used = [0.0], [0.0]
+
+    def sleep(s):
+        n = max(1, round(s / 0.001))
+        for _ in range(n):
+            used[0] += busy(t[0]) * s / n
+            t[0] += s / n
+    m = CpuMeter(read=lambda: None, cores=2, interval=0.0)
+    m.others, m.exact = others_before, True
+    return m, (lambda: (used[0], 0.0)), sleep, (lambda: t[0])
+
+
+@pytest.mark.parametrize("busy,before,want", [
+    (lambda t: 1.0 if t < 0.3 else 0.0, 0.0, (0.3, 0.36)),  # a browser draws for 0.3 s: wait for it
+    (lambda t: 0.0, 0.0, (0.1, 0.16)),  # nothing drawn here (a browser elsewhere): the pause alone
+    (lambda t: 1.0, 1.0, (0.1, 0.16)),  # a program on one core all along: no wait for it
+    (lambda t: 2.0, 0.0, (0.5, 0.56)),  # busy to the end: at most SETTLE_CAP
+])
+def test_a_pause_after_an_update_waits_for_the_drawing_not_for_a_steady_load(monkeypatch, busy, before, want):
+    m, read, sleep, clock = machine(busy, before)
+    monkeypatch.setattr(threads, "METER", m)
+    waited = threads.settle(0.1, read=read, sleep=sleep, clock=clock)
+    assert want[0] <= waited <= want[1], waited
+    assert threads.settle(0.0, read=read, sleep=sleep, clock=clock) == 0.0  # SPECVIZ_UI_SETTLE=0: none

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from ..engine.cpu.threads import settle
 from ..engine.pair import dtype_of
 from ..errors import free_memory, run_error_text
 from ..run.leaderboard import (
@@ -39,6 +40,7 @@ from ..run.trace import headline
 from . import busy, render
 from . import replay as replay_ui
 from .charts import all_charts
+from .handlers import SETTLE  # the pause after each page update, before the next timed step
 from .leaderboard_render import bar_chart, pick_choices, progress_html, replay_banner, table_html
 from .panes import PaneStream
 from .state import RunView
@@ -47,7 +49,6 @@ from .tree_view import latest_tree_figure
 RACES_DIR = Path(__file__).resolve().parents[2] / "assets" / "races"
 UI_INTERVAL = 0.25  # as the live tab (ui/handlers.py)
 CHART_INTERVAL = 0.5
-SETTLE = 0.1  # after each page update, before the next timed step: gradio sends it meanwhile
 WARMUP = 4  # new tokens of an unrecorded warm-up before each timed run (first forwards of a shape are slow)
 OFFERED = tuple(k for k in all_keys() if k != "heads")  # Medusa heads need training a visitor cannot do
 INTRO = ("<div class='sv-explainer'><b>Race all methods</b> on one prompt: each ticked method races "
@@ -286,7 +287,7 @@ class BoardHandlers:
                 if side in (START, END) or now - last >= UI_INTERVAL:
                     charts = side == END or now - last_chart >= CHART_INTERVAL
                     yield self._outputs(board, panes, charts=charts, pick=_picked(board, k, side))
-                    time.sleep(SETTLE)  # fair mode: the engine clocks are paused meanwhile
+                    settle(SETTLE)  # fair mode: the engine clocks are paused meanwhile
                     last = time.perf_counter()
                     last_chart = last if charts else last_chart
             yield from self._finish(key, board, stop)

@@ -12,6 +12,7 @@ import contextlib
 import time
 from typing import Iterable, Iterator
 
+from ..engine.cpu.threads import settle
 from ..engine.events import RoundEvent, TokenEvent
 from . import render
 from .charts import all_charts
@@ -98,8 +99,7 @@ class PaneStream:
                 with self.guard():
                     out = self.outputs(charts)
                 yield out
-                if self.settle:
-                    time.sleep(self.settle)
+                settle(self.settle)  # fair races: the update drawn before the next timed step
                 # time spent rendering and sending is not the stream being slow: counting it
                 # made every event after a slow redraw "slow", redrawing charts each time
                 last_ui = prev_event = time.perf_counter()

@@ -13,11 +13,12 @@ sides meet the same thread count at the same moments; the count it used is recor
 """
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import torch
 
-from ...machine import CpuMeter
+from ...machine import CpuMeter, read_proc
 
 INTERVAL = 0.1  # seconds between two readings of /proc (10 ms ticks: ±0.2 of a core at worst)
 METER = CpuMeter(interval=INTERVAL)  # one history for every race: the first step has a reading
@@ -51,3 +52,36 @@ class Governor:
     def restore(self) -> None:
         if self.base is not None and torch.get_num_threads() != self.base:
             torch.set_num_threads(self.base)
+
+
+SETTLE_CAP = 0.5  # seconds a pause after a page update may last in all
+SETTLE_POLL = 0.05  # seconds per reading while it waits (10 ms ticks: 0.2 of a core on 1 tick)
+SETTLE_MARGIN = 0.35  # cores above what others used before the update: one tick, not two
+
+
+def settle(pause: float, read=read_proc, sleep=time.sleep, clock=time.monotonic) -> float:
+    """After a page update, before the next timed step of a fair race: sleep `pause`, then on until
+    the cores in use (everyone's, ours included) fall back to what other programs used before the
+    update (METER's last reading) plus SETTLE_MARGIN, at most SETTLE_CAP in all. Returns the seconds
+    waited. Why: a browser on the same machine draws each update for longer than a fixed pause. On
+    the 2-core Xeon (2026-11-28), headless Chromium drawing the race of all methods took a core
+    while the next step ran on two threads; most steps of a race are plain's (64 against 12 rounds
+    of the draft model), and plain read 13 tok/s against 22 without a browser, the draft model 3.27x
+    plain against 1.95x.
+    A program that keeps a core busy all along is in the reading before, so it adds no wait."""
+    if pause <= 0:
+        return 0.0
+    start = clock()
+    sleep(pause)
+    before = METER.others if METER.exact and METER.others is not None else 0.0
+    last = read()
+    while last is not None and clock() - start < SETTLE_CAP:
+        t = clock()
+        sleep(SETTLE_POLL)
+        got = read()
+        if got is None:
+            break
+        if (got[0] - last[0]) / max(clock() - t, 1e-3) <= before + SETTLE_MARGIN:
+            break
+        last = got
+    return clock() - start
