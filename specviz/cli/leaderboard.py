@@ -120,6 +120,7 @@ def run(args) -> int:
     hf_logging.disable_progress_bar()
     from ..run.race import on_engine_thread
     from ..run.request import encode_prompt
+    from ..ui import busy  # the page's CPU meter (/proc/stat), no gradio
     print("loading the model pair…", file=sys.stderr)
     pair = on_engine_thread(load_from_args, args)  # load where the race decodes (race.on_engine_thread)
     ids = encode_prompt(pair.tokenizer, req, pair.max_positions)
@@ -127,7 +128,7 @@ def run(args) -> int:
     if args.label:
         board.meta["label"] = args.label
     for key, side, _ev in race_methods(pair, req, ids, board, time_limit=args.time_limit, warmup=args.warmup):
-        _note_busy(board, key, side)
+        busy.note_race(board, key, side)  # as the page does: a run that other programs slowed says so
         if side == START:
             print(f"[{board.done() + 1}/{board.total}] {board.runs[key].entry.label} beside plain "
                   "decoding…", file=sys.stderr, flush=True)
@@ -138,16 +139,6 @@ def run(args) -> int:
         path = save_bundle(board, args.out)
         print(f"saved the race to {path} ({path.stat().st_size / 1024:.0f} KiB)", file=sys.stderr)
     return _print(args, board)
-
-
-def _note_busy(board: Board, key: str, side: str) -> None:
-    """As the page does (ui/leaderboard._note_busy): a run that other programs slowed says so."""
-    if side not in (START, END):
-        return
-    from ..ui import busy  # the page's CPU meter (/proc/stat), no gradio
-    busy.METER.sample()
-    if side == END and busy.METER.busy():
-        board.note_busy(key, busy.busy_reason({}))
 
 
 def _print(args, board: Board) -> int:

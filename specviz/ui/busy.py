@@ -11,6 +11,7 @@ cached measurement taken under load) counts too.
 from __future__ import annotations
 
 from ..machine import CpuMeter
+from ..run.leaderboard import END, START
 from .render import esc
 
 METER = CpuMeter()
@@ -23,6 +24,17 @@ def busy_reason(status: dict, meter: CpuMeter = METER) -> str:
     if status.get("calibration") == "noisy" and (status.get("calib") or {}).get("state") != "done":
         return "the timing calibration was measured while the machine was busy"
     return ""
+
+
+def note_race(board, key: str, side: str) -> None:
+    """For the race of all methods (the page and the CLI): a race's START resets the meter's window;
+    its END reads what other programs took meanwhile, and a busy reading goes into the board (its
+    row says so, the bundle keeps it). Other events: nothing."""
+    if side not in (START, END):
+        return
+    METER.sample()
+    if side == END and METER.busy():
+        board.note_busy(key, busy_reason({}))
 
 
 def busy_html(reason: str) -> str:

@@ -209,14 +209,6 @@ def _picked(board: Board, key: str, side: str) -> str | None:
     return key if side == END and key != PLAIN and board.row(key) else None
 
 
-def _note_busy(board: Board, key: str, side: str) -> None:
-    """A run's start resets the CPU meter's window; its end reads what other programs took meanwhile,
-    and a busy reading goes into the board (its row says so, the bundle keeps it)."""
-    busy.METER.sample()
-    if side == END and busy.METER.busy():
-        board.note_busy(key, busy.busy_reason({}))
-
-
 @dataclass
 class BoardHandlers:
     page: object  # ui/handlers.Handlers: its request checks, model manager, limits and stop flags
@@ -281,8 +273,7 @@ class BoardHandlers:
                     panes = pane_stream(board, k, live=True)
                 elif side not in (START, END):
                     panes.add(side, ev)
-                if side in (START, END):
-                    _note_busy(board, k, side)
+                busy.note_race(board, k, side)
                 now = time.perf_counter()
                 if side in (START, END) or now - last >= UI_INTERVAL:
                     charts = side == END or now - last_chart >= CHART_INTERVAL
