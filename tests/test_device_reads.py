@@ -147,3 +147,78 @@ def test_a_round_reads_the_device_once(graph_target, tok, monkeypatch):
         spec(graph_target, make(), tok, params, monkeypatch, prompt=REPEAT, copied=False, reads=apart)
         assert copied == [1] * len(copied) and len(copied) > 3
         assert min(apart) > 5
+
+
+# ------------------------------------------------ the draft model's chain: read one step behind
+
+def draft_model(target, sharp: float = 1.0):
+    """A near draft; sharp > 1 scales its output layer (confidences 0.34-0.93 at 4, not ~0.1)."""
+    d = noisy_copy(target, 0, scale=0.05)
+    with torch.no_grad():
+        d.lm_head.weight.mul_(sharp)
+    set_cache(d, "graphs")
+    return d
+
+
+def test_the_draft_reads_each_token_a_step_behind(graph_target, tok, monkeypatch):
+    """On a graph cache the chain enqueues token i+1's step before it reads token i (gpu/cache.Behind):
+    the device always has a step to run while the host reads and decides."""
+    from specviz.engine.gpu import cache as gpu_cache
+    prop = DraftModelProposer(draft_model(graph_target))
+    log = []
+    real_logits, real_read = prop._logits, gpu_cache.Behind.read
+    monkeypatch.setattr(prop, "_logits", lambda *a, **k: log.append("step") or real_logits(*a, **k))
+    monkeypatch.setattr(gpu_cache.Behind, "read", lambda self: log.append("read") or real_read(self))
+    prompt = tok.encode(PROMPT)
+    prop.reset(prompt)
+    p = prop.propose(prompt, 4, GREEDY, None, frozenset())
+    assert log == ["step", "step", "read", "step", "read", "step", "read", "read"]
+    assert len(p.tokens) == p.forwards == 4 and p.q.shape[0] == 4
+
+
+def chains(target, tok, params, rule, monkeypatch, rounds=6):
+    """The same rounds drafted by the chain read behind (a graph cache) and by the chain read as it
+    goes (the CPU's loop, forced on a graph cache) -> [(behind, as it goes)] proposals; each round's
+    generators start from one seed, and every draft is taken as accepted."""
+    from specviz.engine.gamma import ChainLength
+    from specviz.engine.proposers import draft as draft_module
+    d = draft_model(target, sharp=4.0)
+    pair = []
+    for behind in (True, False):
+        prop = DraftModelProposer(d)
+        if rule == "confidence":
+            prop.confidence = 0.45
+        else:  # the hybrid's and γ auto's length: a token drafted while it pays by its confidence
+            prop.length = ChainLength(0.1, lambda n: 1.0 + 0.05 * n)
+        committed = tok.encode(REPEAT)
+        prop.reset(committed)
+        out = []
+        for r in range(rounds):
+            with monkeypatch.context() as mp:
+                if not behind:
+                    mp.setattr(draft_module, "on_graphs", lambda cache: False)
+                gen = torch.Generator().manual_seed(r)
+                p = prop.propose(committed, 6, params, gen, frozenset())
+            out.append(p)
+            committed = committed + p.tokens + [p.tokens[-1]]
+            prop.rollback(committed, len(p.tokens), len(p.tokens))
+            if prop.length is not None:
+                prop.length.observe(len(p.tokens) // 2)
+        pair.append(out)
+    return list(zip(*pair, strict=True))
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("rule", ["confidence", "length"])
+def test_a_chain_read_behind_proposes_what_a_chain_read_as_it_goes_proposes(graph_target, tok, params, rule,
+                                                                            monkeypatch):
+    """The stop rules read the same values one step later: the same tokens and q, round after round;
+    a chain that stopped before γ ran one step more, and says so in its forwards. That step wrote its
+    token's keys, so after a round that took every draft the next feed is one token, not two: q agrees
+    to float rounding (a 1-row against a 2-row forward), not bit for bit."""
+    got = chains(graph_target, tok, params, rule, monkeypatch)
+    for behind, ahead in got:
+        assert behind.tokens == ahead.tokens and torch.allclose(behind.q, ahead.q, rtol=0, atol=1e-5)
+        assert ahead.forwards == len(ahead.tokens)
+        assert behind.forwards == len(behind.tokens) + (len(behind.tokens) < 6)
+    assert len({len(b.tokens) for b, _ in got}) > 1  # the rule stopped chains at different lengths

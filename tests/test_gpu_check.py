@@ -10,6 +10,7 @@ import torch
 
 from specviz.cli import gpu_check
 from specviz.engine.gpu import measure
+from specviz.run import gpu_page
 
 ROOT = Path(__file__).resolve().parents[1]
 # what a bare GPU machine lacks: importing any of them fails in the child
@@ -42,6 +43,9 @@ def test_cpu_tiny_runs_the_whole_check_without_gradio(tmp_path):
     assert d["spec_truncated"]["identical"] and d["spec_truncated"]["draft_layers"] == 1
     assert d["race"]["identical_to_alone"] and "bandwidth" not in r  # the scheduler runs on a CPU too
     assert d["page"]["self"]["identical"] and d["page_parallel"]["same_tokens_as_fair"]
+    trees = d["page"]["trees"]  # eager beside the graphs, each run and equal to plain
+    assert set(trees) == set(gpu_page.TREES) and all(t.get("identical") for t in trees.values()), trees
+    assert "page trees: tree identical" in res.stdout
     assert "bare" in d["eager_ways"]["step_ms"] and "compiled" not in d and "big" not in d  # CUDA only
     v = r["verdict"]["bf16"]
     assert v["graph_step_le_2x_floor"] is None and v["race_identical"] is True

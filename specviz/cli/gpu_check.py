@@ -375,6 +375,13 @@ def _dtype_lines(name: str, r: dict) -> list[str]:
             lines.append(f"[{name}] page {key}: plain {p['plain_tok_s']:.0f} tok/s, speculative "
                          f"{p['speculative_tok_s']:.0f} tok/s, shown {p['shown_speedup']:.2f}x, "
                          f"c {p['c']:.2f}" + _parting(p))
+    for key in ("methods", "trees"):
+        rows = r.get("page", {}).get(key, {})
+        if rows:
+            lines.append(f"[{name}] page {key}: " + "; ".join(
+                f"{m} " + (f"ERROR {x['error'][:80]}" if "error" in x else
+                           f"{'identical' if x['identical'] else 'DIFFERENT'} {x['shown_speedup']:.2f}x")
+                for m, x in rows.items()))
     for key in ("compiled", "compiled_tuned", "big"):
         if r.get(key):
             figures = ", ".join(f"{k} {v:.2f}" for k, v in r[key].items() if isinstance(v, float))

@@ -16,6 +16,10 @@ from .request import RunRequest
 
 # each tried once (self-speculation calibrates on text first: its eager fallback is a CPU test)
 CHAIN = ("draft", "adaptive", "lookup", "suffix", "hybrid", "staged")
+# run eagerly over a dynamic cache beside the graphs (the page says so): each tried once, on fewer tokens
+# (an eager step cost 20.7 ms on the 2026-11-28 H200), for its tokens and that it runs on a GPU at all
+TREES = ("tree", "hybrid-tree", "suffix-tree", "lookahead")
+TREE_TOKENS = 32
 
 
 class IdTokenizer:
@@ -75,7 +79,8 @@ def _clean(d: dict) -> dict:
 @torch.no_grad()
 def page_checks(target, draft, prompt: list[int], new: int, gamma: int) -> dict:
     """The page's path: draft = target (c must come out ~1, the speedup <= 1), the real-size draft,
-    sampling, and every chain method's greedy tokens against plain's."""
+    sampling, and every chain method's greedy tokens against plain's (the tree and Jacobi methods' too,
+    eager beside the graphs, on fewer tokens)."""
     from ..engine.costs import MAX_VERIFY_TOKENS, CostModel
     from ..models.gpu_path import use_graphs
     # as a load does: graphs captured, then the costs timed on them (the hybrid and auto γ price by them)
@@ -97,17 +102,25 @@ def page_checks(target, draft, prompt: list[int], new: int, gamma: int) -> dict:
     sampled = RunRequest(prompt="", method="draft", gamma=gamma, max_new_tokens=new, temperature=1.0,
                          seed=1)
     r["draft_sampled"] = _clean(shown(pair, sampled, prompt))
-    r["methods"] = {}
-    for method in CHAIN:
+    r["methods"] = _methods(pair, prompt, CHAIN, new, gamma)
+    r["trees"] = _methods(pair, prompt, TREES, min(new, TREE_TOKENS), gamma)
+    return r
+
+
+def _methods(pair, prompt, methods, new: int, gamma: int) -> dict:
+    """Each method's greedy race as the page runs it: its tokens against plain's, what it shows, the
+    path it ran on; a method that fails is its own row."""
+    out = {}
+    for method in methods:
         req = RunRequest(prompt="", method=method, gamma=gamma, max_new_tokens=new, temperature=0.0,
                          gamma_auto=method in ("draft", "hybrid"))  # auto γ: priced by the load's costs
         try:
             m = shown(pair, req, prompt)
-            r["methods"][method] = {k: m[k] for k in ("identical", "shown_speedup", "tokens_per_round",
-                                                      "plain_tok_s", "speculative_tok_s", "path")}
+            out[method] = {k: m[k] for k in ("identical", "shown_speedup", "tokens_per_round",
+                                             "plain_tok_s", "speculative_tok_s", "path")}
         except Exception as err:  # noqa: BLE001 - one method's failure is its own row
-            r["methods"][method] = {"error": f"{type(err).__name__}: {err}"[:300]}
-    return r
+            out[method] = {"error": f"{type(err).__name__}: {err}"[:300]}
+    return out
 
 
 @torch.no_grad()

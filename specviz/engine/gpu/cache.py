@@ -70,3 +70,26 @@ def to_device(ints: list[int], device) -> torch.Tensor:
     if device.type != "cuda":
         return torch.tensor(ints, dtype=torch.long, device=device)
     return torch.tensor(ints, dtype=torch.long).pin_memory().to(device, non_blocking=True)
+
+
+class Behind:
+    """A device tensor's values, read one step behind the device: on CUDA copied to pinned host memory
+    without blocking and an event recorded after the copy, so read() waits for this copy only, not for
+    the work queued after it (a plain read, .tolist(), would wait for the whole stream). Why: the draft
+    model's chain (proposers/draft.py) enqueues token i+1's step before it reads token i, so the device
+    runs a step while the host decides whether to draft further. On a CPU: the tensor, read as it is."""
+
+    def __init__(self, t: torch.Tensor):
+        self.event = None
+        if t.is_cuda:
+            self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self.host.copy_(t, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = t
+
+    def read(self) -> list:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()

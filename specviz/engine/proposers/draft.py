@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ...errors import RequestError
-from ..forward import crop_cache, forward_logits, new_cache, pick
+from ..forward import crop_cache, forward_logits, new_cache, on_graphs, pick
+from ..gpu.cache import Behind
 from ..proposer import Proposal, Proposer, register, target_vocab
-from ..sampling import greedy_rows, warp
+from ..sampling import greedy_rows, sample, warp
 
 
 @dataclass
@@ -50,11 +51,13 @@ class DraftModelProposer(Proposer):
         return logits[..., : self.vocab_size] if self.vocab_size else logits
 
     def propose(self, committed, gamma, params, generator, eos_ids):
+        if self.length is not None:
+            self.length.start()
+        if on_graphs(self.cache):
+            return self._propose_behind(committed, gamma, params, generator, eos_ids)
         # feed what the cache has not seen: 1 token, or 2 after a bonus round
         feed = committed[self.cache.get_seq_length():]
         tokens, qs, raw = [], [], []
-        if self.length is not None:
-            self.length.start()
         for _ in range(gamma):
             logits = self._logits(feed)[-1]
             raw.append(logits)  # a reference: the inspector's greedy softmax, computed off the clock
@@ -66,16 +69,63 @@ class DraftModelProposer(Proposer):
                 x = pick(q, params, generator)
             tokens.append(x)
             qs.append(q)
-            if x in eos_ids:  # nothing useful follows an end-of-sequence
-                break
-            # an unsure draft is likely rejected: stop spending draft forwards.
-            # The stop depends only on what was drafted, so verification stays exact.
-            if self.confidence is not None and float(logits.float().softmax(-1).max()) < self.confidence:
-                break
-            if self.length is not None and not self.length.more(_confidence(logits, q, params), gamma):
+            if not self._go_on(x, [float(c) for c in self._confidences(logits, q, params)], eos_ids, gamma):
                 break
             feed = [x]
         return Proposal(tokens, torch.stack(qs), forwards=len(tokens), raw=raw if params.greedy else None)
+
+    def _propose_behind(self, committed, gamma, params, generator, eos_ids):
+        """propose() on a graph cache (a GPU's): each token stays on the device and is fed from there,
+        and the host reads token i (and its confidences) only after token i+1's step is enqueued
+        (gpu/cache.Behind), so the device never waits while the host decides whether to draft on.
+        The same rules decide on the same values, so the proposal is propose()'s; when they stop
+        after token i, token i+1's step ran for nothing (counted in `forwards`, its time in the
+        round's draft time) and a sampled run drew one token more from its generator. Why: a read
+        per token was a host sync per draft step, and the device idled while the host launched the
+        next step."""
+        feed = committed[self.cache.get_seq_length():]
+        tokens, qs, raw, rows = [], [], [], []
+        for i in range(gamma + 1):
+            if i < gamma:  # enqueue step i
+                logits = self._logits(feed)[-1]
+                raw.append(logits)
+                if params.greedy:
+                    q, x = greedy_rows(logits)
+                else:
+                    q = warp(logits, params)
+                    x = sample(q, generator)
+                feed = x.view(1)
+                qs.append(q)
+                rows.append(Behind(torch.stack([x.double(), *[c.double() for c in self._confidences(
+                    logits, q, params)]])))
+            if i:  # read step i - 1 while step i runs
+                x, *conf = rows[i - 1].read()
+                tokens.append(int(x))
+                if not self._go_on(int(x), conf, eos_ids, gamma):
+                    break
+        n = len(tokens)
+        raw = raw[:n] if params.greedy else None
+        return Proposal(tokens, torch.stack(qs[:n]), forwards=len(rows), raw=raw)
+
+    def _confidences(self, logits, q, params) -> list:
+        """On the device, what the stop rules read: the softmax's top probability (the confidence
+        stop) and the chain's confidence (_confidence: the length's price), each only if in use."""
+        out = []
+        if self.confidence is not None:
+            out.append(_top(logits))
+        if self.length is not None:
+            out.append(_confidence(logits, q, params))
+        return out
+
+    def _go_on(self, x: int, conf: list[float], eos_ids, gamma: int) -> bool:
+        """Whether to draft after token x, given its confidences (as _confidences lists them)."""
+        if x in eos_ids:  # nothing useful follows an end-of-sequence
+            return False
+        # an unsure draft is likely rejected: stop spending draft forwards.
+        # The stop depends only on what was drafted, so verification stays exact.
+        if self.confidence is not None and conf[0] < self.confidence:
+            return False
+        return self.length is None or self.length.more(conf[-1], gamma)
 
     def rollback(self, committed, n_accepted, n_drafted):
         # the cache holds a prefix of what was fed; keep what is still committed,
@@ -83,10 +133,15 @@ class DraftModelProposer(Proposer):
         crop_cache(self.cache, len(committed) - 1)
 
 
-def _confidence(logits, q, params) -> float:
+def _top(logits) -> torch.Tensor:
+    """The softmax's top probability of a row of logits (a 0-d tensor, on their device)."""
+    return logits.float().softmax(-1).max()
+
+
+def _confidence(logits, q, params) -> torch.Tensor:
     """The draft's top probability at this row: of its warped law q under sampling, of its
-    softmax under greedy (q is one-hot there)."""
-    return float(logits.float().softmax(-1).max()) if params.greedy else float(q.max())
+    softmax under greedy (q is one-hot there); a 0-d tensor."""
+    return _top(logits) if params.greedy else q.max()
 
 
 @dataclass

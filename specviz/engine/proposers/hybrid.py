@@ -168,7 +168,8 @@ class HybridTreeProposer(HybridProposer):
             t0 = time.perf_counter()  # the lookup's end
             chain = self.draft.propose(committed, g, params, generator, eos_ids)
             n = len(chain.tokens)
-            q = torch.cat([chain.q, torch.zeros(1, chain.q.shape[-1])])  # row i: node i's child law
+            # row i: node i's child law (the zero row on q's device: a GPU's draft)
+            q = torch.cat([chain.q, chain.q.new_zeros(1, chain.q.shape[-1])])
             prop = TreeProposal(chain.tokens, list(range(-1, n - 1)), q, chain.forwards)
         self._drafted = len(prop.tokens)
         return self.annotate(prop, d, k, rate_s, len(prop.tokens), t0)
