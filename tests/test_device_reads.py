@@ -160,31 +160,58 @@ def draft_model(target, sharp: float = 1.0):
     return d
 
 
-def test_the_draft_reads_each_token_a_step_behind(graph_target, tok, monkeypatch):
-    """On a graph cache the chain enqueues token i+1's step before it reads token i (gpu/cache.Behind):
-    the device always has a step to run while the host reads and decides."""
+def order(target, tok, monkeypatch, make, eos=frozenset()):
+    """One proposal from the prompt on a graph cache, and the order of its draft steps and reads."""
     from specviz.engine.gpu import cache as gpu_cache
-    prop = DraftModelProposer(draft_model(graph_target))
+    prop = make(draft_model(target, sharp=4.0))
     log = []
     real_logits, real_read = prop._logits, gpu_cache.Behind.read
     monkeypatch.setattr(prop, "_logits", lambda *a, **k: log.append("step") or real_logits(*a, **k))
     monkeypatch.setattr(gpu_cache.Behind, "read", lambda self: log.append("read") or real_read(self))
-    prompt = tok.encode(PROMPT)
-    prop.reset(prompt)
-    p = prop.propose(prompt, 4, GREEDY, None, frozenset())
+    reads = Reads()
+    with monkeypatch.context() as mp:
+        reads.on(mp)
+        prompt = tok.encode(REPEAT)
+        prop.reset(prompt)
+        log.clear()
+        p = prop.propose(prompt, 4, GREEDY, None, eos)
+    return p, log, reads
+
+
+def test_a_fixed_chain_reads_each_token_a_step_behind(graph_target, tok, monkeypatch):
+    """No stop rule but EOS: token i+1's step is enqueued before token i is read (gpu/cache.Behind),
+    so the device always has a step to run while the host reads. One read a token, nothing else."""
+    p, log, reads = order(graph_target, tok, monkeypatch, DraftModelProposer)
     assert log == ["step", "step", "read", "step", "read", "step", "read", "read"]
     assert len(p.tokens) == p.forwards == 4 and p.q.shape[0] == 4
+    assert reads == ["tolist"] * 4
+    # an EOS at token 2: token 3's step ran already, for nothing, and is counted
+    eos = frozenset([p.tokens[1]])
+    p2, log, _ = order(graph_target, tok, monkeypatch, DraftModelProposer, eos=eos)
+    assert p2.tokens == p.tokens[:2] and p2.forwards == 3
+    assert log == ["step", "step", "read", "step", "read"]
+
+
+def test_a_chain_with_a_stop_rule_reads_a_token_before_its_next_step(graph_target, tok, monkeypatch):
+    """A stop rule would waste a whole draft step on most rounds: the host reads token i (with its
+    confidence, one read) before it enqueues step i+1, and no step runs past the stop."""
+    def make(d):
+        return DraftModelProposer(d, confidence=0.5)
+    p, log, reads = order(graph_target, tok, monkeypatch, make)
+    n = len(p.tokens)
+    assert log == ["step", "read"] * n and p.forwards == n
+    assert reads == ["tolist"] * n  # the token and its confidence together: one read a step
 
 
 def chains(target, tok, params, rule, monkeypatch, rounds=6):
-    """The same rounds drafted by the chain read behind (a graph cache) and by the chain read as it
-    goes (the CPU's loop, forced on a graph cache) -> [(behind, as it goes)] proposals; each round's
+    """The same rounds drafted on the device (a graph cache) and by the loop that reads as it goes
+    (the CPU's, forced on a graph cache) -> [(device, as it goes)] proposals; each round's
     generators start from one seed, and every draft is taken as accepted."""
     from specviz.engine.gamma import ChainLength
     from specviz.engine.proposers import draft as draft_module
     d = draft_model(target, sharp=4.0)
     pair = []
-    for behind in (True, False):
+    for on_device in (True, False):
         prop = DraftModelProposer(d)
         if rule == "confidence":
             prop.confidence = 0.45
@@ -195,7 +222,7 @@ def chains(target, tok, params, rule, monkeypatch, rounds=6):
         out = []
         for r in range(rounds):
             with monkeypatch.context() as mp:
-                if not behind:
+                if not on_device:
                     mp.setattr(draft_module, "on_graphs", lambda cache: False)
                 gen = torch.Generator().manual_seed(r)
                 p = prop.propose(committed, 6, params, gen, frozenset())
@@ -210,15 +237,12 @@ def chains(target, tok, params, rule, monkeypatch, rounds=6):
 
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("rule", ["confidence", "length"])
-def test_a_chain_read_behind_proposes_what_a_chain_read_as_it_goes_proposes(graph_target, tok, params, rule,
-                                                                            monkeypatch):
-    """The stop rules read the same values one step later: the same tokens and q, round after round;
-    a chain that stopped before γ ran one step more, and says so in its forwards. That step wrote its
-    token's keys, so after a round that took every draft the next feed is one token, not two: q agrees
-    to float rounding (a 1-row against a 2-row forward), not bit for bit."""
+def test_a_chain_drafted_on_the_device_is_the_chain_read_as_it_goes(graph_target, tok, params, rule,
+                                                                    monkeypatch):
+    """The stop rules read the same values from one read a step: the same tokens, q and forwards,
+    round after round, at lengths the rule chose."""
     got = chains(graph_target, tok, params, rule, monkeypatch)
-    for behind, ahead in got:
-        assert behind.tokens == ahead.tokens and torch.allclose(behind.q, ahead.q, rtol=0, atol=1e-5)
-        assert ahead.forwards == len(ahead.tokens)
-        assert behind.forwards == len(behind.tokens) + (len(behind.tokens) < 6)
+    for dev, ahead in got:
+        assert dev.tokens == ahead.tokens and torch.equal(dev.q, ahead.q)
+        assert dev.forwards == ahead.forwards == len(ahead.tokens)
     assert len({len(b.tokens) for b, _ in got}) > 1  # the rule stopped chains at different lengths

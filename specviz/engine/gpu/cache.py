@@ -73,11 +73,11 @@ def to_device(ints: list[int], device) -> torch.Tensor:
 
 
 class Behind:
-    """A device tensor's values, read one step behind the device: on CUDA copied to pinned host memory
-    without blocking and an event recorded after the copy, so read() waits for this copy only, not for
-    the work queued after it (a plain read, .tolist(), would wait for the whole stream). Why: the draft
-    model's chain (proposers/draft.py) enqueues token i+1's step before it reads token i, so the device
-    runs a step while the host decides whether to draft further. On a CPU: the tensor, read as it is."""
+    """A device tensor's values, read without waiting for the work queued after them: on CUDA copied
+    to pinned host memory without blocking and an event recorded after the copy, so read() waits for
+    this copy only (a plain read, .tolist(), would wait for the whole stream). Why: the draft model's
+    chain (proposers/draft.py) can enqueue token i+1's step before it reads token i, and the device
+    runs that step while the host reads. On a CPU: the tensor, read as it is."""
 
     def __init__(self, t: torch.Tensor):
         self.event = None

@@ -54,7 +54,7 @@ class DraftModelProposer(Proposer):
         if self.length is not None:
             self.length.start()
         if on_graphs(self.cache):
-            return self._propose_behind(committed, gamma, params, generator, eos_ids)
+            return self._propose_on_device(committed, gamma, params, generator, eos_ids)
         # feed what the cache has not seen: 1 token, or 2 after a bonus round
         feed = committed[self.cache.get_seq_length():]
         tokens, qs, raw = [], [], []
@@ -74,35 +74,45 @@ class DraftModelProposer(Proposer):
             feed = [x]
         return Proposal(tokens, torch.stack(qs), forwards=len(tokens), raw=raw if params.greedy else None)
 
-    def _propose_behind(self, committed, gamma, params, generator, eos_ids):
+    def _propose_on_device(self, committed, gamma, params, generator, eos_ids):
         """propose() on a graph cache (a GPU's): each token stays on the device and is fed from there,
-        and the host reads token i (and its confidences) only after token i+1's step is enqueued
-        (gpu/cache.Behind), so the device never waits while the host decides whether to draft on.
-        The same rules decide on the same values, so the proposal is propose()'s; when they stop
-        after token i, token i+1's step ran for nothing (counted in `forwards`, its time in the
-        round's draft time) and a sampled run drew one token more from its generator. Why: a read
-        per token was a host sync per draft step, and the device idled while the host launched the
-        next step."""
-        feed = committed[self.cache.get_seq_length():]
-        tokens, qs, raw, rows = [], [], [], []
-        for i in range(gamma + 1):
-            if i < gamma:  # enqueue step i
-                logits = self._logits(feed)[-1]
-                raw.append(logits)
-                if params.greedy:
-                    q, x = greedy_rows(logits)
-                else:
-                    q = warp(logits, params)
-                    x = sample(q, generator)
-                feed = x.view(1)
-                qs.append(q)
-                rows.append(Behind(torch.stack([x.double(), *[c.double() for c in self._confidences(
-                    logits, q, params)]])))
-            if i:  # read step i - 1 while step i runs
-                x, *conf = rows[i - 1].read()
-                tokens.append(int(x))
-                if not self._go_on(int(x), conf, eos_ids, gamma):
-                    break
+        and the host reads a token and its confidences in one read (gpu/cache.Behind), where it read
+        the token and each confidence apart (a sync each: up to three a draft step). The same rules
+        decide on the same values, so the proposal is propose()'s.
+        With no stop rule but end-of-sequence (draft, γ fixed or priced per round), token i is read
+        only after token i+1's step is enqueued, so the device never waits for the host; an EOS then
+        costs one step for nothing (counted in `forwards`; a sampled run also drew one token more).
+        With a stop rule (adaptive's confidence, the hybrid's priced length) the step after a stop
+        would run for nothing on most rounds: a whole draft step (2.4-3.3 ms for the 0.5B on the
+        2026-11-28 H200) against the host's read and launch between two steps. There the host reads
+        a token before it enqueues the next step."""
+        behind = self.confidence is None and self.length is None
+        state = {"feed": committed[self.cache.get_seq_length():]}
+        qs, raw, rows, tokens = [], [], [], []
+
+        def step():
+            logits = self._logits(state["feed"])[-1]
+            raw.append(logits)  # a reference: the inspector's greedy softmax, computed off the clock
+            if params.greedy:
+                q, x = greedy_rows(logits)
+            else:
+                q = warp(logits, params)
+                x = sample(q, generator)
+            state["feed"] = x.view(1)
+            qs.append(q)
+            conf = [c.double() for c in self._confidences(logits, q, params)]
+            rows.append(Behind(torch.stack([x.double(), *conf])))
+
+        step()
+        while True:
+            if behind and len(rows) < gamma:
+                step()  # runs while the host reads the row before it
+            x, *conf = rows[len(tokens)].read()
+            tokens.append(int(x))
+            if not self._go_on(int(x), conf, eos_ids, gamma) or len(tokens) == gamma:
+                break
+            if not behind:
+                step()
         n = len(tokens)
         raw = raw[:n] if params.greedy else None
         return Proposal(tokens, torch.stack(qs[:n]), forwards=len(rows), raw=raw)
