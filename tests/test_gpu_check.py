@@ -39,6 +39,11 @@ def test_cpu_tiny_runs_the_whole_check_without_gradio(tmp_path):
         assert d[side]["finite_logits"] and d[side]["step_eager_ms"] > 0 and d[side]["step_static_eager_ms"] > 0
         assert "step_graph_ms" not in d[side]  # CUDA only
     assert sorted(int(k) for k in d["v"]["v"]) == list(range(1, 17))
+    for side in ("target", "draft"):  # where a step's time goes: its kernels (CPU: its ops) by kind
+        c = d["census"][side]
+        assert c["kernels"] > 0 and c["kernel_ms"] > 0 and sum(k["kernels"] for k in c["by_kind"].values()) > 0
+        assert "gemm" in c["by_kind"] and c["step_ms"] > 0
+    assert "census target:" in res.stdout
     assert d["spec_self"]["identical"] and d["spec_self"]["alpha"] == 1.0
     assert d["spec_truncated"]["identical"] and d["spec_truncated"]["draft_layers"] == 1
     assert d["race"]["identical_to_alone"] and "bandwidth" not in r  # the scheduler runs on a CPU too

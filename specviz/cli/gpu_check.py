@@ -169,6 +169,7 @@ class Check:
         self.section(r, "draft", lambda: _side(m, torch, draft, prompt, gbs, gpu))
         r["c"] = c_values(r)
         self.section(r, "fusion", lambda: _fusion(m, target, draft, prompt, gpu))
+        self.section(r, "census", lambda: _census(m, target, draft, prompt, gpu))
         self.section(r, "v", lambda: _curve(m, target, prompt, gpu))
         max_len = m.cache_len(len(prompt), args.new_tokens, args.gamma)
         layers = args.truncated_layers or max(1, target.config.num_hidden_layers // 4)
@@ -215,15 +216,37 @@ def _compiled(m, target, draft, prompt, gbs, gamma: int | None) -> dict:
     t0 = time.perf_counter()
     sm = m.StaticModel(target, len(prompt) + 32, compile=inductor)
     step = m.static_step_s(sm, prompt, rows=1)
-    out = {}
+    out = {"census": {"target": _safely(lambda: m.step_census(sm, prompt))}}
     if gamma is not None:
         verify = m.static_step_s(sm, prompt, rows=gamma + 1)
-        out = {"target_verify_ms": verify * 1e3, "v": verify / step, "verify_rows": gamma + 1}
-    d = m.static_step_s(m.StaticModel(draft, len(prompt) + 32, compile=inductor), prompt, rows=1)
+        out.update(target_verify_ms=verify * 1e3, v=verify / step, verify_rows=gamma + 1)
+    dm = m.StaticModel(draft, len(prompt) + 32, compile=inductor)
+    d = m.static_step_s(dm, prompt, rows=1)
+    out["census"]["draft"] = _safely(lambda: m.step_census(dm, prompt))
     ft, fd = _floor_ms(target, m, gbs), _floor_ms(draft, m, gbs)
     return {"target_step_ms": step * 1e3, **out, "draft_step_ms": d * 1e3, "c": d / step,
             "seconds": time.perf_counter() - t0, "target_over_floor": step * 1e3 / ft if ft else None,
             "draft_over_floor": d * 1e3 / fd if fd else None}
+
+
+def _safely(fn) -> dict:
+    """fn()'s figures, or the error in one line: a diagnostic never costs its section's figures."""
+    try:
+        return fn()
+    except Exception as err:  # noqa: BLE001 - recorded, and the section goes on
+        return {"error": f"{type(err).__name__}: {err}"[:300]}
+
+
+def _census(m, target, draft, prompt, gpu) -> dict:
+    """Each side's graph step (joined projections, prompt + 32 positions) against the device time of
+    its kernels (measure.step_census): the rest of the step is the gaps between kernels."""
+    out = {}
+    for name, model in (("target", target), ("draft", draft)):
+        sm = m.StaticModel(model, len(prompt) + 32, graphs=gpu)
+        step = m.static_step_s(sm, prompt) * 1e3
+        c = m.step_census(sm, prompt)
+        out[name] = {**c, "step_ms": step, "gaps_ms": step - c["kernel_ms"]}
+    return out
 
 
 def _fusion(m, target, draft, prompt, gpu) -> dict:
@@ -363,6 +386,8 @@ def _dtype_lines(name: str, r: dict) -> list[str]:
                          f"{s['tokens_per_round']:.2f} tokens/round, {s['speedup']:.2f}x plain")
         elif s:
             lines.append(f"[{name}] {key}: {s}")
+    lines += _census_lines(name, "census", r.get("census", {}))
+    lines += _census_lines(name, "compiled census", r.get("compiled", {}).get("census", {}))
     for side, f in r.get("fusion", {}).items():
         if isinstance(f, dict):
             lines.append(f"[{name}] {side} graph step ms: " + ", ".join(f"{k} {v:.2f}" for k, v in f.items()))
@@ -391,6 +416,20 @@ def _dtype_lines(name: str, r: dict) -> list[str]:
         lines.append(f"[{name}] race: together ÷ alone " +
                      ", ".join(f"{k} {v:.2f}" for k, v in race["interference"].items()))
     return lines
+
+
+def _census_lines(name: str, label: str, census: dict) -> list[str]:
+    """A line per side: its kernels, their device ms by kind, against the step where it was timed."""
+    out = []
+    for side, c in census.items():
+        if isinstance(c, dict) and "by_kind" in c:
+            step = f" in a {c['step_ms']:.2f} ms step" if "step_ms" in c else ""
+            out.append(f"[{name}] {label} {side}: {c['kernels']:.0f} kernels, {c['kernel_ms']:.2f} ms of them"
+                       f"{step} (" + ", ".join(f"{k} {v['ms']:.2f} ms/{v['kernels']:.0f}"
+                                               for k, v in c["by_kind"].items()) + ")")
+        elif isinstance(c, dict) and "error" in c:
+            out.append(f"[{name}] {label} {side}: {c['error']}")
+    return out
 
 
 def _parting(p: dict) -> str:

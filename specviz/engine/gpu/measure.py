@@ -149,6 +149,54 @@ def static_step_s(sm: StaticModel, prompt: list[int], rows: int = 1, **kw) -> fl
     return per_call_s(lambda: sm.run(ids, len(prompt)), sm.device, **kw)
 
 
+# a kernel's kind by its name (lower case): the first kind with a matching part
+KINDS = (("attention", ("fmha", "flash", "attention", "cudnn", "sdpa", "mem_eff")),
+         ("gemm", ("gemm", "gemv", "cutlass", "xmma", "cublas", "matmul", "splitk", "addmm", "linear")),
+         ("fused", ("triton",)),
+         ("copy", ("memcpy", "memset", "copy", "index_put", "scatter")))
+
+
+def kind_of(name: str) -> str:
+    low = name.lower()
+    return next((k for k, parts in KINDS if any(p in low for p in parts)), "other")
+
+
+@torch.no_grad()
+def step_census(sm: StaticModel, prompt: list[int], steps: int = 5) -> dict:
+    """Where a 1-row step's device time goes: the step's forward run eagerly (compiled, if sm is; a
+    replayed graph runs the same kernels back to back) under the profiler, `steps` times -> per
+    step: kernels, their summed device ms, and both by kind (kind_of). Against the graph step's
+    time the sum says how much of it is kernels and how much the gaps between them: fewer, fused
+    kernels cut the one, faster GEMVs the other. On a CPU (--cpu-tiny) the top-level CPU ops stand
+    in for kernels: the code path, not the figures."""
+    from torch.profiler import ProfilerActivity, profile
+    gpu = cuda(sm.device)
+    sm.run(torch.tensor(prompt, device=sm.device), 0)
+    ids = torch.tensor([[prompt[0]]], device=sm.device)
+    pos = sm.positions[len(prompt):len(prompt) + 1]
+    span = sm.span_for(len(prompt) + 1)
+    sm._forward(ids, pos, span)  # warm (a compiled forward compiles here, or hits its cache)
+    if gpu:
+        torch.cuda.synchronize(sm.device)
+    with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            sm._forward(ids, pos, span)
+        if gpu:
+            torch.cuda.synchronize(sm.device)
+    kinds: dict[str, dict] = {}
+    for e in prof.events():
+        on_device = str(getattr(e, "device_type", "")).endswith("CUDA")
+        if (gpu and not on_device) or (not gpu and (on_device or e.cpu_parent is not None)):
+            continue
+        k = kinds.setdefault(kind_of(e.name), {"kernels": 0, "ms": 0.0})
+        k["kernels"] += 1 / steps
+        k["ms"] += e.time_range.elapsed_us() / 1e3 / steps
+    kinds = {name: {"kernels": round(k["kernels"], 1), "ms": round(k["ms"], 4)} for name, k in kinds.items()}
+    return {"kernels": round(sum(k["kernels"] for k in kinds.values()), 1),
+            "kernel_ms": round(sum(k["ms"] for k in kinds.values()), 4), "by_kind": kinds,
+            "of": "CUDA kernels" if gpu else "top-level CPU ops (--cpu-tiny: the code path only)"}
+
+
 def verify_curve(sm: StaticModel, prompt: list[int], ks=range(1, 17), **kw) -> dict[int, float]:
     """Seconds of a forward of k rows for each k (v(k) = these / the 1-row one)."""
     return {k: static_step_s(sm, prompt, rows=k, **kw) for k in ks}
