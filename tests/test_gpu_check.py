@@ -44,6 +44,8 @@ def test_cpu_tiny_runs_the_whole_check_without_gradio(tmp_path):
         assert c["kernels"] > 0 and c["kernel_ms"] > 0 and sum(k["kernels"] for k in c["by_kind"].values()) > 0
         assert "gemm" in c["by_kind"] and c["step_ms"] > 0
     assert "census target:" in res.stdout
+    names = [k for k, _ in r["section_s"]]  # each section's seconds, in the order run
+    assert names[:3] == ["target", "draft", "fusion"] and "page" in names and all(t >= 0 for _, t in r["section_s"])
     assert d["spec_self"]["identical"] and d["spec_self"]["alpha"] == 1.0
     assert d["spec_truncated"]["identical"] and d["spec_truncated"]["draft_layers"] == 1
     assert d["race"]["identical_to_alone"] and "bandwidth" not in r  # the scheduler runs on a CPU too

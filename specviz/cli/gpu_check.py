@@ -138,10 +138,13 @@ class Check:
         elif time.perf_counter() - self.t0 > self.args.budget_s:
             where[key] = {"skipped": "over the time budget"}
         else:
+            t0 = time.perf_counter()
             try:
                 where[key] = fn()
             except Exception as err:  # noqa: BLE001 - one failed figure must not lose the others
                 where[key] = {"error": f"{type(err).__name__}: {err}"[:500]}
+            # each section's seconds, in the order run: what the next run's budget is planned by
+            self.result.setdefault("section_s", []).append([key, round(time.perf_counter() - t0, 1)])
         self.save()
 
     def run(self) -> dict:
