@@ -231,3 +231,32 @@ def test_sampled_acceptance_on_the_graph_path_follows_the_target():
     assert forward.cache_kind(t)[0] == "graphs"
     assert 0.05 < acceptance(runs) < 0.95
     assert_follows_target(counts, exact, N)
+
+
+def test_a_capture_that_fails_at_load_leaves_both_sides_eager_and_says_why(monkeypatch):
+    """A small card out of memory while capturing (or a driver refusing a capture): the load goes on,
+    both models on the dynamic cache, the costs as timed before, and the pair's note says why."""
+    from specviz.engine.backends.graphs import Graphs
+    from specviz.engine.costs import MAX_VERIFY_TOKENS, CostModel
+    from specviz.models import gpu_path
+    t = measure.build(measure.TARGET_CONFIG, "cpu", torch.float32, seed=7, tiny=True)
+    d = measure.build(measure.DRAFT_CONFIG, "cpu", torch.float32, seed=8, tiny=True)
+    costs = CostModel(plain_step_s=0.5, verify_s=(0.5,) * MAX_VERIFY_TOKENS, draft_step_s=0.2)
+
+    def fail(self, model, caches):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
+    monkeypatch.setattr(Graphs, "prewarm", fail)
+    got, note = gpu_path.graphs_or_eager(t, d, costs)
+    assert got is costs and "could not be captured (OutOfMemoryError: CUDA out of memory" in note
+    assert "more" not in note and "eager" in note
+    assert forward.cache_kind(t)[0] == forward.cache_kind(d)[0] == "dynamic"
+    prompt = measure.prompt_ids(8, t.config.vocab_size)
+    tok = gpu_page.IdTokenizer()
+    _, base = run(baseline(t, tok, prompt, 12, GREEDY))
+    from specviz.engine.proposers import DraftModelProposer
+    _, spec = run(speculative(t, DraftModelProposer(d), tok, prompt, 12, 3, GREEDY))
+    assert spec.token_ids == base.token_ids and "path" not in spec.extra
+    # a device the failed capture left unusable: the capture's own error, nothing hidden
+    monkeypatch.setattr(gpu_path, "_device_works", lambda device: False)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        gpu_path.graphs_or_eager(t, d, costs)

@@ -60,6 +60,37 @@ def use_graphs(target, draft, costs, compile: bool = False):
     return costs, NOTE + "; costs timed on them; " + recommendation(costs)
 
 
+def graphs_or_eager(target, draft, costs):
+    """use_graphs(), or where capturing fails at load (out of memory on a small card, a driver that
+    refuses a capture) both models back on the dynamic cache, eager, with the costs timed on it, and
+    a note saying why -> (costs, note). A device a failed capture left unusable (a sticky CUDA error)
+    raises the capture's error: nothing could run on it."""
+    try:
+        return use_graphs(target, draft, costs)
+    except Exception as err:  # noqa: BLE001 - checked below: a usable device runs eager
+        from ..engine.forward import set_cache
+        for m in (target, draft):
+            if m is not None:
+                set_cache(m, "dynamic")
+        if not _device_works(next(target.parameters()).device):
+            raise
+        why = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:160]
+        return costs, (f"CUDA graphs could not be captured ({why}); both sides run eager over dynamic "
+                       "caches, slower, as a CPU does")
+
+
+def _device_works(device) -> bool:
+    import torch
+    try:
+        if getattr(device, "type", "") == "cuda":
+            torch.cuda.empty_cache()  # what the failed capture held
+            torch.ones(1, device=device).add_(1).item()
+            torch.cuda.synchronize(device)
+        return True
+    except Exception:  # noqa: BLE001 - the answer is no
+        return False
+
+
 def recommendation(costs) -> str:
     """The method this card's measured costs recommend, and why (engine/theory.recommend)."""
     from ..engine.theory import recommend, verify_curve

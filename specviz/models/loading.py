@@ -271,7 +271,7 @@ def _gpu_path(target, draft, costs, dev: torch.device, progress):
     if not gpu_path.wanted(dev):
         return costs, ""
     progress("capturing CUDA graphs", 0.97)  # the page's GPU path: captured now, costs timed on it
-    costs, note = gpu_path.use_graphs(target, draft, costs)
+    costs, note = gpu_path.graphs_or_eager(target, draft, costs)
     return costs, f"; {note}" if note else ""
 
 
