@@ -216,18 +216,21 @@ def test_graphs_are_wanted_on_cuda_but_not_on_zerogpu(monkeypatch):
     assert not gpu_path.wanted(torch.device("cuda"))
 
 
-def test_sampled_acceptance_on_the_graph_path_follows_the_target():
+@pytest.mark.parametrize("method", ["draft", "adaptive"])
+def test_sampled_acceptance_on_the_graph_path_follows_the_target(method):
     """Modified rejection sampling over graph caches (both sides, graphs eager on a CPU): whole
-    sequences follow the warped target's exact law (χ²), with accepts and rejections both."""
+    sequences follow the warped target's exact law (χ²), with accepts and rejections both. The draft
+    model's chain stays on the device: read a step behind (draft), or before each next step under a
+    stop rule (adaptive's confidence)."""
     from helpers import acceptance, assert_follows_target, noisy_copy, sample_sequences
 
-    from specviz.engine.proposers import DraftModelProposer
+    from specviz.engine.proposers import AdaptiveDraftProposer, DraftModelProposer
     V, N = 4, 600
     t = tiny_model(V, seed=10, layers=2, init=0.8)
     d = noisy_copy(t, 0)
     use_graphs(t, d, None)
-    exact, counts, runs = sample_sequences(speculative, t, lambda: DraftModelProposer(d), 2,
-                                           SamplingParams(temperature=1.0), N)
+    make = {"draft": lambda: DraftModelProposer(d), "adaptive": lambda: AdaptiveDraftProposer(d, confidence=0.6)}
+    exact, counts, runs = sample_sequences(speculative, t, make[method], 2, SamplingParams(temperature=1.0), N)
     assert forward.cache_kind(t)[0] == "graphs"
     assert 0.05 < acceptance(runs) < 0.95
     assert_follows_target(counts, exact, N)
