@@ -194,6 +194,24 @@ def test_stats_say_when_timings_look_disturbed():
     assert not sampled["disturbed"] and "disturbed" not in render.stats_html(sampled)
 
 
+def test_a_live_race_whose_wall_and_cpu_time_part_says_the_machine_was_disturbed():
+    """The page's race flags what the race of all methods flags: × plain by wall time and by CPU time
+    more than 15 % apart (issue 59: a loop on one core bent a clock-paced race's wall-time ratio to
+    2.35-2.83× beside 1.71-2.01× by CPU time; quiet races sat 1.06-1.07 apart). On a CPU only."""
+    view = _finished_view(1.02)
+    base, spec = view.base.summary, view.spec.summary
+    wall = view.stats()["speedup"]
+    base.extra["cpu_s"] = base.elapsed
+    spec.extra["cpu_s"] = spec.elapsed * 1.3  # by CPU time the method gained 1.3x less
+    note = view.snapshot()["disturbed"]
+    assert note.startswith(f"disturbed machine: {wall:.2f}× by wall time but {wall / 1.3:.2f}× by CPU time")
+    spec.extra["cpu_s"] = spec.elapsed * 1.07  # a quiet race's gap
+    assert view.snapshot()["disturbed"] == ""
+    spec.extra["cpu_s"] = spec.elapsed * 1.3
+    spec.device = base.device = "cuda:0"  # a GPU's work is not the host's CPU time
+    assert view.snapshot()["disturbed"] == ""
+
+
 def test_the_speedup_chart_ends_at_the_headline_when_the_baseline_ends_last(target, tok):
     """Fair mode: the speculative side often ends first on the shared clock. Its chart points had
     used the baseline's rate so far (a visitor saw 1.87× at the end of the curve under a 1.79×

@@ -155,6 +155,28 @@ def disturbed_note(measured: float | None, predicted: float | None, rounds: int,
     return f"timings look disturbed: measured {measured:.2f}× vs {predicted:.2f}× predicted"
 
 
+# CPU-time and wall-time × plain further apart than this: the machine was disturbed during the race
+# (issue 59: a loop on one core of two moved a clock-paced race's wall-time × plain by -24 % to +34 %)
+CPU_WALL_GAP = 0.15
+
+
+def cpu_speedup(s, plain) -> float | None:
+    """× plain by CPU time (the fair race's VirtualClock.cpu, summary extra "cpu_s"): tokens per
+    CPU-second of the method ÷ plain's; None where not measured."""
+    a, b = s.extra.get("cpu_s"), plain.extra.get("cpu_s") if plain is not None else None
+    if not a or not b or not s.n_tokens or not plain.n_tokens:
+        return None
+    return (s.n_tokens / a) / (plain.n_tokens / b)
+
+
+def cpu_wall_note(spd: float | None, cpu: float | None) -> str:
+    """The machine was disturbed: × plain by wall time and by CPU time part by more than 15 %."""
+    if spd is None or cpu is None or max(spd / cpu, cpu / spd) <= 1 + CPU_WALL_GAP:
+        return ""
+    return (f"disturbed machine: {spd:.2f}× by wall time but {cpu:.2f}× by CPU time, more than "
+            f"{CPU_WALL_GAP:.0%} apart; race it again on a quieter machine")
+
+
 def calibrated_v(costs, rows: float | None) -> float | None:
     """v for a verify forward of `rows` tokens from the load's calibration, linear between its
     measured sizes; None beyond them (1..MAX_VERIFY_TOKENS) or without a calibration."""

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Iterator
 
 from ..engine.events import RoundEvent, RunSummary, TokenEvent
-from ..engine.metrics import run_stats
+from ..engine.metrics import cpu_speedup, cpu_wall_note, run_stats
 from ..engine.pair import dtype_of
 from ..engine.proposers import REGISTRY
 from ..errors import ModelError, RequestError, first_line, free_memory, is_oom
@@ -42,8 +42,6 @@ from .trace import Trace, trace_costs, trace_for
 PLAIN = "plain"  # the key of the plain decoding row (its runs are raced beside each method)
 # τ below this shows as 1.00: no more tokens per target forward than plain decoding
 TAU_PLAIN = 1.005
-# CPU-time and wall-time × plain further apart than this: the machine was disturbed during the race
-CPU_WALL_GAP = 0.15
 # a bundle recorded before 2026-11-28 timed plain apart from each method: below this τ its × plain
 # is within what a drifting machine bends (issue 59: 1.34× for τ 1.00), so it never ranks above plain
 TAU_CLEAR = 1.5
@@ -282,8 +280,8 @@ class Board:
         st = run_stats(s, plain, trace_costs(Trace(self.meta)))
         ident, detail = self._check(run, plain)
         spd = st.speedup
-        cpu = _cpu_speedup(s, plain) if run.plain else None
-        flags = [_flag_tau(spd, st.tau), _flag_disturbed(spd, cpu), self._busy(run.entry.key)]
+        cpu = cpu_speedup(s, plain) if run.plain else None
+        flags = [_flag_tau(spd, st.tau), cpu_wall_note(spd, cpu), self._busy(run.entry.key)]
         if plain is None:
             how = "the plain run beside it did not finish"
         elif run.plain:
@@ -336,27 +334,11 @@ class Board:
         return tr
 
 
-def _cpu_speedup(s: RunSummary, plain: RunSummary | None) -> float | None:
-    """× plain by CPU time: tokens per CPU-second of the method ÷ plain's (None: not measured)."""
-    a, b = s.extra.get("cpu_s"), plain.extra.get("cpu_s") if plain is not None else None
-    if not a or not b or not s.n_tokens or not plain.n_tokens:
-        return None
-    return (s.n_tokens / a) / (plain.n_tokens / b)
-
-
 def _flag_tau(spd: float | None, tau: float | None) -> str:
     if spd is not None and spd > 1.0 and tau is not None and tau < TAU_PLAIN:
         return (f"τ {tau:.2f}: no more tokens per target forward than plain decoding, so its {spd:.2f}× "
                 "is timing noise or a disturbed minute, not a speedup; ranked below plain")
     return ""
-
-
-def _flag_disturbed(spd: float | None, cpu: float | None) -> str:
-    """The machine was disturbed: × plain by wall time and by CPU time part by more than 15 %."""
-    if spd is None or cpu is None or max(spd / cpu, cpu / spd) <= 1 + CPU_WALL_GAP:
-        return ""
-    return (f"disturbed machine: {spd:.2f}× by wall time but {cpu:.2f}× by CPU time, more than "
-            f"{CPU_WALL_GAP:.0%} apart; race it again on a quieter machine")
 
 
 def _unclear(tau: float | None) -> bool:

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..engine.events import RoundEvent, RunSummary, TokenEvent, book_round
-from ..engine.metrics import cost_drift_note, disturbed_note, run_stats, target_step_time
+from ..engine.metrics import (
+    cost_drift_note,
+    cpu_speedup,
+    cpu_wall_note,
+    disturbed_note,
+    run_stats,
+    target_step_time,
+)
 from .draft_source import FREE_DRAFTS, READS_MEMORY, drafter_counts, memory_tokens
 
 # the predictions start at this round, in the box and on the chart: the α̂ of the first rounds rests
@@ -249,7 +256,8 @@ class RunView:
 
     def disturbed(self, stats: dict) -> str:
         """A finished run whose plain step or verify pass cost clearly more than the calibration's,
-        any method (engine/metrics.cost_drift_note); or a greedy one whose measured speedup is far
+        any method (engine/metrics.cost_drift_note); on a CPU, one whose × plain by wall time and by
+        CPU time part by more than 15 % (cpu_wall_note); or a greedy one whose measured speedup is far
         from its prediction (disturbed_note: greedy only, the docs' error evidence is greedy, and a
         sampled run's acceptance varies by chance)."""
         if not self.finished or self.error:
@@ -257,6 +265,11 @@ class RunView:
         step = target_step_time(self.base.summary) if self.mode != "parallel" else None  # parallel: shared
         drift = cost_drift_note(step, stats.get("verify_cost"), stats.get("verify_cost_calibrated"),
                                 self.costs, stats.get("verify_rows"))
+        base, spec = self.base.summary, self.spec.summary
+        if not drift and spec is not None and str(spec.device).startswith("cpu"):
+            # × plain by wall time against by CPU time, as the race of all methods flags it. On a CPU
+            # only: a GPU's work is not the host's CPU time
+            drift = cpu_wall_note(stats.get("speedup"), cpu_speedup(spec, base))
         if drift or not self.greedy:
             return drift
         return disturbed_note(stats.get("speedup"), stats.get("predicted_v"), stats.get("rounds") or 0,
