@@ -173,7 +173,9 @@ def step_census(sm: StaticModel, prompt: list[int], steps: int = 5) -> dict:
     gpu = cuda(sm.device)
     sm.run(torch.tensor(prompt, device=sm.device), 0)
     ids = torch.tensor([[prompt[0]]], device=sm.device)
-    pos = sm.positions[len(prompt):len(prompt) + 1]
+    # a tensor of its own, as capture() passes: a compiled forward meets the inputs it was compiled
+    # for (a view into sm.positions could fail a guard and compile again, tens of seconds on a GPU)
+    pos = torch.arange(len(prompt), len(prompt) + 1, device=sm.device)
     span = sm.span_for(len(prompt) + 1)
     sm._forward(ids, pos, span)  # warm (a compiled forward compiles here, or hits its cache)
     if gpu:
