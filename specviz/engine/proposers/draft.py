@@ -87,18 +87,19 @@ class DraftModelProposer(Proposer):
         2026-11-28 H200) against the host's read and launch between two steps. There the host reads
         a token before it enqueues the next step."""
         behind = self.confidence is None and self.length is None
-        state = {"feed": committed[self.cache.get_seq_length():]}
+        feed = committed[self.cache.get_seq_length():]
         qs, raw, rows, tokens = [], [], [], []
 
         def step():
-            logits = self._logits(state["feed"])[-1]
+            nonlocal feed
+            logits = self._logits(feed)[-1]
             raw.append(logits)  # a reference: the inspector's greedy softmax, computed off the clock
             if params.greedy:
                 q, x = greedy_rows(logits)
             else:
                 q = warp(logits, params)
                 x = sample(q, generator)
-            state["feed"] = x.view(1)
+            feed = x.view(1)  # the next step reads it on the device
             qs.append(q)
             conf = [c.double() for c in self._confidences(logits, q, params)]
             rows.append(Behind(torch.stack([x.double(), *conf])))
