@@ -162,9 +162,12 @@ CPU_WALL_GAP = 0.15
 
 def cpu_speedup(s, plain) -> float | None:
     """× plain by CPU time (the fair race's VirtualClock.cpu, summary extra "cpu_s"): tokens per
-    CPU-second of the method ÷ plain's; None where not measured."""
+    CPU-second of the method ÷ plain's; None where not measured, and on a GPU (the host's CPU time
+    there is its launches and waits, not the device's work)."""
     a, b = s.extra.get("cpu_s"), plain.extra.get("cpu_s") if plain is not None else None
     if not a or not b or not s.n_tokens or not plain.n_tokens:
+        return None
+    if not all(str(x.device).startswith("cpu") for x in (s, plain)):
         return None
     return (s.n_tokens / a) / (plain.n_tokens / b)
 

@@ -266,9 +266,9 @@ class RunView:
         drift = cost_drift_note(step, stats.get("verify_cost"), stats.get("verify_cost_calibrated"),
                                 self.costs, stats.get("verify_rows"))
         base, spec = self.base.summary, self.spec.summary
-        if not drift and spec is not None and str(spec.device).startswith("cpu"):
-            # × plain by wall time against by CPU time, as the race of all methods flags it. On a CPU
-            # only: a GPU's work is not the host's CPU time
+        if not drift and spec is not None:
+            # × plain by wall time against by CPU time, as the race of all methods flags it (a CPU's
+            # races only: cpu_speedup is None on a GPU)
             drift = cpu_wall_note(stats.get("speedup"), cpu_speedup(spec, base))
         if drift or not self.greedy:
             return drift
