@@ -110,7 +110,7 @@ class DraftModelProposer(Proposer):
                 step()  # runs while the host reads the row before it
             x, *conf = rows[len(tokens)].read()
             tokens.append(int(x))
-            if not self._go_on(int(x), conf, eos_ids, gamma) or len(tokens) == gamma:
+            if not self._go_on(tokens[-1], conf, eos_ids, gamma) or len(tokens) == gamma:
                 break
             if not behind:
                 step()
