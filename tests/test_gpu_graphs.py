@@ -206,3 +206,39 @@ def test_attention_over_the_smallest_span_gives_the_same_tokens(target, referenc
     d = near(target)
     assert speculative_greedy(static(target, gamma, spans=(16, 32)), static(d, gamma, spans=(16, 32)),
                               PROMPT, NEW, gamma).tokens == reference
+
+
+class _Calls(torch.overrides.TorchFunctionMode):
+    """torch calls made, by name (what a graph replays as kernels, uncompiled, is close to them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_folded_norms_and_rotary_give_the_same_bits_in_fewer_calls(dtype, rows):
+    """fold (the default): each RMSNorm as torch's rms_norm (one fused kernel on CUDA; on a CPU the
+    same five calls as transformers', so the same bits) and q, k rotated as one tensor: the same
+    logits, bit for bit here, and five rotary calls fewer a layer."""
+    model = tiny_model(96, 0, layers=3).to(dtype)
+    ids, pos = torch.arange(3, 3 + rows).view(1, -1), torch.arange(10, 10 + rows)
+    got = {}
+    for fold in (False, True):
+        sm = StaticModel(model, 64, graphs=False, fuse=True, fold=fold)
+        with torch.no_grad(), _Calls() as calls:
+            got[fold] = (sm.forward(ids, pos).clone(), calls.names)
+    assert torch.equal(got[True][0], got[False][0])
+    unfolded, folded = got[False][1], got[True][1]
+    layers = len(model.model.layers)
+    assert folded.count("rms_norm") == 2 * layers + 1 and unfolded.count("rms_norm") == 0
+    assert folded.count("cat") == unfolded.count("cat") - layers  # one rotate_half a layer, not two
+    assert folded.count("neg") == unfolded.count("neg") - layers
+    assert plain_greedy(StaticModel(model, cache_len(len(PROMPT), NEW, 4), graphs=False, fuse=True),
+                        PROMPT, NEW) == plain_greedy(
+        StaticModel(model, cache_len(len(PROMPT), NEW, 4), graphs=False, fuse=True, fold=False), PROMPT, NEW)

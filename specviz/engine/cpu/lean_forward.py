@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..gpu.fuse import STANDARD_ROTARIES, rotate_joint
 from . import kernel_layer, qgemm
 from .lean import FusedAttention, FusedMLP, supported
 from .rowwise_attention import ROWWISE_MAX, is_rowwise, visible_keys
@@ -118,32 +119,12 @@ def _attend(attn, q, k, v) -> torch.Tensor:
     return rows[0] if n == 1 else torch.cat(rows, dim=1)
 
 
-def _standard_rotaries() -> tuple:
-    """transformers' apply_rotary_pos_emb of the family's modules: q*cos + rotate_half(q)*sin."""
-    import importlib
-    fns = []
-    for arch in ("llama", "qwen2", "mistral"):
-        try:
-            fns.append(importlib.import_module(f"transformers.models.{arch}.modeling_{arch}").apply_rotary_pos_emb)
-        except (ImportError, AttributeError):
-            pass
-    return tuple(fns)
-
-
-_STANDARD = _standard_rotaries()
+_STANDARD = STANDARD_ROTARIES
 
 
 def _rotate_joint(qkv, attn, cos, sin):
-    """q and k rotated as one tensor in the projection's own (1, n, heads, dim) layout: the
-    same multiply, negate and add per element as apply_rotary_pos_emb (so the same bits) in
-    5 calls instead of 14, and no transposed copies."""
-    n, hd = qkv.shape[1], attn.head_dim
-    heads = qkv.view(1, n, -1, hd)
-    nq, nk = attn.sizes[0] // hd, attn.sizes[1] // hd
-    qk, half = heads[:, :, :nq + nk], hd // 2
-    qk = qk * cos[:, :, None] + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin[:, :, None]
-    return (qk[:, :, :nq].transpose(1, 2), qk[:, :, nq:].transpose(1, 2),
-            heads[:, :, nq + nk:].transpose(1, 2))
+    hd = attn.head_dim
+    return rotate_joint(qkv, hd, attn.sizes[0] // hd, attn.sizes[1] // hd, cos, sin)
 
 
 def forward(model, ids: list[int], cache, keep: int) -> torch.Tensor | None:

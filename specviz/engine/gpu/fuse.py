@@ -6,6 +6,13 @@ at 5.3x its bandwidth floor on an H200, the 0.5B's at 12x, 2026-11-28). Each lay
 projections, each a kernel too small to fill the card; joined, it runs four, on bigger matrices.
 gpt-fast joins q/k/v the same way (its `wqkv`). The projections' own weights become views of the
 joined matrix, so memory does not grow and the model's eager forward reads the same numbers.
+
+Fewer kernels again, without a compiler (ZeroGPU has none; the page's graphs run uncompiled):
+rotate_joint() rotates q and k as one tensor (5 kernels a layer instead of 10) and rms_norm() runs
+the norm as torch's own rms_norm (one fused kernel on CUDA) instead of transformers' eight calls.
+Counted on a CPU (aten calls of one step of the 1.5B's layer, tests/test_gpu_graphs.py): see
+FOLDED_CALLS. Their time on a GPU is gpu-check's `fusion` section (`joined_ms` against
+`unfolded_ms`).
 """
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 FLOAT = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -79,3 +87,44 @@ def fuse_layer(layer) -> Fused | None:
 def fuse_projections(model, n_layers: int) -> list[Fused | None]:
     """Per layer (the first n_layers), its joined projections or None."""
     return [fuse_layer(layer) for layer in model.model.layers[:n_layers]]
+
+
+def _standard_rotaries() -> tuple:
+    """transformers' apply_rotary_pos_emb of the family's modules: q*cos + rotate_half(q)*sin."""
+    import importlib
+    fns = []
+    for arch in ("llama", "qwen2", "mistral"):
+        try:
+            fns.append(importlib.import_module(f"transformers.models.{arch}.modeling_{arch}").apply_rotary_pos_emb)
+        except (ImportError, AttributeError):
+            pass
+    return tuple(fns)
+
+
+STANDARD_ROTARIES = _standard_rotaries()
+
+# transformers' RMSNorm classes whose forward is w * (x32 * rsqrt(mean(x32²) + eps)).to(dtype)
+RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm")
+
+
+def rms_norm(module, x: torch.Tensor) -> torch.Tensor:
+    """module(x) for a standard RMSNorm in 4 kernels instead of 8: torch's rms_norm in float (on
+    CUDA one fused kernel; on a CPU the same pow, mean, add, rsqrt and mul as transformers', so the
+    same bits), then the same cast and weight multiply. Any other norm: module(x)."""
+    if type(module).__name__ not in RMS_NORMS or not hasattr(module, "variance_epsilon"):
+        return module(x)
+    y = F.rms_norm(x.to(torch.float32), (x.shape[-1],), None, module.variance_epsilon)
+    return module.weight * y.to(x.dtype)
+
+
+def rotate_joint(qkv: torch.Tensor, head_dim: int, nq: int, nk: int, cos, sin):
+    """q and k rotated as one tensor in the projection's own (1, n, heads, dim) layout -> q, k, v as
+    (1, heads, n, dim) views: the same multiply, negate and add per element as transformers'
+    apply_rotary_pos_emb (so the same bits), in 5 calls instead of 14, and no transposed copies.
+    nq, nk: query and key heads; cos, sin: (1, n, dim)."""
+    n = qkv.shape[1]
+    heads = qkv.view(1, n, -1, head_dim)
+    qk, half = heads[:, :, :nq + nk], head_dim // 2
+    qk = qk * cos[:, :, None] + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin[:, :, None]
+    return (qk[:, :, :nq].transpose(1, 2), qk[:, :, nq:].transpose(1, 2),
+            heads[:, :, nq + nk:].transpose(1, 2))

@@ -31,7 +31,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from .fuse import fuse_projections
+from .fuse import STANDARD_ROTARIES, fuse_projections, rms_norm, rotate_joint
 
 GROW = 512  # positions added when a run outgrows the buffer (a compiled graph then recompiles once)
 # forwards of more new tokens (the prompt) run eagerly on a compiled cache: one graph per prompt
@@ -141,7 +141,8 @@ class StaticModel:
     are the graph's output buffer: read (or clone) them before the next replay of that size."""
 
     def __init__(self, model, max_len: int, n_layers: int | None = None, graphs: bool | None = None,
-                 compile=None, weak: bool = False, fuse: bool | None = None, spans=SPANS):
+                 compile=None, weak: bool = False, fuse: bool | None = None, spans=SPANS,
+                 fold: bool = True):
         if not supported(model):
             raise ValueError("the static-graph path needs a Llama-family model (llama, qwen2, mistral)")
         # weak: a pool of caches (backends/graphs.py) must not keep a replaced pair alive
@@ -182,6 +183,9 @@ class StaticModel:
         self.spans = sorted(shorter | {self.max_len})
         self._forward = compile(self.forward) if compile is not None else self.forward
         # fuse: q/k/v as one matrix and gate/up as one (fuse_projections), on by default on CUDA
+        # fold: the norms and the joined q/k rotary in fewer kernels (fuse.rms_norm, fuse.rotate_joint;
+        # the same bits on a CPU), where the projections are joined
+        self.fold = bool(fold)
         self.fused = fuse_projections(model, self.n_layers) if (
             self.device.type == "cuda" if fuse is None else fuse) else [None] * self.n_layers
 
@@ -195,17 +199,21 @@ class StaticModel:
         attn = layer.self_attn
         n = x.shape[1]
         fused = self.fused[i]
-        if fused is not None:
-            q, k, v = F.linear(x, fused.qkv, fused.qkv_bias).split(fused.sizes, -1)
-        elif hasattr(attn, "qkv_proj"):  # engine/cpu/lean.py's fused projections
-            q, k, v = attn.qkv_proj(x).split(attn.sizes, -1)
-        else:
-            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
-        q = q.view(1, n, self.heads, self.head_dim).transpose(1, 2)
-        k = k.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
         rotary = getattr(attn, "_rotary", None) or sys.modules[type(attn).__module__].apply_rotary_pos_emb
-        q, k = rotary(q, k, cos, sin)
+        if fused is not None and self.fold and rotary in STANDARD_ROTARIES:
+            q, k, v = rotate_joint(F.linear(x, fused.qkv, fused.qkv_bias), self.head_dim, self.heads,
+                                   self.kv_heads, cos, sin)
+        else:
+            if fused is not None:
+                q, k, v = F.linear(x, fused.qkv, fused.qkv_bias).split(fused.sizes, -1)
+            elif hasattr(attn, "qkv_proj"):  # engine/cpu/lean.py's fused projections
+                q, k, v = attn.qkv_proj(x).split(attn.sizes, -1)
+            else:
+                q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+            q = q.view(1, n, self.heads, self.head_dim).transpose(1, 2)
+            k = k.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = v.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
+            q, k = rotary(q, k, cos, sin)
         keys, values = self.kv.update(k, v, i)  # written at kv.write_pos (forward set it: pos)
         keys, values = keys[:, :, :span], values[:, :, :span]
         # grouped heads folded into the query rows: the cache is read once per kv head, never copied
@@ -225,10 +233,11 @@ class StaticModel:
         # when its position is <= the query's; grouped heads repeat each query row's mask
         n, g, span = ids.shape[1], self.groups, span or self.max_len
         mask = (self.positions[:span].view(1, -1) <= pos.view(-1, 1)).repeat(g, 1).view(1, 1, g * n, span)
+        norm = rms_norm if self.fold else (lambda module, h: module(h))
         for i, layer in enumerate(base.layers[: self.n_layers]):
-            x = x + self._attention(i, layer, layer.input_layernorm(x), mask, cos, sin, span)
-            x = x + self._mlp(i, layer.mlp, layer.post_attention_layernorm(x))
-        return self.model.lm_head(base.norm(x))
+            x = x + self._attention(i, layer, norm(layer.input_layernorm, x), mask, cos, sin, span)
+            x = x + self._mlp(i, layer.mlp, norm(layer.post_attention_layernorm, x))
+        return self.model.lm_head(norm(base.norm, x))
 
     def _mlp(self, i: int, mlp, x: torch.Tensor) -> torch.Tensor:
         fused = self.fused[i]
