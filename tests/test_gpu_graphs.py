@@ -4,6 +4,7 @@ import copy
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
 
 from specviz.engine.cpu.lean import make_lean
@@ -209,36 +210,57 @@ def test_attention_over_the_smallest_span_gives_the_same_tokens(target, referenc
 
 
 class _Calls(torch.overrides.TorchFunctionMode):
-    """torch calls made, by name (what a graph replays as kernels, uncompiled, is close to them)."""
+    """torch calls made, by name, and beneath them the aten operators run (what a graph replays as
+    kernels, uncompiled, is close to those)."""
 
     def __init__(self):
         super().__init__()
-        self.names = []
+        self.names, self.ops = [], _Ops()
+
+    def __enter__(self):
+        self.ops.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        return self.ops.__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         self.names.append(getattr(func, "__name__", str(func)))
         return func(*args, **(kwargs or {}))
 
 
+class _Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 5])
-def test_folded_norms_and_rotary_give_the_same_bits_in_fewer_calls(dtype, rows):
+def test_folded_norms_rotary_and_mask_give_the_same_bits_in_fewer_calls(dtype, rows):
     """fold (the default): each RMSNorm as torch's rms_norm (one fused kernel on CUDA; on a CPU the
-    same five calls as transformers', so the same bits) and q, k rotated as one tensor: the same
-    logits, bit for bit here, and five rotary calls fewer a layer."""
+    same five calls as transformers', so the same bits), q and k rotated as one tensor, and the mask
+    in the query's type once a forward (SDPA converted the bool one in every layer): the same logits,
+    bit for bit here, and per layer one rotate_half and one mask conversion fewer."""
     model = tiny_model(96, 0, layers=3).to(dtype)
     ids, pos = torch.arange(3, 3 + rows).view(1, -1), torch.arange(10, 10 + rows)
     got = {}
     for fold in (False, True):
         sm = StaticModel(model, 64, graphs=False, fuse=True, fold=fold)
         with torch.no_grad(), _Calls() as calls:
-            got[fold] = (sm.forward(ids, pos).clone(), calls.names)
+            got[fold] = (sm.forward(ids, pos).clone(), calls.names, calls.ops.names)
     assert torch.equal(got[True][0], got[False][0])
-    unfolded, folded = got[False][1], got[True][1]
+    (_, unfolded, unfolded_ops), (_, folded, folded_ops) = got[False], got[True]
     layers = len(model.model.layers)
     assert folded.count("rms_norm") == 2 * layers + 1 and unfolded.count("rms_norm") == 0
     assert folded.count("cat") == unfolded.count("cat") - layers  # one rotate_half a layer, not two
     assert folded.count("neg") == unfolded.count("neg") - layers
+    assert unfolded_ops.count("where") == layers and folded_ops.count("where") == 0
     assert plain_greedy(StaticModel(model, cache_len(len(PROMPT), NEW, 4), graphs=False, fuse=True),
                         PROMPT, NEW) == plain_greedy(
         StaticModel(model, cache_len(len(PROMPT), NEW, 4), graphs=False, fuse=True, fold=False), PROMPT, NEW)

@@ -233,6 +233,8 @@ class StaticModel:
         # when its position is <= the query's; grouped heads repeat each query row's mask
         n, g, span = ids.shape[1], self.groups, span or self.max_len
         mask = (self.positions[:span].view(1, -1) <= pos.view(-1, 1)).repeat(g, 1).view(1, 1, g * n, span)
+        if self.fold:  # as SDPA turns a bool mask into one in the query's type, in every layer (a kernel)
+            mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
         norm = rms_norm if self.fold else (lambda module, h: module(h))
         for i, layer in enumerate(base.layers[: self.n_layers]):
             x = x + self._attention(i, layer, norm(layer.input_layernorm, x), mask, cos, sin, span)
