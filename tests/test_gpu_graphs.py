@@ -246,7 +246,7 @@ def test_folded_norms_rotary_and_mask_give_the_same_bits_in_fewer_calls(dtype, r
     """fold (the default): each RMSNorm as torch's rms_norm (one fused kernel on CUDA; on a CPU the
     same five calls as transformers', so the same bits), q and k rotated as one tensor, and the mask
     in the query's type once a forward (SDPA converted the bool one in every layer): the same logits,
-    bit for bit here, and per layer one rotate_half and one mask conversion fewer."""
+    bit for bit here, and per layer one rotate_half, two negations and one mask conversion fewer."""
     model = tiny_model(96, 0, layers=3).to(dtype)
     ids, pos = torch.arange(3, 3 + rows).view(1, -1), torch.arange(10, 10 + rows)
     got = {}
@@ -258,8 +258,9 @@ def test_folded_norms_rotary_and_mask_give_the_same_bits_in_fewer_calls(dtype, r
     (_, unfolded, unfolded_ops), (_, folded, folded_ops) = got[False], got[True]
     layers = len(model.model.layers)
     assert folded.count("rms_norm") == 2 * layers + 1 and unfolded.count("rms_norm") == 0
-    assert folded.count("cat") == unfolded.count("cat") - layers  # one rotate_half a layer, not two
-    assert folded.count("neg") == unfolded.count("neg") - layers
+    # one rotate_half a layer, not two, and its negation in the forward's sin table (one for all)
+    assert folded.count("cat") == unfolded.count("cat") - layers + 1
+    assert unfolded.count("neg") == 2 * layers and folded.count("neg") == 1
     assert unfolded_ops.count("where") == layers and folded_ops.count("where") == 0
     assert plain_greedy(StaticModel(model, cache_len(len(PROMPT), NEW, 4), graphs=False, fuse=True),
                         PROMPT, NEW) == plain_greedy(

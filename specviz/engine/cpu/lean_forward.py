@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..gpu.fuse import STANDARD_ROTARIES, rotate_joint
+from ..gpu.fuse import STANDARD_ROTARIES, rotary_tables, rotate_joint
 from . import kernel_layer, qgemm
 from .lean import FusedAttention, FusedMLP, supported
 from .rowwise_attention import ROWWISE_MAX, is_rowwise, visible_keys
@@ -122,9 +122,9 @@ def _attend(attn, q, k, v) -> torch.Tensor:
 _STANDARD = STANDARD_ROTARIES
 
 
-def _rotate_joint(qkv, attn, cos, sin):
+def _rotate_joint(qkv, attn, tables):
     hd = attn.head_dim
-    return rotate_joint(qkv, hd, attn.sizes[0] // hd, attn.sizes[1] // hd, cos, sin)
+    return rotate_joint(qkv, hd, attn.sizes[0] // hd, attn.sizes[1] // hd, tables)
 
 
 def forward(model, ids: list[int], cache, keep: int) -> torch.Tensor | None:
@@ -153,11 +153,12 @@ def run(model, ids: list[int], cache, keep: int, stack: list | None, joint: bool
             for i, s in enumerate(stack):
                 kernel_layer.forward(s, h, cos, sin, cache, i)
         return model.lm_head(body.norm(h)[:, -keep:]) if keep else None
+    tables = rotary_tables(cos, sin) if joint else None
     for i, layer in enumerate(body.layers):
         attn = layer.self_attn
         qkv = attn.qkv_proj(layer.input_layernorm(h))
         if joint:
-            q, k, v = _rotate_joint(qkv, attn, cos, sin)
+            q, k, v = _rotate_joint(qkv, attn, tables)
         else:
             q, k, v = (t.view(1, n, -1, attn.head_dim).transpose(1, 2) for t in qkv.split(attn.sizes, -1))
             q, k = attn._rotary(q, k, cos, sin)

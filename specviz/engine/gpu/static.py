@@ -31,7 +31,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from .fuse import STANDARD_ROTARIES, fuse_projections, rms_norm, rotate_joint
+from .fuse import STANDARD_ROTARIES, fuse_projections, rms_norm, rotary_tables, rotate_joint
 
 GROW = 512  # positions added when a run outgrows the buffer (a compiled graph then recompiles once)
 # forwards of more new tokens (the prompt) run eagerly on a compiled cache: one graph per prompt
@@ -195,14 +195,16 @@ class StaticModel:
 
     # ------------------------------------------------------------------ forward
 
-    def _attention(self, i: int, layer, x: torch.Tensor, mask, cos, sin, span: int) -> torch.Tensor:
+    def _attention(self, i: int, layer, x: torch.Tensor, mask, rope, span: int) -> torch.Tensor:
+        # rope: (cos, sin, their rotary_tables or None), made once a forward
         attn = layer.self_attn
         n = x.shape[1]
         fused = self.fused[i]
         rotary = getattr(attn, "_rotary", None) or sys.modules[type(attn).__module__].apply_rotary_pos_emb
-        if fused is not None and self.fold and rotary in STANDARD_ROTARIES:
+        cos, sin, tables = rope
+        if fused is not None and tables is not None and rotary in STANDARD_ROTARIES:
             q, k, v = rotate_joint(F.linear(x, fused.qkv, fused.qkv_bias), self.head_dim, self.heads,
-                                   self.kv_heads, cos, sin)
+                                   self.kv_heads, tables)
         else:
             if fused is not None:
                 q, k, v = F.linear(x, fused.qkv, fused.qkv_bias).split(fused.sizes, -1)
@@ -236,8 +238,9 @@ class StaticModel:
         if self.fold:  # as SDPA turns a bool mask into one in the query's type, in every layer (a kernel)
             mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
         norm = rms_norm if self.fold else (lambda module, h: module(h))
+        rope = (cos, sin, rotary_tables(cos, sin) if self.fold else None)
         for i, layer in enumerate(base.layers[: self.n_layers]):
-            x = x + self._attention(i, layer, norm(layer.input_layernorm, x), mask, cos, sin, span)
+            x = x + self._attention(i, layer, norm(layer.input_layernorm, x), mask, rope, span)
             x = x + self._mlp(i, layer.mlp, norm(layer.post_attention_layernorm, x))
         return self.model.lm_head(norm(base.norm, x))
 
