@@ -11,9 +11,9 @@ Fewer kernels again, without a compiler (ZeroGPU has none; the page's graphs run
 rotate_joint() rotates q and k as one tensor (4 kernels a layer where transformers' rotary makes
 10) and rms_norm() runs each norm as torch's rms_norm (one fused kernel on CUDA where transformers'
 module makes eight), both giving transformers' bits on a CPU (tests/test_gpu_graphs.py). Counted on
-a CPU as aten calls a layer (the 1.5B's architecture shrunk to 4 layers, bf16, one row, the forward's own calls shared out): 45.5 unfolded, 37.8 folded; the
-fused norm is CUDA's alone. Their time on a GPU: gpu-check's `fusion` (`joined_ms` against
-`unfolded_ms`).
+a CPU as aten calls a layer (the 1.5B's architecture shrunk to 4 layers, bf16, one row, the
+forward's own calls shared out): 45.5 unfolded, 37.8 folded; the fused norm is CUDA's alone. Their
+time on a GPU: gpu-check's `fusion` (`joined_ms` against `unfolded_ms`).
 """
 from __future__ import annotations
 
