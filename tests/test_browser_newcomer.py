@@ -325,3 +325,17 @@ def test_draft_size_intro_matches_its_rows(browser, app):  # noqa: F811
     assert data["precision"] in page.inner_text("#sv-ds-intro .sv-ds-measured")
     assert not errors, errors
 
+
+
+def test_no_id_of_ours_is_on_the_page_twice(browser, app):  # noqa: F811
+    """Every fold opened, each sv- id names one element (a visitor's test tool found
+    #sv-method-settings twice: Gradio gives a Group's id to two nested divs)."""
+    page, errors = _open(browser, app)
+    for fold in page.locator(".label-wrap").all():
+        if fold.is_visible():
+            fold.click()
+    page.wait_for_timeout(500)
+    twice = page.evaluate("""() => { const n = {};
+        document.querySelectorAll('[id^="sv-"]').forEach(e => n[e.id] = (n[e.id] || 0) + 1);
+        return Object.entries(n).filter(([k, v]) => v > 1); }""")
+    assert twice == [] and not errors, (twice, errors)

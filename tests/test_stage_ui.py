@@ -258,6 +258,9 @@ def test_greedy_inspector_shows_raw_softmax_and_no_u(target, draft, tok):
     assert row.get("raw") and 0 < max(row["p"]) < 1 and 0 < max(row["q"]) < 1  # not one-hot
     html = inspector.panel_html(rounds[0], 0, None)
     assert "no random u" in html and "u = " not in html and "sv-insp-gauge" not in html
+    # the appended token is the target's top one, not a draw (a visitor read "drawn from the residual")
+    ends = [inspector.panel_html(r, r.n_accepted, None) for r in rounds if r.appended_id >= 0]
+    assert ends and all("the target's top token" in h and "drawn" not in h for h in ends)
     tips = [render.tooltip(t) for r in rounds for t in r.tokens if t.outcome.value in ("accepted", "rejected")]
     assert tips and all("u = " not in t and "greedy" in t for t in tips)
 

@@ -169,9 +169,14 @@ def panel_html(rnd: RoundEvent, i: int, tok) -> str:
                      f"{verdict}")
         lines.append(_gauge(u if tested else None, ratio))
     if i == rnd.n_accepted and rnd.appended_id >= 0:
-        how = ("drawn from the residual norm(max(0, p − q)): only where the target wants more than the "
-               "draft offered" if rnd.resampled else
-               "drawn from p: every draft was accepted, the target adds one more")
+        if any((d or {}).get("raw") for d in rnd.dists):  # greedy: nothing is drawn
+            how = ("the target's top token: at temperature 0 the residual norm(max(0, p − q)) of two "
+                   "one-hot laws is one-hot on it" if rnd.resampled else
+                   "the target's top token: every draft was accepted, the target adds one more")
+        else:
+            how = ("drawn from the residual norm(max(0, p − q)): only where the target wants more than "
+                   "the draft offered" if rnd.resampled else
+                   "drawn from p: every draft was accepted, the target adds one more")
         lines.append(f"appended token #{rnd.appended_id}: {how}")
     if row is None:
         lines.append(f"<i>No top-k distributions: {missing(rnd)}.</i>")

@@ -161,7 +161,7 @@ def _control(spec: PageOption, visible: bool):
 def build(method: str = "draft") -> Controls:
     """The "Method settings" group, inside the caller's layout, set up for `method`."""
     import gradio as gr
-    with gr.Group(elem_id="sv-method-settings"):
+    with gr.Group(elem_classes=["sv-method-settings"]):  # an id: Gradio gave it to two nested divs
         gr.HTML("<div class='sv-pane-title'>Method settings</div>")
         note = gr.HTML(note_html(method), visible=not _shown(method))
         with gr.Row():
