@@ -249,3 +249,23 @@ def test_cost_drift_note_covers_every_method():
     assert cost_drift_note(0.01, 3.46, 1.6, costs, 4.5) == \
         "timings look disturbed: a verify pass (4.5 tokens) cost 3.46 plain steps vs 1.60 at calibration"
     assert cost_drift_note(0.043, 3.46, 1.6, None, 4.5) == ""  # no calibration: nothing to compare
+
+
+def _snap(rounds: int, base_state: str, spec_state: str) -> dict:
+    side = dict(n_tokens=14, elapsed=0.96, tokens_per_s=14.6, target_forwards=14, state=base_state)
+    return dict(baseline=side, speculative={**side, "n_tokens": 35, "state": spec_state},
+                stats=dict(rounds=rounds, speedup=2.14), finished=True, method="draft")
+
+
+def test_a_stopped_or_one_round_run_says_what_its_speedup_rests_on():
+    """A visitor stopped a race and read "2.14× measured speedup" with nothing beside it saying so;
+    another ran 1 token and read 0.81× under a box that had promised to wait 2 rounds."""
+    from specviz.ui.speedup_box import _speedup_text
+    spd, sub = _speedup_text(_snap(9, "stopped", "stopped"))
+    assert spd == 2.14 and sub.startswith("stopped by you") and "baseline 14, speculative 35" in sub
+    spd, sub = _speedup_text(_snap(1, "done (max tokens)", "done (max tokens)"))
+    assert spd == 2.14 and sub.startswith("1 round only, which also read the prompt")
+    _, sub = _speedup_text(_snap(9, "done (max tokens)", "done (max tokens)"))
+    assert "stopped" not in sub and "only" not in sub
+    _, sub = _speedup_text({**_snap(1, "running", "running"), "finished": False})
+    assert sub.startswith("shown after 2 rounds")

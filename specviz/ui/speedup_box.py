@@ -68,9 +68,26 @@ def _speedup_text(snap: dict) -> tuple[float | None, str]:
         return None, "run failed"
     if (st.get("rounds") or 0) < HOLD_ROUNDS and not snap.get("finished"):
         return None, f"shown after {HOLD_ROUNDS} rounds (round 1 also reads the prompt)"
-    if snap.get("method") in FREE_DRAFTS:
-        return st.get("speedup"), _no_chain_text(snap)
-    return st.get("speedup"), _prediction_text(st, bool(snap.get("tree")), snap)
+    why = _no_chain_text(snap) if snap.get("method") in FREE_DRAFTS else \
+        _prediction_text(st, bool(snap.get("tree")), snap)
+    return st.get("speedup"), _caveat(snap) + why
+
+
+def _caveat(snap: dict) -> str:
+    """What a finished number rests on when it is not a whole run's steady rate: a run the visitor
+    stopped (each side's rate over the tokens it had made), or one too short to pass the prompt's
+    read (a visitor's 1-token run showed 0.81× under a box that had promised to wait 2 rounds)."""
+    if not snap.get("finished"):
+        return ""
+    base, spec = snap.get("baseline") or {}, snap.get("speculative") or {}
+    if "stopped" in (base.get("state"), spec.get("state")):
+        return (f"stopped by you: each side's tokens/s over the tokens it had made (baseline "
+                f"{base.get('n_tokens', 0)}, speculative {spec.get('n_tokens', 0)}) · ")
+    rounds = (snap.get("stats") or {}).get("rounds") or 0
+    if rounds < HOLD_ROUNDS:
+        return (f"{rounds} round{'s' * (rounds != 1)} only, which also read the prompt: too short "
+                "for a steady speedup · ")
+    return ""
 
 
 def _no_chain_text(snap: dict) -> str:
