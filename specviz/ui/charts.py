@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 
 from ..engine.events import OUTCOME_COLOURS, Outcome
 from .draft_source import FREE_DRAFTS, chart_hover, from_text
-from .state import RunView
+from .state import PREDICT_FROM, RunView
 
 GREEN = OUTCOME_COLOURS[Outcome.ACCEPTED]
 ORANGE = OUTCOME_COLOURS[Outcome.BONUS]
@@ -86,7 +86,9 @@ def speedup_chart(view: RunView) -> go.Figure:
                     line=dict(color=BLUE, width=2.5), marker=dict(size=5), connectgaps=False,
                     hovertemplate="%{y:.2f}×<extra>measured</extra>")
     if any(p[2] is not None for p in pts):  # none for a token tree: no legend entry without a line
-        fig.add_scatter(x=t, y=[p[2] for p in pts], name="Leviathan prediction (measured α̂, c)",
+        # from round PREDICT_FROM on: a visitor asked why the predicted lines began after the measured
+        fig.add_scatter(x=t, y=[p[2] for p in pts], name=f"Leviathan prediction (measured α̂, c; from round "
+                        f"{PREDICT_FROM})",
                         mode="lines", line=dict(color=ORANGE, width=2.5, dash="dash"), connectgaps=False,
                         hovertemplate="%{y:.2f}×<extra>predicted</extra>")
     if any(len(p) > 3 and p[3] is not None for p in pts):
