@@ -81,7 +81,8 @@ def _prompt_column(presets: list[dict], ready: bool) -> dict:
     first = presets[0]
     with gr.Column(scale=3):
         preset = gr.Dropdown([p["name"] for p in presets], value=first["name"], label="Preset",
-                             info="Example prompts (code, chat, grounded, edit): fills prompt and settings",
+                             info="Example prompts (code, chat, grounded, edit): fills the prompt, γ, max "
+                                  "tokens and chat template; the method stays as you chose it",
                              elem_id="sv-preset")
         prompt = gr.Textbox(first["prompt"], label="Prompt", lines=4, max_lines=14,
                             info="Text the model continues (or answers, with the chat template on)",
