@@ -163,7 +163,7 @@ def legend_html() -> str:
             + '<span class="sv-legend-item"><span class="sv-round-demo"></span> '
               '<span class="sv-legend-text">thin bar: a new verification round</span></span>'
             + '<span class="sv-legend-item sv-hint">hover a token for p(x), q(x), u and min(1, p/q); '
-              'click it for the p/q inspector</span>' + draft_source.legend_item()
+              'click or tap it for the p/q inspector</span>' + draft_source.legend_item()
             + "</div>")
 
 

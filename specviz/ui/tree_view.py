@@ -152,8 +152,9 @@ def latest_tree_figure(view) -> go.Figure:
     fig.update_layout(height=150)
     fig.layout.annotations = ()  # one caption, not rounds_figure's under this one
     waiting = getattr(view, "method", "") == "tree" and not view.spec.rounds
+    # two lines: a phone clipped it as one
     return empty(fig, "waiting for the first round…" if waiting else
-                  "token tree: shown for the token-tree method (More settings → draft method)")
+                  "token tree: shown for the token-tree method<br>(More settings → draft method)")
 
 
 def _appended(rnd, tree, xs, ys, last) -> list[go.Scatter]:
