@@ -142,7 +142,7 @@ def _gamma_why(g: float | None, snap: dict) -> str:
     elif snap.get("method") == "adaptive":
         why = f"adaptive γ moved it each round, from {want}"
     elif snap.get("method") in ("draft", "early-exit", "layer-skip", "heads"):
-        why = f"you set {want}; the budget's last rounds and an end of text draft fewer"
+        why = f"you set {want}; rounds near the token limit or an end of text draft fewer"
     else:
         why = f"you set {want}; this method's drafts vary in length"
     return f" · γ {g:.2f} = the mean drafted per round ({why})"
