@@ -23,9 +23,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..gpu.fuse import STANDARD_ROTARIES, rotary_tables, rotate_joint
 from . import kernel_layer, qgemm
 from .lean import FusedAttention, FusedMLP, supported
+from .rotary import STANDARD_ROTARIES, rotary_tables, rotate_joint
 from .rowwise_attention import ROWWISE_MAX, is_rowwise, visible_keys
 
 PROMPT_MAX = 2048  # a prompt's rows in one C stack call, at most (its scratch grows with them)

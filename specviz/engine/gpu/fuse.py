@@ -8,12 +8,13 @@ gpt-fast joins q/k/v the same way (its `wqkv`). The projections' own weights bec
 joined matrix, so memory does not grow and the model's eager forward reads the same numbers.
 
 Fewer kernels again, without a compiler (ZeroGPU has none; the page's graphs run uncompiled):
-rotate_joint() rotates q and k as one tensor (4 kernels a layer where transformers' rotary makes
-10) and rms_norm() runs each norm as torch's rms_norm (one fused kernel on CUDA where transformers'
-module makes eight), both giving transformers' bits on a CPU (tests/test_gpu_graphs.py). Counted on
-a CPU as aten calls a layer (the 1.5B's architecture shrunk to 4 layers, bf16, one row, the
-forward's own calls shared out): 45.5 unfolded, 37.8 folded; the fused norm is CUDA's alone. Their
-time on a GPU: gpu-check's `fusion` (`joined_ms` against `unfolded_ms`).
+q and k rotated as one tensor (engine/cpu/rotary.py: 4 kernels a layer where transformers' rotary
+makes 10) and rms_norm() here, each norm as torch's rms_norm (one fused kernel on CUDA where
+transformers' module makes eight), both giving transformers' bits on a CPU
+(tests/test_gpu_graphs.py). Counted on a CPU as aten calls a layer (the 1.5B's architecture shrunk
+to 4 layers, bf16, one row, the forward's own calls shared out): 45.5 unfolded, 37.8 folded; the
+fused norm is CUDA's alone. Their time on a GPU: gpu-check's `fusion` (`joined_ms` against
+`unfolded_ms`).
 """
 from __future__ import annotations
 
@@ -90,20 +91,6 @@ def fuse_projections(model, n_layers: int) -> list[Fused | None]:
     return [fuse_layer(layer) for layer in model.model.layers[:n_layers]]
 
 
-def _standard_rotaries() -> tuple:
-    """transformers' apply_rotary_pos_emb of the family's modules: q*cos + rotate_half(q)*sin."""
-    import importlib
-    fns = []
-    for arch in ("llama", "qwen2", "mistral"):
-        try:
-            fns.append(importlib.import_module(f"transformers.models.{arch}.modeling_{arch}").apply_rotary_pos_emb)
-        except (ImportError, AttributeError):
-            pass
-    return tuple(fns)
-
-
-STANDARD_ROTARIES = _standard_rotaries()
-
 # transformers' RMSNorm classes whose forward is w * (x32 * rsqrt(mean(x32²) + eps)).to(dtype)
 RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm")
 
@@ -116,24 +103,3 @@ def rms_norm(module, x: torch.Tensor) -> torch.Tensor:
         return module(x)
     y = F.rms_norm(x.to(torch.float32), (x.shape[-1],), None, module.variance_epsilon)
     return module.weight * y.to(x.dtype)
-
-
-def rotary_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin (1, n, dim) of a forward as rotate_joint() takes them, made once a forward: broadcast
-    over the heads, and sin's first half negated, so that rotate_half's negation (a kernel a layer)
-    moves into the table: (-x) * s and x * (-s) are the same number, bit for bit."""
-    half = sin.shape[-1] // 2
-    return cos[:, :, None], torch.cat((-sin[..., :half], sin[..., half:]), -1)[:, :, None]
-
-
-def rotate_joint(qkv: torch.Tensor, head_dim: int, nq: int, nk: int, tables):
-    """q and k rotated as one tensor in the projection's own (1, n, heads, dim) layout -> q, k, v as
-    (1, heads, n, dim) views: per element the same products and sum as transformers'
-    apply_rotary_pos_emb (so the same bits), in 4 calls instead of 14, and no transposed copies.
-    nq, nk: query and key heads; tables: rotary_tables(cos, sin)."""
-    n, (cos, sin) = qkv.shape[1], tables
-    heads = qkv.view(1, n, -1, head_dim)
-    qk, half = heads[:, :, :nq + nk], head_dim // 2
-    qk = qk * cos + torch.cat((qk[..., half:], qk[..., :half]), -1) * sin
-    return (qk[:, :, :nq].transpose(1, 2), qk[:, :, nq:].transpose(1, 2),
-            heads[:, :, nq + nk:].transpose(1, 2))

@@ -31,7 +31,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from .fuse import STANDARD_ROTARIES, fuse_projections, rms_norm, rotary_tables, rotate_joint
+from ..cpu.rotary import STANDARD_ROTARIES, rotary_tables, rotate_joint
+from .fuse import fuse_projections, rms_norm
 
 GROW = 512  # positions added when a run outgrows the buffer (a compiled graph then recompiles once)
 # forwards of more new tokens (the prompt) run eagerly on a compiled cache: one graph per prompt
