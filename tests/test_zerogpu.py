@@ -75,7 +75,8 @@ def test_both_sides_run_inside_one_gpu_call(zerogpu, tok, target, draft):
 def test_the_page_says_what_runs_on_zerogpu(zerogpu):
     pair = SimpleNamespace(note="")
     loaded = host_loader(devices=[], load=lambda spec, **kw: pair)(PairSpec("t", "t", "d", "t", False))
-    assert spaces.ZEROGPU_NOTE in loaded.note and "eager" in loaded.note and "Not yet run" in loaded.note
+    assert spaces.ZEROGPU_NOTE in loaded.note and "captured inside each call" in loaded.note
+    assert "Not yet run" in loaded.note
 
 
 def test_no_compile_on_zerogpu(zerogpu, monkeypatch, tok, target, draft):
@@ -98,3 +99,86 @@ def test_the_graph_path_never_calls_torch_compile():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr == "compile":
                 pytest.fail(f"{path.name}: {ast.unparse(node)}")
+
+
+class FakeGraphs:
+    """capture_graph as on a GPU, on a CPU: a 'graph' that reruns the forward when replayed."""
+
+    def __init__(self):
+        self.captured, self.replays, self.fail = 0, 0, None
+
+    def capture(self, fn, device, warmup=2, stream=None, pool=None):
+        if self.fail is not None:
+            raise self.fail
+        self.captured += 1
+        out = fn()
+        fakes = self
+
+        class Graph:
+            def replay(self):
+                fakes.replays += 1
+                out.copy_(fn())
+        return Graph(), out
+
+
+@pytest.fixture()
+def graph_pair(monkeypatch):
+    """The tiny gpu-check pair on the graph backend as a ZeroGPU load leaves it (nothing captured),
+    its StaticModels replaying fake graphs on the CPU."""
+    import functools
+
+    import torch
+
+    from specviz.engine.backends import graphs
+    from specviz.engine.gpu import measure, static
+    from specviz.models import gpu_path
+    from specviz.run import gpu_page
+    fakes = FakeGraphs()
+    monkeypatch.setattr(static, "capture_graph", fakes.capture)
+    monkeypatch.setattr(graphs, "StaticModel", functools.partial(static.StaticModel, graphs=True))
+    t = measure.build(measure.TARGET_CONFIG, "cpu", torch.float32, seed=7, tiny=True)
+    d = measure.build(measure.DRAFT_CONFIG, "cpu", torch.float32, seed=8, tiny=True)
+    costs, note = gpu_path.graphs_or_eager(t, d, None)  # SPACES_ZERO_GPU set by the zerogpu fixture
+    assert note == gpu_path.PER_CALL_NOTE and fakes.captured == 0  # no GPU held at load: nothing captured
+    return gpu_page.page_pair(t, d), fakes
+
+
+def test_each_zerogpu_call_captures_its_graphs_before_the_clocks(zerogpu, graph_pair):
+    """ZeroGPU runs each GPU call in a fresh process, which graphs captured at load never reach: the
+    call captures what its run replays (the target's 1..8-row forwards in two caches for γ 4, the
+    draft's 1- and 2-row feeds, over the one span the run reaches), then races without capturing."""
+    from specviz.engine import forward
+    from specviz.engine.gpu import measure
+    from specviz.models.gpu_path import prepare_call
+    from specviz.run.race import race
+    pair, fakes = graph_pair
+    prompt = measure.prompt_ids(12, pair.target.config.vocab_size)
+    req = make_request("x", method="draft", gamma=4, max_new_tokens=20, temperature=0.0)
+    note = prepare_call(pair, 4, len(prompt) + 20 + 5)
+    assert note.startswith("CUDA graphs captured in this GPU call: 10 in ") and "before the clocks" in note
+    assert fakes.captured == 10
+    sums = {s: ev for s, ev in race(pair, req, prompt, "fair") if isinstance(ev, RunSummary)}
+    assert fakes.captured == 10 and fakes.replays > 0  # the race replayed what the call had captured
+    assert sums["baseline"].token_ids == sums["speculative"].token_ids
+    assert sums["speculative"].extra["path"] == forward.GRAPHS_PATH
+    assert prepare_call(pair, 4, len(prompt) + 25).startswith("CUDA graphs captured in this GPU call: 0 ")
+
+
+def test_a_zerogpu_call_whose_capture_fails_runs_eager_and_says_why(zerogpu, graph_pair):
+    import torch
+
+    from specviz.engine import forward
+    from specviz.models.gpu_path import prepare_call
+    pair, fakes = graph_pair
+    fakes.fail = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    note = prepare_call(pair, 4, 64)
+    assert "could not be captured (OutOfMemoryError" in note and "eager" in note
+    assert forward.cache_kind(pair.target)[0] == forward.cache_kind(pair.draft)[0] == "dynamic"
+    assert prepare_call(pair, 4, 64) == ""  # nothing to capture on the dynamic cache
+
+
+def test_no_call_captures_anything_off_zerogpu(monkeypatch, target):
+    """Elsewhere the graphs are captured at load: a call has nothing to capture."""
+    from specviz.models.gpu_path import prepare_call
+    monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
+    assert prepare_call(SimpleNamespace(target=target, draft=None), 4, 64) == ""

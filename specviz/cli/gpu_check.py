@@ -405,6 +405,14 @@ def _dtype_lines(name: str, r: dict) -> list[str]:
             lines.append(f"[{name}] page {key}: plain {p['plain_tok_s']:.0f} tok/s, speculative "
                          f"{p['speculative_tok_s']:.0f} tok/s, shown {p['shown_speedup']:.2f}x, "
                          f"c {p['c']:.2f}" + _parting(p))
+    call = r.get("page", {}).get("per_call", {})
+    if "capture_s" in call:
+        lines.append(f"[{name}] page per_call (ZeroGPU's path): {call['graphs']} graphs captured in "
+                     f"{call['capture_s']:.2f} s, then plain {call['plain_tok_s']:.0f} tok/s, speculative "
+                     f"{call['speculative_tok_s']:.0f} tok/s ({call['plain_s']:.2f} s and "
+                     f"{call['speculative_s']:.2f} s)")
+    elif call:
+        lines.append(f"[{name}] page per_call: {call}")
     for key in ("methods", "trees"):
         rows = r.get("page", {}).get(key, {})
         if rows:

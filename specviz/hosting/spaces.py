@@ -35,11 +35,11 @@ def on_zerogpu() -> bool:
 
 # ZeroGPU documents no torch.compile (its route is ahead-of-time compilation, spaces.aoti_*); what the
 # page then runs, said where the pair is named. Graphs captured at load would not reach the forked
-# process of each GPU call, so the page stays eager there (models/gpu_path.wanted); nothing of this
-# has run on ZeroGPU
+# process of each GPU call, so each call captures what its run replays, before the race's clocks
+# (models/gpu_path.prepare_call); nothing of this has run on ZeroGPU
 ZEROGPU_NOTE = ("ZeroGPU: both sides of a run share one borrowed-GPU call (spaces.GPU). torch.compile is "
-                "not used there, so both sides run transformers' eager forwards (not yet CUDA graphs). "
-                "Not yet run on a real ZeroGPU Space.")
+                "not used there; both sides replay CUDA graphs captured inside each call, before the clocks "
+                "(the run's line says how long that took). Not yet run on a real ZeroGPU Space.")
 ZEROGPU_NO_COMPILE = "--compile is off on ZeroGPU (no torch.compile there): eager forwards."
 
 

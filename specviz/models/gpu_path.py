@@ -31,15 +31,20 @@ def no_cudnn_attention() -> None:
 
 
 def wanted(device) -> bool:
-    """Graphs on a CUDA device, unless SPECVIZ_GPU_GRAPHS=0 or on ZeroGPU: each of its GPU calls is
-    a freshly forked process, which graphs captured at load would not reach."""
+    """Graphs on a CUDA device, unless SPECVIZ_GPU_GRAPHS=0 (on ZeroGPU captured inside each call)."""
     cuda = getattr(device, "type", str(device)) == "cuda"
-    return cuda and os.environ.get("SPECVIZ_GPU_GRAPHS", "1") != "0" and not machine.on_zerogpu()
+    return cuda and os.environ.get("SPECVIZ_GPU_GRAPHS", "1") != "0"
 
 
-def use_graphs(target, draft, costs, compile: bool = False):
+PER_CALL_NOTE = ("both sides replay CUDA graphs over static caches, captured inside each GPU call (ZeroGPU "
+                 "runs each call in a fresh process) before the race's clocks start")
+
+
+def use_graphs(target, draft, costs, compile: bool = False, per_call: bool = False):
     """Put both models on graphs, capture their caches and re-time the costs on that path ->
-    (costs, note); (costs, "") where the target's family has no graph path (it stays dynamic)."""
+    (costs, note); (costs, "") where the target's family has no graph path (it stays dynamic).
+    per_call (ZeroGPU): nothing captured or timed now, where no GPU is held: each call captures what
+    its run needs (prepare_call)."""
     from ..calibration.calibrate import time_forwards
     from ..engine.forward import set_cache
     from ..engine.kvcache import backend
@@ -48,6 +53,8 @@ def use_graphs(target, draft, costs, compile: bool = False):
     if draft is not None and set_cache(draft, "graphs", compile=compile).split()[0] != "graphs":
         set_cache(target, "dynamic")  # a speed trick reaches both sides or neither
         return costs, ""
+    if per_call:
+        return costs, PER_CALL_NOTE
     backend(target).prewarm(target, BASELINE_CACHES)
     if draft is not None:
         backend(draft).prewarm(draft, DRAFT_CACHES)
@@ -66,17 +73,61 @@ def graphs_or_eager(target, draft, costs):
     a note saying why -> (costs, note). A device a failed capture left unusable (a sticky CUDA error)
     raises the capture's error: nothing could run on it."""
     try:
-        return use_graphs(target, draft, costs)
+        return use_graphs(target, draft, costs, per_call=machine.on_zerogpu())
     except Exception as err:  # noqa: BLE001 - checked below: a usable device runs eager
-        from ..engine.forward import set_cache
-        for m in (target, draft):
-            if m is not None:
-                set_cache(m, "dynamic")
-        if not _device_works(next(target.parameters()).device):
-            raise
-        why = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:160]
-        return costs, (f"CUDA graphs could not be captured ({why}); both sides run eager over dynamic "
-                       "caches, slower, as a CPU does")
+        return costs, _eager_after(err, target, draft)
+
+
+def _eager_after(err: BaseException, target, draft) -> str:
+    """Both models back on dynamic caches after a failed capture -> the note saying why; the error
+    raised again where the failed capture left the device unusable (a sticky CUDA error)."""
+    from ..engine.forward import set_cache
+    for m in (target, draft):
+        if m is not None:
+            set_cache(m, "dynamic")
+    if not _device_works(next(target.parameters()).device):
+        raise err
+    why = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:160]
+    return (f"CUDA graphs could not be captured ({why}); both sides run eager over dynamic caches, "
+            "slower, as a CPU does")
+
+
+def prepare_call(pair, gamma: int, end: int) -> str:
+    """On ZeroGPU, inside the GPU call and before the race: capture the graphs this run replays
+    (capture_for_run) -> the run's note ("" elsewhere: captured at load). A capture that fails leaves
+    this call eager, and the note says why."""
+    import time
+
+    from ..engine.forward import cache_kind
+    target, draft = pair.target, getattr(pair, "draft", None)
+    if not machine.on_zerogpu() or cache_kind(target)[0] != "graphs":
+        return ""
+    t0 = time.perf_counter()
+    try:
+        made = capture_for_run(target, draft, gamma, end)
+    except Exception as err:  # noqa: BLE001 - this call runs eager, and says why
+        return _eager_after(err, target, draft)
+    took = time.perf_counter() - t0
+    return f"CUDA graphs captured in this GPU call: {made} in {took:.2f} s, before the clocks"
+
+
+def capture_for_run(target, draft, gamma: int, end: int) -> int:
+    """Capture what one run up to position `end` replays: the target's forwards of up to γ+1 rows
+    (padded sizes) in its two caches, the draft's 1- and 2-row feeds in its one, over the spans up to
+    `end` -> the graphs captured; the device idle when it returns, so no clock holds a capture."""
+    import torch
+
+    from ..engine.backends.graphs import SIZES
+    from ..engine.forward import cache_kind
+    from ..engine.kvcache import backend
+    verify = [s for s in SIZES if s <= next((s for s in SIZES if s >= gamma + 1), SIZES[-1])]
+    made = backend(target).prepare(target, BASELINE_CACHES, verify, end)
+    if draft is not None and cache_kind(draft)[0] == "graphs":
+        made += backend(draft).prepare(draft, DRAFT_CACHES, (1, 2), end)
+    device = next(target.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return made
 
 
 def _device_works(device) -> bool:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .. import machine
 from ..engine.costs import CostModel
 from ..engine.cpu import kernel_layer, speed
 from ..engine.pair import OURS
@@ -270,7 +271,9 @@ def _gpu_path(target, draft, costs, dev: torch.device, progress):
     gpu_path.no_cudnn_attention()
     if not gpu_path.wanted(dev):
         return costs, ""
-    progress("capturing CUDA graphs", 0.97)  # the page's GPU path: captured now, costs timed on it
+    # the page's GPU path: captured now, costs timed on it (ZeroGPU: in each GPU call instead)
+    per_call = machine.on_zerogpu()
+    progress("CUDA graphs: captured in each GPU call" if per_call else "capturing CUDA graphs", 0.97)
     costs, note = gpu_path.graphs_or_eager(target, draft, costs)
     return costs, f"; {note}" if note else ""
 

@@ -19,6 +19,7 @@ from ..calibration.selfspec import resolve_options
 from ..engine.pair import OURS
 from ..errors import ModelError, free_memory, run_error_text
 from ..models import PairSpec, available_pairs, resolve_pair
+from ..models.gpu_path import prepare_call
 from ..run import isolation
 from ..run.race import MODES, RaceInfo, race
 from ..run.request import Limits, RequestError, encode_prompt, make_request
@@ -115,6 +116,10 @@ def expected(err: BaseException) -> bool:
     """A visitor's mistake or running out of memory: one line in the log, no traceback (bugs keep theirs)."""
     from ..errors import is_oom
     return isinstance(err, (RequestError, ModelError)) or is_oom(err)
+
+
+def _also(note: str, more: str) -> str:
+    return f"{note}; {more}" if note else more
 
 
 def session_key(request: gr.Request | None) -> str:
@@ -311,6 +316,8 @@ class Handlers:
             inspector.LATEST.put(key, view.spec.rounds)  # the p/q inspector reads the rounds as they come
             head = render.prompt_span(req.prompt, req.chat_template and pair.has_chat_template)
             info = RaceInfo(mode)
+            # ZeroGPU: this call's graphs, captured before the race's clocks (models/gpu_path.py)
+            view.note = prepare_call(pair, req.gamma, len(ids) + req.max_new_tokens + req.gamma + 1)
             stream = race(pair, req, ids, mode, stop=stop, time_limit=self.limits.max_seconds, info=info)
             # kept as a trace when it ends (or stops): downloads and the theory overlay
             stream = record(stream, trace_for(req, pair, mode, f"live run · {req.prompt[:40]}"),
@@ -323,9 +330,10 @@ class Handlers:
             yield panes.outputs(charts=True)
             yield from panes.follow(stream)
             if info.timed_out:
-                view.note = f"stopped at the server's time limit of {self.limits.max_seconds:g} s"
+                view.note = _also(view.note, f"stopped at the server's time limit of "
+                                             f"{self.limits.max_seconds:g} s")
             elif stop.is_set():
-                view.note = "stopped by you"
+                view.note = _also(view.note, "stopped by you")
             yield panes.outputs(charts=True)
         except Exception as err:  # noqa: BLE001 - OOM and friends: tell the visitor, keep serving
             if stream is not None:

@@ -58,6 +58,24 @@ class Graphs(Backend):
         made = [self.new_cache(model) for _ in range(max(0, caches - len(self.pool)))]
         del made  # each returns to the pool
 
+    def prepare(self, model, caches: int, sizes, end: int) -> int:
+        """Capture now what one run reaching position `end` replays: graphs of `sizes` rows over the
+        spans up to `end`, in `caches` caches (then pooled for the run) -> the graphs captured. Why:
+        ZeroGPU runs each GPU call in a freshly forked process, which graphs captured at load never
+        reach; captured here, inside the call and before the race's clocks, no side's time holds a
+        capture. Forwards of other sizes, or past `end`, run eagerly (correct, slower)."""
+        runtime(model).sizes = tuple(sorted(set(sizes)))
+        taken = [self._take(model, end) for _ in range(caches)]
+        before = sum(len(sm.graphs) for sm in taken)
+        for sm in taken:
+            sm.capture_upto = sm.span_for(min(end, sm.max_len))
+            for n in runtime(model).sizes:
+                sm.capture(n)
+        made = sum(len(sm.graphs) for sm in taken) - before
+        for sm in taken:
+            self._give(sm)
+        return made
+
     def forward(self, model, ids: list[int], cache, keep: int):
         return cache.forward(ids, keep)
 

@@ -164,6 +164,9 @@ class StaticModel:
         self.use_graphs = (self.device.type == "cuda") if graphs is None else bool(graphs)
         # (rows, span) -> (graph, ids buffer, positions buffer, logits)
         self.graphs: dict[tuple[int, int], tuple] = {}
+        # spans captured: all (None), or those up to a run's last position (ZeroGPU captures inside each
+        # GPU call what that run reaches: backends/graphs.Graphs.prepare); a longer span runs eagerly
+        self.capture_upto: int | None = None
         # this model's own capture stream. Why: cuBLAS keeps a workspace per (handle, stream), and a
         # graph bakes in the workspace of the stream it was captured on. torch.cuda.graph's default
         # capture stream is one per process, so every graph shared one workspace, and two sides replaying
@@ -261,7 +264,7 @@ class StaticModel:
         if not self.use_graphs:
             return
         for span in self.spans:
-            if (n, span) in self.graphs:
+            if (n, span) in self.graphs or self.capture_upto is not None and span > self.capture_upto:
                 continue
             ids = torch.zeros((1, n), dtype=torch.long, device=self.device)
             pos = torch.arange(self.max_len - n, self.max_len, device=self.device)
