@@ -182,3 +182,18 @@ def test_no_call_captures_anything_off_zerogpu(monkeypatch, target):
     from specviz.models.gpu_path import prepare_call
     monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
     assert prepare_call(SimpleNamespace(target=target, draft=None), 4, 64) == ""
+
+
+def test_a_race_of_all_methods_borrows_one_call_long_enough_for_its_races(zerogpu):
+    """The race-all tab's run is decorated too (ui/leaderboard.wire): one call, asking for each
+    method's race beside plain (it had run outside any GPU call, where ZeroGPU holds no GPU)."""
+    limits = Limits(max_new_tokens=128, max_prompt_tokens=256, max_seconds=60.0)
+    run = spaces.gpu_decorator(limits, max_tokens_arg=3, methods_arg=0)(
+        lambda methods, prompt, gamma, max_new, *rest: (yield len(methods)))
+    assert list(run(["draft", "suffix", "hybrid"], "p", 4, 32)) == [3]
+    one = spaces.zerogpu_seconds(32, 60.0)
+    assert zerogpu.calls == [spaces.ZEROGPU_OVERHEAD_S + 3 * (one - spaces.ZEROGPU_OVERHEAD_S)]
+    list(run(["draft"] * 40, "p", 4, 512))
+    assert zerogpu.calls[-1] == spaces.ZEROGPU_MAX_S
+    source = (ROOT / "specviz" / "ui" / "leaderboard.py").read_text()
+    assert "gpu_decorator(page_handlers.limits, max_tokens_arg=3, methods_arg=0)(h.run)" in source

@@ -68,11 +68,12 @@ def zerogpu_seconds(max_new_tokens, max_seconds: float) -> int:
     return int(min(ZEROGPU_MAX_S, max(ZEROGPU_OVERHEAD_S, want)))
 
 
-def gpu_decorator(limits, max_tokens_arg: int = 2):
+def gpu_decorator(limits, max_tokens_arg: int = 2, methods_arg: int | None = None):
     """spaces.GPU(duration=callable) on a ZeroGPU Space, else a no-op.
 
     ZeroGPU calls `duration` with the decorated function's own arguments;
-    `max_tokens_arg` is the position of max-new-tokens among them."""
+    `max_tokens_arg` is the position of max-new-tokens among them, `methods_arg` that of the
+    methods a race of all methods runs (each a race beside plain decoding: that many races' time)."""
     try:
         import spaces  # type: ignore
     except Exception:  # noqa: BLE001 - not on a Space
@@ -80,6 +81,10 @@ def gpu_decorator(limits, max_tokens_arg: int = 2):
 
     def duration(*args, **kwargs):
         n = kwargs.get("max_new_tokens", args[max_tokens_arg] if len(args) > max_tokens_arg else None)
-        return zerogpu_seconds(n if n is not None else limits.max_new_tokens, limits.max_seconds)
+        one = zerogpu_seconds(n if n is not None else limits.max_new_tokens, limits.max_seconds)
+        if methods_arg is None:
+            return one
+        races = len(args[methods_arg] or []) if len(args) > methods_arg else 1
+        return int(min(ZEROGPU_MAX_S, ZEROGPU_OVERHEAD_S + max(1, races) * (one - ZEROGPU_OVERHEAD_S)))
 
     return spaces.GPU(duration=duration)

@@ -23,6 +23,8 @@ import gradio as gr
 from ..engine.cpu.threads import settle
 from ..engine.pair import dtype_of
 from ..errors import free_memory, run_error_text
+from ..hosting.spaces import gpu_decorator
+from ..models.gpu_path import prepare_call
 from ..run.leaderboard import (
     DEFAULT_KEYS,
     END,
@@ -267,6 +269,10 @@ class BoardHandlers:
         stream = race_methods(pair, req, ids, board, stop=stop, time_limit=self.page.limits.max_seconds,
                               warmup=WARMUP)
         try:
+            # ZeroGPU: this call's graphs, captured before the races' clocks (models/gpu_path.py)
+            captured = prepare_call(pair, req.gamma, len(ids) + req.max_new_tokens + req.gamma + 1)
+            if captured:
+                board.meta["graphs"] = captured  # said under the progress bar, and kept with the race
             yield self._outputs(board, None, pick=None, download=gr.DownloadButton(interactive=False))
             for k, side, ev in stream:
                 if side == START:  # the method and plain decoding beside it, in the panes
@@ -338,7 +344,9 @@ def wire(tab: BoardTab, page_handlers, session_key) -> list:
     h = BoardHandlers(page_handlers, session_key, tab.races)
     for c in (tab.gamma, tab.max_new, tab.temperature, tab.seed):  # checked and named by make_request
         c.preprocess = lambda payload: payload
-    race = tab.run_btn.click(h.run, tab.inputs, tab.outputs, api_name="race_methods", concurrency_limit=1,
+    # ZeroGPU on a Space: one borrowed GPU call for all the races (else a no-op)
+    run = gpu_decorator(page_handlers.limits, max_tokens_arg=3, methods_arg=0)(h.run)
+    race = tab.run_btn.click(run, tab.inputs, tab.outputs, api_name="race_methods", concurrency_limit=1,
                              concurrency_id="generate", trigger_mode="once", show_progress="hidden")
     tab.pick.input(h.show, tab.pick, tab.panes, api_visibility="private", show_progress="hidden")
     tab.show_btn.click(h.load_recorded, [tab.recorded, tab.upload], tab.outputs, api_visibility="private",

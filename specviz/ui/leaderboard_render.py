@@ -115,6 +115,8 @@ def progress_html(board: Board | None, note: str = "", banner: str = "") -> str:
                 "step by step")
     else:
         what = f"{done} of {total} runs done" + (f": {esc(note)}" if note else "")
+    if board.meta.get("graphs"):  # ZeroGPU: the graphs this call captured before the clocks
+        what += f" · {esc(board.meta['graphs'])}"
     bar = (f"<div class='sv-bar' style='height:6px;border-radius:3px;background:rgba(128,128,128,.2);"
            f"margin-top:4px'><div style='width:{100 * done / total:.0f}%'></div></div>")
     return f"<div class='sv-runinfo' id='sv-lb-state'>{banner}<span class='sv-mode'>{what}</span>{bar}</div>"
