@@ -162,6 +162,10 @@ def test_each_zerogpu_call_captures_its_graphs_before_the_clocks(zerogpu, graph_
     assert sums["baseline"].token_ids == sums["speculative"].token_ids
     assert sums["speculative"].extra["path"] == forward.GRAPHS_PATH
     assert prepare_call(pair, 4, len(prompt) + 25).startswith("CUDA graphs captured in this GPU call: 0 ")
+    # a cache the call had not prepared (a third side's) captures no span past the run's either
+    from specviz.engine.kvcache import backend
+    third = [backend(pair.target)._take(pair.target, 64) for _ in range(3)][-1]
+    assert third.capture_upto == third.spans[0] < third.max_len
 
 
 def test_a_zerogpu_call_whose_capture_fails_runs_eager_and_says_why(zerogpu, graph_pair):

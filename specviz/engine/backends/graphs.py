@@ -34,6 +34,7 @@ class Graphs(Backend):
     def __init__(self):
         self.pool: list[StaticModel] = []
         self.lock = threading.Lock()  # two sides of a parallel race take caches at once
+        self.upto: int | None = None  # prepare()'s last position: a cache made later captures no further
 
     def _take(self, model, capacity: int) -> StaticModel:
         with self.lock:
@@ -41,7 +42,10 @@ class Graphs(Backend):
                 if sm.max_len >= capacity:
                     return self.pool.pop(i)
         compile = inductor if runtime(model).compile else None
-        return StaticModel(model, max(capacity, CAPACITY), weak=True, compile=compile)
+        sm = StaticModel(model, max(capacity, CAPACITY), weak=True, compile=compile)
+        if self.upto is not None:
+            sm.capture_upto = sm.span_for(min(self.upto, sm.max_len))
+        return sm
 
     def _give(self, sm: StaticModel) -> None:
         with self.lock:
@@ -64,7 +68,7 @@ class Graphs(Backend):
         ZeroGPU runs each GPU call in a freshly forked process, which graphs captured at load never
         reach; captured here, inside the call and before the race's clocks, no side's time holds a
         capture. Forwards of other sizes, or past `end`, run eagerly (correct, slower)."""
-        runtime(model).sizes = tuple(sorted(set(sizes)))
+        runtime(model).sizes, self.upto = tuple(sorted(set(sizes))), end
         taken = [self._take(model, end) for _ in range(caches)]
         before = sum(len(sm.graphs) for sm in taken)
         for sm in taken:
