@@ -201,3 +201,20 @@ def test_a_race_of_all_methods_borrows_one_call_long_enough_for_its_races(zerogp
     assert zerogpu.calls[-1] == spaces.ZEROGPU_MAX_S
     source = (ROOT / "specviz" / "ui" / "leaderboard.py").read_text()
     assert "gpu_decorator(page_handlers.limits, max_tokens_arg=3, methods_arg=0)(h.run)" in source
+
+
+def test_zerogpu_touches_no_gpu_outside_a_run(zerogpu, monkeypatch):
+    """No background calibration and no warm-up run after the load: on ZeroGPU they would run
+    outside any GPU call, where none is held (each run's call times what it needs)."""
+    from specviz.ui import loader as loader_mod
+    started, warmed = [], []
+    monkeypatch.setattr(loader_mod.BackgroundCalibration, "start", lambda self: started.append(self))
+    monkeypatch.setattr(loader_mod, "prewarm", lambda pair: warmed.append(pair))
+    pair = SimpleNamespace(calibration="untimed", note="")
+    manager = loader_mod.ModelManager(loader=lambda spec, **kw: pair, prewarm=True)
+    manager.start(PairSpec("t", "t", "d", "t", False))
+    assert manager.wait(30) and manager.pair is pair and not started and not warmed
+    monkeypatch.delenv("SPACES_ZERO_GPU")
+    manager = loader_mod.ModelManager(loader=lambda spec, **kw: pair, prewarm=True)
+    manager.start(PairSpec("t2", "t", "d", "t", False))
+    assert manager.wait(30) and started and warmed  # elsewhere both run as before

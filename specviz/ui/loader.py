@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..engine.pair import runs_as
 from ..errors import load_error_text
+from ..machine import on_zerogpu
 from ..models import PairSpec, load_pair
 from ..run import isolation
 
@@ -109,7 +110,7 @@ class ModelManager:
             extra = self._extra(spec, mode)
             with isolation.untimed_work():  # never during a timed step of a fair race
                 pair = self._loader(spec, device=self.device, progress=self._progress, **extra)
-                if self.prewarm:
+                if self.prewarm and not on_zerogpu():  # ZeroGPU: no GPU outside a run's call
                     self._progress("warming up: one short run of each side", 0.98)
                     prewarm(pair)
         except BaseException as err:  # noqa: BLE001 - shown in the page, the app keeps serving
@@ -126,7 +127,7 @@ class ModelManager:
             self.message = "models ready"
             self.generation += 1
         gc.collect()
-        if self.calibration == "background" and pair.calibration in ("untimed", "noisy"):
+        if self.calibration == "background" and pair.calibration in ("untimed", "noisy") and not on_zerogpu():
             BackgroundCalibration(self, spec, pair).start()
 
     def wait(self, timeout: float | None = None) -> bool:
