@@ -218,3 +218,13 @@ def test_zerogpu_touches_no_gpu_outside_a_run(zerogpu, monkeypatch):
     manager = loader_mod.ModelManager(loader=lambda spec, **kw: pair, prewarm=True)
     manager.start(PairSpec("t2", "t", "d", "t", False))
     assert manager.wait(30) and started and warmed  # elsewhere both run as before
+
+
+def test_the_target_as_its_own_draft_keeps_its_verify_sizes(zerogpu, graph_pair):
+    from specviz.engine.kvcache import runtime
+    from specviz.models.gpu_path import prepare_call
+    from specviz.run import gpu_page
+    pair, fakes = graph_pair
+    same = gpu_page.page_pair(pair.target, pair.target)
+    assert prepare_call(same, 4, 40).startswith("CUDA graphs captured in this GPU call: 12 ")  # 3 caches × 4
+    assert runtime(pair.target).sizes == (1, 2, 4, 8)

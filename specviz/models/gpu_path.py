@@ -115,15 +115,21 @@ def capture_for_run(target, draft, gamma: int, end: int) -> int:
     """Capture what one run up to position `end` replays: the target's forwards of up to γ+1 rows
     (padded sizes) in its two caches, the draft's 1- and 2-row feeds in its one, over the spans up to
     `end` -> the graphs captured; the device idle when it returns, so no clock holds a capture."""
-    import torch
-
     from ..engine.backends.graphs import SIZES
     from ..engine.forward import cache_kind
     from ..engine.kvcache import backend
     verify = [s for s in SIZES if s <= next((s for s in SIZES if s >= gamma + 1), SIZES[-1])]
+    if draft is target:  # the target as its own draft: one model, its sizes and a third cache
+        return _idle(target, backend(target).prepare(target, BASELINE_CACHES + DRAFT_CACHES, verify, end))
     made = backend(target).prepare(target, BASELINE_CACHES, verify, end)
     if draft is not None and cache_kind(draft)[0] == "graphs":
         made += backend(draft).prepare(draft, DRAFT_CACHES, (1, 2), end)
+    return _idle(target, made)
+
+
+def _idle(target, made: int) -> int:
+    """made, once the device has done the captures' work (no clock after this holds any of it)."""
+    import torch
     device = next(target.parameters()).device
     if device.type == "cuda":
         torch.cuda.synchronize(device)
