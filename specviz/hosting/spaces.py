@@ -40,7 +40,7 @@ def on_zerogpu() -> bool:
 ZEROGPU_NOTE = ("ZeroGPU: both sides of a run share one borrowed-GPU call (spaces.GPU). torch.compile is "
                 "not used there; both sides replay CUDA graphs captured inside each call, before the clocks "
                 "(the run's line says how long that took). Not yet run on a real ZeroGPU Space.")
-ZEROGPU_NO_COMPILE = "--compile is off on ZeroGPU (no torch.compile there): eager forwards."
+ZEROGPU_NO_COMPILE = "--compile is off on ZeroGPU (no torch.compile there): uncompiled forwards."
 
 
 def embedded_available() -> bool:

@@ -75,7 +75,7 @@ def apply_cache_args(pair, args) -> str:
     from ..engine.forward import cache_kind, set_cache
     from ..hosting.spaces import ZEROGPU_NO_COMPILE, on_zerogpu
     compile = getattr(args, "compile", False)
-    if compile and on_zerogpu():  # ZeroGPU has no torch.compile: say so, run eager
+    if compile and on_zerogpu():  # ZeroGPU has no torch.compile: say so, run uncompiled
         compile = False
         pair.note = " ".join(n for n in (getattr(pair, "note", ""), ZEROGPU_NO_COMPILE) if n)
     chosen = cache_kind(pair.target)[0]  # what the load chose: graphs on a GPU (models/gpu_path.py)
