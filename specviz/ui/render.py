@@ -299,7 +299,8 @@ CSS = """
   border-left: 1.5px solid rgba(128,128,128,.55); margin: 0 4px; }
 .sv-stats { display: flex; flex-wrap: wrap; gap: 12px; align-items: flex-start; }
 .sv-speedup { display: flex; flex-direction: column; align-items: center; justify-content: center;
-  padding: 8px 16px; border-radius: 10px; border: 1px solid var(--border-color-primary); min-width: 9em; }
+  padding: 8px 16px; border-radius: 10px; border: 1px solid var(--border-color-primary); min-width: 9em;
+  max-width: 26em; }
 .sv-speedup-num { font-size: 2em; font-weight: 700; font-variant-numeric: tabular-nums; }
 .sv-speedup-label { font-size: 12px; opacity: .8; }
 .sv-speedup-sub { font-size: 11.5px; opacity: .7; max-width: 24em; text-align: center; }
@@ -313,7 +314,7 @@ CSS = """
 .sv-table th, .sv-table td { padding: 2px 10px; text-align: right;
   border-bottom: 1px solid var(--border-color-primary); }
 .sv-table th[scope=row] { text-align: left; font-weight: 500; opacity: .85; }
-.sv-chips { display: flex; flex-wrap: wrap; gap: 6px; max-width: 26em; }
+.sv-chips { display: flex; flex-wrap: wrap; gap: 6px; flex: 1 1 15em; min-width: 15em; max-width: 26em; }
 .sv-chip { padding: 2px 8px; border-radius: 999px; border: 1px solid var(--border-color-primary);
   font-size: 13px; font-variant-numeric: tabular-nums; cursor: help; }
 .sv-runinfo { display: flex; flex-wrap: wrap; gap: 8px; align-items: center; font-size: 13px;
