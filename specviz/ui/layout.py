@@ -21,9 +21,11 @@ MODE_CHOICES = [
     ("fair: each side timed alone (honest speedup)", "fair"),
     ("parallel: both at once (shares the hardware)", "parallel"),
 ]
-HEADER = ("<div class='sv-header'><div class='sv-title-row'><h1 style='margin:0'>SpecViz</h1>{help}</div>"
+# the tagline beside the title, the keys and glossary under both (an opened glossary had pushed the
+# tagline away from the title)
+HEADER = ("<div class='sv-header'><div class='sv-title-row'><h1 style='margin:0'>SpecViz</h1>"
           "<p style='margin:2px 0 0 0;opacity:.8'>Speculative decoding, made visible and honestly "
-          "measured: a small draft model guesses, the big target model verifies.</p></div>")
+          "measured: a small draft model guesses, the big target model verifies.</p></div>{help}</div>")
 
 
 @dataclass
