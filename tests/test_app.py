@@ -283,3 +283,14 @@ def test_other_draft_methods(client, method):
     assert "identical outputs" in out[INFO]
     if method == "lookup":
         assert "prompt lookup" in out[INFO]
+
+
+def test_a_zerogpu_calls_capture_note_is_on_the_run_line(inproc, monkeypatch):
+    """What the call captured before the clocks (models/gpu_path.prepare_call, ZeroGPU only) is said on
+    the run's line, for the run's whole life."""
+    import specviz.ui.handlers as blocks
+    note = "CUDA graphs captured in this GPU call: 10 in 0.50 s, before the clocks"
+    seen = []
+    monkeypatch.setattr(blocks, "prepare_call", lambda pair, gamma, end: seen.append((gamma, end)) or note)
+    out = inproc.predict(*args(max_new_tokens=8), api_name="/run")
+    assert note in out[INFO] and seen and seen[0][1] > 8
