@@ -100,8 +100,8 @@ def prepare_call(pair, gamma: int, end: int) -> str:
 
     from ..engine.forward import cache_kind
     target, draft = pair.target, getattr(pair, "draft", None)
-    if not machine.on_zerogpu() or cache_kind(target)[0] != "graphs":
-        return ""
+    if not machine.on_zerogpu() or not hasattr(target, "parameters") or cache_kind(target)[0] != "graphs":
+        return ""  # elsewhere captured at load; another engine's pair (vLLM) has no model here
     t0 = time.perf_counter()
     try:
         made = capture_for_run(target, draft, gamma, end)
