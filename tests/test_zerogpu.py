@@ -143,25 +143,31 @@ def graph_pair(monkeypatch):
     return gpu_page.page_pair(t, d), fakes
 
 
-def test_each_zerogpu_call_captures_its_graphs_before_the_clocks(zerogpu, graph_pair):
+def test_each_zerogpu_call_captures_its_graphs_and_times_its_costs_before_the_clocks(zerogpu, graph_pair):
     """ZeroGPU runs each GPU call in a fresh process, which graphs captured at load never reach: the
-    call captures what its run replays (the target's 1..8-row forwards in two caches for γ 4, the
-    draft's 1- and 2-row feeds, over the one span the run reaches), then races without capturing."""
+    call captures what its run replays (the target's forwards of every verify size in two caches, the
+    draft's 1- and 2-row feeds, over the one span the run reaches), times the pair's costs on them
+    (nothing could at load: no GPU outside a call), then races without capturing."""
     from specviz.engine import forward
+    from specviz.engine.costs import MAX_VERIFY_TOKENS
     from specviz.engine.gpu import measure
     from specviz.models.gpu_path import prepare_call
     from specviz.run.race import race
     pair, fakes = graph_pair
     prompt = measure.prompt_ids(12, pair.target.config.vocab_size)
     req = make_request("x", method="draft", gamma=4, max_new_tokens=20, temperature=0.0)
-    note = prepare_call(pair, 4, len(prompt) + 20 + 5)
-    assert note.startswith("CUDA graphs captured in this GPU call: 10 in ") and "before the clocks" in note
-    assert fakes.captured == 10
+    assert pair.costs is None  # a ZeroGPU load times nothing
+    note = prepare_call(pair, len(prompt) + 20 + 5)
+    assert note.startswith("CUDA graphs captured in this GPU call: 12 in ")  # 2 caches × 5 sizes + 2
+    assert "costs timed on them in " in note and note.endswith("before the clocks")
+    assert fakes.captured == 12
+    costs = pair.costs
+    assert len(costs.verify_s) == MAX_VERIFY_TOKENS and costs.plain_step_s > 0 and costs.c > 0
     sums = {s: ev for s, ev in race(pair, req, prompt, "fair") if isinstance(ev, RunSummary)}
-    assert fakes.captured == 10 and fakes.replays > 0  # the race replayed what the call had captured
+    assert fakes.captured == 12 and fakes.replays > 0  # the race replayed what the call had captured
     assert sums["baseline"].token_ids == sums["speculative"].token_ids
     assert sums["speculative"].extra["path"] == forward.GRAPHS_PATH
-    assert prepare_call(pair, 4, len(prompt) + 25).startswith("CUDA graphs captured in this GPU call: 0 ")
+    assert prepare_call(pair, len(prompt) + 25).startswith("CUDA graphs captured in this GPU call: 0 ")
     # a cache the call had not prepared (a third side's) captures no span past the run's either
     from specviz.engine.kvcache import backend
     third = [backend(pair.target)._take(pair.target, 64) for _ in range(3)][-1]
@@ -175,17 +181,17 @@ def test_a_zerogpu_call_whose_capture_fails_runs_eager_and_says_why(zerogpu, gra
     from specviz.models.gpu_path import prepare_call
     pair, fakes = graph_pair
     fakes.fail = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    note = prepare_call(pair, 4, 64)
+    note = prepare_call(pair, 64)
     assert "could not be captured (OutOfMemoryError" in note and "eager" in note
     assert forward.cache_kind(pair.target)[0] == forward.cache_kind(pair.draft)[0] == "dynamic"
-    assert prepare_call(pair, 4, 64) == ""  # nothing to capture on the dynamic cache
+    assert prepare_call(pair, 64) == ""  # nothing to capture on the dynamic cache
 
 
 def test_no_call_captures_anything_off_zerogpu(monkeypatch, target):
     """Elsewhere the graphs are captured at load: a call has nothing to capture."""
     from specviz.models.gpu_path import prepare_call
     monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
-    assert prepare_call(SimpleNamespace(target=target, draft=None), 4, 64) == ""
+    assert prepare_call(SimpleNamespace(target=target, draft=None), 64) == ""
 
 
 def test_a_race_of_all_methods_borrows_one_call_long_enough_for_its_races(zerogpu):
@@ -225,5 +231,5 @@ def test_the_target_as_its_own_draft_keeps_its_verify_sizes(zerogpu, graph_pair)
     from specviz.run import gpu_page
     pair, fakes = graph_pair
     same = gpu_page.page_pair(pair.target, pair.target)
-    assert prepare_call(same, 4, 40).startswith("CUDA graphs captured in this GPU call: 12 ")  # 3 caches × 4
-    assert runtime(pair.target).sizes == (1, 2, 4, 8)
+    assert prepare_call(same, 40).startswith("CUDA graphs captured in this GPU call: 15 ")  # 3 caches × 5
+    assert runtime(pair.target).sizes == (1, 2, 4, 8, 17)

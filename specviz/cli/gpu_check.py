@@ -408,7 +408,8 @@ def _dtype_lines(name: str, r: dict) -> list[str]:
     call = r.get("page", {}).get("per_call", {})
     if "capture_s" in call:
         lines.append(f"[{name}] page per_call (ZeroGPU's path): {call['graphs']} graphs captured in "
-                     f"{call['capture_s']:.2f} s, then plain {call['plain_tok_s']:.0f} tok/s, speculative "
+                     f"{call['capture_s']:.2f} s, costs timed in {call['costs_s']:.2f} s (c "
+                     f"{call['c']:.2f}), then plain {call['plain_tok_s']:.0f} tok/s, speculative "
                      f"{call['speculative_tok_s']:.0f} tok/s ({call['plain_s']:.2f} s and "
                      f"{call['speculative_s']:.2f} s)")
     elif call:

@@ -13,7 +13,7 @@ import os
 from dataclasses import replace
 
 from .. import machine
-from ..engine.costs import MAX_VERIFY_TOKENS
+from ..engine.costs import MAX_VERIFY_TOKENS, CostModel
 
 NOTE = "both sides replay CUDA graphs over static caches (captured at load)"
 BASELINE_CACHES, DRAFT_CACHES = 2, 1  # the baseline's and the verifier's; the draft's
@@ -45,7 +45,6 @@ def use_graphs(target, draft, costs, compile: bool = False, per_call: bool = Fal
     (costs, note); (costs, "") where the target's family has no graph path (it stays dynamic).
     per_call (ZeroGPU): nothing captured or timed now, where no GPU is held: each call captures what
     its run needs (prepare_call)."""
-    from ..calibration.calibrate import time_forwards
     from ..engine.forward import set_cache
     from ..engine.kvcache import backend
     if set_cache(target, "graphs", compile=compile).split()[0] != "graphs":
@@ -60,11 +59,19 @@ def use_graphs(target, draft, costs, compile: bool = False, per_call: bool = Fal
         backend(draft).prewarm(draft, DRAFT_CACHES)
     if costs is None:
         return costs, NOTE
+    costs = timed(target, draft, costs)
+    return costs, NOTE + "; costs timed on them; " + recommendation(costs)
+
+
+def timed(target, draft, costs=None):
+    """The costs runs price by (the plain step, v(k) for k = 1..16, the draft's step), timed on the
+    graphs now: `costs` with those replaced, or new ones (None: nothing was timed at load)."""
+    from ..calibration.calibrate import time_forwards
     verify = time_forwards(target, range(1, MAX_VERIFY_TOKENS + 1), interleave=True)
     step = time_forwards(draft, [1])[1] if draft is not None else None
-    costs = replace(costs, plain_step_s=verify[1], verify_s=tuple(verify[n] for n in sorted(verify)),
-                    draft_step_s=step if step is not None else costs.draft_step_s)
-    return costs, NOTE + "; costs timed on them; " + recommendation(costs)
+    fields = dict(plain_step_s=verify[1], verify_s=tuple(verify[n] for n in sorted(verify)),
+                  draft_step_s=step if step is not None else getattr(costs, "draft_step_s", None))
+    return replace(costs, **fields) if costs is not None else CostModel(**fields)
 
 
 def graphs_or_eager(target, draft, costs):
@@ -92,29 +99,41 @@ def _eager_after(err: BaseException, target, draft) -> str:
             "slower, as a CPU does")
 
 
-def prepare_call(pair, gamma: int, end: int) -> str:
+def prepare_call(pair, end: int) -> str:
     """On ZeroGPU, inside the GPU call and before the race: capture the graphs this run replays
-    (capture_for_run) -> the run's note ("" elsewhere: captured at load). A capture that fails leaves
-    this call eager, and the note says why."""
-    import time
-
+    (capture_for_run: every verify size, so that v(k) is timed) and time the pair's costs on them ->
+    the run's note ("" elsewhere: captured and timed at load). A capture that fails leaves this call
+    eager, and the note says why."""
     from ..engine.forward import cache_kind
     target, draft = pair.target, getattr(pair, "draft", None)
     if not machine.on_zerogpu() or not hasattr(target, "parameters") or cache_kind(target)[0] != "graphs":
         return ""  # elsewhere captured at load; another engine's pair (vLLM) has no model here
-    t0 = time.perf_counter()
     try:
-        made = capture_for_run(target, draft, gamma, end)
+        made, capture_s, costs_s = for_this_call(pair, end)
     except Exception as err:  # noqa: BLE001 - this call runs eager, and says why
         return _eager_after(err, target, draft)
-    took = time.perf_counter() - t0
-    return f"CUDA graphs captured in this GPU call: {made} in {took:.2f} s, before the clocks"
+    return (f"CUDA graphs captured in this GPU call: {made} in {capture_s:.2f} s, and its costs timed on "
+            f"them in {costs_s:.2f} s, before the clocks")
+
+
+def for_this_call(pair, end: int) -> tuple[int, float, float]:
+    """ZeroGPU's preparation of one call: the graphs its run replays captured (every verify size, so
+    that v(k) can be timed), then pair.costs timed on them -> (graphs captured, seconds capturing,
+    seconds timing). Why the costs: auto γ, the hybrid, lookup, suffix and the chips price by them,
+    and nothing could time them at load (no GPU outside a call)."""
+    import time
+    t0 = time.perf_counter()
+    made = capture_for_run(pair.target, pair.draft, MAX_VERIFY_TOKENS - 1, end)
+    t1 = time.perf_counter()
+    pair.costs = timed(pair.target, pair.draft, pair.costs)
+    return made, t1 - t0, time.perf_counter() - t1
 
 
 def capture_for_run(target, draft, gamma: int, end: int) -> int:
     """Capture what one run up to position `end` replays: the target's forwards of up to γ+1 rows
-    (padded sizes) in its two caches, the draft's 1- and 2-row feeds in its one, over the spans up to
-    `end` -> the graphs captured; the device idle when it returns, so no clock holds a capture."""
+    (padded sizes; ZeroGPU's calls take every size) in its two caches, the draft's 1- and 2-row
+    feeds in its one, over the spans up to `end` -> the graphs captured; the device idle when it
+    returns, so no clock holds a capture."""
     from ..engine.backends.graphs import SIZES
     from ..engine.forward import cache_kind
     from ..engine.kvcache import backend

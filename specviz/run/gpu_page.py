@@ -109,23 +109,23 @@ def page_checks(target, draft, prompt: list[int], new: int, gamma: int) -> dict:
 
 
 def per_call(target, draft, prompt: list[int], new: int, gamma: int) -> dict:
-    """A ZeroGPU call's path on this card: fresh graph pools (a forked process has none), the graphs
-    one run replays captured before its clocks (models/gpu_path.capture_for_run), then that greedy
-    race -> the capture's seconds against what the race shows."""
+    """A ZeroGPU call's path on this card: fresh graph pools (a forked process has none), the call's
+    preparation (models/gpu_path.for_this_call: its graphs captured, the costs timed on them), then
+    that greedy race -> the preparation's seconds against what the race shows."""
     from ..engine.backends.graphs import Graphs
     from ..engine.kvcache import runtime
-    from ..models.gpu_path import capture_for_run
+    from ..models.gpu_path import for_this_call
     saved = [(m, runtime(m).backend, runtime(m).sizes) for m in (target, draft)]
     try:
         for m in (target, draft):
             runtime(m).backend = Graphs()
-        t0 = time.perf_counter()
-        made = capture_for_run(target, draft, gamma, len(prompt) + new + gamma + 1)
-        capture_s = time.perf_counter() - t0
+        pair = page_pair(target, draft)
+        made, capture_s, costs_s = for_this_call(pair, len(prompt) + new + gamma + 1)
         req = RunRequest(prompt="", method="draft", gamma=gamma, max_new_tokens=new, temperature=0.0)
-        m = shown(page_pair(target, draft), req, prompt)
-        return {"graphs": made, "capture_s": capture_s, **{k: m[k] for k in (
-            "plain_tok_s", "speculative_tok_s", "shown_speedup", "identical", "plain_s", "speculative_s")}}
+        m = shown(pair, req, prompt)
+        return {"graphs": made, "capture_s": capture_s, "costs_s": costs_s, "c": pair.costs.c,
+                **{k: m[k] for k in ("plain_tok_s", "speculative_tok_s", "shown_speedup", "identical",
+                                     "plain_s", "speculative_s")}}
     except Exception as err:  # noqa: BLE001 - its own row
         return {"error": f"{type(err).__name__}: {err}"[:300]}
     finally:

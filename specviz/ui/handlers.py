@@ -317,7 +317,7 @@ class Handlers:
             head = render.prompt_span(req.prompt, req.chat_template and pair.has_chat_template)
             info = RaceInfo(mode)
             # ZeroGPU: this call's graphs, captured before the race's clocks (models/gpu_path.py)
-            view.note = prepare_call(pair, req.gamma, len(ids) + req.max_new_tokens + req.gamma + 1)
+            view.note = prepare_call(pair, len(ids) + req.max_new_tokens + req.gamma + 1)
             stream = race(pair, req, ids, mode, stop=stop, time_limit=self.limits.max_seconds, info=info)
             # kept as a trace when it ends (or stops): downloads and the theory overlay
             stream = record(stream, trace_for(req, pair, mode, f"live run · {req.prompt[:40]}"),

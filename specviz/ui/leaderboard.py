@@ -270,7 +270,7 @@ class BoardHandlers:
                               warmup=WARMUP)
         try:
             # ZeroGPU: this call's graphs, captured before the races' clocks (models/gpu_path.py)
-            captured = prepare_call(pair, req.gamma, len(ids) + req.max_new_tokens + req.gamma + 1)
+            captured = prepare_call(pair, len(ids) + req.max_new_tokens + req.gamma + 1)
             if captured:
                 board.meta["graphs"] = captured  # said under the progress bar, and kept with the race
             yield self._outputs(board, None, pick=None, download=gr.DownloadButton(interactive=False))
