@@ -40,11 +40,11 @@ PER_CALL_NOTE = ("both sides replay CUDA graphs over static caches, captured ins
                  "runs each call in a fresh process) before the race's clocks start")
 
 
-def use_graphs(target, draft, costs, compile: bool = False, per_call: bool = False):
+def use_graphs(target, draft, costs, compile: bool = False):
     """Put both models on graphs, capture their caches and re-time the costs on that path ->
     (costs, note); (costs, "") where the target's family has no graph path (it stays dynamic).
-    per_call (ZeroGPU): nothing captured or timed now, where no GPU is held: each call captures what
-    its run needs (prepare_call)."""
+    On ZeroGPU nothing is captured or timed now, where no GPU is held: each call captures what its
+    run needs and times the costs on it (prepare_call)."""
     from ..engine.forward import set_cache
     from ..engine.kvcache import backend
     if set_cache(target, "graphs", compile=compile).split()[0] != "graphs":
@@ -52,7 +52,7 @@ def use_graphs(target, draft, costs, compile: bool = False, per_call: bool = Fal
     if draft is not None and set_cache(draft, "graphs", compile=compile).split()[0] != "graphs":
         set_cache(target, "dynamic")  # a speed trick reaches both sides or neither
         return costs, ""
-    if per_call:
+    if machine.on_zerogpu():
         return costs, PER_CALL_NOTE
     backend(target).prewarm(target, BASELINE_CACHES)
     if draft is not None:
@@ -80,7 +80,7 @@ def graphs_or_eager(target, draft, costs):
     a note saying why -> (costs, note). A device a failed capture left unusable (a sticky CUDA error)
     raises the capture's error: nothing could run on it."""
     try:
-        return use_graphs(target, draft, costs, per_call=machine.on_zerogpu())
+        return use_graphs(target, draft, costs)
     except Exception as err:  # noqa: BLE001 - checked below: a usable device runs eager
         return costs, _eager_after(err, target, draft)
 
@@ -101,7 +101,7 @@ def _eager_after(err: BaseException, target, draft) -> str:
 
 def prepare_call(pair, end: int) -> str:
     """On ZeroGPU, inside the GPU call and before the race: capture the graphs this run replays
-    (capture_for_run: every verify size, so that v(k) is timed) and time the pair's costs on them ->
+    (capture_for_run) and time the pair's costs on them ->
     the run's note ("" elsewhere: captured and timed at load). A capture that fails leaves this call
     eager, and the note says why."""
     from ..engine.forward import cache_kind
@@ -123,24 +123,23 @@ def for_this_call(pair, end: int) -> tuple[int, float, float]:
     and nothing could time them at load (no GPU outside a call)."""
     import time
     t0 = time.perf_counter()
-    made = capture_for_run(pair.target, pair.draft, MAX_VERIFY_TOKENS - 1, end)
+    made = capture_for_run(pair.target, pair.draft, end)
     t1 = time.perf_counter()
     pair.costs = timed(pair.target, pair.draft, pair.costs)
     return made, t1 - t0, time.perf_counter() - t1
 
 
-def capture_for_run(target, draft, gamma: int, end: int) -> int:
-    """Capture what one run up to position `end` replays: the target's forwards of up to γ+1 rows
-    (padded sizes; ZeroGPU's calls take every size) in its two caches, the draft's 1- and 2-row
-    feeds in its one, over the spans up to `end` -> the graphs captured; the device idle when it
-    returns, so no clock holds a capture."""
+def capture_for_run(target, draft, end: int) -> int:
+    """Capture what one run up to position `end` replays: the target's forwards of every verify size
+    (so that v(k) can be timed on them) in its two caches, the draft's 1- and 2-row feeds in its one,
+    over the spans up to `end` -> the graphs captured; the device idle when it returns, so no clock
+    holds a capture."""
     from ..engine.backends.graphs import SIZES
     from ..engine.forward import cache_kind
     from ..engine.kvcache import backend
-    verify = [s for s in SIZES if s <= next((s for s in SIZES if s >= gamma + 1), SIZES[-1])]
     if draft is target:  # the target as its own draft: one model, its sizes and a third cache
-        return _idle(target, backend(target).prepare(target, BASELINE_CACHES + DRAFT_CACHES, verify, end))
-    made = backend(target).prepare(target, BASELINE_CACHES, verify, end)
+        return _idle(target, backend(target).prepare(target, BASELINE_CACHES + DRAFT_CACHES, SIZES, end))
+    made = backend(target).prepare(target, BASELINE_CACHES, SIZES, end)
     if draft is not None and cache_kind(draft)[0] == "graphs":
         made += backend(draft).prepare(draft, DRAFT_CACHES, (1, 2), end)
     return _idle(target, made)

@@ -84,8 +84,7 @@ def apply_cache_args(pair, args) -> str:
     if kind == "graphs":
         if chosen != "graphs" or compile:
             from ..models.gpu_path import use_graphs
-            pair.costs, _ = use_graphs(pair.target, pair.draft, pair.costs, compile=compile,
-                                       per_call=on_zerogpu())  # ZeroGPU: captured in each call
+            pair.costs, _ = use_graphs(pair.target, pair.draft, pair.costs, compile=compile)
         return cache_kind(pair.target)[0] + (" + compile" if compile else "")
     kind = "static" if compile else kind
     step = pair.draft_step

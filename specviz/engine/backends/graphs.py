@@ -42,7 +42,10 @@ class Graphs(Backend):
                 if sm.max_len >= capacity:
                     return self.pool.pop(i)
         compile = inductor if runtime(model).compile else None
-        sm = StaticModel(model, max(capacity, CAPACITY), weak=True, compile=compile)
+        return self._limit(StaticModel(model, max(capacity, CAPACITY), weak=True, compile=compile))
+
+    def _limit(self, sm: StaticModel) -> StaticModel:
+        """sm capturing no span past prepare()'s last position (none set: every span)."""
         if self.upto is not None:
             sm.capture_upto = sm.span_for(min(self.upto, sm.max_len))
         return sm
@@ -72,7 +75,7 @@ class Graphs(Backend):
         taken = [self._take(model, end) for _ in range(caches)]
         before = sum(len(sm.graphs) for sm in taken)
         for sm in taken:
-            sm.capture_upto = sm.span_for(min(end, sm.max_len))
+            self._limit(sm)  # a pooled cache too, whatever an earlier call had set
             for n in runtime(model).sizes:
                 sm.capture(n)
         made = sum(len(sm.graphs) for sm in taken) - before

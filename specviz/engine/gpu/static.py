@@ -187,8 +187,8 @@ class StaticModel:
         self.spans = sorted(shorter | {self.max_len})
         self._forward = compile(self.forward) if compile is not None else self.forward
         # fuse: q/k/v as one matrix and gate/up as one (fuse_projections), on by default on CUDA
-        # fold: the norms and the joined q/k rotary in fewer kernels (fuse.rms_norm, fuse.rotate_joint;
-        # the same bits on a CPU), where the projections are joined
+        # fold: the norms, the q/k rotary (where the projections are joined) and the mask in fewer kernels
+        # (fuse.rms_norm, cpu/rotary.rotate_joint; the same bits on a CPU)
         self.fold = bool(fold)
         self.fused = fuse_projections(model, self.n_layers) if (
             self.device.type == "cuda" if fuse is None else fuse) else [None] * self.n_layers
