@@ -206,7 +206,7 @@ def test_a_race_of_all_methods_borrows_one_call_long_enough_for_its_races(zerogp
     list(run(["draft"] * 40, "p", 4, 512))
     assert zerogpu.calls[-1] == spaces.ZEROGPU_MAX_S
     source = (ROOT / "specviz" / "ui" / "leaderboard.py").read_text()
-    assert "gpu_decorator(page_handlers.limits, max_tokens_arg=3, methods_arg=0)(h.run)" in source
+    assert "page_handlers.gpu_call(h.run, max_tokens_arg=3, methods_arg=0)" in source
 
 
 def test_zerogpu_touches_no_gpu_outside_a_run(zerogpu, monkeypatch):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ..hosting.spaces import gpu_decorator
 from ..models import PairSpec
 from ..prompts import load_presets
 from ..run.race_bundle import load_bundle
@@ -97,7 +96,7 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
         page.method.change(lambda m: gr.update(visible=m in READS_MEMORY), page.method, page.fresh_memory,
                            **quiet)
     # ZeroGPU on a Space: borrow a GPU per run, for as long as its limits need (else a no-op)
-    run = gpu_decorator(handlers.limits, max_tokens_arg=2)(handlers.page_run())
+    run = handlers.gpu_call(handlers.page_run(), max_tokens_arg=2)
     # no gradio tracker: the Run button is the one queue counter (ui/runqueue.py; issue 51)
     once = dict(concurrency_limit=1, concurrency_id="generate", trigger_mode="once", show_progress="hidden")
     # one run per press: the button disables itself in the browser first (ui/runqueue.py), and

@@ -18,6 +18,9 @@ import gradio as gr
 from ..calibration.selfspec import resolve_options
 from ..engine.pair import OURS
 from ..errors import ModelError, free_memory, run_error_text
+from ..hosting import forked
+from ..hosting.forked import Bridge
+from ..hosting.spaces import gpu_decorator, on_zerogpu
 from ..models import PairSpec, available_pairs, resolve_pair
 from ..models.gpu_path import prepare_call
 from ..run import isolation
@@ -84,16 +87,20 @@ def tiny_spec() -> PairSpec:
 
 
 class Sessions:
-    """Stop flags per browser session (Stop must only stop its own run)."""
+    """Stop flags per browser session (Stop must only stop its own run). On ZeroGPU a run goes on in a
+    forked process: Stop there travels as the bridge's flag (hosting/forked.py)."""
 
-    def __init__(self):
+    def __init__(self, bridge: Bridge | None = None):
         self._lock = threading.Lock()
         self._runs: dict[str, tuple[threading.Event, threading.Event]] = {}
+        self.bridge = bridge
 
     def begin(self, key: str) -> tuple[threading.Event, threading.Event]:
         stop, done = threading.Event(), threading.Event()
         with self._lock:
             self._runs[key] = (stop, done)
+        if self.bridge is not None and self.bridge.is_open(key):  # inside a forked call: the page's Stop
+            self.bridge.watch_stop(key, stop, done)
         return stop, done
 
     def end(self, key: str, done: threading.Event) -> None:
@@ -108,6 +115,8 @@ class Sessions:
         if run is None:
             return False
         run[0].set()
+        if self.bridge is not None:  # the run itself is in a forked process (ZeroGPU)
+            self.bridge.ask_stop(key)
         run[1].wait(wait)
         return True
 
@@ -120,6 +129,12 @@ def expected(err: BaseException) -> bool:
 
 def _also(note: str, more: str) -> str:
     return f"{note}; {more}" if note else more
+
+
+def request_key(args: tuple, kwargs: dict) -> str:
+    """The session key of a handler's call, from its gr.Request (the last argument, or by name)."""
+    request = kwargs.get("request", next((a for a in reversed(args) if isinstance(a, gr.Request)), None))
+    return session_key(request)
 
 
 def session_key(request: gr.Request | None) -> str:
@@ -150,10 +165,27 @@ class Handlers:
     choices: PairChoices
     allow_local_paths: bool = False
     fixed_pair: bool = False
-    sessions: Sessions = field(default_factory=Sessions)
+    sessions: Sessions | None = None  # made with the bridge
     records: replay_ui.Records = field(default_factory=replay_ui.Records)  # each session's latest run
     queue: RunQueue = field(default_factory=RunQueue)  # who pressed Run, who runs (ui/runqueue.py)
     _ready_seen: set = field(default_factory=set)  # sessions whose replay section was collapsed once
+    # what a run gives the page's stores, across ZeroGPU's fork (hosting/forked.py); off ZeroGPU at once
+    bridge: Bridge = field(default_factory=Bridge)
+
+    def __post_init__(self):
+        self.sessions = self.sessions or Sessions(self.bridge)
+        self.bridge.register("trace", lambda key, tr: self.records.put(key, tr))  # records may be replaced
+        self.bridge.register("rounds", inspector.LATEST.put)
+        self.bridge.register("queue_start", self.queue.start)
+        self.bridge.register("queue_end", self.queue.end)
+
+    def gpu_call(self, handler, max_tokens_arg: int, methods_arg: int | None = None):
+        """handler as the page calls it: on ZeroGPU one borrowed GPU call in a forked process, bridged
+        (its stores and Stop reach the page's process); elsewhere handler itself."""
+        decorate = gpu_decorator(self.limits, max_tokens_arg=max_tokens_arg, methods_arg=methods_arg)
+        if not on_zerogpu():
+            return decorate(handler)
+        return forked.wrap(self.bridge, handler, decorate, request_key, self.sessions)
 
     def status_line(self, status: dict) -> tuple[str, str]:
         """(status box with the calibration's line, the busy banner's reason)."""
@@ -301,7 +333,7 @@ class Handlers:
     def _race(self, req, pair, ids, mode: str, key: str):
         """Stream one race into the panes; errors become a message, the server keeps serving."""
         stop, done = self.sessions.begin(key)
-        self.queue.start(key)
+        self.bridge.send("queue_start", key)
         stream = panes = None
         try:
             view = RunView(req.gamma, req.temperature, mode, req.prompt, req.chat_template)
@@ -313,7 +345,8 @@ class Handlers:
                             else req.options)
             view.costs = pair.costs  # calibration at load: plain step and v(k)
             view.unmeasured = pair.unmeasured  # another engine (vLLM): n/a, never 0
-            inspector.LATEST.put(key, view.spec.rounds)  # the p/q inspector reads the rounds as they come
+            # the p/q inspector reads the rounds as they come
+            self.bridge.track("rounds", key, view.spec.rounds)
             head = render.prompt_span(req.prompt, req.chat_template and pair.has_chat_template)
             info = RaceInfo(mode)
             # ZeroGPU: this call's graphs, captured before the race's clocks (models/gpu_path.py)
@@ -321,7 +354,7 @@ class Handlers:
             stream = race(pair, req, ids, mode, stop=stop, time_limit=self.limits.max_seconds, info=info)
             # kept as a trace when it ends (or stops): downloads and the theory overlay
             stream = record(stream, trace_for(req, pair, mode, f"live run · {req.prompt[:40]}"),
-                            on_end=lambda tr: self.records.put(key, tr))
+                            on_end=lambda tr: self.bridge.send("trace", key, tr))
             # fair mode: the engines' clocks are paused while we render, so only wall
             # time is at stake; parallel mode: rendering competes with the engines
             chart_every = CHART_INTERVAL if mode == "parallel" else CHART_INTERVAL / 2
@@ -354,7 +387,7 @@ class Handlers:
             if stream is not None:
                 stream.close()
             self.sessions.end(key, done)
-            self.queue.end(key)
+            self.bridge.send("queue_end", key)
 
     def stop_click(self, request: gr.Request):
         # ask the engines to stop at their next step and wait a little so the

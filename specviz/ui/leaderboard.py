@@ -23,7 +23,6 @@ import gradio as gr
 from ..engine.cpu.threads import settle
 from ..engine.pair import dtype_of
 from ..errors import free_memory, run_error_text
-from ..hosting.spaces import gpu_decorator
 from ..models.gpu_path import prepare_call
 from ..run.leaderboard import (
     DEFAULT_KEYS,
@@ -264,7 +263,7 @@ class BoardHandlers:
 
     def _race(self, key, pair, req, ids, board):
         stop, done = self.page.sessions.begin(key)
-        self._keep(key, board)
+        self.page.bridge.send("board", key, board)
         panes, last, last_chart = None, 0.0, 0.0
         stream = race_methods(pair, req, ids, board, stop=stop, time_limit=self.page.limits.max_seconds,
                               warmup=WARMUP)
@@ -305,6 +304,7 @@ class BoardHandlers:
             note = f"the baseline did not finish: {board.meta['baseline_error']}"
         best = next(iter(pick_choices(board)), (None, None))[1]
         panes = pane_stream(board, best) if best else None
+        self.page.bridge.send("board", key, board)  # as it ended: from a forked call, the page's copy
         yield self._outputs(board, panes, note, pick=best or "", download=self._download(key, board))
 
     def show(self, pick, request: gr.Request = None):
@@ -345,7 +345,8 @@ def wire(tab: BoardTab, page_handlers, session_key) -> list:
     for c in (tab.gamma, tab.max_new, tab.temperature, tab.seed):  # checked and named by make_request
         c.preprocess = lambda payload: payload
     # ZeroGPU on a Space: one borrowed GPU call for all the races (else a no-op)
-    run = gpu_decorator(page_handlers.limits, max_tokens_arg=3, methods_arg=0)(h.run)
+    run = page_handlers.gpu_call(h.run, max_tokens_arg=3, methods_arg=0)
+    page_handlers.bridge.register("board", h._keep)  # a forked race's board, for the picker (hosting/forked)
     race = tab.run_btn.click(run, tab.inputs, tab.outputs, api_name="race_methods", concurrency_limit=1,
                              concurrency_id="generate", trigger_mode="once", show_progress="hidden")
     tab.pick.input(h.show, tab.pick, tab.panes, api_visibility="private", show_progress="hidden")
