@@ -186,3 +186,20 @@ def test_a_forked_race_of_all_methods_leaves_its_board_for_the_picker(forked_app
                   and h.page.records is forked_app.records)
     board = boards._board(client.session_hash)
     assert board is not None and {"draft", "suffix"} <= set(board.runs), "the board stayed in the fork"
+
+
+def test_a_forked_runs_output_joins_the_pages_memory_and_the_next_fork_copies_from_it(forked_app):
+    """The suffix drafters' memory of earlier outputs: a fresh fork copies the page's process, so a
+    run's output must reach it, or every run on ZeroGPU would start from an empty memory."""
+    from specviz.engine.suffix_tree import MEMORY
+    client = forked_app.client()
+    key = client.session_hash
+    run = dict(prompt="def f(x):", max_new_tokens=24)
+    client.predict(*args(**run), method="suffix", api_name="/run")
+    tree = MEMORY.tree(key)
+    assert tree is not None and len(tree.docs) == 1 and next(iter(tree.docs.values())), \
+        "the run's output stayed in the fork"
+    client.predict(*args(**run), method="suffix", api_name="/run")  # a fresh fork
+    places = [(r.info.get("source") or {}).get("where") for r in inspector.LATEST.get(key)]
+    assert "memory" in places, places  # copied from the first run's output
+    assert len(MEMORY.tree(key).docs) == 2

@@ -285,6 +285,22 @@ class Memory:
     def nbytes(self) -> int:
         return sum(t.nbytes() for t in self.trees.values())
 
+    def docs(self) -> set:
+        """(scope, doc) of every output held now: what since() compares against."""
+        with self.lock:
+            return set(self.order)
+
+    def since(self, before: set) -> list[tuple[str, str, list[int]]]:
+        """(scope, label, tokens) of each output written since docs() gave `before`: what a ZeroGPU
+        call's forked process hands the page's memory (ui/handlers.py), oldest first."""
+        with self.lock:
+            return [(scope, self.labels.get((scope, doc), ""), list(self.trees[scope].docs[doc]))
+                    for scope, doc in self.order if (scope, doc) not in before]
+
+    def add(self, scope: str, label: str, tokens, now: float) -> None:
+        """A whole output at once (written elsewhere: a forked process's run)."""
+        self.extend(scope, self.new_doc(scope, label, now), tokens, now)
+
     def clear(self) -> None:
         with self.lock:
             self.trees.clear()

@@ -10,6 +10,7 @@ import inspect
 import os
 import tempfile
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -17,6 +18,7 @@ import gradio as gr
 
 from ..calibration.selfspec import resolve_options
 from ..engine.pair import OURS
+from ..engine.suffix_tree import MEMORY
 from ..errors import ModelError, free_memory, run_error_text
 from ..hosting import forked
 from ..hosting.forked import Bridge
@@ -131,6 +133,12 @@ def _also(note: str, more: str) -> str:
     return f"{note}; {more}" if note else more
 
 
+def remember(key: str, docs: list) -> None:
+    """Outputs a forked run wrote into the suffix drafters' memory, into this process's (hosting/forked)."""
+    for scope, label, tokens in docs:
+        MEMORY.add(scope, label, tokens, time.monotonic())
+
+
 def request_key(args: tuple, kwargs: dict) -> str:
     """The session key of a handler's call, from its gr.Request (the last argument, or by name)."""
     request = kwargs.get("request", next((a for a in reversed(args) if isinstance(a, gr.Request)), None))
@@ -178,6 +186,8 @@ class Handlers:
         self.bridge.register("rounds", inspector.LATEST.put)
         self.bridge.register("queue_start", self.queue.start)
         self.bridge.register("queue_end", self.queue.end)
+        # a forked run's outputs for the suffix drafters' memory: a fresh fork copies the page's memory
+        self.bridge.register("memory", remember)
 
     def gpu_call(self, handler, max_tokens_arg: int, methods_arg: int | None = None):
         """handler as the page calls it: on ZeroGPU one borrowed GPU call in a forked process, bridged
@@ -335,6 +345,7 @@ class Handlers:
         stop, done = self.sessions.begin(key)
         self.bridge.send("queue_start", key)
         stream = panes = None
+        held = MEMORY.docs()  # what this run adds to the drafters' memory goes home from a fork (below)
         try:
             view = RunView(req.gamma, req.temperature, mode, req.prompt, req.chat_template)
             view.method, view.gamma_auto, view.dtype = req.method, req.gamma_auto, pair.dtype
@@ -367,6 +378,7 @@ class Handlers:
                                              f"{self.limits.max_seconds:g} s")
             elif stop.is_set():
                 view.note = _also(view.note, "stopped by you")
+            self.bridge.send_home("memory", key, MEMORY.since(held))  # ZeroGPU: the next fork is fresh
             yield panes.outputs(charts=True)
         except Exception as err:  # noqa: BLE001 - OOM and friends: tell the visitor, keep serving
             if stream is not None:
