@@ -1,5 +1,6 @@
 """What machine this is: CPU model and flags, cores, GPU name, load. One home
-for /proc/cpuinfo reading; calibration caches are keyed by machine_key()."""
+for /proc/cpuinfo reading; calibration caches are keyed by machine_key(). And what a
+forked process of ours must get fresh (Lock, after_fork)."""
 from __future__ import annotations
 
 import functools
@@ -8,6 +9,7 @@ import os
 import platform
 import threading
 import time
+import weakref
 from pathlib import Path
 
 BUSY_SHARE = 0.5  # others use at least half of all cores: timings are unreliable
@@ -108,6 +110,53 @@ def read_proc() -> tuple[float, float] | None:
     return used / tick, (float(own[11]) + float(own[12])) / tick  # utime + stime
 
 
+# ------------------------------------------------------------------ forks
+
+_LOCKS: weakref.WeakSet = weakref.WeakSet()
+
+
+class Lock:
+    """threading.Lock, made anew in a forked process. ZeroGPU runs each GPU call in a fork of the
+    page's process (hosting/forked.py), and fork copies a lock as it is: one that another thread held
+    at that instant (a replay rendering, a store being written) stays held in the fork for ever,
+    and the run waiting on it hangs. tests/test_zerogpu_fork.py forks as spaces does."""
+
+    __slots__ = ("_lock", "__weakref__")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        _LOCKS.add(self)
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return self._lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    def __enter__(self) -> bool:
+        return self._lock.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+
+def _fresh_locks() -> None:
+    for lock in list(_LOCKS):
+        lock._lock = threading.Lock()
+
+
+def after_fork(fn) -> None:
+    """fn() in a forked child, before anything else runs there (os.register_at_fork)."""
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=fn)
+
+
+after_fork(_fresh_locks)
+
+
 class CpuMeter:
     """Cores used by other processes, averaged between two readings."""
 
@@ -115,10 +164,11 @@ class CpuMeter:
                  interval: float = MIN_INTERVAL):
         self._read, self._clock, self.interval = read or read_proc, clock, interval
         self.cores = cores or os.cpu_count() or 1
-        self._lock = threading.Lock()
+        self._lock = Lock()
         self._last: tuple[float, tuple[float, float]] | None = None
         self.others: float | None = None  # cores' worth used by other processes
         self.exact = False  # others came from /proc (not the load average, which counts our threads too)
+        self._pid = os.getpid()
 
     def sample(self) -> float | None:
         with self._lock:
@@ -133,6 +183,8 @@ class CpuMeter:
                 except OSError:
                     self.others = None
                 return self.others
+            if self._pid != os.getpid():  # a fork: its own CPU time restarts at 0, the last reading
+                self._pid, self._last = os.getpid(), None  # was the parent's (18.8 of 2 cores, once)
             if self._last is not None:
                 dt = now - self._last[0]
                 used, own = got[0] - self._last[1][0], got[1] - self._last[1][1]

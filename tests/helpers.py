@@ -130,3 +130,15 @@ def run_fields() -> tuple:
     return ("prompt", "gamma", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "chat_template", "mode",
             "method", "gamma_auto", *method_options.KEYS,  # the method settings: generated, in this order
             "fresh_memory")  # the box under Run (suffix, hybrid: read no earlier run's output)
+
+
+def press_stop(client, job, within: float = 10.0):
+    """Press the page's Stop while `job` runs: it must end within `within` seconds -> its last output."""
+    import time
+    assert not job.done(), "the run finished before Stop could be tested"
+    t0 = time.monotonic()
+    client.predict(api_name="/stop")
+    while not job.done() and time.monotonic() - t0 < 3 * within:
+        time.sleep(0.05)
+    assert job.done() and time.monotonic() - t0 < within, "Stop did not end the run in time"
+    return job.outputs()[-1]

@@ -7,7 +7,7 @@ import pytest
 gradio_client = pytest.importorskip("gradio_client")
 from browser.server import shared_server  # noqa: E402
 from gradio_client import Client  # noqa: E402
-from helpers import fake_pair  # noqa: E402
+from helpers import fake_pair, press_stop  # noqa: E402
 
 GOOD = dict(gamma=4, max_new_tokens=48, temperature=0.0, top_p=1.0, top_k=0, seed=0, chat_template=False,
             mode="fair")
@@ -74,14 +74,7 @@ def test_stop_cancels_promptly_and_next_run_is_clean(client):
     end = time.monotonic() + 60
     while len(job.outputs()) < 2 and time.monotonic() < end and not job.done():
         time.sleep(0.05)
-    assert not job.done(), "run finished before Stop could be tested"
-    t0 = time.monotonic()
-    client.predict(api_name="/stop")
-    while not job.done() and time.monotonic() - t0 < 30:
-        time.sleep(0.05)
-    assert job.done()
-    assert time.monotonic() - t0 < 10
-    final = job.outputs()[-1]
+    final = press_stop(client, job)
     assert "stopped" in final[STATS] or "stopped" in final[INFO]
     out = client.predict(*args(max_new_tokens=16), api_name="/run")
     assert "identical outputs" in out[INFO] and "stopped" not in out[STATS]

@@ -18,8 +18,9 @@ tens of ms (measured in tests/test_suffix.py and the bench's lookup_ms).
 from __future__ import annotations
 
 import heapq
-import threading
 from dataclasses import dataclass, field
+
+from ..machine import Lock
 
 DEPTH = 24  # vLLM's default suffix_decoding_max_tree_depth
 MIN_PROB = 0.1  # vLLM's suffix_decoding_min_token_prob
@@ -251,7 +252,7 @@ class Memory:
     order: list = field(default_factory=list)  # (scope, doc) oldest first
     used: dict = field(default_factory=dict)  # scope -> last use (time.monotonic)
     labels: dict = field(default_factory=dict)  # (scope, doc) -> "your earlier run 2"
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: Lock = field(default_factory=Lock)
     _next: int = 0
 
     def tree(self, scope: str) -> SuffixTree | None:

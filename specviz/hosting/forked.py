@@ -26,6 +26,8 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
+from ..machine import Lock
+
 POLL_S = 0.05  # how often a forked run looks for a Stop (a stat call; engine steps take longer)
 KEEP = 64  # mirrored lists kept at home (the inspector keeps as many sessions' rounds)
 
@@ -36,7 +38,7 @@ class Bridge:
 
     def __init__(self):
         self._stores: dict[str, object] = {}
-        self._lock = threading.Lock()
+        self._lock = Lock()
         self._open: set[str] = set()
         self._box: dict[str, list] = {}
         self._tracked: dict[str, dict[str, list]] = {}  # key -> kind -> [the run's list, items sent]

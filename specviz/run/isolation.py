@@ -16,10 +16,11 @@ counted as the engine's time. So:
 from __future__ import annotations
 
 import contextlib
-import threading
 
-TIMED = threading.Lock()
-_count_lock = threading.Lock()
+from ..machine import Lock
+
+TIMED = Lock()  # made anew in a fork (machine.Lock): ZeroGPU races in one
+_count_lock = Lock()
 _races = 0
 
 

@@ -44,6 +44,7 @@ from ..engine.cpu.threads import Governor
 from ..engine.events import RoundEvent, RunSummary, TokenEvent, event_time
 from ..engine.gpu.scheduler import WATCHDOG_S, RaceStuck
 from ..engine.rounds import Clock, VirtualClock
+from ..machine import after_fork
 from . import isolation
 from .runner import run_events, side_pair
 
@@ -125,6 +126,16 @@ _DONE = object()
 # SPECVIZ_FIXED_THREADS=1: every step at torch's thread count, whatever the load (engine/cpu/threads.py)
 GOVERN = os.environ.get("SPECVIZ_FIXED_THREADS", "") != "1"
 _FAIR_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specviz-fair")
+
+
+def _fair_thread_anew() -> None:
+    # a fork (ZeroGPU runs each GPU call in one) copies the executor but not its thread: every step
+    # submitted there waited for ever (tests/test_zerogpu_fork.py, once the parent had raced)
+    global _FAIR_THREAD
+    _FAIR_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specviz-fair")
+
+
+after_fork(_fair_thread_anew)
 
 
 def on_engine_thread(fn, *args, **kwargs):

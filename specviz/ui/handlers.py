@@ -23,6 +23,7 @@ from ..errors import ModelError, free_memory, run_error_text
 from ..hosting import forked
 from ..hosting.forked import Bridge
 from ..hosting.spaces import gpu_decorator, on_zerogpu
+from ..machine import Lock
 from ..models import PairSpec, available_pairs, resolve_pair
 from ..models.gpu_path import prepare_call
 from ..run import isolation
@@ -93,7 +94,7 @@ class Sessions:
     forked process: Stop there travels as the bridge's flag (hosting/forked.py)."""
 
     def __init__(self, bridge: Bridge | None = None):
-        self._lock = threading.Lock()
+        self._lock = Lock()
         self._runs: dict[str, tuple[threading.Event, threading.Event]] = {}
         self.bridge = bridge
 

@@ -14,7 +14,6 @@ answers from this session's latest run (LATEST).
 """
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 
 import gradio as gr  # module level: the handler's gr.EventData / gr.Request annotations must resolve
@@ -22,6 +21,7 @@ import plotly.graph_objects as go
 
 from ..engine.events import RoundEvent
 from ..format import number
+from ..machine import Lock
 from .charts import BLUE, ORANGE, PURPLE, _layout, empty
 from .draft_source import SOURCE_JS
 from .render import esc
@@ -33,7 +33,7 @@ class Latest:
     """Each browser session's latest rounds (live: the growing list; replay: the trace's)."""
 
     def __init__(self, keep: int = 64):
-        self._lock = threading.Lock()
+        self._lock = Lock()
         self._rounds: OrderedDict[str, list[RoundEvent]] = OrderedDict()
         self.keep = keep
 

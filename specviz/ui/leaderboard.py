@@ -12,7 +12,6 @@ shipped in assets/races/ show instantly, for a stage.
 """
 from __future__ import annotations
 
-import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ import gradio as gr
 from ..engine.cpu.threads import settle
 from ..engine.pair import dtype_of
 from ..errors import free_memory, run_error_text
+from ..machine import Lock
 from ..models.gpu_path import prepare_call
 from ..run.leaderboard import (
     DEFAULT_KEYS,
@@ -217,7 +217,7 @@ class BoardHandlers:
     races: dict = field(default_factory=dict)
     stop_grace: float = 5.0
     boards: OrderedDict = field(default_factory=OrderedDict)  # each session's latest race
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: Lock = field(default_factory=Lock)
 
     def _keep(self, key: str, board: Board) -> None:
         with self.lock:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..engine.pair import runs_as
 from ..errors import load_error_text
-from ..machine import on_zerogpu
+from ..machine import Lock, on_zerogpu
 from ..models import PairSpec, load_pair
 from ..run import isolation
 
@@ -58,7 +58,7 @@ class ModelManager:
         self.quantize = quantize if quantize not in (None, "", "none") else None
         self.precision = precision if precision not in (None, "", "auto") else None
         self._loader = loader
-        self._lock = threading.Lock()
+        self._lock = Lock()
         self.pair = None  # the ModelPair in service
         self.spec: PairSpec | None = None  # its spec
         self.loading: PairSpec | None = None  # the spec being loaded

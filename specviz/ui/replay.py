@@ -27,6 +27,7 @@ import gradio as gr  # module level: handlers' `request: gr.Request` annotations
 
 from ..engine.events import RoundEvent, RunSummary
 from ..engine.proposers import REGISTRY
+from ..machine import Lock
 from ..run import isolation
 from ..run.race import SIDES
 from ..run.trace import Trace, event_time, headline, headline_text, load_trace, replay, trace_costs
@@ -259,7 +260,7 @@ class Records:
     """The latest trace (live run or replay) of each browser session."""
 
     def __init__(self, keep: int = 64):
-        self._lock = threading.Lock()
+        self._lock = Lock()
         self._latest: OrderedDict[str, tuple[Trace, str]] = OrderedDict()
         self.keep = keep
         self.dir = tempfile.mkdtemp(prefix="specviz-traces-")

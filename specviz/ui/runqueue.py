@@ -9,10 +9,11 @@ come, first served, so the order in which sessions pressed Run is the queue.
 """
 from __future__ import annotations
 
-import threading
 import time
 
 import gradio as gr
+
+from ..machine import Lock
 
 RUN = "▶ Run"
 RUNNING = "Running…"
@@ -58,7 +59,7 @@ class RunQueue:
     """Which sessions pressed Run and wait, and which one runs."""
 
     def __init__(self, clock=time.monotonic):
-        self._lock = threading.Lock()
+        self._lock = Lock()
         self._waiting: dict[str, float] = {}  # session -> when it pressed (insertion order = queue order)
         self._running: set[str] = set()
         self._clock = clock

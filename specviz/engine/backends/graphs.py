@@ -13,9 +13,9 @@ lookahead engines make their own; self-speculation gets one: decoding.py), and t
 `capacity` positions (graphs read fixed buffers: it never grows)."""
 from __future__ import annotations
 
-import threading
 import weakref
 
+from ...machine import Lock
 from ..gpu.cache import GraphCache
 from ..gpu.static import StaticModel
 from .base import Backend, runtime
@@ -33,7 +33,7 @@ class Graphs(Backend):
 
     def __init__(self):
         self.pool: list[StaticModel] = []
-        self.lock = threading.Lock()  # two sides of a parallel race take caches at once
+        self.lock = Lock()  # two sides of a parallel race take caches at once
         self.upto: int | None = None  # prepare()'s last position: a cache made later captures no further
 
     def _take(self, model, capacity: int) -> StaticModel:
