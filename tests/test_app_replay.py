@@ -54,6 +54,22 @@ def test_stop_stops_a_replay(client, shipped):
     assert "replay stopped by you" in final[INFO]
 
 
+def test_a_run_ends_the_sessions_replay(client, shipped):
+    """A visitor pressed Run while a replay played: both went on, their frames took turns in the
+    same panes, and the replay, ending last, hid the run (a browser pass on 2026-11-28)."""
+    from test_app import args
+    name = max(shipped, key=lambda n: shipped[n].summaries()["baseline"].elapsed)
+    replay = client.submit(name, None, 1.0, api_name="/replay")
+    end = time.monotonic() + 60
+    while len(replay.outputs()) < 1 and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not replay.done(), "replay finished before the run could be tested"
+    out = client.predict(*args(max_new_tokens=8), api_name="/run")
+    assert replay.done(), "the replay went on after the run"
+    assert "replay stopped" in replay.outputs()[-1][INFO]
+    assert "identical outputs" in out[INFO] and "not live" not in out[INFO]
+
+
 def test_bad_upload_is_a_clear_error(client, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"hello": "world"}')

@@ -129,6 +129,23 @@ def test_stop_reaches_a_forked_run_and_its_last_state_reaches_the_page(forked_ap
     assert got is not None and got[0].summaries()["speculative"].stop_reason == "stopped"
 
 
+def test_a_forked_run_ends_the_sessions_replay(forked_app):
+    """The replay plays in the page's process, the run in a fork: the run's call, begun in the page's
+    process, stops the replay first (a browser pass on 2026-11-28 saw both take turns in the panes)."""
+    from specviz.ui import replay as rp
+    shipped = rp.shipped()
+    client = forked_app.client()
+    replay = client.submit(max(shipped, key=lambda n: shipped[n].summaries()["baseline"].elapsed), None, 1.0,
+                           api_name="/replay")
+    end = time.monotonic() + 60
+    while not replay.outputs() and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not replay.done(), "the replay finished before the run could be tested"
+    out = client.predict(*args(max_new_tokens=8), api_name="/run")
+    assert replay.done() and "replay stopped" in replay.outputs()[-1][INFO]
+    assert "identical outputs" in out[INFO] and "stopped" not in out[STATS]
+
+
 def test_the_next_forked_run_is_clean(forked_app):
     out = forked_app.client().predict(*args(max_new_tokens=16), api_name="/run")
     assert "identical outputs" in out[INFO] and "stopped" not in out[STATS]

@@ -176,20 +176,20 @@ class Bridge:
         threading.Thread(target=poll, name=f"specviz-stop-{flag.name}", daemon=True).start()
 
 
-def wrap(bridge: Bridge, handler, decorate, key_of, sessions):
-    """handler as a ZeroGPU page calls it: decorate (spaces.GPU(...)) around bridge.forked(handler);
-    in the page's process the session's run is begun with `sessions` (so Stop finds it, asks the
-    fork, and waits for its last state), and what the run sent is applied."""
+def wrap(bridge: Bridge, handler, decorate, key_of, begin, end):
+    """handler as a ZeroGPU page calls it: decorate (spaces.GPU(...)) around bridge.forked(handler).
+    In the page's process the session's run is begun (begin(key) -> (stop, done), end(key, done)), so
+    a Stop finds it, asks the fork and waits for its last state; what the run sent is applied here."""
     bridge.fork_calls()
     inner = decorate(bridge.forked(handler, key_of))
 
     @functools.wraps(handler)
     def call(*args, **kwargs):
         key = key_of(args, kwargs)
+        _, done = begin(key)  # may stop what the session ran before: that Stop's flag goes next
         bridge.clear_stop(key)
-        stop, done = sessions.begin(key)
         try:
             yield from bridge.home(inner(*args, **kwargs), key)
         finally:
-            sessions.end(key, done)
+            end(key, done)
     return call

@@ -106,6 +106,12 @@ class Sessions:
             self.bridge.watch_stop(key, stop, done)
         return stop, done
 
+    def take(self, key: str, wait: float = 0.0) -> tuple[threading.Event, threading.Event]:
+        """begin(key), after stopping what the session ran (a replay playing into the same panes: it
+        went on, and its frames and the run's took turns on the page until the later one ended)."""
+        self.stop(key, wait)
+        return self.begin(key)
+
     def end(self, key: str, done: threading.Event) -> None:
         done.set()
         with self._lock:
@@ -196,7 +202,8 @@ class Handlers:
         decorate = gpu_decorator(self.limits, max_tokens_arg=max_tokens_arg, methods_arg=methods_arg)
         if not on_zerogpu():
             return decorate(handler)
-        return forked.wrap(self.bridge, handler, decorate, request_key, self.sessions)
+        return forked.wrap(self.bridge, handler, decorate, request_key,
+                           lambda key: self.sessions.take(key, wait=STOP_GRACE), self.sessions.end)
 
     def status_line(self, status: dict) -> tuple[str, str]:
         """(status box with the calibration's line, the busy banner's reason)."""
@@ -343,7 +350,9 @@ class Handlers:
 
     def _race(self, req, pair, ids, mode: str, key: str):
         """Stream one race into the panes; errors become a message, the server keeps serving."""
-        stop, done = self.sessions.begin(key)
+        # a forked call's session was taken in the page's process (hosting/forked.wrap)
+        stop, done = (self.sessions.begin(key) if self.bridge.is_open(key) else
+                      self.sessions.take(key, wait=STOP_GRACE))
         self.bridge.send("queue_start", key)
         stream = panes = None
         held = MEMORY.docs()  # what this run adds to the drafters' memory goes home from a fork (below)
