@@ -120,6 +120,7 @@ def create_app(args):
     """(demo, manager): the Blocks page and the model manager, loading started."""
     from specviz.engine.cpu.memory import freeze_imports
     from specviz.hosting.gpu import host_loader
+    from specviz.hosting.spaces import on_zerogpu
     from specviz.ui.blocks import build_demo
     from specviz.ui.loader import ModelManager
     freeze_imports()  # before the first model: the cycle collector's full walks get cheap
@@ -144,7 +145,8 @@ def create_app(args):
         manager.start(spec)
     demo = build_demo(manager, initial=spec, default_mode=args.mode or _default_mode(args),
                       allow_local_paths=args.allow_local_paths, limits=limits_from_args(args),
-                      fixed_pair=getattr(args, "fixed_pair", False), stage_mode=getattr(args, "stage", False))
+                      fixed_pair=getattr(args, "fixed_pair", False) or on_zerogpu(),  # see ZEROGPU_FIXED
+                      stage_mode=getattr(args, "stage", False))
     demo.queue(default_concurrency_limit=4, max_size=64)
     return demo, manager
 

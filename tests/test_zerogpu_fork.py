@@ -253,3 +253,21 @@ def test_a_fork_gets_free_locks_and_its_own_fair_thread():
         fair.join(10)
     finally:
         release.set()
+
+
+def test_on_zerogpu_the_pair_is_the_one_the_space_starts_with(monkeypatch, tmp_path):
+    """A forked worker outlives its call and keeps the pair it was forked with: a pair loaded later in
+    the page's process would be named on the page while the worker raced the old one."""
+    import app
+    from specviz.models import ModelError
+    from specviz.models.tiny import save_tiny_pair
+    from specviz.ui.handlers import Handlers
+    monkeypatch.setitem(sys.modules, "spaces", ForkingSpaces)
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    target, draft = save_tiny_pair(tmp_path)
+    demo, manager = app.create_app(app.build_parser().parse_args(["--target", str(target), "--draft", str(draft)]))
+    handlers = next(f.fn.__self__ for f in demo.fns.values() if f.api_name == "load_pair")
+    assert isinstance(handlers, Handlers) and handlers.fixed_pair
+    with pytest.raises(ModelError, match="keeps the pair it began with"):
+        handlers._spec_for("custom", "org/big", "org/small")
+    manager.wait(60)

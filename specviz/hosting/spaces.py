@@ -40,6 +40,11 @@ def on_zerogpu() -> bool:
 ZEROGPU_NOTE = ("ZeroGPU: both sides of a run share one borrowed-GPU call (spaces.GPU). torch.compile is "
                 "not used there; both sides replay CUDA graphs captured inside each call, before the clocks "
                 "(the run's line says how long that took). Not yet run on a real ZeroGPU Space.")
+# spaces keeps a call's forked worker for later calls while its GPU stays idle, and a worker holds the
+# pair of the moment it was forked: a pair a visitor loaded since would be named on the page while the
+# worker raced the old one. So on ZeroGPU the pair is the one the Space starts with (app.py)
+ZEROGPU_FIXED = ("On ZeroGPU the model pair is the one this Space starts with: each run happens in a GPU "
+                 "worker that keeps the pair it began with.")
 ZEROGPU_NO_COMPILE = "--compile is off on ZeroGPU (no torch.compile there): uncompiled forwards."
 
 

@@ -22,7 +22,7 @@ from ..engine.suffix_tree import MEMORY
 from ..errors import ModelError, free_memory, run_error_text
 from ..hosting import forked
 from ..hosting.forked import Bridge
-from ..hosting.spaces import gpu_decorator, on_zerogpu
+from ..hosting.spaces import ZEROGPU_FIXED, gpu_decorator, on_zerogpu
 from ..machine import Lock
 from ..models import PairSpec, available_pairs, resolve_pair
 from ..models.gpu_path import prepare_call
@@ -258,7 +258,8 @@ class Handlers:
 
     def _spec_for(self, key, target, draft) -> PairSpec:
         if self.fixed_pair:
-            raise ModelError("The model pair is fixed on this server: it cannot be changed from the page.")
+            raise ModelError("The model pair is fixed on this server: it cannot be changed from the page."
+                             + (f" {ZEROGPU_FIXED}" if on_zerogpu() else ""))
         if not key or not isinstance(key, str):
             raise ModelError("Pick a model pair in the list first.")
         if key == CUSTOM:

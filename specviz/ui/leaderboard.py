@@ -242,7 +242,8 @@ class BoardHandlers:
     def _outputs(self, board, panes, note="", banner="", charts=True, pick=None, download=None,
                  live=True) -> list:
         pane_out = panes.outputs(charts) if panes is not None else [gr.skip()] * 9
-        pick_out = gr.skip() if pick is None else gr.Dropdown(choices=pick_choices(board), value=pick)
+        # "" clears the picker: sent as None, which gradio takes without its "not in the choices" warning
+        pick_out = gr.skip() if pick is None else gr.Dropdown(choices=pick_choices(board), value=pick or None)
         busy.METER.sample()
         return [progress_html(board, note, banner), table_html(board, busy.busy_reason({}) if live else ""),
                 bar_chart(board) if charts else gr.skip(), pick_out,
