@@ -146,6 +146,12 @@ def test_a_forked_run_ends_the_sessions_replay(forked_app):
     assert "identical outputs" in out[INFO] and "stopped" not in out[STATS]
 
 
+def test_a_forked_runs_clear_message_reaches_the_page(forked_app):
+    """An empty prompt: the fork's gr.Error crosses back (pickled) as the page's one clear line."""
+    with pytest.raises(Exception, match="The prompt is empty"):
+        forked_app.client().predict(*args(prompt="   "), api_name="/run")
+
+
 def test_the_next_forked_run_is_clean(forked_app):
     out = forked_app.client().predict(*args(max_new_tokens=16), api_name="/run")
     assert "identical outputs" in out[INFO] and "stopped" not in out[STATS]
