@@ -98,3 +98,36 @@ def test_live_lookup_run_downloads_and_theory(browser, server, tmp_path):  # noq
     shows(page, "#sv-th-measured", "c 0.000", TIMEOUT)
     assert not errors, errors
     page.close()
+
+
+def test_a_replay_pressed_during_a_live_run_plays_to_its_end(browser, server):  # noqa: F811
+    """The replay stops the live run and takes the panes. A cancel wired to Run's click reached the
+    server only once the run had ended, and then cancelled the replay on its first frame (a browser
+    pass on 2026-11-28: 6 times of 6)."""
+    from browser.pages import press
+    from test_browser import set_number
+    traces = rp.shipped()
+    # at its recorded pace (a few seconds): the late cancel came some 0.3 s after the run had ended
+    name = max(traces, key=lambda n: traces[n].summaries()["baseline"].elapsed)
+    page, errors = open_page(browser, server, "light")
+    open_replay(page)
+    page.locator("#sv-replay-pick input").click()
+    page.get_by_role("option", name=rp.choice_label(name, traces[name])).click()
+    page.locator("#sv-replay-speed label", has_text="1×").first.click()
+    set_number(page, "sv-max-new", 512)
+    set_number(page, "sv-gamma", 2)
+    # Replay pressed from inside the page as soon as the run's first round shows (see test_browser's Stop)
+    page.evaluate("""() => new MutationObserver((_, obs) => {
+        if (document.querySelector('#sv-speculative .sv-round')) {
+            obs.disconnect(); document.querySelector('#sv-replay-play').click(); }
+    }).observe(document.querySelector('#sv-speculative'), {childList: true, subtree: true})""")
+    press(page)
+    page.wait_for_function("document.querySelector('#sv-runinfo').innerText.includes('Replay') && "
+                           "document.querySelector('#sv-stats').innerText.includes('done')", timeout=TIMEOUT)
+    page.wait_for_timeout(2000)  # a late cancel would land here
+    assert "Replay" in page.inner_text("#sv-runinfo") and "done" in page.inner_text("#sv-stats")
+    tr = traces[name]
+    assert page.locator("#sv-speculative .sv-round").count() == \
+        len([e for s, e in tr.events if s == "speculative"]) - 1
+    assert not errors, errors
+    page.close()

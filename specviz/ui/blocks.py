@@ -114,8 +114,7 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
     insp_out = [page.inspector["html"], page.inspector["plot"]]
     for press in (page.run_btn, page.replay.play):  # a new run or replay: no old token stays picked
         press.click(inspector.cleared, None, insp_out, **quiet)
-    replay_events = replay_ui.wire(page.replay, page.theory, replay, page.run_outputs,
-                                   [run_event], run_triggers=[page.run_btn.click])
+    replay_events = replay_ui.wire(page.replay, page.theory, replay, page.run_outputs, [run_event])
     stop = page.stop_btn.click(handlers.stop_click, None, None, api_name="stop", queue=False,
                                show_progress="hidden")
     stop.then(None, None, None, cancels=[run_event, *replay_events], api_visibility="private") \

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
+from ..hosting.spaces import ZEROGPU_FIXED, on_zerogpu
 from ..run.request import MAX_GAMMA, Limits
 from . import draft_size, inspector, method_options, render, theory
 from . import leaderboard as board_ui
@@ -146,11 +147,16 @@ def _more_settings(first: dict) -> dict:
 
 def _pair_section(choices: PairChoices, allow_local_paths: bool, fixed_pair: bool) -> dict:
     with gr.Accordion("Model pair", open=False, elem_id="sv-pair"):
-        gr.Markdown("The pair is shared by everyone using this server. Loading another one takes "
-                    "a while; the current pair serves until the new one is ready.")
+        if fixed_pair:
+            gr.Markdown("The pair is fixed on this server: every run uses the pair it started with."
+                        + (f" {ZEROGPU_FIXED}" if on_zerogpu() else ""))
+        else:
+            gr.Markdown("The pair is shared by everyone using this server. Loading another one takes "
+                        "a while; the current pair serves until the new one is ready.")
         with gr.Row():
             pair_pick = gr.Dropdown(choices.labels, value=choices.initial, label="Target + draft",
-                                    info="Both models must share one tokenizer", scale=3)
+                                    info="Both models must share one tokenizer", scale=3,
+                                    interactive=not fixed_pair)
             load_btn = gr.Button("Load pair" if not fixed_pair else "Load pair (fixed on this server)",
                                  scale=1, interactive=not fixed_pair)
         with gr.Row(visible=False) as custom_row:

@@ -426,13 +426,11 @@ class ReplayHandlers:
         self.sessions.stop(self.session_key(request), wait=self.stop_grace)
 
 
-def wire(box: ReplayBox, th: theory.TheoryTab, handlers: ReplayHandlers, outputs: list, live_events: list,
-         run_triggers=()) -> list:
+def wire(box: ReplayBox, th: theory.TheoryTab, handlers: ReplayHandlers, outputs: list,
+         live_events: list) -> list:
     """Hook replay, downloads and the theory overlay to the page. `live_events`:
-    the live run's events (their end updates the downloads and the theory tab);
-    `run_triggers`: what starts a live run (e.g. run_btn.click), which ends a
-    replay playing in the same session. Returns the replay's events (for the
-    page's Stop to cancel)."""
+    the live run's events (their end updates the downloads and the theory tab).
+    Returns the replay's events (for the page's Stop to cancel)."""
     quiet = dict(api_visibility="private", show_progress="hidden")
     after_in = [th.alpha, th.gamma, th.c, th.vmode]
     after_out = [box.dl_json, box.dl_csv, *th.measured_outputs()]
@@ -444,8 +442,9 @@ def wire(box: ReplayBox, th: theory.TheoryTab, handlers: ReplayHandlers, outputs
                                 api_name="replay", concurrency_limit=8, concurrency_id="replay",
                                 trigger_mode="once", show_progress="hidden")
     play_event.then(handlers.after, after_in, after_out, **quiet)
-    for trigger in run_triggers:  # a live run replaces a replay in the panes
-        trigger(None, None, None, cancels=[play_event], api_visibility="private", queue=False)
+    # a live run replaces a replay in the panes: its handler stops the session's replay first
+    # (Sessions.take). A cancel on Run's click did it in the browser until 2026-11-28, but the page sent
+    # it only once the run ended, and it then cancelled the replay a visitor had started meanwhile
     box.stop.click(handlers.stop_click, None, None, queue=False, **quiet) \
         .then(None, None, None, cancels=[play_event, *live_events], api_visibility="private")
     theory.wire(th)
