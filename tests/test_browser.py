@@ -17,7 +17,7 @@ if not Path(CHROMIUM).exists():
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright==1.65.2 (no browser download "
                                                              "needed: the test uses /usr/bin/chromium)")
 
-from browser.pages import charts_drawn, press, ready, run, run_ended, shows  # noqa: E402
+from browser.pages import charts_drawn, click_on_first_round, press, ready, run, run_ended, shows  # noqa: E402
 from browser.server import shared_server  # noqa: E402
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -104,13 +104,7 @@ def test_stop_button_stops_the_run(browser, server):
     page, errors = open_page(browser, server, "light")
     set_number(page, "sv-max-new", 512)
     set_number(page, "sv-gamma", 2)
-    # press Stop from inside the page as soon as the first round shows: on a busy
-    # 2-core machine playwright itself may only notice the round seconds later,
-    # after the (short, tiny-model) run has ended
-    page.evaluate("""() => new MutationObserver((_, obs) => {
-        if (document.querySelector('#sv-speculative .sv-round')) {
-            obs.disconnect(); document.querySelector('#sv-stop').click(); }
-    }).observe(document.querySelector('#sv-speculative'), {childList: true, subtree: true})""")
+    click_on_first_round(page, "#sv-stop")
     press(page)
     page.wait_for_function("document.querySelector('#sv-stats').innerText.includes('stopped')",
                            timeout=60_000)

@@ -23,15 +23,20 @@ def shots(page, name):
     page.evaluate("document.body.classList.remove('dark')")
 
 
+def pick_replay(page, name, tr, speed: str) -> None:
+    """Open the replay section, pick the shipped trace `name` and the speed labelled `speed`."""
+    open_replay(page)
+    page.locator("#sv-replay-pick input").click()
+    page.get_by_role("option", name=rp.choice_label(name, tr)).click()
+    page.locator("#sv-replay-speed label", has_text=speed).first.click()
+
+
 def test_replay_then_theory_tab(browser, server):  # noqa: F811
     traces = rp.shipped()
     name = min(traces, key=lambda n: traces[n].summaries()["baseline"].elapsed)
     page, errors = open_page(browser, server, "light")
     # pick the shortest shipped trace and play it fast
-    open_replay(page)
-    page.locator("#sv-replay-pick input").click()
-    page.get_by_role("option", name=rp.choice_label(name, traces[name])).click()
-    page.locator("#sv-replay-speed label", has_text="20×").click()
+    pick_replay(page, name, traces[name], "20×")
     page.click("#sv-replay-play")
     page.wait_for_function("document.querySelector('#sv-stats').innerText.includes('done')", timeout=TIMEOUT)
     page.wait_for_selector("#sv-dl-trace:not([disabled])", timeout=TIMEOUT)
@@ -104,23 +109,16 @@ def test_a_replay_pressed_during_a_live_run_plays_to_its_end(browser, server):  
     """The replay stops the live run and takes the panes. A cancel wired to Run's click reached the
     server only once the run had ended, and then cancelled the replay on its first frame (a browser
     pass on 2026-11-28: 6 times of 6)."""
-    from browser.pages import press
+    from browser.pages import click_on_first_round, press
     from test_browser import set_number
     traces = rp.shipped()
     # at its recorded pace (a few seconds): the late cancel came some 0.3 s after the run had ended
     name = max(traces, key=lambda n: traces[n].summaries()["baseline"].elapsed)
     page, errors = open_page(browser, server, "light")
-    open_replay(page)
-    page.locator("#sv-replay-pick input").click()
-    page.get_by_role("option", name=rp.choice_label(name, traces[name])).click()
-    page.locator("#sv-replay-speed label", has_text="1×").first.click()
+    pick_replay(page, name, traces[name], "1×")
     set_number(page, "sv-max-new", 512)
     set_number(page, "sv-gamma", 2)
-    # Replay pressed from inside the page as soon as the run's first round shows (see test_browser's Stop)
-    page.evaluate("""() => new MutationObserver((_, obs) => {
-        if (document.querySelector('#sv-speculative .sv-round')) {
-            obs.disconnect(); document.querySelector('#sv-replay-play').click(); }
-    }).observe(document.querySelector('#sv-speculative'), {childList: true, subtree: true})""")
+    click_on_first_round(page, "#sv-replay-play")
     press(page)
     page.wait_for_function("document.querySelector('#sv-runinfo').innerText.includes('Replay') && "
                            "document.querySelector('#sv-stats').innerText.includes('done')", timeout=TIMEOUT)

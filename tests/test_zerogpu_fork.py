@@ -277,6 +277,7 @@ def test_on_zerogpu_the_pair_is_the_one_the_space_starts_with(monkeypatch, tmp_p
     with pytest.raises(ModelError, match="keeps the pair it began with"):
         handlers._spec_for("custom", "org/big", "org/small")
     import gradio as gr  # the pair section says so, and offers nothing to pick (a browser pass found both)
+
     from specviz.hosting.spaces import ZEROGPU_FIXED
     assert any(isinstance(b, gr.Markdown) and ZEROGPU_FIXED in (b.value or "") for b in demo.blocks.values())
     assert not any(isinstance(b, gr.Dropdown) and b.label == "Target + draft" and b.interactive is not False

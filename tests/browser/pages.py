@@ -55,6 +55,16 @@ def press(page, button: str = "#sv-run", how=None) -> None:
     (how or (lambda: page.click(button)))()
 
 
+def click_on_first_round(page, target: str) -> None:
+    """Click `target` from inside the page as soon as the live run's first round shows: on a busy
+    2-core machine playwright itself may notice the round only seconds later, after the (short,
+    tiny-model) run has ended."""
+    page.evaluate("""sel => new MutationObserver((_, obs) => {
+        if (document.querySelector('#sv-speculative .sv-round')) {
+            obs.disconnect(); document.querySelector(sel).click(); }
+    }).observe(document.querySelector('#sv-speculative'), {childList: true, subtree: true})""", target)
+
+
 def run_ended(page, button: str = "#sv-run", timeout: int = TIMEOUT) -> None:
     """The run that `press` started has ended: its button went disabled and is enabled again
     (the release is chained after the run's event, so the run's outputs have all landed)."""
