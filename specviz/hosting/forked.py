@@ -67,13 +67,6 @@ class Bridge:
                 return
         self._stores[kind](key, *args)
 
-    def send_home(self, kind: str, key: str, *args) -> None:
-        """From a forked call only (with its next yield): what the run's own process already holds,
-        and the page's process must hold too (the suffix drafters' memory of earlier outputs)."""
-        with self._lock:
-            if key in self._open:
-                self._box[key].append((kind, args))
-
     def track(self, kind: str, key: str, items: list) -> None:
         """A list the run goes on appending to (the rounds): the store gets the list itself, or, from
         a forked call, a copy that each yield extends by the items new since the last."""

@@ -389,7 +389,8 @@ class Handlers:
                                              f"{self.limits.max_seconds:g} s")
             elif stop.is_set():
                 view.note = _also(view.note, "stopped by you")
-            self.bridge.send_home("memory", key, MEMORY.since(held))  # ZeroGPU: the next fork is fresh
+            if self.bridge.is_open(key):  # ZeroGPU: the next fork copies the page's memory, not this one's
+                self.bridge.send("memory", key, MEMORY.since(held))
             yield panes.outputs(charts=True)
         except Exception as err:  # noqa: BLE001 - OOM and friends: tell the visitor, keep serving
             if stream is not None:
