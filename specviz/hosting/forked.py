@@ -73,7 +73,7 @@ class Bridge:
         with self._lock:
             if key in self._open:
                 self._tracked[key][kind] = [items, 0]
-                self._box[key].append(("+", (kind, [])))  # a fresh list at home, even if nothing follows
+                self._box[key].append(("+", (kind,)))  # a fresh list at home, even if nothing follows
                 return
         self._stores[kind](key, items)
 
@@ -124,8 +124,7 @@ class Bridge:
     def deliver(self, key: str, sent: list) -> None:
         for kind, args in sent:
             if kind == "+":  # a tracked list begins: the store holds the page's copy, extended later
-                name, items = args
-                copy = list(items)
+                (name,), copy = args, []
                 with self._lock:
                     self._home[(name, key)] = copy
                     self._home.move_to_end((name, key))

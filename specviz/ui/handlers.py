@@ -356,7 +356,8 @@ class Handlers:
                       self.sessions.take(key, wait=STOP_GRACE))
         self.bridge.send("queue_start", key)
         stream = panes = None
-        held = MEMORY.docs()  # what this run adds to the drafters' memory goes home from a fork (below)
+        # what this run adds to the drafters' memory goes home from a fork (below); elsewhere it is home
+        held = MEMORY.docs() if self.bridge.is_open(key) else None
         try:
             view = RunView(req.gamma, req.temperature, mode, req.prompt, req.chat_template)
             view.method, view.gamma_auto, view.dtype = req.method, req.gamma_auto, pair.dtype
@@ -389,7 +390,7 @@ class Handlers:
                                              f"{self.limits.max_seconds:g} s")
             elif stop.is_set():
                 view.note = _also(view.note, "stopped by you")
-            if self.bridge.is_open(key):  # ZeroGPU: the next fork copies the page's memory, not this one's
+            if held is not None:  # ZeroGPU: the next fork copies the page's memory, not this one's
                 self.bridge.send("memory", key, MEMORY.since(held))
             yield panes.outputs(charts=True)
         except Exception as err:  # noqa: BLE001 - OOM and friends: tell the visitor, keep serving

@@ -395,8 +395,7 @@ class ReplayHandlers:
             yield message_outputs(msg)
             raise gr.Error(render.toast_text(msg), print_exception=False) from None
         key = self.session_key(request)
-        self.sessions.stop(key, wait=self.stop_grace)  # this visitor's live run or replay, if any
-        stop, done = self.sessions.begin(key)
+        stop, done = self.sessions.take(key, wait=self.stop_grace)  # stops this visitor's run or replay first
         self.records.put(key, tr, f"replay: {tr.meta.get('label') or source}")  # its files and theory point
         inspector.put_trace(key, tr)  # clicks on its tokens open the p/q inspector
         timer = self._deadline(stop)
