@@ -76,3 +76,20 @@ def test_bad_upload_is_a_clear_error(client, tmp_path):
     with pytest.raises(Exception) as info:
         client.predict(None, handle_file(str(bad)), 1.0, api_name="/replay")
     assert "not a SpecViz trace" in str(info.value) or "unsupported trace version" in str(info.value)
+
+
+def test_replay_plays_your_last_run(shipped):
+    """A visitor found Replay played a 2026-11-23 recording after their run: their own played only by
+    downloading its trace and uploading it again. The picker's "your last run" plays this session's
+    last live run, still after a replay of a recorded one."""
+    from test_app import args
+    mine = Client(shared_server().url, verbose=False)  # a session of its own
+    with pytest.raises(Exception, match="no run of yours in this browser yet"):
+        mine.predict(rp.YOURS, None, 20.0, api_name="/replay")
+    run = mine.predict(*args(max_new_tokens=8), api_name="/run")
+    name = min(shipped, key=lambda n: shipped[n].summaries()["baseline"].elapsed)
+    mine.predict(name, None, 20.0, api_name="/replay")  # a recorded run's replay in between
+    final = mine.predict(rp.YOURS, None, 20.0, api_name="/replay")
+    assert "not live" in final[INFO] and "not live" not in run[INFO]
+    assert final[BASE] == run[BASE]  # the run's own tokens
+    assert final[SPEC].count('class="sv-round"') == run[SPEC].count('class="sv-round"')

@@ -101,6 +101,15 @@ def test_live_lookup_run_downloads_and_theory(browser, server, tmp_path):  # noq
     page.get_by_role("tab", name="Theory explorer").click()
     shows(page, "#sv-th-measured", "your last run", TIMEOUT)
     shows(page, "#sv-th-measured", "c 0.000", TIMEOUT)
+    # the replay picker now holds this run, and Replay plays it (a visitor's played a 2026-11-23 recording)
+    page.get_by_role("tab", name="Live demo").click()
+    assert page.locator("#sv-replay-pick input").input_value() == rp.YOURS_LABEL
+    shows(page, "#sv-replay-info", "Your last run", TIMEOUT)
+    page.locator("#sv-replay-speed label", has_text="20×").first.click()
+    page.click("#sv-replay-play")
+    page.wait_for_function("document.querySelector('#sv-runinfo').innerText.includes('not live') && "
+                           "document.querySelector('#sv-stats').innerText.includes('done')", timeout=TIMEOUT)
+    assert "prompt lookup" in page.inner_text("#sv-runinfo")
     assert not errors, errors
     page.close()
 

@@ -136,6 +136,26 @@ def test_bad_value_is_a_friendly_error(handlers, method, options, message):
     assert outs and "sv-status-error" in outs[-1][3] and render.esc(message) in outs[-1][3]
 
 
+def test_a_first_calibration_is_said_before_the_race(handlers, monkeypatch, tmp_path):
+    """A self-speculative method's one-time calibration runs before the race: the page says so, with
+    fresh panes, instead of "Press Run" (a visitor's first layer-skip run sat 35-45 s that way)."""
+    from specviz.calibration import selfspec
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(selfspec, "calibrate_skip_layers", lambda p: calls.append(1) or {"skip_layers": [1]})
+    pair = handlers.manager.pair
+    assert selfspec.pending(pair, "layer-skip", {}) == "layer-skip"
+    assert selfspec.pending(pair, "layer-skip", {"skip_layers": "1"}) is None  # given: nothing to measure
+    assert selfspec.pending(pair, "draft", {}) is None
+    first = run(handlers, "layer-skip")
+    assert calls == [1] and "Measuring, once for this pair on this machine" in first[0][3]
+    assert "sv-status-loading" in first[0][3] and "measuring first" in first[0][0]
+    assert "identical outputs" in first[-1][3]
+    assert selfspec.pending(pair, "layer-skip", {}) is None  # cached now
+    again = run(handlers, "layer-skip")
+    assert calls == [1] and not any("Measuring, once" in str(out[3]) for out in again)
+
+
 def test_tree_options_reach_the_run_and_its_trace(handlers, tmp_path):
     outs = run(handlers, "tree", tree_shape="2-1", tree_budget=3.0)
     assert "shape 2-1 · budget 3" in outs[-1][3]  # the run header, next to the method

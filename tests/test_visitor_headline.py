@@ -126,6 +126,24 @@ def test_a_hybrid_run_predicts_nothing_in_its_box_nor_on_its_chart():
     assert "no prediction: drafts copied from text" in render.stats_html(_suffix_view("suffix").snapshot())
 
 
+def test_the_box_names_every_round_of_a_hybrid_run():
+    """A visitor read "8 rounds copied text (no draft step) and 1 ran the draft model" beside a rounds
+    chip of 10 (2026-11-28): the round that drafted nothing was not named."""
+    view = _suffix_view()
+    r = _round(8, 0, gamma=0, info={"drafter": "none", "source": None}, t=0.95)
+    r.total_tokens, r.total_drafted, r.total_accepted, r.target_forwards = 33, 24, 24, 9
+    view.add("speculative", r)
+    view.add("baseline", TokenEvent(1, "x", Outcome.TARGET, 1.5, -1, 0))
+    line = re.search(r"sv-speedup-sub'>([^<]*)<", render.stats_html(view.snapshot())).group(1)
+    assert "4 rounds copied text (no draft step), 4 ran the draft model (c " in line
+    assert line.endswith(" and 1 drafted nothing (a plain step); the chain formula prices one drafter every round")
+    # and that round's one token looks like a plain step's, not a bonus after accepted drafts
+    html = render.round_html(r, "hybrid")
+    assert "sv-target" in html and "sv-bonus" not in html and 'data-o="bonus"' in html
+    assert "a plain step: nothing was drafted this round" in html and "all drafts were accepted" not in html
+    assert "sv-bonus" in render.round_html(view.spec.rounds[0], "hybrid")  # a round that drafted keeps it
+
+
 def _draft_view(drafted=(5, 5, 5, 5, 5, 2)) -> RunView:
     view = RunView(gamma=5, temperature=0.0, mode="fair")
     view.costs = CostModel(plain_step_s=0.01, verify_s=tuple(0.01 + 0.001 * (n - 1) for n in range(1, 18)))

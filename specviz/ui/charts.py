@@ -93,7 +93,7 @@ def speedup_chart(view: RunView) -> go.Figure:
                         hovertemplate="%{y:.2f}×<extra>predicted</extra>")
     if any(len(p) > 3 and p[3] is not None for p in pts):
         fig.add_scatter(x=t, y=[p[3] if len(p) > 3 else None for p in pts],
-                        name="with the verify cost v (the chips')", mode="lines", connectgaps=False,
+                        name="with the measured verify cost v", mode="lines", connectgaps=False,
                         line=dict(color=VERMILLION, width=2, dash="dot"),
                         hovertemplate="%{y:.2f}×<extra>predicted with v</extra>")
     return fig

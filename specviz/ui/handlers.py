@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
-from ..calibration.selfspec import resolve_options
+from ..calibration.selfspec import pending, resolve_options
 from ..engine.pair import OURS
 from ..engine.suffix_tree import MEMORY
 from ..errors import ModelError, free_memory, run_error_text
@@ -33,7 +33,7 @@ from ..run.trace import record, trace_for
 from . import busy, inspector, method_options, render
 from . import replay as replay_ui
 from .loader import ModelManager
-from .panes import PaneStream, failed_outputs
+from .panes import PaneStream, calibrating_outputs, failed_outputs
 from .runqueue import RunQueue
 from .state import RunView
 
@@ -364,6 +364,9 @@ class Handlers:
             view.fresh_memory, view.reads_memory = req.fresh_memory, bool(req.scope) and not req.fresh_memory
             # shown next to the method in the run header, with what calibration chose for a blank exit
             # layer or skip set (the run resolves the same, cached, values: run/runner.py)
+            calibrate = pending(pair, req.method, req.options) if pair.engine == OURS else None
+            if calibrate:  # its first run on this machine measures first: say so, not "Press Run"
+                yield calibrating_outputs(calibrate)
             view.options = (resolve_options(pair, req.method, req.options) if pair.engine == OURS
                             else req.options)
             view.costs = pair.costs  # calibration at load: plain step and v(k)

@@ -25,11 +25,31 @@ N_OUTPUTS = 9
 RUN_INFO = 3
 
 
+def _skip():
+    import gradio as gr
+    return gr.skip()
+
+
 def message_outputs(message: str) -> list:
     """A visitor-readable error in the run info line; every other output left as it is."""
-    import gradio as gr
-    out = [gr.skip()] * N_OUTPUTS
+    out = [_skip()] * N_OUTPUTS
     out[RUN_INFO] = render.message_html(message)
+    return out
+
+
+CALIBRATING = {"layer-skip": "which of the target's layers layer skip leaves out",
+               "early-exit": "which of the target's layers early exit drafts from"}
+
+
+def calibrating_outputs(method: str) -> list:
+    """The page while a self-speculative method's one-time calibration runs before the race (a
+    visitor's first layer-skip run showed "Press Run" in both panes for 35-45 s, 2026-11-28)."""
+    out = PaneStream(RunView(1, 0.0, "")).outputs(charts=True)  # nothing of the previous run stays
+    out[0] = out[1] = "<span class='sv-placeholder'>measuring first: see the line above</span>"
+    out[RUN_INFO] = render.message_html(
+        f"Measuring, once for this pair on this machine, {CALIBRATING.get(method, method)} "
+        "(35-45 s on a 2-core CPU; cached, so later runs start at once). The race starts after it, "
+        "and this time is not part of either side's clock.", kind="loading")
     return out
 
 

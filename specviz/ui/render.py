@@ -62,9 +62,12 @@ def css_class(outcome: Outcome) -> str:
     return f"sv-{outcome.value}"
 
 
-def tooltip(tok: TokenEvent) -> str:
+PLAIN_STEP = "a plain step: nothing was drafted this round, so the target wrote its own next token"
+
+
+def tooltip(tok: TokenEvent, plain_step: bool = False) -> str:
     """Hover text: what happened, p(x), q(x), u and the acceptance probability."""
-    lines = [OUTCOME_LABELS[tok.outcome]]
+    lines = [PLAIN_STEP if plain_step else OUTCOME_LABELS[tok.outcome]]
     if tok.round >= 0:
         where = f"round {tok.round + 1}"
         if tok.position:
@@ -87,7 +90,8 @@ def tooltip(tok: TokenEvent) -> str:
     elif tok.outcome is Outcome.RESAMPLED:
         lines.append(f"p(x) = {number(tok.p, '{:.4f}')}   drawn from norm(max(0, p − q))")
     elif tok.outcome is Outcome.BONUS:
-        lines.append(f"p(x) = {number(tok.p, '{:.4f}')}   drawn from p: all drafts were accepted")
+        why = "nothing to test" if plain_step else "all drafts were accepted"
+        lines.append(f"p(x) = {number(tok.p, '{:.4f}')}   drawn from p: {why}")
     else:
         lines.append(f"p(x) = {number(tok.p, '{:.4f}')}")
     lines.append(f"t = {tok.t:.3f} s")
@@ -98,10 +102,14 @@ NL_SYMBOL = "↵"
 SPECIAL = re.compile(r"<\|[^|<>\s]{1,40}\|>|</?s>")  # <|im_end|>, <|endoftext|>, </s>: markers, not text
 
 
-def token_span(tok: TokenEvent, where: tuple[int, int] | None = None, note: str = "") -> str:
-    """`note`: the round's method-specific story (which n-gram won, ...), added to the tooltip."""
+def token_span(tok: TokenEvent, where: tuple[int, int] | None = None, note: str = "",
+               plain_step: bool = False) -> str:
+    """`note`: the round's method-specific story (which n-gram won, ...), added to the tooltip.
+    `plain_step`: a round that drafted nothing, whose one token looks like the baseline's (a
+    suffix-tree pane of such rounds was mostly bold "bonus" tokens at α̂ 0.31, 2026-11-28)."""
     text = tok.text
-    classes = ["sv-tok", css_class(tok.outcome)]
+    look = Outcome.TARGET if plain_step and tok.outcome is Outcome.BONUS else tok.outcome
+    classes = ["sv-tok", css_class(look)]
     if text == "":
         classes.append("sv-empty")  # part of a multi-byte character still being built
     elif tok.outcome is Outcome.REJECTED:
@@ -115,7 +123,7 @@ def token_span(tok: TokenEvent, where: tuple[int, int] | None = None, note: str 
     elif SPECIAL.fullmatch(text):
         classes.append("sv-special")  # a marker: a visitor read "<|im_end|>" as output text
         note = "\n".join(filter(None, ["a special token, not text (an end-of-turn token ends a run)", note]))
-    tip = tooltip(tok) + (f"\n{note}" if note else "")
+    tip = tooltip(tok, plain_step) + (f"\n{note}" if note else "")
     # where = (round index, row): the inspector's click target (ui/inspector.py)
     data = (f' data-r="{int(where[0])}" data-i="{int(where[1])}" data-o="{tok.outcome.value}"'
             if where is not None else "")
@@ -140,7 +148,8 @@ def round_html(r: RoundEvent, method: str | None = None) -> str:
     info = getattr(r, "info", None) or {}
     note = round_note(info, method)
     # a drafted token's row is its position; an appended one sits after the accepted drafts
-    inner = "".join(token_span(t, (r.index, t.position - 1 if t.position > 0 else r.n_accepted), note)
+    plain = not r.gamma and not r.draft_ids
+    inner = "".join(token_span(t, (r.index, t.position - 1 if t.position > 0 else r.n_accepted), note, plain)
                     for t in r.tokens)
     src = draft_source.round_data(info)  # a draft copied from text: where from (ui/draft_source.py)
     return f'<span class="{draft_source.round_class(info)}" data-round="{r.index + 1}"{src}>{inner}</span>'
@@ -256,7 +265,8 @@ def status_html(status: dict, extra: str = "") -> str:
 
 
 def message_html(text: str, kind: str = "error") -> str:
-    return (f"<div class='sv-status sv-status-{kind}' role='alert'><span class='sv-dot sv-dot-{kind}'></span>"
+    dot = "busy" if kind == "loading" else kind  # loading: the pulsing dot of the models' load
+    return (f"<div class='sv-status sv-status-{kind}' role='alert'><span class='sv-dot sv-dot-{dot}'></span>"
             f"{esc(text)}</div>")
 
 
@@ -352,6 +362,7 @@ CSS = """
 #sv-speculative .sv-tok[data-r] { cursor: pointer; }
 .sv-picked { outline: 2px solid #CC79A7; outline-offset: 1px; }
 .sv-insp { font-size: 13.5px; line-height: 1.6; }
+.sv-insp code { white-space: pre; }  /* a token of three spaces showed as one */
 .sv-insp-gauge { position: relative; height: 12px; max-width: 28em; margin: 4px 0 0;
   border-radius: 3px; background: rgba(213,94,0,.25); }
 .sv-insp-accept { position: absolute; left: 0; top: 0; bottom: 0; background: rgba(0,158,115,.55);

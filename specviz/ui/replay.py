@@ -39,6 +39,11 @@ from .state import RunView
 from .tree_view import latest_tree_figure
 
 TRACES_DIR = Path(__file__).resolve().parents[2] / "assets" / "traces"
+YOUR_RUN = "your last run"
+# the picker's choice for the visitor's own last live run (a visitor found Replay played a 2026-11-23
+# recording after their run, and their own only by downloading its trace and uploading it again)
+YOURS = "__your_last_run__"
+YOURS_LABEL = "Your last run in this browser (press ▶ Run first)"
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 SPEEDS = [("1× (as recorded)", 1.0), ("2×", 2.0), ("5×", 5.0), ("20×", 20.0)]
 
@@ -183,7 +188,7 @@ def final_view(tr: Trace) -> RunView:
     return view
 
 
-def measured_from(tr: Trace, source: str = "your last run") -> theory.Measured | None:
+def measured_from(tr: Trace, source: str = YOUR_RUN) -> theory.Measured | None:
     view = final_view(tr)
     return theory.Measured.from_stats(view.stats(), view.gamma, view.method, source)
 
@@ -262,6 +267,7 @@ class Records:
     def __init__(self, keep: int = 64):
         self._lock = Lock()
         self._latest: OrderedDict[str, tuple[Trace, str]] = OrderedDict()
+        self._live: dict[str, Trace] = {}  # each session's last live run: the picker's "your last run"
         self.keep = keep
         self.dir = tempfile.mkdtemp(prefix="specviz-traces-")
         atexit.register(shutil.rmtree, self.dir, ignore_errors=True)
@@ -270,13 +276,21 @@ class Records:
         """Where this session's downloads are written (one run's files at a time)."""
         return Path(self.dir) / hashlib.sha1(key.encode()).hexdigest()[:16]
 
-    def put(self, key: str, tr: Trace, source: str = "your last run") -> None:
+    def put(self, key: str, tr: Trace, source: str = YOUR_RUN) -> None:
         with self._lock:
             self._latest[key] = (tr, source)
             self._latest.move_to_end(key)
+            if source == YOUR_RUN:
+                self._live[key] = tr
             while len(self._latest) > self.keep:  # a forgotten session's files go with it
                 old, _ = self._latest.popitem(last=False)
+                self._live.pop(old, None)
                 shutil.rmtree(self.folder(old), ignore_errors=True)
+
+    def live(self, key: str) -> Trace | None:
+        """This session's last live run (a replay since does not replace it)."""
+        with self._lock:
+            return self._live.get(key)
 
     def get(self, key: str) -> tuple[Trace, str] | None:
         with self._lock:
@@ -317,11 +331,13 @@ def build_section() -> ReplayBox:
     traces = shipped()
     choices = [(choice_label(n, t), n) for n, t in traces.items()]
     first = choices[0][1] if choices else None
+    choices.append((YOURS_LABEL, YOURS))
     with gr.Accordion("Replay a recorded run · download yours", open=True, elem_id="sv-replay") as acc:
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
                 pick = gr.Dropdown(choices, value=first, label="Recorded runs",
-                                   info="Runs of the default pair recorded for this page (label · hardware)",
+                                   info="Runs of the default pair recorded for this page (label · hardware), "
+                                        "or your own last run",
                                    elem_id="sv-replay-pick")
                 speed = gr.Radio(SPEEDS, value=1.0, label="Replay speed", elem_id="sv-replay-speed")
             with gr.Column(scale=2):
@@ -354,21 +370,26 @@ class ReplayHandlers:
     chart_every: float = 0.5
     ui_interval: float = 0.25
 
-    def selected(self, choice, up) -> tuple[Trace, str]:
+    def selected(self, choice, up, key: str = "") -> tuple[Trace, str]:
         if up:
             return load_for_replay(up), f"uploaded file {Path(up).name}"
+        if choice == YOURS:
+            tr = self.records.live(key)
+            if tr is None:
+                raise ValueError("no run of yours in this browser yet: press ▶ Run, then replay it here")
+            return tr, YOUR_RUN
         if choice in self.traces:
             return self.traces[choice], "recorded run"
         raise ValueError("pick a recorded run or upload a trace file")
 
-    def on_select(self, choice, up):
+    def on_select(self, choice, up, request: gr.Request = None):
         try:
-            tr, _ = self.selected(choice, up)
+            tr, _ = self.selected(choice, up, self.session_key(request))
         except ValueError as e:
             if up:
                 gr.Warning(render.toast_text(f"That file cannot be replayed: {e}"))
             return render.message_html(f"That file cannot be replayed: {e}" if up else str(e))
-        return describe_html(tr, "Uploaded" if up else "Selected")
+        return describe_html(tr, "Uploaded" if up else "Your last run" if choice == YOURS else "Selected")
 
     def _deadline(self, stop) -> threading.Timer | None:
         """Stops the replay at the server's time limit (None: no limit)."""
@@ -385,8 +406,9 @@ class ReplayHandlers:
         return timer
 
     def run_replay(self, choice, up, pace, request: gr.Request = None):
+        key = self.session_key(request)
         try:
-            tr, source = self.selected(choice, up)
+            tr, source = self.selected(choice, up, key)
             pace = float(pace or 1.0)
             if not 0.1 <= pace <= 1000:
                 raise ValueError("the replay speed must be between 0.1 and 1000")
@@ -394,7 +416,6 @@ class ReplayHandlers:
             msg = f"Cannot replay: {e}" if not isinstance(e, TypeError) else "Cannot replay: bad speed"
             yield message_outputs(msg)
             raise gr.Error(render.toast_text(msg), print_exception=False) from None
-        key = self.session_key(request)
         stop, done = self.sessions.take(key, wait=self.stop_grace)  # stops this visitor's run or replay first
         self.records.put(key, tr, f"replay: {tr.meta.get('label') or source}")  # its files and theory point
         inspector.put_trace(key, tr)  # clicks on its tokens open the p/q inspector
@@ -435,6 +456,7 @@ def wire(box: ReplayBox, th: theory.TheoryTab, handlers: ReplayHandlers, outputs
     after_out = [box.dl_json, box.dl_csv, *th.measured_outputs()]
     for ev in live_events:
         ev.then(handlers.after, after_in, after_out, **quiet)
+        ev.then(lambda: gr.update(value=YOURS), None, box.pick, **quiet)  # Replay now plays it
     for source in (box.pick, box.upload):
         source.change(handlers.on_select, [box.pick, box.upload], box.info, queue=False, **quiet)
     play_event = box.play.click(handlers.run_replay, [box.pick, box.upload, box.speed], outputs,

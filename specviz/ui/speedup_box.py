@@ -67,7 +67,7 @@ def _speedup_text(snap: dict) -> tuple[float | None, str]:
     if snap.get("error"):
         return None, "run failed"
     if (st.get("rounds") or 0) < HOLD_ROUNDS and not snap.get("finished"):
-        return None, f"shown after {HOLD_ROUNDS} rounds (round 1 also reads the prompt)"
+        return None, f"shown after {HOLD_ROUNDS} rounds or at the end (round 1 also reads the prompt)"
     why = _no_chain_text(snap) if snap.get("method") in FREE_DRAFTS else \
         _prediction_text(st, bool(snap.get("tree")), snap)
     return st.get("speedup"), _caveat(snap) + why
@@ -98,10 +98,14 @@ def _no_chain_text(snap: dict) -> str:
     if not model:
         return ("no prediction: drafts copied from text cost no draft steps, and the chain formula prices "
                 "a draft model's γ·c each round")
-    c = (snap["stats"] or {}).get("c")
-    return (f"no prediction: {copied} round{'s' * (copied != 1)} copied text (no draft step) and {model} ran "
-            f"the draft model" + (f" (c {c:.3f})" if c else "") + "; the chain formula prices one drafter "
-            "every round")
+    c, plain = (snap["stats"] or {}).get("c"), n.get("none", 0)
+    # every round named: a visitor read "8 copied and 1 ran the draft model" beside a rounds chip of 10
+    parts = [f"{copied} round{'s' * (copied != 1)} copied text (no draft step)",
+             f"{model} ran the draft model" + (f" (c {c:.3f})" if c else "")]
+    if plain:
+        parts.append(f"{plain} drafted nothing (a plain step)")
+    listed = ", ".join(parts[:-1]) + " and " + parts[-1]
+    return f"no prediction: {listed}; the chain formula prices one drafter every round"
 
 
 def _prediction_text(st: dict, tree: bool, snap: dict | None = None) -> str:
