@@ -72,11 +72,11 @@ def test_collect_omits_blanks_types_numbers_and_ignores_other_methods():
 
 def test_options_text():
     assert mo.options_text("tree", {"tree_shape": [4, 2, 2, 1], "tree_budget": None}) == "shape 4-2-2-1"
-    assert mo.options_text("layer-skip", {"skip_layers": [4, 6, 7, 8, 9]}) == "skip 4,6-9"
+    assert mo.options_text("layer-skip", {"skip_layers": [4, 6, 7, 8, 9]}) == "layers skipped 4,6-9"
     assert mo.options_text("lookahead", {"window": 4, "guesses": 2}) == "W 4 · G 2"
     assert mo.options_text("draft", {}) == "" and mo.options_text("tree", None) == ""
     # an uploaded trace may hold anything: text, never a crash
-    assert mo.options_text("layer-skip", {"skip_layers": ["<b>", 1]}) == "skip ['<b>', 1]"
+    assert mo.options_text("layer-skip", {"skip_layers": ["<b>", 1]}) == "layers skipped ['<b>', 1]"
     assert mo.options_text("tree", ["x"]) == "" and mo.options_text("tree", "4-2") == ""
 
 

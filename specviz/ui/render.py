@@ -171,9 +171,9 @@ def legend_html() -> str:
     return ('<div class="sv-legend" role="list" aria-label="legend">' + "".join(items)
             + '<span class="sv-legend-item"><span class="sv-round-demo"></span> '
               '<span class="sv-legend-text">thin bar: a new verification round</span></span>'
-            + '<span class="sv-legend-item sv-hint">hover a token for p(x), q(x), u and min(1, p/q); '
-              'click or tap it for the p/q inspector</span>' + draft_source.legend_item()
-            + "</div>")
+            + '<span class="sv-legend-item sv-hint">hover a token for what decided it (when sampling: p(x), '
+              'q(x), u, min(1, p/q)); click or tap it for the p/q inspector</span>'
+            + draft_source.legend_item() + "</div>")
 
 
 EXPLAINER = (
@@ -290,6 +290,8 @@ CSS = """
   border: 1px solid var(--border-color-primary); border-radius: var(--radius-lg, 8px);
   background: var(--background-fill-secondary); }
 .sv-pane-title { font-weight: 600; margin: 0 0 4px 2px; }
+/* the title's block keeps its height: grown as the pane's twin, a short pane sat ~60 px lower */
+.sv-pane-col > .block:first-child { flex-grow: 0 !important; }
 .sv-prompt { opacity: .5; }
 .sv-placeholder { opacity: .55; font-style: italic; font-family: var(--font, sans-serif); }
 .sv-tok { border-radius: 3px; padding: 1px 0; color: inherit;
@@ -314,6 +316,9 @@ CSS = """
 .sv-speedup-num { font-size: 2em; font-weight: 700; font-variant-numeric: tabular-nums; }
 .sv-speedup-label { font-size: 12px; opacity: .8; }
 .sv-speedup-sub { font-size: 11.5px; opacity: .7; max-width: 24em; text-align: center; }
+/* a badge of several lines in the box: a pill's round ends pressed on its text (2026-11-28) */
+.sv-speedup .sv-badge { border-radius: 10px; padding: 5px 12px; margin-top: 6px; text-align: center;
+  max-width: 26em; }
 .sv-speedup-mem { font-size: 12px; max-width: 22em; text-align: center; margin-top: 5px; padding: 2px 6px;
   border-radius: 6px; }
 .sv-mem-copied { outline: 1.5px dashed #0072B2; outline-offset: -1px; }

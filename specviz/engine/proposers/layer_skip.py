@@ -50,7 +50,7 @@ def _skip_set(value) -> tuple[int, ...]:
 
 OPTIONS = (Option("skip_layers", "Skip layers", "Layers the draft pass skips, numbered from 0, e.g. 4,6-9. "
                   "Blank (default): the calibrated skip set, measured once per pair and cached.",
-                  type=TEXT, parse=_skip_set, short="skip", show=ranges, placeholder="e.g. 4,6-9"),)
+                  type=TEXT, parse=_skip_set, short="layers skipped", show=ranges, placeholder="e.g. 4,6-9"),)
 
 
 def check_skip_options(options: dict) -> dict:
