@@ -251,10 +251,15 @@ def test_toasts_do_not_pile_up(browser, app):  # noqa: F811
 def test_clamped_top_k_shows_in_its_box(browser, app):  # noqa: F811
     page, errors = _open(browser, app)
     page.locator("#sv-more .label-wrap").first.click()
-    _set(page, "sv-top-k", -5)
+    _set(page, "sv-top-k", -5)  # back to the value it had: no change event (the note came 3 times in 6)
     shows(page, "#sv-top-k .sv-clamp", "-5 was set to 0", 10_000)
     settled(page, "#sv-more")
     assert page.input_value("#sv-top-k input[type=number]") == "0"
+    box = page.locator("#sv-top-p input[type=number]")  # typed, then the visitor clicks elsewhere
+    box.fill("7")
+    page.locator("#sv-prompt textarea").click()
+    shows(page, "#sv-top-p .sv-clamp", "top-p must be 0.01–1: 7 was set to 1", 10_000)
+    assert page.input_value("#sv-top-p input[type=number]") == "1"
     assert not errors, errors
 
 

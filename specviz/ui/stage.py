@@ -141,26 +141,44 @@ PAGE_JS = """() => {
     else return;
     e.preventDefault();
   });
-  // a number typed outside a slider's range: the slider clamps it, say so under it
-  document.addEventListener('change', (e) => {
-    const box = e.target;
-    const names = {'sv-gamma': 'γ', 'sv-max-new': 'max new tokens', 'sv-temperature': 'temperature',
-                   'sv-top-p': 'top-p', 'sv-top-k': 'top-k'};
-    const block = box && box.closest && box.closest(Object.keys(names).map((id) => '#' + id).join(', '));
-    if (!block || box.type !== 'number') return;
+  // a number typed outside a slider's range: the slider clamps it, say so under it. The typed value is
+  // kept as typed (capture phase, before the slider's own handler): the slider may clamp before the
+  // box commits, and a clamp back to the value it had (top-k 0, typed -5) fires no change event at
+  // all, so the check also runs on Enter and on leaving the box (the top-k test saw the note in 3 of 6 tries)
+  const names = {'sv-gamma': 'γ', 'sv-max-new': 'max new tokens', 'sv-temperature': 'temperature',
+                 'sv-top-p': 'top-p', 'sv-top-k': 'top-k'};
+  const sel = Object.keys(names).map((id) => '#' + id).join(', ');
+  const numberIn = (box) => {
+    const block = box && box.closest && box.closest(sel);
+    return block && box.type === 'number' ? block : null;
+  };
+  document.addEventListener('input', (e) => {
+    if (numberIn(e.target)) e.target.dataset.svTyped = e.target.value;
+  }, true);
+  const check = (e) => {
+    const box = e.target, block = numberIn(box);
+    if (!block || box.dataset.svTyped === undefined) return;
     const range = block.querySelector('input[type=range]');
     const lo = Number(range ? range.min : box.min), hi = Number(range ? range.max : box.max);
-    const typed = Number(box.value);
+    const raw = box.dataset.svTyped;
+    delete box.dataset.svTyped;
+    const typed = raw === '' ? NaN : Number(raw);
     let note = block.querySelector('.sv-clamp');
     if (!note) { note = document.createElement('div'); note.className = 'sv-clamp'; block.appendChild(note); }
     if (Number.isFinite(typed) && (typed < lo || typed > hi)) {
       const set = typed < lo ? lo : hi;
       note.textContent = `${names[block.id]} must be ${lo}–${hi}: ${typed} was set to ${set}`;
       // the box shows the value the run uses (it kept the typed -5, issue 51)
-      box.value = String(set);
-      box.dispatchEvent(new Event('input', {bubbles: true}));
+      if (box.value !== String(set)) {
+        box.value = String(set);
+        box.dispatchEvent(new Event('input', {bubbles: true}));
+        delete box.dataset.svTyped;  // that input was ours
+      }
     } else { note.textContent = ''; }
-  }, true);
+  };
+  document.addEventListener('change', check, true);
+  document.addEventListener('focusout', check, true);
+  document.addEventListener('keydown', (e) => { if (e.key === 'Enter') check(e); }, true);
   return [];
 }"""
 
