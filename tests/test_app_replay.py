@@ -84,7 +84,7 @@ def test_replay_plays_your_last_run(shipped):
     last live run, still after a replay of a recorded one."""
     from test_app import args
     mine = Client(shared_server().url, verbose=False)  # a session of its own
-    with pytest.raises(Exception, match="no run of yours in this browser yet"):
+    with pytest.raises(Exception, match="no run of yours on this page yet"):
         mine.predict(rp.YOURS, None, 20.0, api_name="/replay")
     run = mine.predict(*args(max_new_tokens=8), api_name="/run")
     name = min(shipped, key=lambda n: shipped[n].summaries()["baseline"].elapsed)

@@ -61,6 +61,19 @@ def test_stage_mode_large_type_keys_and_one_key_run(browser, app):  # noqa: F811
     assert len(numbers) == 2 and min(numbers) >= 17, numbers  # the numbers large too
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "stage-1280x720.png"))
+    # the result stays on screen once Run has the focus back (focus() had scrolled to the settings: a
+    # stage pass, 2026-11-28), and P plays the replay where it can be seen (it played below the fold)
+    page.wait_for_function("document.activeElement && document.activeElement.id === 'sv-run'", timeout=TIMEOUT)
+    page.wait_for_timeout(400)
+    on_screen = "(() => { const r = document.querySelector('#sv-runinfo').getBoundingClientRect(); " \
+                "return r.top >= 0 && r.top < window.innerHeight * 0.6; })()"
+    assert page.evaluate(on_screen), page.evaluate("window.scrollY")
+    page.evaluate("window.scrollTo(0, 0)")
+    page.locator("body").click(position={"x": 5, "y": 5})
+    page.keyboard.press("p")
+    shows(page, "#sv-runinfo", "not live", TIMEOUT)
+    page.wait_for_function(on_screen, timeout=10_000)
+    page.keyboard.press("s")
     assert not errors, errors
     page.close()
 

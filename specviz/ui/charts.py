@@ -59,8 +59,10 @@ def alpha_chart(view: RunView) -> go.Figure:
     if not rounds:
         return empty(fig, "waiting for the first round…")
     x = [r.index + 1 for r in rounds]
-    per = [r.n_accepted / r.gamma if r.gamma else 0.0 for r in rounds]
-    cum = [r.total_accepted / r.total_drafted if r.total_drafted else 0.0 for r in rounds]
+    # a round that drafted nothing has no share: no bar, and no "so far" point before any draft (a hybrid
+    # run's line began at 0 when its round 1 drafted nothing, 2026-11-28)
+    per = [r.n_accepted / r.gamma if r.gamma else None for r in rounds]
+    cum = [r.total_accepted / r.total_drafted if r.total_drafted else None for r in rounds]
     fig.add_bar(x=x, y=per, name="this round", marker_color=GREEN, opacity=0.55,
                 customdata=[f"{r.n_accepted}/{r.gamma}" for r in rounds],
                 hovertemplate="%{customdata} accepted<extra>this round</extra>")

@@ -43,7 +43,7 @@ YOUR_RUN = "your last run"
 # the picker's choice for the visitor's own last live run (a visitor found Replay played a 2026-11-23
 # recording after their run, and their own only by downloading its trace and uploading it again)
 YOURS = "__your_last_run__"
-YOURS_LABEL = "Your last run in this browser (press ▶ Run first)"
+YOURS_LABEL = "Your last run on this page"  # a page's session: a reload starts a new one
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 SPEEDS = [("1× (as recorded)", 1.0), ("2×", 2.0), ("5×", 5.0), ("20×", 20.0)]
 
@@ -376,7 +376,8 @@ class ReplayHandlers:
         if choice == YOURS:
             tr = self.records.live(key)
             if tr is None:
-                raise ValueError("no run of yours in this browser yet: press ▶ Run, then replay it here")
+                raise ValueError("no run of yours on this page yet (a reload starts afresh): press ▶ Run, "
+                                 "then replay it here")
             return tr, YOUR_RUN
         if choice in self.traces:
             return self.traces[choice], "recorded run"

@@ -33,7 +33,7 @@ PRESS_JS = """() => {
   // the focus goes to Stop (a disabled Run dropped it to <body>, and the next Tab skipped Stop);
   // ui/stage.py PAGE_JS gives it back to Run when the run ends
   const stop = document.querySelector('#sv-stop');
-  if (stop) stop.focus();
+  if (stop) stop.focus({preventScroll: true});  // show() below decides the scroll
   window.svFocusBack = Date.now();
   const show = () => {
     const info = document.querySelector('#sv-runinfo');

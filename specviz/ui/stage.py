@@ -66,7 +66,9 @@ PAGE_JS = """() => {
     const run = document.querySelector('#sv-run');
     if (!run || run.disabled || !run.textContent.trim().startsWith('▶')) return;
     const a = document.activeElement;
-    if (!a || a === document.body || a.id === 'sv-stop') run.focus();
+    // no scroll: focus() brought the settings back over the finished run's headline (a stage pass,
+    // 2026-11-28: scrollY 1902 to 257 at 1280x720 the moment the run ended)
+    if (!a || a === document.body || a.id === 'sv-stop') run.focus({preventScroll: true});
     window.svFocusBack = 0;
   }, 150);
   // an older toast goes when the visitor acts again: gradio stacks same-kind toasts as
@@ -115,6 +117,14 @@ PAGE_JS = """() => {
   document.addEventListener('click', (e) => {
     if (e.target && e.target.closest && e.target.closest('#sv-run, #sv-replay-play, #sv-lb-run'))
       follow.forEach((st) => { st[0] = true; });
+    // a replay plays in the live run's panes: bring them on screen, as a run's press does (P played
+    // below the fold, the folded section it opened pushing the panes further down)
+    if (e.target && e.target.closest && e.target.closest('#sv-replay-play')) setTimeout(() => {
+      const info = document.querySelector('#sv-runinfo');
+      const r = info && info.getBoundingClientRect();
+      if (r && (r.top < 0 || r.top > window.innerHeight * 0.6))
+        info.scrollIntoView({behavior: 'smooth', block: 'start'});
+    }, 300);
   }, true);
   // replay the selected recorded run; the replay section may be folded: open it first
   window.svReplay = () => {
