@@ -364,11 +364,11 @@ class Handlers:
             view.fresh_memory, view.reads_memory = req.fresh_memory, bool(req.scope) and not req.fresh_memory
             # shown next to the method in the run header, with what calibration chose for a blank exit
             # layer or skip set (the run resolves the same, cached, values: run/runner.py)
-            calibrate = pending(pair, req.method, req.options) if pair.engine == OURS else None
+            ours = pair.engine == OURS
+            calibrate = ours and pending(pair, req.method, req.options)
             if calibrate:  # its first run on this machine measures first: say so, not "Press Run"
                 yield calibrating_outputs(calibrate)
-            view.options = (resolve_options(pair, req.method, req.options) if pair.engine == OURS
-                            else req.options)
+            view.options = resolve_options(pair, req.method, req.options) if ours else req.options
             view.costs = pair.costs  # calibration at load: plain step and v(k)
             view.unmeasured = pair.unmeasured  # another engine (vLLM): n/a, never 0
             # the p/q inspector reads the rounds as they come

@@ -44,8 +44,7 @@ CALIBRATING = {"layer-skip": "which of the target's layers layer skip leaves out
 def calibrating_outputs(method: str) -> list:
     """The page while a self-speculative method's one-time calibration runs before the race (a
     visitor's first layer-skip run showed "Press Run" in both panes for 35-45 s, 2026-11-28)."""
-    out = PaneStream(RunView(1, 0.0, "")).outputs(charts=True)  # nothing of the previous run stays
-    out[0] = out[1] = "<span class='sv-placeholder'>measuring first: see the line above</span>"
+    out = _cleared(RunView(1, 0.0, ""), "measuring first: see the line above")
     out[RUN_INFO] = render.message_html(
         f"Measuring, once for this pair on this machine, {CALIBRATING.get(method, method)} "
         "(35-45 s on a 2-core CPU; cached, so later runs start at once). The race starts after it, "
@@ -58,8 +57,13 @@ def failed_outputs(message: str, view: RunView | None = None) -> list:
     side "failed", empty charts; nothing of the previous run stays on screen."""
     view = view or RunView(1, 0.0, "")
     view.error = message
+    return _cleared(view, "run failed: see the message above")
+
+
+def _cleared(view: RunView, placeholder: str) -> list:
+    """`view`'s outputs with both panes showing `placeholder`: nothing of a previous run stays."""
     out = PaneStream(view).outputs(charts=True)
-    out[0] = out[1] = "<span class='sv-placeholder'>run failed: see the message above</span>"
+    out[0] = out[1] = f"<span class='sv-placeholder'>{placeholder}</span>"
     return out
 
 

@@ -35,12 +35,7 @@ PRESS_JS = """() => {
   const stop = document.querySelector('#sv-stop');
   if (stop) stop.focus({preventScroll: true});  // show() below decides the scroll
   window.svFocusBack = Date.now();
-  const show = () => {
-    const info = document.querySelector('#sv-runinfo');
-    const r = info && info.getBoundingClientRect();
-    if (r && (r.top < 0 || r.top > window.innerHeight * 0.6))
-      info.scrollIntoView({behavior: 'smooth', block: 'start'});
-  };
+  const show = () => { if (window.svShowRun) window.svShowRun(); };  // ui/stage.py PAGE_JS
   show();
   if (window.svRunLands) window.svRunLands.disconnect();
   const pane = document.querySelector('#sv-speculative');

@@ -114,17 +114,21 @@ PAGE_JS = """() => {
     const st = follow.get(e), n = e.querySelectorAll('.sv-tok').length;
     if (n !== st[1]) { st[1] = n; if (st[0]) e.scrollTop = e.scrollHeight; }  // new tokens, not a hover card
   })).observe(document.body, {childList: true, subtree: true});
+  // the run's line and panes on screen when they are off it (a run's press, ui/runqueue.py PRESS_JS,
+  // and a replay's)
+  window.svShowRun = () => {
+    const info = document.querySelector('#sv-runinfo');
+    const r = info && info.getBoundingClientRect();
+    if (r && (r.top < 0 || r.top > window.innerHeight * 0.6))
+      info.scrollIntoView({behavior: 'smooth', block: 'start'});
+  };
   document.addEventListener('click', (e) => {
     if (e.target && e.target.closest && e.target.closest('#sv-run, #sv-replay-play, #sv-lb-run'))
       follow.forEach((st) => { st[0] = true; });
-    // a replay plays in the live run's panes: bring them on screen, as a run's press does (P played
-    // below the fold, the folded section it opened pushing the panes further down)
-    if (e.target && e.target.closest && e.target.closest('#sv-replay-play')) setTimeout(() => {
-      const info = document.querySelector('#sv-runinfo');
-      const r = info && info.getBoundingClientRect();
-      if (r && (r.top < 0 || r.top > window.innerHeight * 0.6))
-        info.scrollIntoView({behavior: 'smooth', block: 'start'});
-    }, 300);
+    // a replay plays in the live run's panes: bring them on screen too (P played below the fold, the
+    // folded section it opened pushing the panes further down)
+    if (e.target && e.target.closest && e.target.closest('#sv-replay-play'))
+      setTimeout(window.svShowRun, 300);
   }, true);
   // replay the selected recorded run; the replay section may be folded: open it first
   window.svReplay = () => {
