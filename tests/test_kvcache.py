@@ -140,3 +140,23 @@ def test_dynamic_int8_models_are_not_compiled():
     q = torch.ao.quantization.quantize_dynamic(m, {torch.nn.Linear}, dtype=torch.qint8)
     q.device = torch.device("cpu")
     assert kvcache.compiled_call(q) is None and kvcache.runtime(q).compiled is False
+
+
+def test_cache_answers_the_device_transformers_asks():
+    """The GPU machines lent to sessions run transformers 5.17: its create_causal_mask asks
+    `False in cache.is_sliding` and its index (a bool failed there), and its DynamicLayer.crop
+    fails on a layer a layer-skip draft never wrote (engine/layers.drop_last crops around it)."""
+    from transformers import DynamicCache
+
+    from specviz.engine.layers import drop_last
+    kv = kvcache.StaticKV()
+    assert False in kv.is_sliding and kv.is_sliding.index(False) == 0
+    cache = DynamicCache()
+    k = torch.zeros(1, 1, 5, 4)
+    for i in (0, 2):  # layer 1 skipped
+        cache.update(k, k, i)
+    assert not cache.layers[1].is_initialized
+    drop_last(cache, 2)
+    assert [layer.keys.shape[2] for layer in cache.layers if layer.is_initialized] == [3, 3]
+    drop_last(cache, 0)
+    assert cache.get_seq_length() == 3

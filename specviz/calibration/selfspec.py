@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import torch
 from transformers import DynamicCache
 
-from ..engine.layers import layers_forward, n_layers
+from ..engine.layers import drop_last, layers_forward, n_layers
 from ..engine.theory import ALPHA_MAX, best_gamma, speedup
 
 VERSION = 1
@@ -80,7 +80,7 @@ def step_seconds(model, layers, n_tokens: int = 1, ctx: int = 16, reps: int = 5)
         t0 = time.perf_counter()
         layers_forward(model, [0] * n_tokens, cache, layers, start=ctx, keep=n_tokens)
         times.append(time.perf_counter() - t0)
-        cache.crop(-n_tokens)
+        drop_last(cache, n_tokens)
     return sorted(times)[len(times) // 2]
 
 

@@ -9,7 +9,7 @@ Decoder-layer call checked in the sources of transformers 5.23 and 5.17 (same
 in both, no cache_position): layer(h, attention_mask=, position_ids=,
 past_key_values=, use_cache=, position_embeddings=(cos, sin)). DynamicCache()
 grows its layers lazily up to each attention's own layer_idx, so a skipped
-layer simply leaves its cache slot empty.
+layer simply leaves its cache slot empty (drop_last crops around it).
 """
 from __future__ import annotations
 
@@ -23,6 +23,17 @@ from . import kvcache
 # Others refuse: their forward may scale on the way (Granite's embedding_multiplier and
 # logits_scaling, Cohere's logit_scale, Gemma 2's soft-capping), which the parts alone miss.
 VERIFIED = ("apertus", "arcee", "bitnet", "gemma", "llama", "mistral", "qwen2", "qwen3")
+
+
+def drop_last(cache, n: int) -> None:
+    """Remove the last `n` positions from a DynamicCache that a subset of layers wrote. Layers left
+    empty (skipped, or past the exit) are left alone: transformers 5.17's DynamicLayer.crop fails on
+    them ('NoneType' object is not subscriptable), where 5.23 returns; the device machine has 5.17."""
+    if n <= 0:
+        return
+    for layer in cache.layers:
+        if layer.is_initialized:
+            layer.crop(-n)
 
 
 def decoder_parts(model):

@@ -49,7 +49,10 @@ class StaticKV:
     """Preallocated per-layer K/V buffers and a position pointer (see module doc)."""
 
     is_compileable = True
-    is_sliding = False
+    # per layer in transformers' caches: 5.17's create_causal_mask asks `False in cache.is_sliding`
+    # and its index (a bool here failed there: "argument of type 'bool' is not iterable"); 5.23 asks
+    # `True in` it for sliding-window masks only. Every layer is full attention (kvcache.supported)
+    is_sliding = (False,)
 
     def __init__(self, capacity: int = 1024, *, full: bool = False, compiled=None,
                  rows: int = COMPILE_MAX_NEW, backend=None):

@@ -15,7 +15,7 @@ from transformers import DynamicCache
 from ...errors import RequestError
 from ..cpu.rowwise_attention import is_rowwise
 from ..forward import crop_cache, pick
-from ..layers import decoder_parts, embed, layers_forward, logits_of, n_layers, run_layers
+from ..layers import decoder_parts, drop_last, embed, layers_forward, logits_of, n_layers, run_layers
 from ..proposer import FLAG, Option, Proposal, Proposer, check_options, register, target_vocab
 from ..sampling import warp
 
@@ -62,7 +62,7 @@ class LayerSubsetProposer(Proposer):
         # keep what is still committed, leaving the last committed token to be fed next round
         extra = self.seen - (len(committed) - 1)
         if extra > 0:
-            self.cache.crop(-extra)
+            drop_last(self.cache, extra)
             self.seen -= extra
 
 
