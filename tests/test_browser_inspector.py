@@ -39,6 +39,38 @@ def test_click_rejected_token_shows_three_distributions(browser, server):  # noq
     page.close()
 
 
+
+def test_keyboard_walks_the_tokens_and_opens_the_inspector(browser, server):  # noqa: F811
+    """A keyboard reaches the inspector (ui/access.py): the speculative pane is one Tab stop, the arrow
+    keys walk its tokens, each read as its outcome and text, and Enter opens the inspector. The panes
+    are named regions, the run line is polite, each chart a figure named by its title and last values."""
+    import re
+    page, errors = open_page(browser, server, "light")
+    set_number(page, "sv-max-new", 32)
+    run_and_wait(page)
+    assert page.get_attribute("#sv-speculative", "role") == "region"
+    assert page.get_attribute("#sv-speculative", "aria-labelledby") == "sv-speculative-title"
+    assert page.get_attribute("#sv-runinfo", "aria-live") == "polite"
+    page.wait_for_function("(document.querySelector('#sv-chart-alpha').getAttribute('aria-label') || '')"
+                           ".includes('points')", timeout=TIMEOUT)
+    assert page.get_attribute("#sv-chart-alpha", "aria-label").startswith("Accepted ÷ drafted per round.")
+    focused = "() => { const a = document.activeElement; return [a.dataset.r, a.getAttribute('role'), " \
+              "a.getAttribute('aria-label')]; }"
+    page.focus("#sv-speculative .prose")
+    page.keyboard.press("ArrowRight")
+    r, role, label = page.evaluate(focused)
+    assert r == "0" and role == "button", (r, role)
+    assert re.match(r"(accepted draft|rejected draft|resampled|bonus|plain step): ", label), label
+    page.keyboard.press("End")
+    last = page.locator("#sv-speculative .sv-tok[data-r]").last.get_attribute("data-r")
+    assert page.evaluate(focused)[0] == last
+    page.keyboard.press("Enter")
+    page.wait_for_function("document.querySelector('#sv-insp-html').innerText.includes('clicked')",
+                           timeout=TIMEOUT)
+    assert f"Round {int(last) + 1}" in page.inner_text("#sv-insp-html")
+    assert not errors, errors
+    page.close()
+
 def _sampled_trace(path):
     from specviz.engine.decoding import baseline, speculative
     from specviz.engine.proposers import DraftModelProposer

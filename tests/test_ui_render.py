@@ -208,3 +208,22 @@ def test_a_special_token_shows_as_a_marker_not_text():
     assert "sv-special" in end and "special token" in end and "&lt;|im_end|&gt;" in end
     plain = token_span(TokenEvent(token_id=5, text="a <| b", outcome=Outcome.TARGET, t=1.0, p=0.9))
     assert "sv-special" not in plain
+
+
+def test_what_a_screen_reader_and_a_keyboard_get():
+    """An axe-core audit (2026-11-28, ui/access.py): a rejected draft read as output, a legend list
+    with no items, an empty table header, low-contrast cues in light mode."""
+    rejected = render.token_span(tok("pi", Outcome.REJECTED), (0, 0))
+    assert "<del>pi</del>" in rejected and 'data-o="rejected"' in rejected
+    assert "<del>" not in render.token_span(tok("pi", Outcome.ACCEPTED), (0, 0))
+    legend = render.legend_html()
+    assert legend.count('class="sv-legend-item') == legend.count('role="listitem"') >= 7
+    box = render.stats_html(RunView(4, 0.0, "fair").snapshot())
+    assert "<th></th>" not in box and "sv-sr" in box
+    css = render.page_css()
+    for line in ("#a04000", "#8a6000", "#8a8a8a", ".sv-sr", "--body-text-color-subdued",
+                 "--button-primary-background-fill: #c2410c", ".sv-tok[data-r]:focus-visible"):
+        assert line in css, line
+    assert ".sv-prompt { opacity: .7; }" in css
+    from specviz.ui import access, inspector
+    assert access.PANE_KEYS_JS in inspector.PANE_JS

@@ -42,7 +42,7 @@ def busy_html(reason: str) -> str:
         return ""
     # a phone shows the first sentence only (ui/stage.py CSS: .sv-busy-more), so Run stays on its
     # first screen (issue 59: at 400 px the banner pushed it just below); the replay offer follows
-    return ("<div class='sv-status sv-status-warning sv-busy' role='alert' id='sv-busy-banner' "
+    return ("<div class='sv-status sv-status-warning sv-busy' role='status' id='sv-busy-banner' "
             f"title='{esc(reason)}'><span class='sv-dot sv-dot-warning'></span><b>This machine is busy</b>"
             f"<span class='sv-busy-more'> ({esc(reason)})</span>: tokens/s, speedups, c and v measured now "
             "are unreliable.<span class='sv-busy-more'> A replay of a run recorded on a quiet machine shows "

@@ -104,7 +104,7 @@ def round_data(info: dict | None) -> str:
 
 
 def legend_item() -> str:
-    return ('<span class="sv-legend-item"><span class="sv-from-text sv-legend-copy">'
+    return ('<span class="sv-legend-item" role="listitem"><span class="sv-from-text sv-legend-copy">'
             '<span class="sv-tok sv-accepted">copied</span></span> '
             '<span class="sv-legend-text"><b>copied</b>: drafted from text a suffix tree found (no model) '
             '<i>(❝ and a dashed box; hover for its source)</i></span></span>')

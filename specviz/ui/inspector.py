@@ -22,6 +22,7 @@ import plotly.graph_objects as go
 from ..engine.events import RoundEvent
 from ..format import number
 from ..machine import Lock
+from .access import PANE_KEYS_JS
 from .charts import BLUE, ORANGE, PURPLE, _layout, empty
 from .draft_source import SOURCE_JS
 from .render import esc
@@ -229,7 +230,7 @@ element.addEventListener('click', (e) => {
   t.classList.add('sv-picked');
   trigger('click', {r: Number(t.dataset.r), i: Number(t.dataset.i), o: String(t.dataset.o || '')});
 });
-""" + SOURCE_JS  # hover a copied draft: its source (ui/draft_source.py)
+""" + SOURCE_JS + PANE_KEYS_JS  # a copied draft's source on hover (ui/draft_source.py); keys (ui/access.py)
 
 
 def build() -> dict:

@@ -173,11 +173,13 @@ def _panes_and_charts(first: dict, default_mode: str) -> dict:
     run_info = gr.HTML("<div class='sv-runinfo'></div>", elem_id="sv-runinfo")
     with gr.Row(equal_height=True):
         with gr.Column(elem_classes=["sv-pane-col"]):
-            gr.HTML("<div class='sv-pane-title'>Baseline: the target alone, one token per pass</div>")
+            gr.HTML("<h2 class='sv-pane-title' id='sv-baseline-title'>Baseline: the target alone, one token "
+                    "per pass</h2>")
             base_pane = gr.HTML("<span class='sv-placeholder'>Press Run: plain decoding streams here.</span>",
                                 elem_classes=["sv-pane"], elem_id="sv-baseline", autoscroll=True)
         with gr.Column(elem_classes=["sv-pane-col"]):
-            gr.HTML("<div class='sv-pane-title'>Speculative: draft guesses, target verifies</div>")
+            gr.HTML("<h2 class='sv-pane-title' id='sv-speculative-title'>Speculative: draft guesses, target "
+                    "verifies</h2>")
             spec_pane = gr.HTML("<span class='sv-placeholder'>Press Run: speculative rounds stream here."
                                 "</span>",
                                 elem_classes=["sv-pane"], elem_id="sv-speculative", autoscroll=True,

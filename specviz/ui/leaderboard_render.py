@@ -57,7 +57,7 @@ def busy_line(reason: str) -> str:
     """The live tab's warning, said over the table while other programs use the machine."""
     if not reason:
         return ""
-    return ("<div class='sv-status sv-status-warning sv-busy' role='alert' id='sv-lb-busy'>"
+    return ("<div class='sv-status sv-status-warning sv-busy' role='status' id='sv-lb-busy'>"
             f"<span class='sv-dot sv-dot-warning'></span><b>This machine is busy</b> ({esc(reason)}): "
             "tokens/s measured now are unreliable. Each × plain divides by plain raced beside it in the "
             "same moments, so it suffers least; a row run while busy says so.</div>")

@@ -17,7 +17,7 @@ import re
 from ..engine.events import OUTCOME_COLOURS, OUTCOME_LABELS, Outcome, RoundEvent, TokenEvent
 from ..engine.proposer import round_note
 from ..format import number
-from . import draft_source, glossary
+from . import access, draft_source, glossary
 from .escape import esc  # noqa: F401 - the page's one escape, imported from here by most of ui/
 from .method_options import setup_text
 from .speedup_box import stats_html  # noqa: F401 - the speedup box, rendered by the panes and replays
@@ -34,6 +34,13 @@ OUTCOME_CUES = {
     Outcome.BONUS: "bold with a line above",
 }
 
+# darker variants for line colours in light mode, where the palette's own orange and vermillion lines
+# were 1.8:1 and 2.4:1 against their tints (WCAG asks 3:1 of a cue; ui/access.py), same hue family
+_LIGHT_LINES = {
+    Outcome.REJECTED: "#a04000",  # 3.6:1 on its tint
+    Outcome.BONUS: "#8a6000",  # 4.5:1
+    Outcome.TARGET: "#8a8a8a",  # the thin underline, 3.3:1 on the pane (was rgba(153,153,153,.55), 1.7:1)
+}
 # lighter variants for line colours on dark backgrounds (same hue family)
 _DARK_LINES = {
     Outcome.ACCEPTED: "#3fd3a6",
@@ -127,7 +134,9 @@ def token_span(tok: TokenEvent, where: tuple[int, int] | None = None, note: str 
     # where = (round index, row): the inspector's click target (ui/inspector.py)
     data = (f' data-r="{int(where[0])}" data-i="{int(where[1])}" data-o="{tok.outcome.value}"'
             if where is not None else "")
-    return f'<span class="{" ".join(classes)}"{data} title="{esc(tip)}">{esc(text)}</span>'
+    # a rejected draft is a deletion: a screen reader does not read it as output (ui/access.py)
+    inner = f"<del>{esc(text)}</del>" if tok.outcome is Outcome.REJECTED else esc(text)
+    return f'<span class="{" ".join(classes)}"{data} title="{esc(tip)}">{inner}</span>'
 
 
 def prompt_span(prompt: str, chat: bool = False, limit: int = 400) -> str:
@@ -164,15 +173,16 @@ def legend_html() -> str:
     for o in LEGEND_ORDER:
         sample = "token" if o is not Outcome.TARGET else "plain"
         items.append(
-            f'<span class="sv-legend-item" data-outcome="{o.value}">'
+            f'<span class="sv-legend-item" role="listitem" data-outcome="{o.value}">'
             f'<span class="sv-tok {css_class(o)}">{sample}</span> '
             f'<span class="sv-legend-text"><b>{esc(o.value)}</b>: {esc(OUTCOME_LABELS[o])} '
             f'<i>({esc(OUTCOME_CUES[o])})</i></span></span>')
     return ('<div class="sv-legend" role="list" aria-label="legend">' + "".join(items)
-            + '<span class="sv-legend-item"><span class="sv-round-demo"></span> '
+            + '<span class="sv-legend-item" role="listitem"><span class="sv-round-demo"></span> '
               '<span class="sv-legend-text">thin bar: a new verification round</span></span>'
-            + '<span class="sv-legend-item sv-hint">hover a token for what decided it (when sampling: p(x), '
-              'q(x), u, min(1, p/q)); click or tap it for the p/q inspector</span>'
+            + '<span class="sv-legend-item sv-hint" role="listitem">'
+              'hover a token for what decided it (when sampling: p(x), q(x), u, min(1, p/q)); '
+              'click or tap it (or Tab to the pane, arrow keys, Enter) for the p/q inspector</span>'
             + draft_source.legend_item() + "</div>")
 
 
@@ -275,10 +285,12 @@ def _outcome_css() -> str:
     for o, colour in OUTCOME_COLOURS.items():
         cls = css_class(o)
         dark = _DARK_LINES[o]
+        light = _LIGHT_LINES.get(o, colour)
         if o is Outcome.TARGET:
-            out.append(f".{cls} {{ box-shadow: inset 0 -1px 0 {rgba(colour, 0.55)}; }}")
+            out.append(f".{cls} {{ box-shadow: inset 0 -1px 0 {light}; }}")
+            out.append(f".dark .{cls} {{ box-shadow: inset 0 -1px 0 {rgba(colour, 0.85)}; }}")  # 4.6:1
             continue
-        out.append(f".{cls} {{ background: {rgba(colour, 0.24)}; text-decoration-color: {colour}; }}")
+        out.append(f".{cls} {{ background: {rgba(colour, 0.24)}; text-decoration-color: {light}; }}")
         out.append(f".dark .{cls} {{ background: {rgba(colour, 0.34)}; text-decoration-color: {dark}; }}")
     return "\n".join(out)
 
@@ -289,11 +301,11 @@ CSS = """
   min-height: 14em; max-height: 30em; overflow-y: auto; padding: 10px 12px !important;
   border: 1px solid var(--border-color-primary); border-radius: var(--radius-lg, 8px);
   background: var(--background-fill-secondary); }
-.sv-pane-title { font-weight: 600; margin: 0 0 4px 2px; }
+.sv-pane-title { font-weight: 600; margin: 0 0 4px 2px; font-size: var(--text-md, 14px); line-height: 1.4; }
 /* the title's block keeps its height: grown as the pane's twin, a short pane sat ~60 px lower */
 .sv-pane-col > .block:first-child { flex-grow: 0 !important; }
-.sv-prompt { opacity: .5; }
-.sv-placeholder { opacity: .55; font-style: italic; font-family: var(--font, sans-serif); }
+.sv-prompt { opacity: .7; }  /* .5 was 3.0:1 in light mode (WCAG AA asks 4.5:1; ui/access.py) */
+.sv-placeholder { opacity: .7; font-style: italic; font-family: var(--font, sans-serif); }
 .sv-tok { border-radius: 3px; padding: 1px 0; color: inherit;
   text-decoration-thickness: 2px; text-decoration-skip-ink: none; }
 .sv-rejected { text-decoration-line: line-through; opacity: .8; }
@@ -383,4 +395,4 @@ CSS = """
 
 def page_css() -> str:
     from .stage import CSS as STAGE_CSS
-    return CSS + "\n" + _outcome_css() + STAGE_CSS + draft_source.CSS
+    return CSS + "\n" + _outcome_css() + access.CSS + STAGE_CSS + draft_source.CSS

@@ -52,7 +52,8 @@ def stats_html(snap: dict) -> str:
     curve = v_curve_svg(st.get("v_curve"), st.get("v_basis") or "")
     return (
         "<div class='sv-stats'>" + big
-        + "<table class='sv-table'><thead><tr><th></th><th>baseline</th><th>speculative</th></tr></thead>"
+        + "<table class='sv-table'><thead><tr><th><span class='sv-sr'>figure</span></th><th>baseline</th>"
+        + "<th>speculative</th></tr></thead>"
         + f"<tbody>{rows}</tbody></table>"
         + f"<div class='sv-chips'>{chips}{curve}</div></div>"
     )

@@ -13,6 +13,7 @@ and closes older toasts on the next press.
 """
 from __future__ import annotations
 
+from . import access
 from .glossary import glossary_html
 
 KEYS = (("R", "run"), ("S / Esc", "stop"), ("P", "replay"), ("N", "next preset"),
@@ -293,5 +294,6 @@ def next_preset(presets: list[dict]):
 def wire(demo, page, presets: list[dict], stage: bool) -> None:
     demo.load(None, None, None, js=PAGE_JS % {"forced": "true" if stage else "false"},
               api_visibility="private", queue=False)
+    demo.load(None, None, None, js=access.PAGE_JS, api_visibility="private", queue=False)  # names, live line
     page.next_preset.click(next_preset(presets), page.preset, page.preset, api_visibility="private",
                            queue=False, show_progress="hidden")
