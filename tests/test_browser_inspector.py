@@ -54,6 +54,8 @@ def test_keyboard_walks_the_tokens_and_opens_the_inspector(browser, server):  # 
     page.wait_for_function("(document.querySelector('#sv-chart-alpha').getAttribute('aria-label') || '')"
                            ".includes('points')", timeout=TIMEOUT)
     assert page.get_attribute("#sv-chart-alpha", "aria-label").startswith("Accepted ÷ drafted per round.")
+    buttons = page.locator("#sv-chart-alpha .modebar-btn").evaluate_all("els => els.map(e => e.dataset.title)")
+    assert buttons and len(buttons) <= 2, buttons  # the download (and plotly's logo): not 10 Tab stops
     focused = "() => { const a = document.activeElement; return [a.dataset.r, a.getAttribute('role'), " \
               "a.getAttribute('aria-label')]; }"
     page.focus("#sv-speculative .prose")

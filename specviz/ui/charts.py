@@ -23,6 +23,9 @@ FONT = "#8c8c8c"
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000"]
 
 
+MODEBAR_REMOVED = ["zoom", "pan", "select", "lasso", "zoomin", "zoomout", "autoscale", "resetscale"]
+
+
 def _layout(fig: go.Figure, title: str, xaxis: str, yaxis: str, **kw) -> go.Figure:
     fig.update_layout(
         title=dict(text=title, x=0.01, xanchor="left", font=dict(size=14)),
@@ -34,7 +37,10 @@ def _layout(fig: go.Figure, title: str, xaxis: str, yaxis: str, **kw) -> go.Figu
         # below the axis title: at -0.2 the time split's legend sat on "round" (2026-11-27)
         legend=dict(orientation="h", yanchor="top", y=-0.28, xanchor="left", x=0.0,
                     bgcolor="rgba(0,0,0,0)", font=dict(size=11)),
-        modebar=dict(orientation="v", bgcolor="rgba(0,0,0,0)"),
+        # the download button only: each chart's eight more buttons were eight Tab stops, some 45 on
+        # the live tab before the inspector (axe audit, 2026-11-28); drag still zooms, a double
+        # click still resets
+        modebar=dict(orientation="v", bgcolor="rgba(0,0,0,0)", remove=MODEBAR_REMOVED),
         hovermode="x unified", **kw)
     fig.update_xaxes(title_text=xaxis, gridcolor=GRID, zerolinecolor=GRID, linecolor=GRID)
     fig.update_yaxes(title_text=yaxis, gridcolor=GRID, zerolinecolor=GRID, linecolor=GRID)
