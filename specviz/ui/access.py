@@ -94,6 +94,11 @@ CSS = """
   outline: 2px solid #0072B2; outline-offset: 1px; }
 .dark #sv-speculative:focus-visible, .dark #sv-speculative .sv-tok[data-r]:focus-visible {
   outline-color: #56B4E9; }
+/* gradio draws no focus ring on a slider's thumb or a checked radio (the Tab walk lost its place there) */
+input[type=range]:focus-visible, input[type=radio]:focus-visible, input[type=checkbox]:focus-visible {
+  outline: 2px solid #0072B2; outline-offset: 2px; }
+.dark input[type=range]:focus-visible, .dark input[type=radio]:focus-visible,
+.dark input[type=checkbox]:focus-visible { outline-color: #56B4E9; }
 /* contrast, light mode: gradio's subdued grey (#bbbbc2, 1.9:1 on white) and its primary buttons'
    white on orange (2.8:1) */
 :root { --body-text-color-subdued: #6b6b75; }
