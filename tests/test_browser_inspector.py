@@ -56,6 +56,8 @@ def test_keyboard_walks_the_tokens_and_opens_the_inspector(browser, server):  # 
     assert page.get_attribute("#sv-chart-alpha", "aria-label").startswith("Accepted ÷ drafted per round.")
     buttons = page.locator("#sv-chart-alpha .modebar-btn").evaluate_all("els => els.map(e => e.dataset.title)")
     assert buttons and len(buttons) <= 2, buttons  # the download (and plotly's logo): not 10 Tab stops
+    fill = page.evaluate("() => getComputedStyle(document.querySelector('#sv-chart-alpha .ytick text')).fill")
+    assert fill == "rgb(95, 95, 105)", fill  # the charts' grey text, 6:1 on white (was #8c8c8c, 3.4:1)
     focused = "() => { const a = document.activeElement; return [a.dataset.r, a.getAttribute('role'), " \
               "a.getAttribute('aria-label')]; }"
     page.focus("#sv-speculative .prose")

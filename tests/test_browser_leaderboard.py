@@ -59,12 +59,18 @@ def test_race_table_chart_and_panes(browser, server, tmp_path):  # noqa: F811
     box.fill("16")
     box.press("Enter")
     press(page, "#sv-lb-run")
+    # the focus went to the race's Stop, as Run's goes to its own (it dropped to <body>: ui/access.py)
+    page.wait_for_function("document.activeElement && document.activeElement.id === 'sv-lb-stop'",
+                           timeout=TIMEOUT)
     page.wait_for_selector("#sv-lb-state:has-text('running')", timeout=TIMEOUT)
+    assert page.get_attribute("#sv-lb-state", "role") == "status"
     page.wait_for_selector("#sv-lb-state:has-text('race finished')", timeout=4 * TIMEOUT)
     run_ended(page, "#sv-lb-run", TIMEOUT)  # the race's event over: table, panes and pick final
     charts_drawn(page, "#sv-lb-chart", timeout=TIMEOUT)
     rows = page.locator("#sv-lb-rows tbody tr")
     assert rows.count() == 1 + len(METHODS)
+    heads = page.locator("#sv-lb-rows tbody th[scope=row]").all_inner_texts()  # a row is named by its method
+    assert len(heads) == rows.count() and all(not h.strip().isdigit() for h in heads), heads
     keys = rows.evaluate_all("els => els.map(e => e.dataset.key)")
     assert set(keys) == {"plain", "draft", "auto", "tree", "lookup"}
     # sorted by × plain, each a same-minute ratio (its plain figures on hover); a τ 1.00 method is

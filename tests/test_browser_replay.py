@@ -68,6 +68,19 @@ def test_replay_then_theory_tab(browser, server):  # noqa: F811
     charts_drawn(page, "#sv-th-alpha-chart", timeout=TIMEOUT)
     assert page.locator("#sv-th-gamma-chart .js-plotly-plot").count() == 1
     assert page.locator("#sv-th-alpha-chart .js-plotly-plot").count() == 1
+    # a chart drawn when its tab opened is named too, and the numbers are a live region (ui/access.py)
+    page.wait_for_function("(document.querySelector('#sv-th-gamma-chart').getAttribute('aria-label') || '')"
+                           ".length > 10", timeout=TIMEOUT)
+    assert page.get_attribute("#sv-th-gamma-chart", "role") == "figure"
+    assert page.get_attribute("#sv-th-numbers", "aria-live") == "polite"
+    # the live tab's keys stay there: R on this tab starts no run unseen (an accessibility pass found
+    # it did), P plays no replay
+    page.locator("body").click(position={"x": 5, "y": 5})
+    page.keyboard.press("r")
+    page.keyboard.press("p")
+    page.wait_for_timeout(800)
+    assert page.evaluate("() => document.querySelector('#sv-run').textContent.trim()").startswith("▶")
+    assert not page.evaluate("() => document.querySelector('#sv-run').disabled")
     shots(page, "theory")
     assert not errors, errors
     page.close()

@@ -44,20 +44,24 @@ element.addEventListener('keydown', (e) => {
 });
 """
 
-# the region names, the live run line, and the charts' names: at page load, and again as gradio
-# redraws a chart (a MutationObserver per chart)
+# the region names, the live lines and the charts' names: at page load and again after the page
+# changes (another tab's parts are drawn when it first opens), and as gradio redraws a chart
 PAGE_JS = """() => {
   const named = (sel, title, text) => {
     const pane = document.querySelector(sel);
-    if (!pane) return;
+    if (!pane || pane.getAttribute('role') === 'region') return;
     pane.setAttribute('role', 'region');
     const head = document.getElementById(title);
     if (head) pane.setAttribute('aria-labelledby', title); else pane.setAttribute('aria-label', text);
   };
-  named('#sv-baseline', 'sv-baseline-title', 'baseline output');
-  named('#sv-speculative', 'sv-speculative-title', 'speculative output');
-  const info = document.querySelector('#sv-runinfo');
-  if (info) { info.setAttribute('aria-live', 'polite'); info.setAttribute('aria-atomic', 'true'); }
+  const polite = (sel) => {
+    const el = document.querySelector(sel);
+    if (!el || el.getAttribute('aria-live')) return;
+    el.setAttribute('aria-live', 'polite'); el.setAttribute('aria-atomic', 'true');
+    // gradio's own tracker inside it ("queue: 1/1 | 0.1/1.3s") would be read out with each change
+    el.querySelectorAll('[data-testid="status-tracker"]')
+      .forEach((t) => t.setAttribute('aria-hidden', 'true'));
+  };
   const fmt = (v) => typeof v !== 'number' ? String(v)
     : (Math.abs(v) >= 100 ? v.toFixed(0) : v.toPrecision(3));
   const label = (box) => {
@@ -72,16 +76,28 @@ PAGE_JS = """() => {
     if (box.getAttribute('aria-label') !== text) box.setAttribute('aria-label', text);
     box.querySelectorAll('svg.main-svg').forEach((s) => s.setAttribute('aria-hidden', 'true'));
   };
-  const watch = () => document.querySelectorAll('[id^="sv-chart-"]').forEach((box) => {
-    if (box.dataset.svNamed) return;
-    box.dataset.svNamed = '1';
-    box.setAttribute('role', 'figure');
-    let due = null;
-    new MutationObserver(() => { clearTimeout(due); due = setTimeout(() => label(box), 150); })
-      .observe(box, {childList: true, subtree: true});
-    label(box);
-  });
-  watch(); setTimeout(watch, 1500); setTimeout(watch, 5000);
+  const mark = () => {
+    named('#sv-baseline', 'sv-baseline-title', 'baseline output');
+    named('#sv-speculative', 'sv-speculative-title', 'speculative output');
+    named('#sv-lb-baseline', 'sv-lb-baseline-title', 'baseline output');
+    named('#sv-lb-speculative', 'sv-lb-speculative-title', "the picked method's output");
+    polite('#sv-runinfo');
+    polite('#sv-th-numbers');  // follows the theory sliders (a reader heard only the slider's value)
+    document.querySelectorAll('.js-plotly-plot').forEach((gd) => {
+      const box = gd.closest('[id^="sv-"]');
+      if (!box || box.dataset.svNamed) return;
+      box.dataset.svNamed = '1';
+      box.setAttribute('role', 'figure');
+      let due = null;
+      new MutationObserver(() => { clearTimeout(due); due = setTimeout(() => label(box), 150); })
+        .observe(box, {childList: true, subtree: true});
+      label(box);
+    });
+  };
+  let soon = null;
+  new MutationObserver(() => { if (!soon) soon = setTimeout(() => { soon = null; mark(); }, 500); })
+    .observe(document.body, {childList: true, subtree: true});
+  mark();
   return [];
 }"""
 
@@ -99,6 +115,15 @@ input[type=range]:focus-visible, input[type=radio]:focus-visible, input[type=che
   outline: 2px solid #0072B2; outline-offset: 2px; }
 .dark input[type=range]:focus-visible, .dark input[type=radio]:focus-visible,
 .dark input[type=checkbox]:focus-visible { outline-color: #56B4E9; }
+/* text boxes and dropdowns: gradio's focus was a 1px pale border (1.8:1), none at all in dark mode */
+textarea:focus-visible, input[type=text]:focus-visible, input[type=number]:focus-visible {
+  outline: 2px solid #0072B2; outline-offset: 1px; }
+.dark textarea:focus-visible, .dark input[type=text]:focus-visible, .dark input[type=number]:focus-visible {
+  outline-color: #56B4E9; }
+/* the charts' grey text (charts.FONT, #8c8c8c, one colour for both themes: 3.4:1 on white) takes a
+   grey per theme; plotly writes it inline, so only this match reaches it, and coloured text stays */
+.js-plotly-plot text[style*="fill: rgb(140, 140, 140)"] { fill: #5f5f69 !important; }
+.dark .js-plotly-plot text[style*="fill: rgb(140, 140, 140)"] { fill: #b4b4bc !important; }
 /* contrast, light mode: gradio's subdued grey (#bbbbc2, 1.9:1 on white) and its primary buttons'
    white on orange (2.8:1) */
 :root { --body-text-color-subdued: #6b6b75; }

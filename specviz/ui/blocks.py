@@ -134,6 +134,7 @@ def race_pressed(btn) -> None:
     label only once the race's first updates had been drawn, ~3.5 s on a busy 2-core machine (issue 59)."""
     btn.click(lambda: gr.update(value=RACING, interactive=False), None, btn,
               js="() => { const b = document.querySelector('#sv-lb-run'); if (b) b.disabled = true; "
+                 "const s = document.querySelector('#sv-lb-stop'); if (s) s.focus({preventScroll: true}); "
                  "return []; }", api_visibility="private", show_progress="hidden", queue=False)
 
 

@@ -148,10 +148,12 @@ def _panes() -> list:
     run_info = gr.HTML("<div class='sv-runinfo'></div>", elem_id="sv-lb-runinfo")
     with gr.Row(equal_height=True):
         with gr.Column(min_width=300, elem_classes=["sv-pane-col"]):
-            gr.HTML("<div class='sv-pane-title'>Baseline: the target alone, one token per pass</div>")
+            gr.HTML("<h2 class='sv-pane-title' id='sv-lb-baseline-title'>Baseline: the target alone, one "
+                    "token per pass</h2>")
             base = gr.HTML("", elem_classes=["sv-pane"], elem_id="sv-lb-baseline")
         with gr.Column(min_width=300, elem_classes=["sv-pane-col"]):
-            gr.HTML("<div class='sv-pane-title'>The picked method: draft guesses, target verifies</div>")
+            gr.HTML("<h2 class='sv-pane-title' id='sv-lb-speculative-title'>The picked method: draft "
+                    "guesses, target verifies</h2>")
             spec = gr.HTML("", elem_classes=["sv-pane"], elem_id="sv-lb-speculative")
     stats = gr.HTML("", elem_id="sv-lb-stats")
     view = RunView(4, 0.0, "fair")

@@ -12,6 +12,7 @@ from .render import esc
 
 WRAP = "style='overflow-x:auto;max-width:100%'"
 LEFT = " style='text-align:left'"
+STATE = "id='sv-lb-state' role='status'"  # the race's progress line, said as it changes
 CHECK = {"identical": ("✓ identical", "sv-good"), "near-tie": ("≈ near-tie", ""),
          "mismatch": ("≠ differs", "sv-bad"), "reference": ("reference", ""),
          "n/a (sampled)": ("n/a (sampled)", "")}
@@ -82,7 +83,8 @@ def _table(board: Board | None) -> str:
         cells = [str(i + 1) if ran else "–", esc(r.label), esc(r.gamma), _num(r.tokens_per_s, "{:.2f}"),
                  _speedup_cell(r), esc(r.plain_then), _num(r.tau, "{:.2f}"), _num(r.alpha_hat, "{:.3f}"),
                  _num(r.c, "{:.3f}"), _num(r.v, "{:.2f}")]
-        tds = "".join(f"<td{LEFT if j == 1 else ''}>{c}</td>" if j else f"<th scope='row'>{c}</th>"
+        # the method names the row (a screen reader read each row as its rank: "1", "–")
+        tds = "".join(f"<th scope='row'{LEFT}>{c}</th>" if j == 1 else f"<td>{c}</td>"
                       for j, c in enumerate(cells))
         body.append(f"<tr data-key='{esc(r.key)}'{style}>{tds}<td{LEFT}>{_check_cell(r)}"
                     f"</td></tr>")
@@ -106,7 +108,7 @@ def _footnote(board: Board) -> str:
 
 def progress_html(board: Board | None, note: str = "", banner: str = "") -> str:
     if board is None:
-        return (f"<div class='sv-runinfo' id='sv-lb-state'>{banner}<span class='sv-mode'>{esc(note)}</span>"
+        return (f"<div class='sv-runinfo' {STATE}>{banner}<span class='sv-mode'>{esc(note)}</span>"
                 "</div>")
     done, total = board.done(), board.total
     if board.current:
@@ -119,7 +121,7 @@ def progress_html(board: Board | None, note: str = "", banner: str = "") -> str:
         what += f" · {esc(board.meta['graphs'])}"
     bar = (f"<div class='sv-bar' style='height:6px;border-radius:3px;background:rgba(128,128,128,.2);"
            f"margin-top:4px'><div style='width:{100 * done / total:.0f}%'></div></div>")
-    return f"<div class='sv-runinfo' id='sv-lb-state'>{banner}<span class='sv-mode'>{what}</span>{bar}</div>"
+    return f"<div class='sv-runinfo' {STATE}>{banner}<span class='sv-mode'>{what}</span>{bar}</div>"
 
 
 def bar_chart(board: Board | None) -> go.Figure:

@@ -41,7 +41,8 @@ PAGE_JS = """() => {
   }
   // the method selector: gradio names each radio apart, so arrow keys did not move it (issue 51)
   document.addEventListener('keydown', (e) => {
-    const box = e.target && e.target.closest && e.target.closest('#sv-method, #sv-lb-pick');
+    const groups = '#sv-method, #sv-replay-speed, #sv-th-vmode';  // the replay's speed, the theory's v
+    const box = e.target && e.target.closest && e.target.closest(groups);
     const step = {ArrowDown: 1, ArrowRight: 1, ArrowUp: -1, ArrowLeft: -1}[e.key];
     if (!box || !step || e.target.type !== 'radio') return;
     const all = [...box.querySelectorAll('input[type=radio]')].filter((r) => !r.disabled);
@@ -147,12 +148,17 @@ PAGE_JS = """() => {
       return;
     }
     const k = e.key.toLowerCase();
+    // the live tab's keys act only while it shows: on the theory tab R started a live run unseen,
+    // and S stopped a replay (an accessibility pass, 2026-11-28); on the race tab S stops the race
+    const shown = (sel) => { const b = document.querySelector(sel); return b && b.offsetParent; };
+    const live = shown('#sv-run');
     if (k === 'arrowleft' || k === 'arrowright') {
       if (!svMethod(k === 'arrowright' ? 1 : -1)) return;
-    } else if (k === 'r') click('#sv-run');
-    else if (k === 's' || k === 'escape') click('#sv-stop');
-    else if (k === 'p') window.svReplay();
-    else if (k === 'n') click('#sv-next-preset');
+    } else if (k === 'r' && live) click('#sv-run');
+    else if ((k === 's' || k === 'escape') && (live || shown('#sv-lb-stop')))
+      click(live ? '#sv-stop' : '#sv-lb-stop');
+    else if (k === 'p' && live) window.svReplay();
+    else if (k === 'n' && live) click('#sv-next-preset');
     else return;
     e.preventDefault();
   });
