@@ -97,6 +97,17 @@ def test_keys_and_glossary_for_every_visitor(browser, app):  # noqa: F811
     terms = page.evaluate("[...document.querySelectorAll('#sv-glossary dt')].map(e => e.innerText.trim())")
     assert {"c", "v"} <= set(terms), terms
     _shot(page, "newcomer-keys-glossary.png")
+    # the one-key shortcuts can be turned off (WCAG 2.1.4: speech input types letters), and stay off
+    page.click("#sv-keys-off")
+    assert page.get_attribute("#sv-keys-off", "aria-pressed") == "true"
+    page.locator("body").click(position={"x": 5, "y": 5})
+    page.keyboard.press("r")
+    page.wait_for_timeout(800)
+    assert not page.evaluate("() => document.querySelector('#sv-run').disabled")  # no run started
+    page.reload()
+    page.wait_for_selector("#sv-keys-off[aria-pressed='true']", timeout=TIMEOUT)
+    page.click("#sv-keys-off")
+    assert page.get_attribute("#sv-keys-off", "aria-pressed") == "false"
     assert not errors, errors
 
 

@@ -14,6 +14,12 @@ headless Chromium, 2026-11-28; the figures before and after are in the README):
 """
 from __future__ import annotations
 
+# the one-key shortcuts (R, S, P, N, ← →) can be turned off, and stay off in this browser: speech input
+# or a screen reader's own letter keys may type them (WCAG 2.1.4); ui/stage.py lists the keys
+KEYS_OFF = ("<button type='button' id='sv-keys-off' class='sv-keys-off' aria-pressed='false' "
+            "title='The one-key shortcuts act outside text fields; turn them off if your screen reader or "
+            "voice control types letters'>turn keys off</button>")
+
 # the speculative pane's keys (inspector.PANE_JS adds it to the pane's js_on_load; `element` is the pane)
 PANE_KEYS_JS = """
 element.tabIndex = 0;  // the scrolling box inside the named region (access.PAGE_JS)
@@ -94,6 +100,21 @@ PAGE_JS = """() => {
       label(box);
     });
   };
+  const keysOff = () => {
+    try { return localStorage.getItem('sv-keys-off') === '1'; } catch (e) { return false; } };
+  window.svKeysOff = keysOff;
+  const showKeys = () => {
+    const b = document.querySelector('#sv-keys-off');
+    if (!b) return;
+    b.setAttribute('aria-pressed', keysOff() ? 'true' : 'false');
+    b.textContent = keysOff() ? 'keys are off: turn on' : 'turn keys off';
+  };
+  document.addEventListener('click', (e) => {
+    if (!(e.target && e.target.closest && e.target.closest('#sv-keys-off'))) return;
+    try { localStorage.setItem('sv-keys-off', keysOff() ? '0' : '1'); } catch (err) { /* kept on */ }
+    showKeys();
+  });
+  showKeys();
   let soon = null;
   new MutationObserver(() => { if (!soon) soon = setTimeout(() => { soon = null; mark(); }, 500); })
     .observe(document.body, {childList: true, subtree: true});
@@ -102,6 +123,8 @@ PAGE_JS = """() => {
 }"""
 
 CSS = """
+.sv-keys-off { font-size: 12px; padding: 0 8px; border-radius: 6px;
+  border: 1px solid var(--border-color-primary); background: transparent; font-weight: 400; color: inherit; cursor: pointer; }
 /* read by screen readers, not drawn */
 .sv-sr { position: absolute; width: 1px; height: 1px; padding: 0; margin: -1px; overflow: hidden;
   clip: rect(0 0 0 0); white-space: nowrap; border: 0; }

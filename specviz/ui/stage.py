@@ -25,7 +25,7 @@ def keys_html(stage: bool = False) -> str:
     only). `stage` is kept for callers; both modes show the same line."""
     keys = " · ".join(f"<kbd>{k}</kbd> {what}" for k, what in KEYS)
     return (f"<div class='sv-help'><div class='sv-keys' id='sv-keys' role='note' aria-label='keyboard "
-            f"shortcuts'><b>Keys</b> {keys}</div>{glossary_html(keys)}</div>")
+            f"shortcuts'><b>Keys</b> {keys}{access.KEYS_OFF}</div>{glossary_html(keys)}</div>")
 
 
 # runs once in the browser at page load (demo.load js): stage mode, the keys, the clamp notes
@@ -147,6 +147,7 @@ PAGE_JS = """() => {
       if (e.key === 'Escape') t.blur();
       return;
     }
+    if (window.svKeysOff && window.svKeysOff()) return;  // turned off beside the keys (ui/access.py)
     const k = e.key.toLowerCase();
     // the live tab's keys act only while it shows: on the theory tab R started a live run unseen,
     // and S stopped a replay (an accessibility pass, 2026-11-28); on the race tab S stops the race
