@@ -124,7 +124,8 @@ PAGE_JS = """() => {
 
 CSS = """
 .sv-keys-off { font-size: 12px; padding: 0 8px; border-radius: 6px;
-  border: 1px solid var(--border-color-primary); background: transparent; font-weight: 400; color: inherit; cursor: pointer; }
+  border: 1px solid var(--border-color-primary); background: transparent; font-weight: 400;
+  color: inherit; cursor: pointer; }
 /* read by screen readers, not drawn */
 .sv-sr { position: absolute; width: 1px; height: 1px; padding: 0; margin: -1px; overflow: hidden;
   clip: rect(0 0 0 0); white-space: nowrap; border: 0; }
