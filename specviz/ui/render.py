@@ -47,7 +47,6 @@ _DARK_LINES = {
     Outcome.REJECTED: "#ff8a4c",
     Outcome.RESAMPLED: "#56B4E9",  # Okabe-Ito sky blue
     Outcome.BONUS: "#f5c242",
-    Outcome.TARGET: "#aaaaaa",
 }
 
 
@@ -284,14 +283,14 @@ def _outcome_css() -> str:
     out = []
     for o, colour in OUTCOME_COLOURS.items():
         cls = css_class(o)
-        dark = _DARK_LINES[o]
         light = _LIGHT_LINES.get(o, colour)
-        if o is Outcome.TARGET:
+        if o is Outcome.TARGET:  # an underline of its own: no tint, no text decoration
             out.append(f".{cls} {{ box-shadow: inset 0 -1px 0 {light}; }}")
             out.append(f".dark .{cls} {{ box-shadow: inset 0 -1px 0 {rgba(colour, 0.85)}; }}")  # 4.6:1
             continue
         out.append(f".{cls} {{ background: {rgba(colour, 0.24)}; text-decoration-color: {light}; }}")
-        out.append(f".dark .{cls} {{ background: {rgba(colour, 0.34)}; text-decoration-color: {dark}; }}")
+        out.append(f".dark .{cls} {{ background: {rgba(colour, 0.34)}; "
+                   f"text-decoration-color: {_DARK_LINES[o]}; }}")
     return "\n".join(out)
 
 

@@ -83,21 +83,19 @@ PAGE_JS = """() => {
   }, true);
   // ← → outside a text field: the next or previous method on the live tab, its settings opened so
   // the change shows (issue 59: the keys line's "← → method" worked only once a radio, folded
-  // inside More settings, had the focus); the picked radio takes the focus, so the keys go on
+  // inside More settings, had the focus); the picked radio takes the focus, so the keys go on.
+  // Called on the live tab only (the keys' handler below checks)
   const svMethod = (step, tries = 10) => {
-    const run = document.querySelector('#sv-run');
-    if (!run || !run.offsetParent) return false;  // another tab
     const more = document.querySelector('#sv-more .label-wrap');
     if (more && !more.classList.contains('open') && tries === 10) more.click();
     const all = [...document.querySelectorAll('#sv-method input[type=radio]')].filter((r) => !r.disabled);
     if (!all.length || !all[0].offsetParent) {  // drawn once the fold opens
       if (tries > 0) setTimeout(() => svMethod(step, tries - 1), 50);
-      return true;
+      return;
     }
     const at = all.findIndex((r) => r.checked);
     const next = all[(at + step + all.length) %% all.length];
     next.focus(); next.click();
-    return true;
   };
   // the panes follow their newest tokens while a run or replay streams, unless the visitor scrolled
   // up in one (issue 59: after an edit preset's run both panes stayed at the top, showing the long
@@ -153,9 +151,8 @@ PAGE_JS = """() => {
     // and S stopped a replay (an accessibility pass, 2026-11-28); on the race tab S stops the race
     const shown = (sel) => { const b = document.querySelector(sel); return b && b.offsetParent; };
     const live = shown('#sv-run');
-    if (k === 'arrowleft' || k === 'arrowright') {
-      if (!svMethod(k === 'arrowright' ? 1 : -1)) return;
-    } else if (k === 'r' && live) click('#sv-run');
+    if ((k === 'arrowleft' || k === 'arrowright') && live) svMethod(k === 'arrowright' ? 1 : -1);
+    else if (k === 'r' && live) click('#sv-run');
     else if ((k === 's' || k === 'escape') && (live || shown('#sv-lb-stop')))
       click(live ? '#sv-stop' : '#sv-lb-stop');
     else if (k === 'p' && live) window.svReplay();
