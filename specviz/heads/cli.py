@@ -1,61 +1,142 @@
-"""python -m specviz heads train [--heads K] [--tokens N] [--epochs E] [--minutes M] [--lr LR]
+"""python -m specviz heads data   [--tokens N] [--out DIR]           the feature pass (features.py)
+python -m specviz heads eagle  [--minutes M] [--data DIR]            train the EAGLE head (eagle_train.py)
+python -m specviz heads medusa [--minutes M] [--heads K]   train Medusa heads on the same pass
+python -m specviz heads accept [--n N] [--ship]                  held-out acceptance by position
+python -m specviz heads train  [--heads K] [--tokens N] ...          Medusa heads from a bf16 stdlib pass
 python -m specviz heads info
 
-Trains Medusa heads for the pair's target by self-distillation and caches them
-(cache_root()/heads/<target key>/heads.pt, report.json beside it)."""
+The trained files go to cache_root()/heads/<target key>/ (eagle.pt, heads.pt and their report.json);
+`--ship` writes them to assets/drafts/<target key>/ instead, where a fresh clone finds them."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from ..errors import ModelError, RequestError
+
+COMMANDS = ("data", "eagle", "medusa", "accept", "train", "info")
 
 
 def _parser() -> argparse.ArgumentParser:
     from ..run.flags import add_pair_args
     ap = argparse.ArgumentParser(prog="python -m specviz heads", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["train", "info"])
+    ap.add_argument("command", choices=COMMANDS)
     add_pair_args(ap)
     ap.add_argument("--heads", type=int, default=3, help="K heads: tokens t+2..t+K+1 (default 3)")
-    ap.add_argument("--tokens", type=int, default=16_000,
-                    help="corpus tokens the target reads once (~30 tokens/s for the 1.5B bf16 on 2 cores; "
-                         "cached); default 16000")
+    ap.add_argument("--tokens", type=int, default=None,
+                    help="data: tokens the target reads (default 1,000,000; ~330 tokens/s w4a8 on 2 cores); "
+                         "train: corpus tokens of the bf16 pass (default 16000); eagle/medusa: at most this "
+                         "many of the pass")
+    ap.add_argument("--data", "--out", dest="data", default=None,
+                    help="the feature pass's folder (default cache_root()/features/<target key>)")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--minutes", type=float, default=15.0, help="time cap of the training loop (default 15)")
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--batch", type=int, default=32, help="positions per step")
+    ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--batch", type=int, default=32, help="train: positions per step")
     ap.add_argument("--loss", choices=["ce", "mse"], default="ce",
-                    help="ce: vs the target's greedy tokens (exact, LM head in the loop); mse: vs its "
-                         "logits through EᵀE (much cheaper per step)")
+                    help="train: ce vs the target's greedy tokens; mse vs its logits through EᵀE")
+    ap.add_argument("--n", type=int, default=10, help="accept: held-out prompts of each kind (default 10)")
+    ap.add_argument("--ship", action="store_true",
+                    help="eagle/medusa: write into assets/drafts/ (the repo's shipped drafts), not the cache")
     return ap
 
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    if not 1 <= args.heads <= 8 or args.tokens < 64:
+    if not 1 <= args.heads <= 8 or (args.tokens is not None and args.tokens < 64):
         print("error: use 1..8 heads and at least 64 tokens", file=sys.stderr)
         return 2
-    if args.quantize == "auto":
-        args.quantize = "none"  # train on the target's own float weights
-    from ..engine.proposers import heads as store
-    from ..run.flags import load_from_args
     try:
-        pair = load_from_args(args)
-        if args.command == "info":
-            print(json.dumps({"path": str(store.heads_dir(pair)), "report": store.report(pair)}, indent=1))
-            return 0
-        from .train import train
-        t0 = time.perf_counter()
-        heads, report = train(pair, k=args.heads, n_tokens=args.tokens, epochs=args.epochs,
-                              minutes=args.minutes, lr=args.lr, batch=args.batch, loss=args.loss)
-        report["total_s"] = round(time.perf_counter() - t0, 1)
-        path = store.save(pair, heads, report)
-    except (RequestError, ModelError) as e:
+        if args.command in ("data", "eagle", "medusa"):
+            return _on_features(args)
+        if args.command == "accept":
+            return _accept(args)
+        return _legacy(args)
+    except (RequestError, ModelError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _load(args, precision: str):
+    from ..run.flags import load_from_args
+    args.precision = precision if args.precision == "auto" else args.precision
+    if args.quantize == "auto":
+        args.quantize = "none"
+    return load_from_args(args)
+
+
+def _fast_precision() -> str:
+    """The target's fastest prompt read here: w4a8 where its kernel runs, else bf16."""
+    from ..engine.cpu import lowbit
+    return "w4a8" if "w4a8" in lowbit.available() else "bf16"
+
+
+def _on_features(args) -> int:
+    from . import store
+    t0 = time.perf_counter()
+    pair = _load(args, _fast_precision() if args.command == "data" else "bf16")
+    folder = Path(args.data) if args.data else store.features_dir(pair)
+    if args.command == "data":
+        from .features import run_pass
+        meta = run_pass(pair.target, pair.tokenizer, folder, args.tokens or 1_000_000,
+                        log=lambda s: print(s, file=sys.stderr))
+        meta["precision"] = getattr(pair, "precision", None) or args.precision
+        (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+        print(json.dumps({"folder": str(folder), "tokens": meta["tokens"], "seconds": meta["seconds"]}))
+        return 0
+    if args.command == "eagle":
+        from .eagle_train import train_eagle
+        model, report = train_eagle(pair, folder, minutes=args.minutes, epochs=args.epochs,
+                                    lr=args.lr or 3e-4, max_tokens=args.tokens)
+        kind = "eagle"
+    else:
+        from .medusa_train import train_medusa
+        model, report = train_medusa(pair, folder, k=args.heads, minutes=args.minutes, epochs=args.epochs,
+                                     lr=args.lr or 1e-3, max_tokens=args.tokens)
+        kind = "medusa"
+    report["total_s"] = round(time.perf_counter() - t0, 1)
+    path = store.save(pair, kind, model, report, ship=args.ship)
+    print(json.dumps({"path": str(path), **report}, indent=1))
+    return 0
+
+
+def _accept(args) -> int:
+    """Held-out acceptance of each trained draft found for the target, written into its report."""
+    from . import store
+    from .acceptance import held_out_prompts, measure
+    pair = _load(args, _fast_precision())
+    prompts = held_out_prompts(args.n)
+    for kind, method in (("eagle", "eagle"), ("medusa", "heads")):
+        path = store.find(pair, kind)
+        if path is None:
+            continue
+        got = measure(pair, method, prompts=prompts)
+        rep = store.report(pair, kind) or {}
+        rep["acceptance_by_position"] = {k: v["acceptance"] for k, v in got.items()}
+        rep["held_out_runs"] = {"greedy": True, "gamma": 5, "new_tokens": 64,
+                                "precision": _fast_precision(), **got}
+        path.with_name(f"{kind}-report.json").write_text(json.dumps(rep, indent=1))
+        print(json.dumps({method: got}, indent=1))
+    return 0
+
+
+def _legacy(args) -> int:
+    from ..engine.proposers import heads as store
+    args.tokens = args.tokens or 16_000
+    pair = _load(args, "auto")
+    if args.command == "info":
+        print(json.dumps({"path": str(store.heads_dir(pair)), "report": store.report(pair)}, indent=1))
+        return 0
+    from .train import train
+    t0 = time.perf_counter()
+    heads, report = train(pair, k=args.heads, n_tokens=args.tokens, epochs=args.epochs,
+                          minutes=args.minutes, lr=args.lr or 1e-3, batch=args.batch, loss=args.loss)
+    report["total_s"] = round(time.perf_counter() - t0, 1)
+    path = store.save(pair, heads, report)
     print(json.dumps({"path": str(path), **report}, indent=1))
     held = report["held_out"]
     agree = ", ".join(f"head {j + 1}: {a:.1%} (untrained {b:.1%})" for j, (a, b) in

@@ -51,6 +51,7 @@ class Heads(nn.Module):
     def __init__(self, hidden: int, k: int):
         super().__init__()
         self.blocks = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(k))
+        self.keep = None  # the kept token ids of heads trained on the feature pass (heads/medusa_train.py)
         for b in self.blocks:
             nn.init.zeros_(b.weight)
             nn.init.zeros_(b.bias)
@@ -137,8 +138,10 @@ _LOADED: dict[tuple, Heads] = {}  # a run builds its proposer on every request: 
 
 
 def load(pair) -> Heads:
-    """The cached heads of this pair's target, or one RequestError with the train command."""
-    path = heads_dir(pair) / "heads.pt"
+    """The shipped or cached heads of this pair's target (heads/store.py), or one RequestError with
+    the train command. Heads trained on the feature pass carry `keep`: their kept token ids."""
+    from ...heads import store
+    path = store.find(pair, "medusa") or heads_dir(pair) / "heads.pt"
     if not path.is_file():
         raise _missing(pair, "No trained multi-token heads are cached for this target.")
     st = path.stat()
@@ -152,7 +155,8 @@ def _read(pair, path: Path) -> Heads:
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
         heads = Heads(int(blob["hidden"]), int(blob["k"]))
-        heads.load_state_dict(blob["state"])
+        heads.load_state_dict({n: t.float() for n, t in blob["state"].items()})
+        heads.keep = blob["keep"].long() if blob.get("keep") is not None else None
     except Exception as e:  # noqa: BLE001 - zip, pickle, key or shape errors alike: the file is bad
         raise _missing(pair, f"The cached heads file {str(path)!r} cannot be read ({type(e).__name__}).") \
             from None
@@ -187,6 +191,7 @@ class HeadsProposer(Proposer):
     cache: object = field(default=None, repr=False)
     h: torch.Tensor | None = field(default=None, repr=False)  # state at the last committed position - 1
     rows: torch.Tensor | None = field(default=None, repr=False)  # states of the last verify's kept rows
+    lm: torch.nn.Module | None = None  # eagle.KeptHead over the heads' kept tokens, or the target's LM head
 
     def reset(self, prompt_ids):
         self.h = self.rows = None
@@ -203,7 +208,10 @@ class HeadsProposer(Proposer):
                             info={"heads": self.heads.k, "head_ms": 0.0})
         t0 = time.perf_counter()
         k = min(gamma, self.heads.k)
-        logits = head_logits(self.heads, self.model.get_output_embeddings(), self.h[None])[:k, 0]
+        if self.lm is not None:  # the kept tokens' rows of the LM head (heads trained on the pass)
+            logits = self.lm(self.heads(self.h[None])[:k, 0].float())
+        else:
+            logits = head_logits(self.heads, self.model.get_output_embeddings(), self.h[None])[:k, 0]
         qs = warp(logits[:, : self.vocab_size], params)
         tokens = []
         for q in qs:
@@ -238,5 +246,26 @@ def _build_heads(pair, req=None):
     if final_norm(pair.target) is None:
         raise RequestError("Medusa heads need a decoder with a final norm (model.norm); this target "
                            "has another layout.")
-    heads = load(pair).to(pair.target.device)
-    return HeadsProposer(pair.target, heads, target_vocab(pair.target))
+    heads = load(pair)
+    return HeadsProposer(pair.target, heads.to(pair.target.device), target_vocab(pair.target),
+                         lm=kept_head(pair, heads))
+
+
+_KEPT: dict = {}  # (target id, heads id) -> the kept LM head: built once per load
+
+
+def kept_head(pair, heads):
+    """The LM head over the heads' kept tokens (eagle.KeptHead: 8-bit codes beside a w4a8 target),
+    or None for heads that read the whole vocabulary."""
+    keep = getattr(heads, "keep", None)
+    if keep is None:
+        return None
+    from ..eagle_head import head_weight
+    from .eagle import KeptHead, _lowbit_for
+    key = (id(pair.target), id(heads))
+    if key not in _KEPT:
+        _KEPT.clear()
+        low = _lowbit_for(pair.target)
+        _KEPT[key] = KeptHead(head_weight(pair.target.get_output_embeddings()), keep,
+                              target_vocab(pair.target), "q8a8" if low else None).to(pair.target.device)
+    return _KEPT[key]

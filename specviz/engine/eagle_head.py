@@ -1,0 +1,168 @@
+"""EAGLE's draft head (Li et al. 2024, EAGLE-1/2): one decoder layer that reads the target's own
+last hidden state f_t (post-norm, the row the target's LM head reads) beside the embedding of the
+token that followed, e(x_{t+1}), and predicts f_{t+1}; the target's frozen LM head, restricted to the
+most frequent tokens, turns that into the draft's q for x_{t+2}. Drafting feeds its own predicted
+feature back for the tokens after the first.
+
+    row t:  u_t = fc([e(x_{t+1}); f_t])
+            u_t = u_t + attn(u_t)        (causal over rows, rotary at position t, a KV cache of its own)
+            f̂_{t+1} = u_t + mlp(norm(u_t))
+            q(x_{t+2}) = softmax(lm_head_keep(f̂_{t+1}))      0 outside the kept tokens
+
+As EAGLE-1 the layer has no input norm (its input is fc's). Plain torch, no transformers class: the
+same module trains (bf16, no cache, is_causal) and drafts (fp32 or the CPU's low-bit Linears, a cache).
+Lossless whatever it proposes: q is 0 outside the kept set, and the engine's modified rejection
+sampling verifies over the target's whole vocabulary.
+
+Files (shipped in assets/drafts/ or cached): {"config", "keep", "int8": {name: codes}, "scale": {name:
+row scales}, "float": {name: tensor}}: every matrix int8 with one scale a row (a 24M-parameter layer
+in ~25 MB, under the repo's 40 MB a file)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+VERSION = 1
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, n: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+        self.eps = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * x).to(dtype)
+
+
+def config_of(target, intermediate: int = 3072) -> dict:
+    """The head's shape from the target's config: its hidden size, attention heads and rotary; the MLP
+    narrower than the target's (a file under 40 MB, int8)."""
+    c = target.config
+    heads = int(c.num_attention_heads)
+    return {"hidden": int(c.hidden_size), "heads": heads,
+            "kv_heads": int(getattr(c, "num_key_value_heads", None) or heads),
+            "head_dim": int(getattr(c, "head_dim", None) or c.hidden_size // heads),
+            "intermediate": intermediate, "theta": float(_theta(c)),
+            "eps": float(getattr(c, "rms_norm_eps", 1e-6)), "qkv_bias": True}
+
+
+def _theta(c) -> float:
+    rp = getattr(c, "rope_parameters", None) or {}
+    return rp.get("rope_theta") or getattr(c, "rope_theta", None) or 10000.0
+
+
+class KV:
+    """The head's own KV cache: (1, kv_heads, n, dim) keys and values, cropped by count."""
+
+    def __init__(self):
+        self.k = self.v = None
+
+    def __len__(self):
+        return 0 if self.k is None else self.k.shape[2]
+
+    def add(self, k, v):
+        self.k = k if self.k is None else torch.cat([self.k, k], 2)
+        self.v = v if self.v is None else torch.cat([self.v, v], 2)
+        return self.k, self.v
+
+    def crop(self, n: int):
+        if self.k is not None and n < self.k.shape[2]:
+            self.k, self.v = self.k[:, :, :n], self.v[:, :, :n]
+
+
+class EagleHead(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        self.cfg = dict(cfg)
+        h, nh, nk, d, i = (cfg[k] for k in ("hidden", "heads", "kv_heads", "head_dim", "intermediate"))
+        self.fc = nn.Linear(2 * h, h, bias=True)
+        self.q_proj = nn.Linear(h, nh * d, bias=cfg["qkv_bias"])
+        self.k_proj = nn.Linear(h, nk * d, bias=cfg["qkv_bias"])
+        self.v_proj = nn.Linear(h, nk * d, bias=cfg["qkv_bias"])
+        self.o_proj = nn.Linear(nh * d, h, bias=False)
+        self.post_attention_layernorm = RMSNorm(h, cfg["eps"])
+        self.gate_proj = nn.Linear(h, i, bias=False)
+        self.up_proj = nn.Linear(h, i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
+        inv = 1.0 / (cfg["theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        self.register_buffer("inv_freq", inv.float(), persistent=False)
+
+    def _rotary(self, x, pos):
+        """x (1, heads, n, d) rotated at positions pos (n,): rotate_half, as the Llama family."""
+        ang = pos.float()[:, None] * self.inv_freq[None]
+        emb = torch.cat([ang, ang], -1)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        half = x.shape[-1] // 2
+        rot = torch.cat([-x[..., half:], x[..., :half]], -1)
+        return x * cos + rot * sin
+
+    def forward(self, emb: torch.Tensor, feat: torch.Tensor, pos: torch.Tensor, cache: KV | None = None):
+        """emb, feat (B, n, H) rows at positions pos (n,) -> (B, n, H) predicted next features.
+        cache: the rows attend to it and are appended to it (B = 1); None: causal over the n rows."""
+        c = self.cfg
+        w = getattr(self.fc, "weight", None)  # a low-bit Linear has none: it reads float32
+        dt = w.dtype if isinstance(w, torch.Tensor) and w.is_floating_point() else torch.float32
+        x = self.fc(torch.cat([emb, feat], -1).to(dt))
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, c["heads"], c["head_dim"]).transpose(1, 2)
+        k = self.k_proj(x).view(b, n, c["kv_heads"], c["head_dim"]).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, c["kv_heads"], c["head_dim"]).transpose(1, 2)
+        q, k = self._rotary(q, pos), self._rotary(k, pos)
+        if cache is None:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=n > 1, enable_gqa=True)
+        else:
+            past = len(cache)
+            k, v = cache.add(k, v)
+            mask = None
+            if n > 1:
+                mask = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(past)
+            a = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
+                                               enable_gqa=True)
+        x = x + self.o_proj(a.transpose(1, 2).reshape(b, n, -1))
+        y = self.post_attention_layernorm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
+
+
+# ------------------------------------------------------------------ the file: int8 rows
+def pack(head: EagleHead, keep: torch.Tensor, extra: dict | None = None) -> dict:
+    """The head as a file's dict: every matrix int8 (symmetric, one scale a row), the rest float."""
+    q8, scale, flt = {}, {}, {}
+    for name, t in head.state_dict().items():
+        t = t.detach().float()
+        if t.dim() == 2:
+            s = (t.abs().amax(1, keepdim=True) / 127).clamp_min(1e-12)
+            q8[name] = (t / s).round().clamp(-127, 127).to(torch.int8)
+            scale[name] = s.to(torch.float16).squeeze(1)
+        else:
+            flt[name] = t
+    return {"version": VERSION, "config": dict(head.cfg), "keep": keep.to(torch.int32), "int8": q8,
+            "scale": scale, "float": flt, **(extra or {})}
+
+
+def unpack(blob: dict) -> tuple[EagleHead, torch.Tensor]:
+    """(the head in fp32, the kept token ids) from pack()'s dict; ValueError if it is not one."""
+    if blob.get("version") != VERSION:
+        raise ValueError(f"an EAGLE head file of version {blob.get('version')}, not {VERSION}")
+    head = EagleHead(blob["config"])
+    state = {n: blob["int8"][n].float() * blob["scale"][n].float()[:, None] for n in blob["int8"]}
+    state.update(blob["float"])
+    head.load_state_dict(state)
+    return head.eval().requires_grad_(False), blob["keep"].long()
+
+
+def head_weight(lm_head: nn.Module) -> torch.Tensor:
+    """The (V, H) float weight of a target's output layer, whatever module holds it (a low-bit one
+    dequantised: the w4a8 target's 8-bit codes)."""
+    w = getattr(lm_head, "weight", None)
+    if isinstance(w, torch.Tensor) and w.is_floating_point() and w.dim() == 2:
+        return w.detach()
+    if hasattr(lm_head, "dequantized"):
+        return lm_head.dequantized().float()
+    eye = torch.eye(lm_head.in_features)
+    with torch.no_grad():
+        return lm_head(eye).float().T.contiguous()

@@ -1,0 +1,216 @@
+"""EAGLE: a trained one-layer head on the target's own features drafts a chain (engine/eagle_head.py
+is the head; specviz/heads/ trains it; assets/drafts/ ships the default target's).
+
+No second model: the target's post-norm states come from the verify forward the engine runs anyway
+(a hook on its final norm, as Medusa's heads). Round 1 drafts nothing: the prompt's forward gives the
+states of every prompt row. Each later round the head first reads the rows the last verify
+confirmed, (f_t, e(x_{t+1})) for every position t whose next token is now committed, in one forward
+into its own KV cache; its last row predicts the state that gives the first draft. Each further draft
+feeds the head's own predicted state back (EAGLE's autoregression at the feature level). The rows
+written from predicted states are dropped at the next round, when the verify's true states arrive.
+
+Lossless: q is the head's softmax over the kept tokens after the request's warp (0 elsewhere), each
+draft drawn from it; the engine's modified rejection sampling keeps the target's law, and greedy
+drafts are argmax chains, so the output is plain greedy's.
+Cost per draft: the head's layer plus the restricted LM head (32,768 of 151,936 rows): about 1/16 of
+the 1.5B target's bytes in w4a8."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ...errors import RequestError
+from ..eagle_head import KV, head_weight, unpack
+from ..forward import forward_logits, pick
+from ..proposer import Proposal, Proposer, register, target_vocab
+from ..sampling import greedy_rows, warp
+from .heads import final_norm
+
+
+class KeptHead(nn.Module):
+    """The target's LM head over the kept token ids, in the target's fastest form here (8-bit codes
+    where the w4a8 kernel runs, else float); logits of every other id are the lowest float."""
+
+    def __init__(self, weight: torch.Tensor, keep: torch.Tensor, vocab: int, lowbit: str | None):
+        super().__init__()
+        lin = nn.Linear(weight.shape[1], len(keep), bias=False)
+        with torch.no_grad():
+            lin.weight.copy_(weight[keep].float())
+        if lowbit:
+            from ..cpu.lowbit import _low
+            lin = _low(lin, lowbit)
+        self.proj, self.vocab = lin, vocab
+        self.register_buffer("keep", keep)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        part = self.proj(h).float()
+        out = part.new_full((*part.shape[:-1], self.vocab), torch.finfo(torch.float32).min)
+        return out.index_copy_(-1, self.keep, part)
+
+
+@dataclass
+class Drafter:
+    """A loaded head for one target: the layer, the kept LM head, the target's embedding."""
+
+    head: nn.Module
+    lm: KeptHead
+    embed: nn.Module
+    report: dict = field(default_factory=dict)
+
+
+_LOADED: dict = {}  # (target id, file, mtime) -> Drafter: the head's packing runs once per target
+
+
+def _lowbit_for(target) -> str | None:
+    """The head's Linears in the target's own low-bit family: w4a8's kernel when the target uses it."""
+    from ..cpu.lowbit import lowbit_format
+    return "w4a8" if target.device.type == "cpu" and lowbit_format(target) == "w4a8" else None
+
+
+def load_drafter(pair) -> Drafter:
+    from ...heads import store
+    path = store.find(pair, "eagle")
+    if path is None:
+        raise RequestError("No trained EAGLE head is shipped or cached for this target. Train one with: "
+                           f"{train_command(pair)}")
+    st = path.stat()
+    key = (id(pair.target), str(path), st.st_mtime_ns)
+    if key not in _LOADED:
+        _LOADED.clear()
+        _LOADED[key] = _read(pair, path)
+    return _LOADED[key]
+
+
+def _read(pair, path) -> Drafter:
+    target = pair.target
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+        head, keep = unpack(blob)
+    except Exception as e:  # noqa: BLE001 - zip, pickle, key or shape errors alike: the file is bad
+        raise RequestError(f"The EAGLE head file {str(path)!r} cannot be read ({type(e).__name__}: {e}).") \
+            from None
+    if head.cfg["hidden"] != target.config.hidden_size:
+        raise RequestError(f"The EAGLE head file {str(path)!r} was trained for another target.")
+    low = _lowbit_for(target)
+    if low:
+        from ..cpu.lowbit import swap_linears
+        swap_linears(head, low)
+    dev = target.device
+    head = head.to(dev)
+    lm = KeptHead(head_weight(target.get_output_embeddings()), keep, target_vocab(target),
+                  "q8a8" if low else None).to(dev)
+    if not low and dev.type != "cpu":
+        head, lm = head.to(target.dtype), lm.to(target.dtype)
+    return Drafter(head, lm, target.get_input_embeddings(), blob.get("report", {}))
+
+
+def train_command(pair) -> str:
+    from .heads import train_command as heads_command
+    return heads_command(pair).replace("heads train", "heads data") + " && " + \
+        heads_command(pair).replace("heads train", "heads eagle")
+
+
+@dataclass
+class EagleProposer(Proposer):
+    reads_target_cache = True
+    supplies_verify_logits = True
+
+    model: nn.Module  # the target
+    drafter: Drafter
+    name: str = "eagle"
+    cache: object = field(default=None, repr=False)  # the target's cache (attach_target_cache)
+    kv: KV = field(default_factory=KV, repr=False)  # the head's own cache
+    true_rows: int = 0  # rows of kv read from the target's states (the rest: from predicted ones)
+    pend: torch.Tensor | None = field(default=None, repr=False)  # confirmed states not yet read
+    pend_at: int = 0  # the position of pend's first row
+    rows: tuple | None = field(default=None, repr=False)  # the last verify's states and first position
+
+    def reset(self, prompt_ids):
+        self.kv, self.true_rows, self.pend, self.rows = KV(), 0, None, None
+        return 0
+
+    def attach_target_cache(self, cache) -> None:
+        self.cache = cache
+        if getattr(cache, "compiled", None) is not None:
+            cache.compiled = None  # a compiled graph would not run the norm hook: verify eagerly
+
+    def _step(self, ids: list[int], feats: torch.Tensor, at: int) -> torch.Tensor:
+        """The head over rows at positions at.. (token ids x_{t+1}, states f_t): the last row's output."""
+        d = self.drafter
+        dev = feats.device
+        e = d.embed(torch.tensor([ids], device=dev))
+        pos = torch.arange(at, at + len(ids), device=dev)
+        dtype = e.dtype if e.is_floating_point() else torch.float32
+        return d.head(e.to(dtype), feats[None].to(dtype), pos, self.kv)[0, -1]
+
+    def propose(self, committed, gamma, params, generator, eos_ids):
+        if self.pend is None or gamma < 1:  # round 1: no states yet, the prompt's forward makes them
+            return Proposal([], torch.zeros(0, target_vocab(self.model)), info={"head_ms": 0.0})
+        t0 = time.perf_counter()
+        self.kv.crop(self.true_rows)
+        m = len(self.pend)
+        f = self._step(committed[self.pend_at + 1: self.pend_at + m + 1], self.pend, self.pend_at)
+        self.true_rows += m
+        at, self.pend = self.pend_at + m, None
+        tokens, qs, raw = [], [], []
+        while True:
+            logits = self.drafter.lm(f[None])[0]
+            if params.greedy:
+                q, x = greedy_rows(logits)
+                x = int(x)
+                raw.append(logits)
+            else:
+                q = warp(logits, params)
+                x = pick(q, params, generator)
+            tokens.append(x)
+            qs.append(q)
+            if len(tokens) >= gamma or x in eos_ids:
+                break
+            f = self._step([x], f[None], at)
+            at += 1
+        info = {"head_ms": round((time.perf_counter() - t0) * 1e3, 3)}
+        return Proposal(tokens, torch.stack(qs), forwards=len(tokens), info=info,
+                        raw=raw if params.greedy else None)
+
+    def verify_logits(self, fed, tokens, keep):
+        """The engine's verify forward, keeping the post-norm states of every row it read."""
+        box = []
+        start = self.cache.get_seq_length()
+        handle = final_norm(self.model).register_forward_hook(lambda m, i, out: box.append(out))
+        try:
+            logits = forward_logits(self.model, fed + tokens, self.cache, keep)
+        finally:
+            handle.remove()
+        if box:
+            h = box[-1][0]  # a prompt read in two parts: the norm saw its last part only
+            self.rows = (h, start + len(fed) + len(tokens) - h.shape[0], start + len(fed) - 1)
+        return logits
+
+    def rollback(self, committed, n_accepted, n_drafted):
+        # confirmed: the rows up to the last fed token's plus the accepted drafts'; each one's next
+        # token is committed now. The head reads them at the next propose.
+        if self.rows is None:
+            return
+        h, first, last_fed = self.rows
+        end = last_fed + n_accepted + 1 - first
+        self.pend, self.pend_at, self.rows = (h[:end], first, None) if end > 0 else (None, 0, None)
+
+
+def _summary(infos: list[dict]) -> dict:
+    ms = [i.get("head_ms", 0.0) for i in infos]
+    return {"head_ms": round(sum(ms), 1)} if ms else {}
+
+
+@register("eagle", "EAGLE head", order=21, own_gamma=False, summarize=_summary,
+          note="A one-layer head trained on this target's own features (ShareGPT chat and stdlib code) "
+               "drafts from the target's last hidden state; shipped with the app for the default pair.",
+          description="EAGLE: a trained one-layer head reads the target's own last hidden state and "
+                      "drafts a chain (lossless: the target verifies every token)")
+def _build_eagle(pair, req=None):
+    if final_norm(pair.target) is None:
+        raise RequestError("EAGLE needs a decoder with a final norm (model.norm); this target has "
+                           "another layout.")
+    return EagleProposer(pair.target, load_drafter(pair))

@@ -1,0 +1,165 @@
+"""Training EAGLE's head (engine/eagle_head.py) on one feature pass (features.py): EAGLE-1's recipe.
+
+Per window of the pass (ids x, the target's states f), row i reads (e(x_{i+1}), f_i + noise) and
+predicts f_{i+1}. Two losses, EAGLE-1's weights:
+- feature regression: smooth L1 of the prediction against f_{i+1} (weight 1);
+- soft cross-entropy: the head's q over the kept tokens against the target's own law there,
+  softmax(lm_head_keep(f_{i+1})) (weight 0.1), the target's frozen LM head restricted to the kept
+  tokens (the KEEP most frequent of the pass, plus the special tokens).
+The target never runs here; its embedding and LM head are read once. AdamW, linear warm-up then
+linear decay over the time cap, bf16 autocast (oneDNN), fp32 master weights.
+Reported: held-out top-1 agreement of the head's first draft with the target's greedy token
+(teacher-forced, over the target's whole vocabulary), on chat and on code windows."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import torch
+import torch.nn.functional as F
+
+from ..engine.eagle_head import EagleHead, config_of, head_weight, pack
+from .data import progress
+from .features import load_shards
+
+KEEP = 32768
+NOISE = 0.2  # EAGLE's uniform feature noise, in units of the features' standard deviation
+P_WEIGHT = 0.1  # EAGLE-1's weight of the soft cross-entropy (feature loss: 1)
+VAL_EVERY = 25  # every 25th window of the pass is held out for the report
+
+
+def kept_tokens(ids: torch.Tensor, tokenizer, keep: int = KEEP) -> torch.Tensor:
+    """The `keep` most frequent ids of the pass, plus every special token, sorted."""
+    counts = Counter(ids.tolist())
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    picked = dict.fromkeys(sorted(special))
+    for t, _ in counts.most_common():
+        if len(picked) >= keep:
+            break
+        picked.setdefault(t)
+    return torch.tensor(sorted(picked), dtype=torch.long)
+
+
+def windows_of(seg: torch.Tensor) -> list[tuple[int, int]]:
+    """(start, end) of each window in the concatenated pass."""
+    cut = (torch.nonzero(seg[1:] != seg[:-1]).flatten() + 1).tolist()
+    starts = [0, *cut]
+    return list(zip(starts, [*cut, len(seg)], strict=True))
+
+
+def batch_of(data, wins, emb, std: float, noise: bool):
+    """(emb rows, noisy features, next features, row mask) for windows `wins`, padded to the longest."""
+    n = max(e - s for s, e in wins) - 1
+    b, h = len(wins), data["h"].shape[1]
+    e_in = torch.zeros(b, n, h, dtype=torch.bfloat16)
+    f_in = torch.zeros(b, n, h, dtype=torch.bfloat16)
+    f_out = torch.zeros(b, n, h, dtype=torch.bfloat16)
+    mask = torch.zeros(b, n, dtype=torch.bool)
+    for j, (s, e) in enumerate(wins):
+        m = e - s - 1
+        e_in[j, :m] = emb[data["ids"][s + 1: e].long()]
+        f_in[j, :m] = data["h"][s: e - 1]
+        f_out[j, :m] = data["h"][s + 1: e]
+        mask[j, :m] = True
+    if noise:
+        f_in = f_in + ((torch.rand_like(f_in, dtype=torch.float32) - 0.5) * 2 * NOISE * std).to(f_in.dtype)
+    return e_in, f_in, f_out, mask
+
+
+def losses(model, w_keep, batch):
+    e_in, f_in, f_out, mask = batch
+    pos = torch.arange(e_in.shape[1])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(e_in, f_in, pos)
+        logits = (out[mask] @ w_keep.T).float()
+    with torch.no_grad():
+        p = (f_out[mask] @ w_keep.T).float().softmax(-1)
+    vloss = F.smooth_l1_loss(out[mask].float(), f_out[mask].float())
+    ploss = -(p * logits.log_softmax(-1)).sum(-1).mean()
+    return vloss, ploss
+
+
+@torch.no_grad()
+def agreement(model, w_keep, w_full, keep, data, wins, emb) -> dict:
+    """Teacher-forced: how often the head's first draft (argmax over the kept tokens) is the target's
+    greedy token (argmax of its whole LM head on f_{i+1}), on chat and on code windows."""
+    hit = {0: [0, 0], 1: [0, 0]}
+    for i in range(0, len(wins), 8):
+        e_in, f_in, f_out, mask = batch_of(data, wins[i: i + 8], emb, 0.0, False)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(e_in, f_in, torch.arange(e_in.shape[1]))
+            draft = keep[(out[mask] @ w_keep.T).float().argmax(-1)]
+            target = (f_out[mask] @ w_full.T).float().argmax(-1)
+        kinds = torch.cat([data["kind"][s + 1: e] for s, e in wins[i: i + 8]]).long()
+        for k in (0, 1):
+            sel = kinds == k
+            hit[k][0] += int((draft[sel] == target[sel]).sum())
+            hit[k][1] += int(sel.sum())
+    return {name: round(hit[k][0] / max(hit[k][1], 1), 4) for k, name in ((0, "chat"), (1, "code"))} | {
+        "rows": hit[0][1] + hit[1][1]}
+
+
+def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: float = 3e-4,
+                max_tokens: int | None = None, batch: int = 8, seed: int = 0) -> tuple[dict, dict]:
+    """The head trained on the pass in `folder` (about `minutes`), as a file's dict, and a report."""
+    torch.manual_seed(seed)
+    data = load_shards(folder, max_tokens)
+    target = pair.target
+    w_full = head_weight(target.get_output_embeddings()).to(torch.bfloat16)
+    keep = kept_tokens(data["ids"], pair.tokenizer)
+    w_keep = w_full[keep].contiguous()
+    emb_mod = target.get_input_embeddings()
+    emb = emb_mod.weight.detach().to(torch.bfloat16)
+    wins = windows_of(data["seg"])
+    val = wins[VAL_EVERY - 1:: VAL_EVERY][:200]
+    train = [w for i, w in enumerate(wins) if i % VAL_EVERY != VAL_EVERY - 1]
+    std = float(data["h"][: 100_000].float().std())
+    model = EagleHead(config_of(target))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    total = minutes * 60
+    t0, step, seen, log = time.perf_counter(), 0, 0, []
+    bar = progress(epochs * sum(e - s for s, e in train), "training the EAGLE head")
+    stopped = "epochs"
+    for ep in range(epochs):
+        order = torch.randperm(len(train)).tolist()
+        for i in range(0, len(order), batch):
+            frac = (time.perf_counter() - t0) / total
+            if frac >= 1:
+                stopped = "minutes"
+                break
+            for g in opt.param_groups:  # warm-up over the first 50 steps, then linear decay with time
+                g["lr"] = lr * min(1.0, (step + 1) / 50) * max(0.05, 1 - frac)
+            ws = [train[j] for j in order[i: i + batch]]
+            vloss, ploss = losses(model, w_keep, batch_of(data, ws, emb, std, True))
+            loss = vloss + P_WEIGHT * ploss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            opt.step()
+            step += 1
+            seen += sum(e - s for s, e in ws)
+            bar.update(sum(e - s for s, e in ws))
+            log.append((float(vloss), float(ploss)))
+            if step % 10 == 0:
+                v, p = (sum(x) / 10 for x in zip(*log[-10:], strict=True))
+                bar.set_postfix_str(f"ep {ep} feat {v:.3f} ce {p:.3f}")
+        if stopped == "minutes":
+            break
+    bar.close()
+    model.eval()
+    held = agreement(model, w_keep, w_full, keep, data, val, emb)
+    report = {"design": "EAGLE-1 head: fc([e(x_{t+1}); f_t]) + one decoder layer -> f_{t+1}; the target's "
+                        f"LM head restricted to {len(keep)} tokens",
+              "config": model.cfg, "kept_tokens": len(keep), "pass_tokens": int(len(data["ids"])),
+              "train_windows": len(train), "held_out_windows": len(val), "steps": step,
+              "tokens_seen": seen, "epochs_seen": round(seen / max(1, sum(e - s for s, e in train)), 2),
+              "train_s": round(time.perf_counter() - t0, 1), "stopped_by": stopped, "lr": lr, "batch": batch,
+              "loss_first": _mean(log[:10]), "loss_last": _mean(log[-10:]),
+              "held_out_first_draft_agreement": held, "feature_std": round(std, 4)}
+    brief = {k: report[k] for k in ("pass_tokens", "held_out_first_draft_agreement")}
+    return pack(model, keep, {"report": brief}), report
+
+
+def _mean(xs) -> list | None:
+    return [round(sum(x) / len(x), 4) for x in zip(*xs, strict=True)] if xs else None
+

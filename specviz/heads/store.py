@@ -1,0 +1,53 @@
+"""Where trained drafts live: shipped in the repo (assets/drafts/<target key>/, made by
+`python -m specviz heads eagle|medusa --ship`), else trained here (cache_root()/heads/<target key>/).
+A shipped file is found first; each has its report.json (what it learned from, held-out acceptance)
+and its sha256 in docs/trained_drafts.md. The key is the target's identity, not its precision:
+one head serves the w4a8, bf16 and fp32 target alike (engine/proposers/heads.py heads_key)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..engine.proposers.heads import heads_dir, heads_key
+from ..paths import cache_root
+
+SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "drafts"
+FILES = {"eagle": "eagle.pt", "medusa": "heads.pt"}
+
+
+def features_dir(pair) -> Path:
+    return cache_root() / "features" / heads_key(pair)
+
+
+def shipped_dir(pair) -> Path:
+    return SHIPPED / heads_key(pair)
+
+
+def find(pair, kind: str) -> Path | None:
+    """The trained file of `kind` for this target: the shipped one, else the cached one, else None."""
+    for d in (shipped_dir(pair), heads_dir(pair)):
+        if (d / FILES[kind]).is_file():
+            return d / FILES[kind]
+    return None
+
+
+def report(pair, kind: str) -> dict | None:
+    path = find(pair, kind)
+    if path is None:
+        return None
+    try:
+        return json.loads(path.with_name(f"{kind}-report.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def save(pair, kind: str, blob: dict, rep: dict, ship: bool = False) -> Path:
+    d = shipped_dir(pair) if ship else heads_dir(pair)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / FILES[kind]
+    torch.save(blob, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+    path.with_name(f"{kind}-report.json").write_text(json.dumps(rep, indent=1))
+    return path

