@@ -79,12 +79,16 @@ class FixedGamma:
         pass
 
 
-def make_policy(costs, *, needs_draft: bool, max_gamma: int = MAX_GAMMA) -> AutoGamma | FixedGamma:
+def make_policy(costs, *, needs_draft: bool, max_gamma: int = MAX_GAMMA,
+                c: float | None = None) -> AutoGamma | FixedGamma:
     """The auto-γ policy for a pair's CostModel (None: no calibration, fixed default).
-    A proposer without a draft model (prompt lookup) drafts for ~free: c = 0."""
+    A proposer without a draft model (prompt lookup) drafts for ~free: c = 0; `c`: a method's own
+    measured draft cost (a trained head's, MethodSpec.cost)."""
     if costs is None or (needs_draft and costs.c is None):
         return FixedGamma()
-    return AutoGamma(costs.c if needs_draft else 0.0, monotone(costs.verify_cost, max_gamma), max_gamma)
+    if c is None:
+        c = costs.c if needs_draft else 0.0
+    return AutoGamma(c, monotone(costs.verify_cost, max_gamma), max_gamma)
 
 
 def monotone(verify_cost: Callable[[int], float], max_gamma: int = MAX_GAMMA) -> Callable[[int], float]:

@@ -91,7 +91,7 @@ def _on_features(args) -> int:
     if args.command == "eagle":
         from .eagle_train import train_eagle
         model, report = train_eagle(pair, folder, minutes=args.minutes, epochs=args.epochs,
-                                    lr=args.lr or 3e-4, max_tokens=args.tokens)
+                                    lr=args.lr or 6e-4, max_tokens=args.tokens)
         kind = "eagle"
     else:
         from .medusa_train import train_medusa

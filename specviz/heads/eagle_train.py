@@ -100,7 +100,7 @@ def agreement(model, w_keep, w_full, keep, data, wins, emb) -> dict:
 
 
 def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: float = 3e-4,
-                max_tokens: int | None = None, batch: int = 8, seed: int = 0) -> tuple[dict, dict]:
+                max_tokens: int | None = None, batch: int = 4, seed: int = 0) -> tuple[dict, dict]:
     """The head trained on the pass in `folder` (about `minutes`), as a file's dict, and a report."""
     torch.manual_seed(seed)
     data = load_shards(folder, max_tokens)
@@ -127,8 +127,8 @@ def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: flo
             if frac >= 1:
                 stopped = "minutes"
                 break
-            for g in opt.param_groups:  # warm-up over the first 50 steps, then linear decay with time
-                g["lr"] = lr * min(1.0, (step + 1) / 50) * max(0.05, 1 - frac)
+            for g in opt.param_groups:  # warm-up over the first 30 steps, then linear decay with time
+                g["lr"] = lr * min(1.0, (step + 1) / 30) * max(0.05, 1 - frac)
             ws = [train[j] for j in order[i: i + batch]]
             vloss, ploss = losses(model, w_keep, batch_of(data, ws, emb, std, True))
             loss = vloss + P_WEIGHT * ploss

@@ -69,5 +69,6 @@ def gamma_policy(pair: Pair, req: RunRequest):
         return None
     if method_spec(req.method).own_gamma:
         return OwnGamma()
-    return make_policy(pair.costs, needs_draft=method_spec(req.method).needs_draft,
-                       max_gamma=req.gamma)
+    spec = method_spec(req.method)
+    c = spec.cost(pair) if spec.cost is not None else None
+    return make_policy(pair.costs, needs_draft=spec.needs_draft, max_gamma=req.gamma, c=c)

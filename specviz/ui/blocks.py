@@ -12,7 +12,7 @@ from ..models import PairSpec
 from ..prompts import load_presets
 from ..run.race_bundle import load_bundle
 from ..run.request import Limits
-from . import inspector, method_options, render, stage
+from . import inspector, render, stage
 from . import leaderboard as board_ui
 from . import replay as replay_ui
 from .draft_source import READS_MEMORY
@@ -80,8 +80,11 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
     quiet = dict(api_visibility="private", show_progress="hidden", queue=False)
     status_out = [page.status, page.run_btn, page.timer]
     poll_out = status_out + [page.busy_replay, page.replay.accordion, page.method]
-    page.timer.tick(handlers.poll, None, poll_out, **quiet)
-    demo.load(handlers.poll, None, poll_out, api_name="status", show_progress="hidden", queue=False)
+    poll = handlers.poll
+    if page.board is not None:  # the race's methods too: the trained ones once the pair has them
+        poll, poll_out = handlers.poll_race, poll_out + [page.board.methods]
+    page.timer.tick(poll, None, poll_out, **quiet)
+    demo.load(poll, None, poll_out, api_name="status", show_progress="hidden", queue=False)
     page.preset.change(handlers.on_preset, page.preset, [page.prompt, page.gamma, page.max_new, page.chat],
                        **quiet)
     page.pair_pick.change(handlers.on_pair_pick, page.pair_pick, page.custom_row, **quiet)
@@ -90,7 +93,7 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
     # checked (and named) by make_request
     raw_values(page.gamma, page.max_new, page.temperature, page.top_p, page.top_k, page.seed)
     if page.method_options is not None:  # show the picked method's settings; its check_options names bad ones
-        page.method.change(method_options.on_method, page.method, page.method_options.outputs, **quiet)
+        page.method.change(handlers.on_method, page.method, page.method_options.outputs, **quiet)
         raw_values(*page.method_options.numbers)
     if page.fresh_memory is not None:  # the box under Run, for the methods that copy from earlier runs
         page.method.change(lambda m: gr.update(visible=m in READS_MEMORY), page.method, page.fresh_memory,

@@ -30,7 +30,7 @@ from ..run import isolation
 from ..run.race import MODES, RaceInfo, race
 from ..run.request import Limits, RequestError, encode_prompt, make_request
 from ..run.trace import record, trace_for
-from . import busy, inspector, method_options, render
+from . import busy, inspector, method_options, render, trained
 from . import replay as replay_ui
 from .loader import ModelManager
 from .panes import PaneStream, calibrating_outputs, failed_outputs
@@ -214,7 +214,14 @@ class Handlers:
 
     def poll(self, request: gr.Request = None):
         """Status, Run button, timer, the busy banner's replay offer, the replay section (collapsed
-        once the models are ready, once per session: a visitor may open it again)."""
+        once the models are ready, once per session: a visitor may open it again), the methods."""
+        return self._poll(request)[:-1]
+
+    def poll_race(self, request: gr.Request = None):
+        """poll, then the race tab's methods (ui/blocks.py wires this one where the page has the tab)."""
+        return self._poll(request)
+
+    def _poll(self, request):
         key = session_key(request)
         status = self.manager.status(key)
         html, reason = self.status_line(status)
@@ -222,20 +229,31 @@ class Handlers:
         running = self.queue.busy(key)
         calibrating = (status.get("calib") or {}).get("state") == "running"
         every = 0.5 if status["loading"] else 1.0 if (running or calibrating) else 5.0
-        fold = methods = gr.skip()
+        fold = methods = race = gr.skip()
         if status["ready"] and key not in self._ready_seen:
             self._ready_seen.add(key)
-            fold, methods = gr.Accordion(open=False), gr.Radio(choices=self.method_choices())
+            have = self.trained_methods()
+            fold, methods = gr.Accordion(open=False), gr.Radio(choices=self.method_choices(have))
+            from .leaderboard import methods_update  # it imports this module
+            race = methods_update(have)
         return (html, btn or button_state(status), gr.Timer(value=every, active=True),
-                gr.Button(visible=bool(reason)), fold, methods)
+                gr.Button(visible=bool(reason)), fold, methods, race)
 
-    def method_choices(self) -> list:
+    def trained_methods(self) -> frozenset:
+        """The trained methods (Medusa heads, EAGLE) whose file the loaded pair's target has: shipped
+        or trained here (heads/store.py find); none where looking fails."""
         try:
-            from ..engine.proposers.heads import heads_dir
-            trained = (heads_dir(self.manager.pair) / "heads.pt").is_file()
+            return trained.found(self.manager.pair)
         except Exception:  # noqa: BLE001 - no pair, or a target the heads cannot read: not offered
-            trained = False
-        return method_options.method_choices(trained)
+            return frozenset()
+
+    def method_choices(self, have=None) -> list:
+        """The live tab's methods: the trained ones only where the loaded pair has their file."""
+        return method_options.method_choices(self.trained_methods() if have is None else have)
+
+    def on_method(self, method):
+        """The picked method's settings, its note for the loaded pair (ui/method_options.py on_method)."""
+        return method_options.on_method(method, self.manager.pair)
 
     def run_pressed(self, request: gr.Request = None):
         key = session_key(request)

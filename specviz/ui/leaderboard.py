@@ -43,6 +43,7 @@ from . import replay as replay_ui
 from .charts import all_charts
 from .handlers import SETTLE  # the pause after each page update, before the next timed step
 from .leaderboard_render import bar_chart, pick_choices, progress_html, replay_banner, table_html
+from .method_options import TRAINED_ONLY
 from .panes import PaneStream
 from .state import RunView
 from .tree_view import latest_tree_figure
@@ -51,13 +52,27 @@ RACES_DIR = Path(__file__).resolve().parents[2] / "assets" / "races"
 UI_INTERVAL = 0.25  # as the live tab (ui/handlers.py)
 CHART_INTERVAL = 0.5
 WARMUP = 4  # new tokens of an unrecorded warm-up before each timed run (first forwards of a shape are slow)
-OFFERED = tuple(k for k in all_keys() if k != "heads")  # Medusa heads need training a visitor cannot do
+
 INTRO = ("<div class='sv-explainer'><b>Race all methods</b> on one prompt: each ticked method races "
          "<b>plain decoding</b> in fair mode, one step of each in turn, each timed on its own clock, with "
          "the same prompt, budget and sampling, so each × plain compares the same moments of the machine. "
          "The leaderboard's numbers all come from each run's own events; greedy outputs are checked "
          "token for token against plain decoding. Pick a method below the table to see its race in the "
          "usual panes.</div>")
+
+
+def offered(trained=()) -> tuple[str, ...]:
+    """The race's contenders: a trained method (Medusa heads, EAGLE: training a visitor cannot do)
+    only when in `trained`, the ones the loaded pair's target has a file for (ui/trained.py found)."""
+    return tuple(k for k in all_keys() if k not in TRAINED_ONLY or k in trained)
+
+
+OFFERED = offered()  # before a pair is loaded; handlers.poll_race adds the trained ones once it is
+
+
+def methods_update(trained=()) -> gr.CheckboxGroup:
+    """The race's method list for the loaded pair (its ticks left as the visitor set them)."""
+    return gr.CheckboxGroup(choices=[(entry(k).label, k) for k in offered(trained)])
 
 
 def shipped() -> dict[str, Board]:

@@ -11,18 +11,21 @@ from dataclasses import dataclass, field
 
 from ..engine.proposer import TEXT, Option, blank
 from ..engine.proposers import REGISTRY, method_names, method_spec
+from .trained import note_html as trained_note
 
 NO_SETTINGS = "This method has no settings beyond γ."
 
 # every registered method (engine/proposers/): draft-model methods first, then by their menu order
 METHOD_CHOICES = [(f"{method_spec(m).label}: {method_spec(m).description}", m)
                   for m in sorted(method_names(), key=lambda m: not method_spec(m).needs_draft)]
-TRAINED_ONLY = ("heads",)  # offered once the loaded pair has them trained (handlers.method_choices)
+# offered once the loaded pair's target has their file (ui/trained.py found, handlers.method_choices)
+TRAINED_ONLY = ("heads", "eagle")
 
 
-def method_choices(trained: bool = False) -> list[tuple[str, str]]:
-    """The methods a visitor can run now: Medusa heads only when trained (a visitor cannot train them)."""
-    return [c for c in METHOD_CHOICES if trained or c[1] not in TRAINED_ONLY]
+def method_choices(trained=()) -> list[tuple[str, str]]:
+    """The methods a visitor can run now: of the trained ones (Medusa heads, EAGLE) only those in
+    `trained`, the ones the loaded pair has a file for (a visitor cannot train one)."""
+    return [c for c in METHOD_CHOICES if c[1] not in TRAINED_ONLY or c[1] in trained]
 
 
 @dataclass(frozen=True)
@@ -120,9 +123,12 @@ def setup_text(method: str | None, options: dict | None) -> str:
     return " · ".join(parts)
 
 
-def note_html(method: str | None) -> str:
+def note_html(method: str | None, pair=None) -> str:
+    """The method's note; a trained method's says what its file's report says for `pair`'s target,
+    or how to train one (ui/trained.py)."""
     note = REGISTRY[method].note if method in REGISTRY else ""
-    return f"<span class='sv-mode'>{note or NO_SETTINGS}</span>"
+    extra = trained_note(method, pair) if method in TRAINED_ONLY else ""
+    return f"<span class='sv-mode'>{note or NO_SETTINGS}{extra}</span>"
 
 
 def _shown(method: str | None) -> bool:
@@ -169,8 +175,8 @@ def build(method: str = "draft") -> Controls:
     return Controls(note, inputs)
 
 
-def on_method(method):
-    """Show the selected method's controls only (a chain method: the note)."""
+def on_method(method, pair=None):
+    """Show the selected method's controls only (a chain method: the note, for `pair`'s target)."""
     import gradio as gr
-    return (gr.update(value=note_html(method), visible=not _shown(method)),
+    return (gr.update(value=note_html(method, pair), visible=not _shown(method)),
             *(gr.update(visible=o.method == method) for o in OPTIONS))

@@ -241,7 +241,9 @@ def run_info_html(snap: dict) -> str:
     method = snap.get("method")
     if method and method != "draft":
         names = {"lookup": "prompt lookup (no draft model)", "adaptive": "draft model with adaptive γ",
-                 "suffix": "text already written (suffix tree)", "hybrid": "copied text or the draft model"}
+                 "suffix": "text already written (suffix tree)", "hybrid": "copied text or the draft model",
+                 "heads": "trained Medusa heads on the target's states (no draft model)",
+                 "eagle": "a trained EAGLE head on the target's states (no draft model)"}
         settings = setup_text(method, snap.get("options"))  # "L 12 · an untrained exit: …" (issue 51)
         parts.append(f"<span class='sv-mode'>guesses from: <b>{esc(names.get(method, method))}</b>"
                      + (f" · {esc(settings)}" if settings else "") + "</span>")

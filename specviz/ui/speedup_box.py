@@ -146,8 +146,12 @@ def _gamma_why(g: float | None, snap: dict) -> str:
         why = f"auto γ picked each round's, up to {want}"
     elif snap.get("method") == "adaptive":
         why = f"adaptive γ moved it each round, from {want}"
-    elif snap.get("method") in ("draft", "early-exit", "layer-skip", "heads"):
+    elif snap.get("method") in ("draft", "early-exit", "layer-skip"):
         why = f"you set {want}; rounds near the token limit or an end of text draft fewer"
+    elif snap.get("method") in ("heads", "eagle"):  # they read the states of the target's last forward
+        why = (f"you set {want}; round 1 drafts nothing (no target states yet), rounds near the token "
+               "limit or an end of text draft fewer" + (", and the heads draft at most K, their number"
+                                                        if snap.get("method") == "heads" else ""))
     else:
         why = f"you set {want}; this method's drafts vary in length"
     return f" · γ {g:.2f} = the mean drafted per round ({why})"

@@ -59,6 +59,23 @@ class Drafter:
     lm: KeptHead
     embed: nn.Module
     report: dict = field(default_factory=dict)
+    step_s: float | None = None  # one draft step (the layer over one row + the kept LM head), timed at load
+
+    @torch.inference_mode()
+    def time_step(self, dev, rows: int = 64, tries: int = 7) -> float:
+        """The median seconds of one draft step after `rows` cached rows: what γ = auto prices."""
+        h = self.head.cfg["hidden"]
+        kv = KV()
+        self.head(torch.zeros(1, rows, h, device=dev), torch.zeros(1, rows, h, device=dev),
+                  torch.arange(rows, device=dev), kv)
+        times = []
+        for i in range(tries):
+            t0 = time.perf_counter()
+            f = self.head(torch.zeros(1, 1, h, device=dev), torch.zeros(1, 1, h, device=dev),
+                          torch.tensor([rows + i], device=dev), kv)
+            self.lm(f[0])
+            times.append(time.perf_counter() - t0)
+        return sorted(times)[tries // 2]
 
 
 _LOADED: dict = {}  # (target id, file, mtime) -> Drafter: the head's packing runs once per target
@@ -104,7 +121,20 @@ def _read(pair, path) -> Drafter:
                   "q8a8" if low else None).to(dev)
     if not low and dev.type != "cpu":
         head, lm = head.to(target.dtype), lm.to(target.dtype)
-    return Drafter(head, lm, target.get_input_embeddings(), blob.get("report", {}))
+    d = Drafter(head, lm, target.get_input_embeddings(), blob.get("report", {}))
+    d.step_s = d.time_step(dev)
+    return d
+
+
+def head_cost(pair) -> float | None:
+    """c of the EAGLE head: its draft step over the target's plain step, both measured here (the head's
+    at load, the target's at calibration); None where either is missing."""
+    costs = getattr(pair, "costs", None)
+    try:
+        step = load_drafter(pair).step_s
+    except RequestError:
+        return None
+    return step / costs.plain_step_s if costs is not None and step else None
 
 
 def train_command(pair) -> str:
@@ -204,7 +234,7 @@ def _summary(infos: list[dict]) -> dict:
     return {"head_ms": round(sum(ms), 1)} if ms else {}
 
 
-@register("eagle", "EAGLE head", order=21, own_gamma=False, summarize=_summary,
+@register("eagle", "EAGLE head", order=21, summarize=_summary, cost=head_cost,
           note="A one-layer head trained on this target's own features (ShareGPT chat and stdlib code) "
                "drafts from the target's last hidden state; shipped with the app for the default pair.",
           description="EAGLE: a trained one-layer head reads the target's own last hidden state and "
