@@ -175,3 +175,64 @@ def test_medusa_heads_with_kept_tokens_equal_plain(target, tok):
     rounds, spec = run(speculative(target, make_proposer(pair, "heads"), tok, ids, 30, 3, GREEDY))
     assert spec.token_ids == base.token_ids and spec.drafted > 0
     assert all(d % 2 == 0 for r in rounds for d in r.draft_ids)
+
+
+def _tiny_data():
+    convs = [[{"role": "user", "content": f"say {i} " * 12}, {"role": "assistant", "content": f"ok {i} " * 20}]
+             for i in range(20)]
+    docs = [(f"stdlib/m{i}.py", f"def f{i}(x):\n    return x + {i}\n\n" * 30) for i in range(20)]
+    return convs, docs
+
+
+def test_pass_resumes_after_an_interruption(target, tok, tmp_path, monkeypatch):
+    convs, docs = _tiny_data()
+    monkeypatch.setattr(features, "SHARD", 150)
+    whole = features.run_pass(target, tok, tmp_path / "a", 900, seq=64, convs=convs, docs=docs, log=None)
+    calls = {"n": 0}
+    real = features.states
+
+    def flaky(model, ids):
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise KeyboardInterrupt
+        return real(model, ids)
+
+    monkeypatch.setattr(features, "states", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        features.run_pass(target, tok, tmp_path / "b", 900, seq=64, convs=convs, docs=docs, log=None)
+    monkeypatch.setattr(features, "states", real)
+    again = features.run_pass(target, tok, tmp_path / "b", 900, seq=64, convs=convs, docs=docs, log=None)
+    assert again["tokens"] == whole["tokens"] >= 800 and len(again["shards"]) == len(whole["shards"]) > 2
+    a, b = features.load_shards(tmp_path / "a"), features.load_shards(tmp_path / "b")
+    assert torch.equal(a["ids"], b["ids"]) and torch.equal(a["h"], b["h"])
+    ref = target.model(input_ids=a["ids"][None, :64].long()).last_hidden_state[0]
+    torch.testing.assert_close(a["h"][:64].float(), ref, atol=2e-2, rtol=2e-2)  # bf16 states
+
+
+def test_training_lowers_the_loss_and_the_file_runs(target, tok, tmp_path):
+    from specviz.heads.eagle_train import train_eagle
+    convs, docs = _tiny_data()
+    features.run_pass(target, tok, tmp_path / "p", 3000, seq=64, convs=convs, docs=docs, log=None)
+    pair = pair_of(target, tok)
+    blob, rep = train_eagle(pair, tmp_path / "p", minutes=2, epochs=4, lr=3e-3, intermediate=64)
+    assert rep["loss_last"][1] < rep["loss_first"][1] and rep["stopped_by"] == "epochs"
+    assert "tokens read through" in rep["trained_on"] and rep["held_out_first_draft_agreement"]["rows"] > 0
+    store.save(pair, "eagle", blob, rep)
+    ids = tok.encode(PROMPT)
+    _, base = run(baseline(target, tok, ids, 24, GREEDY))
+    _, spec = run(speculative(target, make_proposer(pair, "eagle"), tok, ids, 24, 3, GREEDY))
+    assert spec.token_ids == base.token_ids
+
+
+def test_medusa_training_on_the_pass(target, tok, tmp_path):
+    from specviz.heads.medusa_train import train_medusa
+    convs, docs = _tiny_data()
+    features.run_pass(target, tok, tmp_path / "p", 3000, seq=64, convs=convs, docs=docs, log=None)
+    pair = pair_of(target, tok)
+    blob, rep = train_medusa(pair, tmp_path / "p", k=2, minutes=2, epochs=3, lr=1e-2, batch=64)
+    assert rep["loss_last"] < rep["loss_first"] and len(rep["held_out_top1_by_head"]["code"]) == 2
+    store.save(pair, "medusa", blob, rep)
+    ids = tok.encode(PROMPT)
+    _, base = run(baseline(target, tok, ids, 24, GREEDY))
+    _, spec = run(speculative(target, make_proposer(pair, "heads"), tok, ids, 24, 2, GREEDY))
+    assert spec.token_ids == base.token_ids

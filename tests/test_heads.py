@@ -145,11 +145,11 @@ def test_sequences_follow_target_distribution(params, gamma):
 def test_missing_or_corrupt_heads_name_the_train_command(target, tok):
     req = make_request(PROMPT, method="heads")
     pair = pair_of(target, tok, name="default")
-    with pytest.raises(RequestError, match=r"No trained .* python -m specviz heads train$"):
+    with pytest.raises(RequestError, match=r"No trained .* python -m specviz heads data && python -m specviz heads medusa$"):
         make_proposer(pair, "heads", req)
     store.heads_dir(pair).mkdir(parents=True)
     (store.heads_dir(pair) / "heads.pt").write_bytes(b"garbage")
-    with pytest.raises(RequestError, match="cannot be read.*python -m specviz heads train"):
+    with pytest.raises(RequestError, match="cannot be read.*python -m specviz heads medusa"):
         make_proposer(pair, "heads", req)
     store.save(pair, Heads(16, 2), {})  # another hidden size
     with pytest.raises(RequestError, match="does not fit"):
@@ -171,7 +171,7 @@ def test_cli_trains_a_tiny_target_then_generates(tmp_path, capsys):
     gen = ["generate", *pair_args, "--prompt", "def f(x):", "--json", "--mode", "both", "--max-new-tokens",
            "16", "--gamma", "3", "--method", "heads"]
     assert cli_main(gen) == 2  # nothing trained yet: one line naming the command
-    assert f"python -m specviz heads train --target {t} --draft {d}" in capsys.readouterr().err
+    assert f"python -m specviz heads medusa --target {t} --draft {d}" in capsys.readouterr().err
     argv = [*pair_args, "--tokens", "300", "--heads", "2", "--minutes", "1"]
     assert main(["train", *argv]) == 0
     assert "held-out top-1 agreement" in capsys.readouterr().err
@@ -187,7 +187,7 @@ def test_cli_trains_a_tiny_target_then_generates(tmp_path, capsys):
 def test_race_without_heads_is_one_message(target, tok, mode):
     from specviz.run.race import race
     req = make_request(PROMPT, method="heads", max_new_tokens=8)
-    with pytest.raises(RequestError, match="python -m specviz heads train"):
+    with pytest.raises(RequestError, match="python -m specviz heads medusa"):
         list(race(pair_of(target, tok, name="default"), req, tok.encode(PROMPT), mode))
 
 

@@ -235,8 +235,9 @@ def test_theory_text_follows_the_v_mode():
 
 def test_medusa_heads_offered_only_when_trained():
     from specviz.ui.method_options import method_choices
-    assert "heads" not in [v for _, v in method_choices(False)]
-    assert "heads" in [v for _, v in method_choices(True)]
+    assert not {"heads", "eagle"} & {v for _, v in method_choices()}
+    assert "heads" in [v for _, v in method_choices({"heads"})]
+    assert "eagle" not in [v for _, v in method_choices({"heads"})]
 
 
 def test_whitespace_tokens_carry_no_underline():

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..engine.eagle_head import EagleHead, config_of, head_weight, pack
 from .data import progress
-from .features import load_shards
+from .features import load_shards, trained_on
 
 KEEP = 32768
 NOISE = 0.2  # EAGLE's uniform feature noise, in units of the features' standard deviation
@@ -100,7 +100,8 @@ def agreement(model, w_keep, w_full, keep, data, wins, emb) -> dict:
 
 
 def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: float = 3e-4,
-                max_tokens: int | None = None, batch: int = 4, seed: int = 0) -> tuple[dict, dict]:
+                max_tokens: int | None = None, batch: int = 4, seed: int = 0,
+                intermediate: int = 3072) -> tuple[dict, dict]:
     """The head trained on the pass in `folder` (about `minutes`), as a file's dict, and a report."""
     torch.manual_seed(seed)
     data = load_shards(folder, max_tokens)
@@ -114,7 +115,7 @@ def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: flo
     val = wins[VAL_EVERY - 1:: VAL_EVERY][:200]
     train = [w for i, w in enumerate(wins) if i % VAL_EVERY != VAL_EVERY - 1]
     std = float(data["h"][: 100_000].float().std())
-    model = EagleHead(config_of(target))
+    model = EagleHead(config_of(target, intermediate))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     total = minutes * 60
     t0, step, seen, log = time.perf_counter(), 0, 0, []
@@ -139,7 +140,7 @@ def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: flo
             step += 1
             seen += sum(e - s for s, e in ws)
             bar.update(sum(e - s for s, e in ws))
-            log.append((float(vloss), float(ploss)))
+            log.append((float(vloss.detach()), float(ploss.detach())))
             if step % 10 == 0:
                 v, p = (sum(x) / 10 for x in zip(*log[-10:], strict=True))
                 bar.set_postfix_str(f"ep {ep} feat {v:.3f} ce {p:.3f}")
@@ -150,13 +151,14 @@ def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: flo
     held = agreement(model, w_keep, w_full, keep, data, val, emb)
     report = {"design": "EAGLE-1 head: fc([e(x_{t+1}); f_t]) + one decoder layer -> f_{t+1}; the target's "
                         f"LM head restricted to {len(keep)} tokens",
-              "config": model.cfg, "kept_tokens": len(keep), "pass_tokens": int(len(data["ids"])),
+              "trained_on": trained_on(folder, data), "config": model.cfg, "kept_tokens": len(keep),
+              "pass_tokens": int(len(data["ids"])),
               "train_windows": len(train), "held_out_windows": len(val), "steps": step,
               "tokens_seen": seen, "epochs_seen": round(seen / max(1, sum(e - s for s, e in train)), 2),
               "train_s": round(time.perf_counter() - t0, 1), "stopped_by": stopped, "lr": lr, "batch": batch,
               "loss_first": _mean(log[:10]), "loss_last": _mean(log[-10:]),
               "held_out_first_draft_agreement": held, "feature_std": round(std, 4)}
-    brief = {k: report[k] for k in ("pass_tokens", "held_out_first_draft_agreement")}
+    brief = {k: report[k] for k in ("trained_on", "pass_tokens", "held_out_first_draft_agreement")}
     return pack(model, keep, {"report": brief}), report
 
 

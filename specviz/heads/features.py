@@ -164,15 +164,19 @@ def states(model, ids: list[int]) -> torch.Tensor:
     return h.to(torch.bfloat16)
 
 
-def run_pass(model, tokenizer, out: Path, n_tokens: int, seq: int = SEQ, log=print) -> dict:
-    """Reads about n_tokens through `model` into shards under `out`, resuming where meta.json says."""
+def run_pass(model, tokenizer, out: Path, n_tokens: int, seq: int = SEQ, log=print, convs=None,
+             docs=None) -> dict:
+    """Reads about n_tokens through `model` into shards under `out`, resuming where meta.json says.
+    convs, docs: the chat and code data (default: ShareGPT's and the standard library's)."""
     out.mkdir(parents=True, exist_ok=True)
     meta_path = out / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    convs, read = conversations()
-    log(f"ShareGPT: {read['records']} complete records read, {read['conversations']} conversations; "
-        f"{read['tail_chars_skipped']} characters of a cut record at the end skipped")
-    wins = mixed_windows(tokenizer, n_tokens, seq, convs)
+    read = {"conversations": len(convs)} if convs is not None else None
+    if convs is None:
+        convs, read = conversations()
+        log(f"ShareGPT: {read['records']} complete records read, {read['conversations']} conversations; "
+            f"{read['tail_chars_skipped']} characters of a cut record at the end skipped")
+    wins = mixed_windows(tokenizer, n_tokens, seq, convs, docs)
     shards = meta.get("shards", [])
     start = meta.get("next_window", 0)
     if meta.get("n_tokens_asked") not in (None, n_tokens) or meta.get("seq") not in (None, seq):
@@ -215,3 +219,12 @@ def load_shards(folder: Path, max_tokens: int | None = None) -> dict:
         parts.append(torch.load(folder / s["file"], weights_only=True))
         n += s["tokens"]
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
+def trained_on(folder: Path, data: dict) -> str:
+    """One sentence for the page's method card: what a draft trained on this pass learned from."""
+    meta = json.loads((folder / "meta.json").read_text())
+    code = int(data["kind"].sum())
+    chat = int(len(data["kind"]) - code)
+    return (f"{len(data['kind']):,} tokens read through the {meta.get('precision', '')} target: "
+            f"{chat:,} of ShareGPT V3 chat, {code:,} of Python standard-library code")

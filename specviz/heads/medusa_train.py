@@ -14,7 +14,7 @@ from ..engine.eagle_head import head_weight
 from ..engine.proposers.heads import VERSION, Heads
 from .data import progress
 from .eagle_train import VAL_EVERY, kept_tokens, windows_of
-from .features import load_shards
+from .features import load_shards, trained_on
 
 
 def _positions(wins, k: int) -> torch.Tensor:
@@ -83,7 +83,7 @@ def train_medusa(pair, folder, *, k: int = 3, minutes: float = 10.0, epochs: int
             loss.backward()
             opt.step()
             step, seen = step + 1, seen + len(order[s: s + batch])
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             bar.update(len(order[s: s + batch]))
             if step % 10 == 0:
                 bar.set_postfix_str(f"loss {sum(losses[-10:]) / 10:.3f}")
@@ -93,7 +93,8 @@ def train_medusa(pair, folder, *, k: int = 3, minutes: float = 10.0, epochs: int
     heads.eval().requires_grad_(False)
     held = agreement(heads, w_keep, w_full, keep, data, val_idx)
     report = {"design": f"Medusa-1 heads: h + SiLU(W_k h + b_k) through the target's LM head restricted to "
-                        f"{len(keep)} tokens", "k": k, "kept_tokens": len(keep),
+                        f"{len(keep)} tokens", "trained_on": trained_on(folder, data), "k": k,
+              "kept_tokens": len(keep),
               "pass_tokens": int(len(data["ids"])), "steps": step, "positions_seen": seen,
               "train_s": round(time.perf_counter() - t0, 1), "stopped_by": stopped, "lr": lr, "batch": batch,
               "loss_first": _mean(losses[:10]), "loss_last": _mean(losses[-10:]),

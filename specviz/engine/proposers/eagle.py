@@ -138,9 +138,8 @@ def head_cost(pair) -> float | None:
 
 
 def train_command(pair) -> str:
-    from .heads import train_command as heads_command
-    return heads_command(pair).replace("heads train", "heads data") + " && " + \
-        heads_command(pair).replace("heads train", "heads eagle")
+    from .heads import _pass_command
+    return _pass_command(pair, "eagle")
 
 
 @dataclass

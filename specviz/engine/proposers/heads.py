@@ -130,8 +130,14 @@ def save(pair, heads: Heads, report: dict) -> Path:
 
 
 def _missing(pair, why: str) -> RequestError:
-    return RequestError(f"{why} Train them once (a progress bar shows; about 30 minutes on a 2-core CPU) "
-                        f"with: {train_command(pair)}")
+    return RequestError(f"{why} Train them once (progress bars show; about an hour on a 2-core CPU) "
+                        f"with: {_pass_command(pair, 'medusa')}")
+
+
+def _pass_command(pair, kind: str) -> str:
+    """The two commands that train `kind` (eagle, medusa) for this pair on its own feature pass."""
+    args = train_command(pair).split("heads train", 1)[1]
+    return f"python -m specviz heads data{args} && python -m specviz heads {kind}{args}"
 
 
 _LOADED: dict[tuple, Heads] = {}  # a run builds its proposer on every request: read the file once
@@ -238,10 +244,10 @@ class HeadsProposer(Proposer):
         self.rows = None
 
 
-@register("heads", "Medusa heads", order=22, note="The heads are trained once on the server (python -m "
-          "specviz.heads train); γ above their number K proposes K tokens.",
-          description="K trained heads on the target's last hidden state propose the next K tokens "
-                      "(train once: python -m specviz heads train)")
+@register("heads", "Medusa heads", order=22, note="K trained heads on the target's last hidden state; "
+          "shipped for the default pair (trained on its own features: python -m specviz heads data && "
+          "python -m specviz heads medusa). γ above K proposes K tokens.",
+          description="K trained heads on the target's last hidden state propose the next K tokens")
 def _build_heads(pair, req=None):
     if final_norm(pair.target) is None:
         raise RequestError("Medusa heads need a decoder with a final norm (model.norm); this target "
