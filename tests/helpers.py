@@ -129,7 +129,8 @@ def run_fields() -> tuple:
     from specviz.ui import method_options
     return ("prompt", "gamma", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "chat_template", "mode",
             "method", "gamma_auto", *method_options.KEYS,  # the method settings: generated, in this order
-            "fresh_memory")  # the box under Run (suffix, hybrid: read no earlier run's output)
+            "fresh_memory",  # the boxes under Run (suffix, hybrid): read no earlier run's output,
+            "share_memory")  # and read other visitors' runs of the presets too (off)
 
 
 def press_stop(client, job, within: float = 10.0):

@@ -244,7 +244,10 @@ def test_table_and_chart_render(greedy):
     html = table_html(board)
     assert html.count("<tr data-key=") == 1 + len(KEYS) and "✓ identical" in html
     fig = bar_chart(board)
-    assert list(fig.data[0].x) == [r.tokens_per_s for r in board.rows()][::-1]
+    # the ranked quantity, in the table's order (issue 71: the bars were tokens/s)
+    assert list(fig.data[0].x) == [r.speedup for r in board.rows()][::-1]
+    # the race reads no earlier runs: a suffix-style row would say it copied from its own text only
+    assert all(r.key not in ("suffix", "hybrid") for r in board.rows())
     assert [k for _, k in pick_choices(board)] == [r.key for r in board.rows() if r.key != PLAIN]
     half = replace(board, runs=dict(board.runs), keys=list(board.keys))
     half.runs["rest"] = replace(board.runs["rest"], events=[], error="")
@@ -303,6 +306,66 @@ def test_a_tau_one_method_above_plain_is_flagged_and_ranked_below_it():
     assert "same moments" in html and "by CPU time 1.39×" in html
     assert "⚠ τ 1.00" in table(board)
     assert "plain then" in table(board) and row.plain_then == "4.27"
+
+
+def test_the_chart_draws_the_ranked_quantity_and_flagged_rows_as_flagged():
+    """Issue 71: REST's row was flagged ("0.89× by CPU time") but its bar was drawn green, longer than
+    plain's, with no flag; and the bars were tokens/s while the rows are ranked by × plain."""
+    from specviz.ui.leaderboard_render import HATCHED, bar_chart
+    board = _board(_plain(4.4, cpu=10.0), _lookup(5.9, cpu=10.0))  # flagged: τ 1.00, a disturbed machine
+    rows = board.rows()
+    flagged = board.row("lookup")
+    assert flagged.flag and flagged.speedup > 1
+    bar = bar_chart(board).data[0]
+    assert list(bar.x) == [r.speedup for r in rows][::-1]  # plain at 1.00, the flagged row's ratio
+    i = next(k for k, y in enumerate(bar.y) if flagged.label in y)
+    assert bar.y[i].startswith("⚠ ") and bar.marker.color[i] == HATCHED and bar.marker.pattern.shape[i] == "/"
+    assert "⚠" in bar.text[i] and "disturbed machine" in bar.customdata[i] and "τ 1.00" in bar.customdata[i]
+    p = 1 - i  # plain's bar: grey, no hatching, no flag
+    assert bar.x[p] == 1.0 and not bar.y[p].startswith("⚠") and bar.marker.pattern.shape[p] == ""
+    clean = _board(_plain(5.2, n=32, cpu=10.0), _lookup(5.9, n=32, forwards=16, cpu=9.0))  # τ 2: no flag
+    row = clean.row("lookup")
+    assert not row.flag
+    bar = bar_chart(clean).data[0]
+    assert HATCHED not in list(bar.marker.color) and set(bar.marker.pattern.shape) == {""}
+    assert not any("⚠" in y for y in bar.y)
+
+
+def test_a_race_row_says_what_it_copied_from_earlier_runs():
+    """Issue 71: the race showed the hybrid at 1.83× with no word about the memory. Its row says how
+    much it copied from earlier runs (a flag, drawn flagged), or that it copied from its own text only."""
+    from specviz.engine.events import Outcome
+    from specviz.run.leaderboard import Board, Entry, MethodRun
+    from specviz.ui.leaderboard_render import HATCHED, bar_chart, memory_note, table_html
+
+    def board_of(where):
+        toks = [TokenEvent(7, "a", Outcome.ACCEPTED, 0.1, 0, k + 1) for k in range(3)]
+        r = RoundEvent(index=0, gamma=3, draft_ids=[7] * 3, q=[1.0] * 3, p=[0.9] * 3, u=[0.1] * 3,
+                       overlap=[0.9] * 3, n_accepted=3, appended_id=9, resampled=False, t_start=0.0, t_draft=0.0,
+                       t_verify=0.02, t_end=0.1, draft_forwards=0, tokens=toks,
+                       info={"drafter": "suffix", "source": {"where": where, "label": "x", "start": 0, "end": 3}})
+        spec = RunSummary("speculative", "suffix", list(range(16)), "", 16, 16 / 8.0, 0.1, 8, "max_new_tokens",
+                          rounds=8, drafted=12)
+        b = Board({"settings": {"temperature": 0.5, "max_new_tokens": 16, "gamma": 3}}, ["suffix"])  # no check
+        b.runs["suffix"] = MethodRun(Entry("suffix", "suffix"), {"gamma": 3}, [r, spec], plain=[_plain(4.0, n=16)])
+        b.baseline = b.runs["suffix"].plain
+        return b
+    own = board_of("prompt")
+    row = own.row("suffix")
+    assert memory_note(own, row) == ("copied from this run's prompt and output only: the race reads no earlier "
+                                     "runs", 0)
+    assert "❝ copied from this run&#x27;s prompt and output only" in table_html(own)
+    bar = bar_chart(own).data[0]
+    assert not any("⚠" in y for y in bar.y) and HATCHED not in list(bar.marker.color)
+    mem = board_of("memory")
+    row = mem.row("suffix")
+    assert memory_note(mem, row) == ("3 of 16 tokens copied from earlier runs", 3)
+    html = table_html(mem)
+    assert "❝ 3 of 16 tokens copied from earlier runs" in html and f"{row.speedup:.2f}× ⚠" in html
+    bar = bar_chart(mem).data[0]
+    i = [k for k, y in enumerate(bar.y) if "⚠" in y]
+    assert len(i) == 1 and bar.marker.color[i[0]] == HATCHED and bar.marker.pattern.shape[i[0]] == "/"
+    assert "3 of 16 tokens copied" in bar.customdata[i[0]]
 
 
 def test_cpu_and_wall_ratios_apart_say_the_machine_was_disturbed():

@@ -127,13 +127,52 @@ def test_a_visitor_never_drafts_from_another_visitors_output(tok, target):
     assert any(r.info["source"] and r.info["source"]["where"] == "memory" for r in alice)
 
 
-def test_preset_outputs_are_shared(tok, target):
+def _from_memory(rounds):
+    return [r.info["source"] for r in rounds if r.info["source"] and r.info["source"]["where"] == "memory"]
+
+
+def test_preset_outputs_are_shared_only_when_the_visitor_shares_memory(tok, target):
+    """Issue 71: a new session's first suffix run of a preset copied 78 of 96 tokens from runs other
+    sessions had made of it. A preset's output goes to the visitor's scope and PRESETS; another visitor
+    reads PRESETS only with share memory on; its own later runs read it from their own scope."""
     mem, V = Memory(), target.config.vocab_size
     text = "qq rr qq rr"
-    _gen(target, tok, _suffix(V, memory=mem, scope="alice", write_scope=PRESETS), text)
-    bob, _ = _gen(target, tok, _suffix(V, memory=mem, scope="bob", write_scope="bob"), text)
-    srcs = [r.info["source"] for r in bob if r.info["source"] and r.info["source"]["where"] == "memory"]
-    assert srcs and all("preset" in s["label"] for s in srcs)
+    _gen(target, tok, _suffix(V, memory=mem, scope="alice", write_scope="alice", shared_scope=PRESETS), text)
+    assert mem.tree(PRESETS).nodes > 0 and mem.tree("alice").nodes > 0
+    bob, _ = _gen(target, tok, _suffix(V, memory=mem, scope="bob", write_scope="bob", shared_scope=PRESETS),
+                  text)
+    assert not _from_memory(bob)  # bob's first run: nothing of alice's, though the preset memory has it
+    carol, _ = _gen(target, tok, _suffix(V, memory=mem, scope="carol", write_scope="carol", read_shared=True),
+                    text)
+    srcs = _from_memory(carol)
+    assert srcs and all("preset" in s["label"] and "shared" in s["label"] for s in srcs)
+    alice, _ = _gen(target, tok, _suffix(V, memory=mem, scope="alice", write_scope="alice"), text)
+    assert _from_memory(alice) and all(s["label"] == "your earlier run" for s in _from_memory(alice))
+
+
+def test_a_new_sessions_first_preset_run_copies_nothing(tiny_pair, monkeypatch):
+    """Through the builder, as the page builds it: a preset's prompt, another session's run before."""
+    from specviz.engine.proposers import suffix as suffix_mod
+    from specviz.prompts import load_presets
+    mem, preset = Memory(), load_presets()[0]["prompt"]
+    monkeypatch.setattr(suffix_mod, "MEMORY", mem)
+    t, tk, text = tiny_pair.target, tiny_pair.tokenizer, "zq xv zq xv"
+
+    def build(scope, share=False, method="suffix"):
+        p = make_proposer(tiny_pair, method, SimpleNamespace(scope=scope, prompt=preset, options={},
+                                                             fresh_memory=False, share_memory=share))
+        (p.suffix if method == "hybrid" else p).verify_cost = None  # propose whole chains: no pricing
+        return p
+    first = build("old")
+    assert (first.write_scope, first.shared_scope, first.readable()) == ("old", PRESETS, ("old",))
+    _gen(t, tk, first, text)
+    assert mem.tree(PRESETS).nodes > 0
+    new, _ = _gen(t, tk, build("new"), text)
+    assert not _from_memory(new)  # the preset memory holds the text, unread
+    shared = build("new2", share=True)
+    assert shared.readable() == ("new2", PRESETS)
+    assert _from_memory(_gen(t, tk, shared, text)[0])
+    assert build("new3", share=True, method="hybrid").suffix.read_shared is True
 
 
 def test_memory_is_bounded():
@@ -151,6 +190,7 @@ def test_builders_read_scope_and_costs(tiny_pair):
     req = SimpleNamespace(scope="sess", prompt="not a preset", options={})
     s = make_proposer(tiny_pair, "suffix", req)
     assert s.scope == "sess" and s.write_scope == "sess" and s.memory is not None
+    assert s.shared_scope is None and not s.read_shared and s.readable() == ("sess",)  # not a preset, not shared
     s = make_proposer(tiny_pair, "suffix", SimpleNamespace(scope=None, prompt="x", options={}))
     assert s.memory is None  # no session: this run's own text only
     pair = fake_pair(target=tiny_pair.target, draft=tiny_pair.draft, tokenizer=tiny_pair.tokenizer)

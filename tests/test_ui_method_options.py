@@ -37,7 +37,7 @@ def test_page_and_cli_come_from_the_declared_options():
 def test_page_run_takes_the_options_positionally_in_key_order(handlers):
     params = list(inspect.signature(handlers.page_run()).parameters)
     i = params.index("gamma_auto")
-    assert params[i + 1:] == [*mo.KEYS, "fresh_memory", "request"]  # the page's box under Run last
+    assert params[i + 1:] == [*mo.KEYS, "fresh_memory", "share_memory", "request"]  # the boxes under Run last
     assert mo.as_mapping(range(len(mo.KEYS))) == dict(zip(mo.KEYS, range(len(mo.KEYS)), strict=True))
     with pytest.raises(TypeError):
         mo.as_mapping([1])
@@ -90,8 +90,10 @@ def test_page_builds_with_the_group_hidden_for_draft():
         page = build_page(presets=presets, choices=pair_choices(None, network=False), limits=Limits(),
                           default_mode="fair", status=ModelManager().status(), allow_local_paths=False,
                           fixed_pair=False)
-    assert len(page.run_inputs) == 11 + len(mo.KEYS) + 1
-    assert page.run_inputs[11:-1] == page.method_options.inputs and page.run_inputs[-1] is page.fresh_memory
+    assert len(page.run_inputs) == 11 + len(mo.KEYS) + 2
+    assert page.run_inputs[11:-2] == page.method_options.inputs
+    assert page.run_inputs[-2:] == [page.fresh_memory, page.share_memory]
+    assert page.share_memory.value is False  # other visitors' runs only when the visitor turns it on
     assert not any(c.visible for c in page.method_options.inputs) and page.method_options.note.visible
 
 
@@ -166,6 +168,21 @@ def test_tree_options_reach_the_run_and_its_trace(handlers, tmp_path):
     assert view.options == {"tree_shape": [2, 1], "tree_budget": 3}
     assert "shape 2-1 · budget 3" in rp.describe_html(back, "upload")
     assert "shape 2-1 · budget 3" in render.run_info_html(view.snapshot())
+
+
+def test_the_memory_boxes_reach_the_run_and_its_replay(handlers):
+    """The page's two boxes under Run, last among /run's inputs: share memory (off by default, issue 71)
+    reaches the request, the trace and a replay's box; left out by an API caller, both are off."""
+    handler = handlers.page_run()
+    keys = [None] * len(mo.KEYS)
+    list(handler(*BASE, "suffix", False, *keys, False, True, REQ))
+    tr, _ = handlers.records.get(REQ.session_hash)
+    assert tr.meta["settings"]["share_memory"] is True and tr.meta["settings"]["fresh_memory"] is False
+    view, _ = rp.view_for(tr)
+    assert view.reads_memory and view.shares_memory and view.snapshot()["memory"]["shared"]
+    list(handler(*BASE, "suffix", False, *keys, REQ))  # an API call without the boxes
+    tr, _ = handlers.records.get(REQ.session_hash)
+    assert tr.meta["settings"]["share_memory"] is False and tr.meta["settings"]["fresh_memory"] is False
 
 
 def test_early_exit_layer_runs(handlers):

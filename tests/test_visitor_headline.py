@@ -9,7 +9,7 @@ import pytest
 from test_suffix import _gen, _suffix
 
 from specviz.engine.costs import CostModel
-from specviz.engine.events import Outcome, RoundEvent, TokenEvent
+from specviz.engine.events import Outcome, RoundEvent, RunSummary, TokenEvent
 from specviz.engine.proposers import make_proposer
 from specviz.engine.suffix_tree import Memory
 from specviz.run.request import make_request
@@ -72,14 +72,21 @@ def _suffix_view(method="hybrid", fresh=False, copied=True) -> RunView:
 
 def test_the_headline_counts_the_tokens_copied_from_earlier_runs():
     snap = _suffix_view().snapshot()
-    assert snap["memory"] == {"copied": 12, "tokens": 32, "fresh": False, "reads": True}  # 4 rounds × 3
+    assert snap["memory"] == {"copied": 12, "tokens": 32, "fresh": False, "reads": True,  # 4 rounds × 3
+                              "shared": False}
     box = render.stats_html(snap)
-    assert "<b>12 of 32 tokens</b> copied from earlier runs" in box and "fresh memory" in box
+    assert "<b>12 of 32 tokens</b> copied from earlier runs (this session's own)" in box and "fresh memory" in box
+    # the headline itself names it (issue 71): the big number, then the share copied
+    num = re.search(r"<span class='sv-speedup-num'>(.*?)</span></span>", box).group(1)
+    assert re.sub(r"<[^>]+>", "", num) == f"{snap['stats']['speedup']:.2f}× · 12 of 32 tokens copied from earlier runs"
     # a fresh-memory run says so; a run that copied nothing from memory says 0; a draft run says nothing
     assert "fresh memory: copied from this run's prompt and output only" in render.stats_html(
         _suffix_view(fresh=True, copied=False).snapshot())
-    assert "<b>0 of 32 tokens</b> copied from earlier runs" in render.stats_html(
-        _suffix_view(copied=False).snapshot())
+    nothing = render.stats_html(_suffix_view(copied=False).snapshot())
+    assert "<b>0 of 32 tokens</b> copied from earlier runs" in nothing and "sv-speedup-copied" not in nothing
+    shared = _suffix_view()
+    shared.shares_memory = True  # "share memory" ticked: the box says whose runs those were
+    assert "other visitors' runs of the presets" in render.stats_html(shared.snapshot())
     view = _suffix_view(copied=False)  # a run with no session memory to read (a race, the CLI): no word
     view.reads_memory = False
     assert "sv-speedup-mem" not in render.stats_html(view.snapshot())
@@ -107,6 +114,13 @@ def test_fresh_memory_goes_from_the_request_to_the_proposer(tiny_pair):
     assert make_proposer(tiny_pair, "hybrid", req).suffix.read_memory is False
     req.fresh_memory = False
     assert make_proposer(tiny_pair, "suffix", req).read_memory is True
+    # share memory: off unless the visitor ticks it (issue 71), a checkbox's True only
+    assert not make_request("x", method="suffix").share_memory
+    assert make_request("x", method="suffix", share_memory=True).share_memory
+    assert not make_request("x", method="suffix", share_memory="yes").share_memory
+    assert make_proposer(tiny_pair, "suffix", req).read_shared is False
+    req.share_memory = True
+    assert make_proposer(tiny_pair, "suffix", req).read_shared is True
 
 
 def test_a_hybrid_run_predicts_nothing_in_its_box_nor_on_its_chart():
@@ -187,3 +201,50 @@ def test_predictions_start_after_a_few_rounds_and_never_stretch_the_axis():
     # an early prediction of 6.5× beside a 1.5× run: the axis ends near the run and its final prediction
     pts = [(0.1, None, 6.5, 6.4), (0.2, 1.2, 3.0, 2.9), (0.3, 1.5, 1.7, 1.6)]
     assert speedup_top(pts) == pytest.approx(1.15 * 1.7)
+
+
+# ------------------------------------------------------------ issue 71: short runs
+
+def _short_view(rounds=1) -> RunView:
+    """A finished run of `rounds` rounds (max new tokens 1: one target pass a side)."""
+    view = RunView(gamma=4, temperature=0.0, mode="fair")
+    for i in range(rounds):
+        r = _round(i, 0, gamma=1, prompt=5 if i == 0 else 0, t=0.3 * (i + 1))
+        r.total_tokens, r.total_drafted, r.total_accepted, r.target_forwards = i + 1, i + 1, 0, i + 1
+        view.add("speculative", r)
+    for k in range(rounds):
+        view.add("baseline", TokenEvent(1, "x", Outcome.TARGET, 0.8 * (k + 1), -1, 0))
+    view.add("speculative", RunSummary("speculative", "draft", [9] * rounds, "", rounds, 0.3 * rounds, 0.3,
+                                       rounds, "max_new_tokens", rounds=rounds, drafted=rounds))
+    view.add("baseline", RunSummary("baseline", "plain", [1] * rounds, "", rounds, 0.8 * rounds, 0.8, rounds,
+                                    "max_new_tokens"))
+    return view
+
+
+def test_a_one_round_run_shows_its_numbers_with_the_reason_not_a_headline():
+    """Issue 71: with max new tokens 1, three runs headlined 2.77×, 1.10× and 0.64×; the README promises
+    no figure before two rounds."""
+    snap = _short_view().snapshot()
+    assert snap["finished"] and snap["stats"]["rounds"] == 1 and snap["stats"]["speedup"] == pytest.approx(8 / 3)
+    html = render.stats_html(snap)
+    assert "<span class='sv-speedup-num'>–</span>" in html and "sv-good" not in html.split("sv-table")[0]
+    assert "<span class='sv-speedup-label'>no headline: fewer than 2 rounds</span>" in html
+    line = re.search(r"sv-speedup-sub'>([^<]*)<", html).group(1)
+    assert line == ("1 round only, which also read the prompt: too short for a headline (shown from 2 rounds) · "
+                    "measured 2.67× (speculative 3.33 ÷ baseline 1.25 tokens/s), not a speedup · "
+                    "predicted –: no draft step timed yet (c unknown)")
+    # two rounds: the headline, as before
+    two = render.stats_html(_short_view(2).snapshot())
+    assert "<span class='sv-speedup-num'>2.67×</span>" in two and "measured speedup" in two
+
+
+def test_the_speedup_chart_leaves_round_1_out():
+    """Issue 71: the chart began at a round-1 spike (6.43×); that round also reads the prompt."""
+    view = _draft_view((5,) * 6)
+    fig = speedup_chart(view)
+    measured = next(t for t in fig.data if t.name == "measured")
+    assert list(measured.x) == [p[0] for p in view.speedup_series[1:]]  # every point but round 1's
+    assert view.speedup_series[0][1] is not None  # it was measured: left out on purpose
+    assert "round 1 left out" in fig.layout.xaxis.title.text
+    short = speedup_chart(_short_view())  # one round: no line at all, and why
+    assert not short.data and "too short: fewer than 2 rounds" in short.layout.annotations[0].text

@@ -209,12 +209,12 @@ def build_variants(pair, settings: Settings, notes: list[str]) -> list[Variant]:
         if method_spec(method).own_gamma:  # it prices each round's length itself: γ auto is only its cap
             variants.append(Variant(f"{method}:auto", method, "specviz", 0, auto=True))
             continue
-        gammas = settings.gammas if method == "draft" else [settings.gamma_other]
+        gammas = settings.gammas if method in ("draft", "eagle") else [settings.gamma_other]
         variants += [Variant(f"{method}:{g}", method, "specviz", g) for g in gammas]
         for name, values in settings.sweeps.get(method, {}).items():  # e.g. tree budget 4,8,16
             variants += [Variant(f"{method}:{g}[{name}={v}]", method, "specviz", g, options=((name, v),))
                          for g in gammas for v in values]
-        if method in ("draft", "tree", "lookup") and settings.gamma_auto:  # a tree's depth is its γ
+        if method in ("draft", "eagle", "tree", "lookup") and settings.gamma_auto:  # a tree's depth is its γ
             variants.append(Variant(f"{method}:auto", method, "specviz", 0, auto=True))
             if method == "tree":
                 variants += [Variant(f"{method}:auto[{name}={v}]", method, "specviz", 0, auto=True,

@@ -234,7 +234,9 @@ NODE_BYTES = 300
 
 
 # -------------------------------------------------------------------- memory of earlier outputs
-PRESETS = "presets"  # the scope of outputs of the shipped presets' prompts: shared by every visitor
+# the scope of outputs of the shipped presets' prompts, every visitor's (each also in its session's scope):
+# read only by a run with share memory on (RunRequest.share_memory, off by default)
+PRESETS = "presets"
 MAX_BYTES = 64 * 2**20  # all scopes together; the oldest output anywhere goes first
 MAX_DOCS = 32  # outputs kept per scope
 IDLE_S = 3600.0  # a scope nobody used for an hour is forgotten
@@ -243,7 +245,8 @@ IDLE_S = 3600.0  # a scope nobody used for an hour is forgotten
 @dataclass
 class Memory:
     """Earlier outputs, one suffix tree per scope. A scope is one visitor's session (or
-    PRESETS): a run reads its own scope and PRESETS, never another visitor's text."""
+    PRESETS): a run reads its own scope, and PRESETS only when its visitor shares memory;
+    never another visitor's typed text."""
 
     max_bytes: int = MAX_BYTES
     max_docs: int = MAX_DOCS

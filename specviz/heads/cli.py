@@ -2,6 +2,7 @@
 python -m specviz heads eagle  [--minutes M] [--data DIR]            train the EAGLE head (eagle_train.py)
 python -m specviz heads medusa [--minutes M] [--heads K]   train Medusa heads on the same pass
 python -m specviz heads accept [--n N] [--ship]                  held-out acceptance by position
+python -m specviz heads all    [--tokens N] [--minutes M] [--medusa-minutes M] [--ship]   all of it, one load
 python -m specviz heads train  [--heads K] [--tokens N] ...          Medusa heads from a bf16 stdlib pass
 python -m specviz heads info
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from ..errors import ModelError, RequestError
 
-COMMANDS = ("data", "eagle", "medusa", "accept", "train", "info")
+COMMANDS = ("data", "eagle", "medusa", "accept", "all", "train", "info")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=int, default=32, help="train: positions per step")
     ap.add_argument("--loss", choices=["ce", "mse"], default="ce",
                     help="train: ce vs the target's greedy tokens; mse vs its logits through EᵀE")
+    ap.add_argument("--medusa-minutes", type=float, default=8.0, help="all: Medusa's time cap (default 8)")
     ap.add_argument("--n", type=int, default=10, help="accept: held-out prompts of each kind (default 10)")
     ap.add_argument("--ship", action="store_true",
                     help="eagle/medusa: write into assets/drafts/ (the repo's shipped drafts), not the cache")
@@ -55,6 +57,8 @@ def main(argv=None) -> int:
             return _on_features(args)
         if args.command == "accept":
             return _accept(args)
+        if args.command == "all":
+            return _all(args)
         return _legacy(args)
     except (RequestError, ModelError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -104,11 +108,32 @@ def _on_features(args) -> int:
     return 0
 
 
-def _accept(args) -> int:
+def _all(args) -> int:
+    """The pass (resumed, or as it stands when --tokens is not given and one exists), EAGLE's head,
+    Medusa's heads and their held-out acceptance, on one load of the target in its fastest precision
+    here (the heads learn the law of the target the page runs: its w4a8 LM head where it has one)."""
+    from . import store
+    from .eagle_train import train_eagle
+    from .features import run_pass
+    from .medusa_train import train_medusa
+    pair = _load(args, _fast_precision())
+    folder = Path(args.data) if args.data else store.features_dir(pair)
+    if args.tokens or not (folder / "meta.json").is_file():
+        run_pass(pair.target, pair.tokenizer, folder, args.tokens or 1_000_000,
+                 log=lambda s: print(s, file=sys.stderr))
+    blob, rep = train_eagle(pair, folder, minutes=args.minutes, epochs=args.epochs if args.epochs > 1 else 50,
+                            lr=args.lr or 6e-4)
+    print(json.dumps({"eagle": str(store.save(pair, "eagle", blob, rep, ship=args.ship)), **rep}, indent=1))
+    blob, rep = train_medusa(pair, folder, k=args.heads, minutes=args.medusa_minutes, epochs=50, lr=1e-3)
+    print(json.dumps({"medusa": str(store.save(pair, "medusa", blob, rep, ship=args.ship)), **rep}, indent=1))
+    return _accept(args, pair)
+
+
+def _accept(args, pair=None) -> int:
     """Held-out acceptance of each trained draft found for the target, written into its report."""
     from . import store
     from .acceptance import held_out_prompts, measure
-    pair = _load(args, _fast_precision())
+    pair = pair or _load(args, _fast_precision())
     prompts = held_out_prompts(args.n)
     for kind, method in (("eagle", "eagle"), ("medusa", "heads")):
         path = store.find(pair, kind)

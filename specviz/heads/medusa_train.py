@@ -19,7 +19,8 @@ from .features import load_shards, trained_on
 
 def _positions(wins, k: int) -> torch.Tensor:
     """Every row i of the windows with i+k in the same window."""
-    return torch.cat([torch.arange(s, e - k) for s, e in wins if e - s > k])
+    rows = [torch.arange(s, e - k) for s, e in wins if e - s > k]
+    return torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
 
 
 def _loss(heads, w_keep, data, idx):

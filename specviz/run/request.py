@@ -73,6 +73,9 @@ class RunRequest:
     # fresh memory (the page's "fresh memory" box): the suffix drafters copy from this run's prompt and
     # output only, never from earlier runs' memory (its output is still remembered for later runs)
     fresh_memory: bool = field(default=False, compare=False)
+    # share memory (the page's "share memory" box, off by default): also copy from every visitor's runs
+    # of the shipped presets (suffix_tree.PRESETS); off, a run copies from its own session's runs only
+    share_memory: bool = field(default=False, compare=False)
 
     @property
     def gamma_label(self) -> str:
@@ -114,7 +117,8 @@ def _number(name, value, kind, lo, hi):
 def make_request(prompt, *, method="draft", gamma=4, max_new_tokens=64, temperature=0.0,
                  top_p=1.0, top_k=0, seed=0, chat_template=False,
                  limits: Limits | None = None, options: dict | None = None,
-                 scope: str | None = None, fresh_memory: bool = False) -> RunRequest:
+                 scope: str | None = None, fresh_memory: bool = False,
+                 share_memory: bool = False) -> RunRequest:
     limits = limits or Limits.from_env()
     if not isinstance(prompt, str) or not prompt.strip():
         raise RequestError("The prompt is empty: type something or pick a preset.")
@@ -152,6 +156,7 @@ def make_request(prompt, *, method="draft", gamma=4, max_new_tokens=64, temperat
         options=method_spec(method).check_options(dict(options or {})),
         scope=str(scope) if scope else None,
         fresh_memory=fresh_memory is True,
+        share_memory=share_memory is True,
     )
 
 

@@ -95,9 +95,12 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
     if page.method_options is not None:  # show the picked method's settings; its check_options names bad ones
         page.method.change(handlers.on_method, page.method, page.method_options.outputs, **quiet)
         raw_values(*page.method_options.numbers)
-    if page.fresh_memory is not None:  # the box under Run, for the methods that copy from earlier runs
-        page.method.change(lambda m: gr.update(visible=m in READS_MEMORY), page.method, page.fresh_memory,
-                           **quiet)
+    boxes = [c for c in (page.fresh_memory, page.share_memory) if c is not None]
+    if boxes:  # the boxes under Run, for the methods that copy from earlier runs
+        def show(m):
+            shown = [gr.update(visible=m in READS_MEMORY)] * len(boxes)
+            return shown if len(shown) > 1 else shown[0]
+        page.method.change(show, page.method, boxes, **quiet)
     # ZeroGPU on a Space: borrow a GPU per run, for as long as its limits need (else a no-op)
     run = handlers.gpu_call(handlers.page_run(), max_tokens_arg=2)
     # no gradio tracker: the Run button is the one queue counter (ui/runqueue.py; issue 51)

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 
 from ..engine.events import OUTCOME_COLOURS, Outcome
 from .draft_source import FREE_DRAFTS, chart_hover, from_text
-from .state import PREDICT_FROM, RunView
+from .state import HOLD_ROUNDS, PREDICT_FROM, RunView
 
 GREEN = OUTCOME_COLOURS[Outcome.ACCEPTED]
 ORANGE = OUTCOME_COLOURS[Outcome.BONUS]
@@ -77,16 +77,26 @@ def alpha_chart(view: RunView) -> go.Figure:
     return fig
 
 
-def speedup_chart(view: RunView) -> go.Figure:
+def steady_points(view: RunView) -> list:
+    """The speedup series without round 1's point (issue 71: the chart began at a 6.43× spike; that
+    round also read the prompt, as the box says); none while fewer than HOLD_ROUNDS rounds ran."""
     pts = view.speedup_series
+    return pts[1:] if len(view.spec.rounds) >= HOLD_ROUNDS else []
+
+
+def speedup_chart(view: RunView) -> go.Figure:
+    pts = steady_points(view)
     fig = go.Figure()
     clock = "seconds (virtual clock)" if view.mode == "fair" else "seconds"
     title = "Speedup over time: measured" + (
         " (no chain prediction for a tree)" if view.is_tree else
         " (no prediction for copied drafts)" if view.method in FREE_DRAFTS else " vs predicted")
-    _layout(fig, title, clock, "× baseline")
+    _layout(fig, title, f"{clock} · round 1 left out: it also reads the prompt", "× baseline")
     if not pts:
-        return empty(fig, "waiting for both sides…")
+        why = ("waiting for both sides…" if not view.speedup_series else
+               f"too short: fewer than {HOLD_ROUNDS} rounds" if view.finished else
+               f"from round {HOLD_ROUNDS} on")
+        return empty(fig, f"{why} (round 1 also reads the prompt)" if view.speedup_series else why)
     t = [p[0] for p in pts]
     fig.update_yaxes(range=[0, speedup_top(pts)])
     fig.add_hline(y=1.0, line=dict(color=FONT, width=1, dash="dot"))

@@ -40,6 +40,9 @@ from .state import RunView
 UI_INTERVAL = 0.25  # seconds between page updates while a run streams (≤ 4/s)
 SETTLE = float(os.environ.get("SPECVIZ_UI_SETTLE", 0.1))  # see PaneStream.settle
 CHART_INTERVAL = 1.0  # charts are heavier: at most one redraw per second
+# the boxes under Run for the methods that copy from earlier runs (suffix, hybrid), after the method
+# settings among /run's inputs: fresh memory (no earlier run), share memory (other visitors' preset runs)
+MEMORY_BOXES = ("fresh_memory", "share_memory")
 STOP_GRACE = 5.0  # Stop waits this long for the run to end cleanly before cancelling it
 TINY = "tiny"
 CUSTOM = "custom"
@@ -307,7 +310,7 @@ class Handlers:
         return render.status_html(status), button_state(status), gr.Timer(active=True)
 
     def _checked(self, prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed, chat_template, mode,
-                 method, gamma_auto=False, options=None, scope=None, fresh_memory=False):
+                 method, gamma_auto=False, options=None, scope=None, fresh_memory=False, share_memory=False):
         """(request, pair, prompt ids), or RequestError in words the visitor understands. `scope`:
         the visitor's session, whose earlier outputs alone the suffix drafters may copy from."""
         gamma = "auto" if gamma_auto is True else gamma
@@ -316,7 +319,7 @@ class Handlers:
                            temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                            chat_template=chat_template, limits=self.limits,
                            options=method_options.collect(method, options or {}), scope=scope,
-                           fresh_memory=fresh_memory)
+                           fresh_memory=fresh_memory, share_memory=share_memory)
         if mode not in MODES:
             raise RequestError(f"Unknown execution mode {mode!r}: choose fair or parallel.")
         pair = self.manager.pair
@@ -329,14 +332,16 @@ class Handlers:
 
     def run(self, prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed, chat_template, mode,
             method="draft", gamma_auto=False, options: dict | None = None, request: gr.Request = None,
-            fresh_memory=False):
+            fresh_memory=False, share_memory=False):
         """One race, streamed into the panes. `options`: the method settings by name (the page
         sends every method's controls; method_options.collect keeps the picked method's).
-        `fresh_memory`: the suffix drafters read no earlier run's output (the page's box under Run)."""
+        `fresh_memory`: the suffix drafters read no earlier run's output (the page's box under Run);
+        `share_memory`: they also read every visitor's runs of the presets (the box beside it, off)."""
         try:
             req, pair, ids = self._checked(prompt, gamma, max_new_tokens, temperature, top_p, top_k, seed,
                                            chat_template, mode, method, gamma_auto, options,
-                                           scope=session_key(request), fresh_memory=fresh_memory is True)
+                                           scope=session_key(request), fresh_memory=fresh_memory is True,
+                                           share_memory=share_memory is True)
         except RequestError as e:
             yield failed_outputs(str(e))
             raise gr.Error(render.toast_text(e), print_exception=False) from None
@@ -351,16 +356,17 @@ class Handlers:
         method_options.KEYS order, made one mapping here), the request injected by its
         annotation. Gradio reads the signature, so it is spelled out."""
         settings = [p for p in inspect.signature(self.run).parameters
-                    if p not in ("options", "request", "fresh_memory")]
+                    if p not in ("options", "request", *MEMORY_BOXES)]
         n, k = len(settings), len(method_options.KEYS)
 
         def handler(*values):
             *inputs, request = values
+            boxes = dict(zip(MEMORY_BOXES, inputs[n + k:], strict=False))  # under Run (API: optional)
             yield from self.run(*inputs[:n], options=method_options.as_mapping(inputs[n:n + k]),
-                                request=request, fresh_memory=inputs[n + k] if len(inputs) > n + k else False)
+                                request=request, **boxes)
 
         P = inspect.Parameter
-        names = (*settings, *method_options.KEYS, "fresh_memory")  # the box under Run last (API callers)
+        names = (*settings, *method_options.KEYS, *MEMORY_BOXES)  # the boxes under Run last (API callers)
         params = [P(name, P.POSITIONAL_OR_KEYWORD) for name in names]
         handler.__signature__ = inspect.Signature(
             [*params, P("request", P.POSITIONAL_OR_KEYWORD, default=None, annotation=gr.Request)])
@@ -380,6 +386,7 @@ class Handlers:
             view = RunView(req.gamma, req.temperature, mode, req.prompt, req.chat_template)
             view.method, view.gamma_auto, view.dtype = req.method, req.gamma_auto, pair.dtype
             view.fresh_memory, view.reads_memory = req.fresh_memory, bool(req.scope) and not req.fresh_memory
+            view.shares_memory = view.reads_memory and req.share_memory
             # shown next to the method in the run header, with what calibration chose for a blank exit
             # layer or skip set (the run resolves the same, cached, values: run/runner.py)
             ours = pair.engine == OURS

@@ -67,11 +67,12 @@ class Page:
     busy_replay: gr.Button | None = None  # shown with the busy banner: replay a quiet machine's run
     board: object = None  # the "Race all methods" tab (ui/leaderboard.py)
     fresh_memory: gr.Checkbox | None = None  # suffix, hybrid: read no earlier run's output
+    share_memory: gr.Checkbox | None = None  # suffix, hybrid: also read other visitors' preset runs (off)
 
     @property
     def run_inputs(self) -> list:
         extra = self.method_options.inputs if self.method_options is not None else []
-        fresh = [self.fresh_memory] if self.fresh_memory is not None else []
+        fresh = [b for b in (self.fresh_memory, self.share_memory) if b is not None]
         return [self.prompt, self.gamma, self.max_new, self.temperature, self.top_p, self.top_k, self.seed,
                 self.chat, self.mode, self.method, self.gamma_auto, *extra, *fresh]
 
@@ -101,8 +102,15 @@ def _prompt_column(presets: list[dict], ready: bool) -> dict:
         # click from Run (issue 59: a preset run twice got faster by copying the first run's output)
         fresh_memory = gr.Checkbox(False, label="fresh memory: copy only from this run's prompt and output, "
                                    "not from earlier runs", elem_id="sv-fresh-memory", visible=False)
+        # off by default (issue 71: a new session's first run of a preset copied 78 of 96 tokens from runs
+        # other visitors had made of it, and headlined 3.40×); on, runs of a preset copy from everyone's
+        share_memory = gr.Checkbox(False, label="share memory with other visitors' runs of this preset: copy "
+                                   "from them too", elem_id="sv-share-memory", visible=False,
+                                   info="The memory holds the outputs of earlier suffix and hybrid runs "
+                                        "(and their tree modes), never prompts: by default only yours, "
+                                        "from this browser session")
     return dict(preset=preset, prompt=prompt, next_preset=next_preset, run_btn=run_btn, stop_btn=stop_btn,
-                fresh_memory=fresh_memory)
+                fresh_memory=fresh_memory, share_memory=share_memory)
 
 
 def _settings_column(first: dict, limits: Limits, default_mode: str) -> dict:

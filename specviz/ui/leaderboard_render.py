@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from ..engine.events import RoundEvent
 from ..format import number
 from ..run.leaderboard import PLAIN, Board, Row
 from ..run.trace import headline
 from .charts import BLUE, FONT, GREEN, GRID, VERMILLION
+from .draft_source import READS_MEMORY, memory_tokens
 from .render import esc
 
 WRAP = "style='overflow-x:auto;max-width:100%'"
@@ -35,7 +37,27 @@ def _num(x, fmt: str) -> str:
     return number(x, fmt, missing="–")
 
 
-def _check_cell(row: Row) -> str:
+def memory_note(board: Board, row: Row) -> tuple[str, int]:
+    """(what the row says of copying from earlier runs, tokens so copied) for a method that may copy
+    from them (suffix, hybrid; issue 71: the race showed the hybrid at 1.83× with no word about the
+    memory). The race's runs read no session's memory, so they copy from their own text only."""
+    run = board.runs.get(row.key)
+    if run is None or run.entry.method not in READS_MEMORY or row.tokens_per_s is None:
+        return "", 0
+    n = memory_tokens([e for e in run.events if isinstance(e, RoundEvent)])
+    if n:
+        return f"{n} of {row.n_tokens} tokens copied from earlier runs", n
+    return "copied from this run's prompt and output only: the race reads no earlier runs", 0
+
+
+def row_flag(board: Board, row: Row) -> str:
+    """Everything that makes a row's × plain misleading: its flag, and tokens copied from earlier runs."""
+    note, n = memory_note(board, row)
+    return "; ".join(f for f in (row.flag, note if n else "") if f)
+
+
+def _check_cell(row: Row, memory: str = "") -> str:
+    mem = f"<br><span class='sv-lb-mem'>❝ {esc(memory)}</span>" if memory else ""
     if row.error:
         return f"<span title='{esc(row.error)}'>not run: {esc(row.error)}</span>"
     if row.tokens_per_s is None:
@@ -45,12 +67,12 @@ def _check_cell(row: Row) -> str:
                 f"{esc(row.cut_note)}</span>")
     text, cls = CHECK.get(row.identical, (row.identical, ""))
     flag = f"<br><span class='sv-bad sv-lb-flag'>⚠ {esc(row.flag)}</span>" if row.flag else ""
-    return f"<span class='{cls}' title='{esc(row.detail)}'>{esc(text)}</span>{flag}"
+    return f"<span class='{cls}' title='{esc(row.detail)}'>{esc(text)}</span>{flag}{mem}"
 
 
-def _speedup_cell(row: Row) -> str:
+def _speedup_cell(row: Row, flagged: bool = False) -> str:
     """× plain with how its plain figure was taken on hover (and ⚠ where a flag says it misleads)."""
-    text = _num(row.speedup, "{:.2f}×") + (" ⚠" if row.flag and row.speedup is not None else "")
+    text = _num(row.speedup, "{:.2f}×") + (" ⚠" if (flagged or row.flag) and row.speedup is not None else "")
     return f"<span title='{esc(row.plain_how)}'>{text}</span>" if row.plain_how else text
 
 
@@ -80,13 +102,14 @@ def _table(board: Board | None) -> str:
     for i, r in enumerate(board.rows()):
         ran = r.ranked
         style = " style='font-weight:600'" if r.key == PLAIN else ""
+        memory, copied = memory_note(board, r)
         cells = [str(i + 1) if ran else "–", esc(r.label), esc(r.gamma), _num(r.tokens_per_s, "{:.2f}"),
-                 _speedup_cell(r), esc(r.plain_then), _num(r.tau, "{:.2f}"), _num(r.alpha_hat, "{:.3f}"),
-                 _num(r.c, "{:.3f}"), _num(r.v, "{:.2f}")]
+                 _speedup_cell(r, bool(copied)), esc(r.plain_then), _num(r.tau, "{:.2f}"),
+                 _num(r.alpha_hat, "{:.3f}"), _num(r.c, "{:.3f}"), _num(r.v, "{:.2f}")]
         # the method names the row (a screen reader read each row as its rank: "1", "–")
         tds = "".join(f"<th scope='row'{LEFT}>{c}</th>" if j == 1 else f"<td>{c}</td>"
                       for j, c in enumerate(cells))
-        body.append(f"<tr data-key='{esc(r.key)}'{style}>{tds}<td{LEFT}>{_check_cell(r)}"
+        body.append(f"<tr data-key='{esc(r.key)}'{style}>{tds}<td{LEFT}>{_check_cell(r, memory)}"
                     f"</td></tr>")
     return (f"<div {WRAP}><table class='sv-table' id='sv-lb-rows'><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table></div>" + _footnote(board))
@@ -124,14 +147,21 @@ def progress_html(board: Board | None, note: str = "", banner: str = "") -> str:
     return f"<div class='sv-runinfo' {STATE}>{banner}<span class='sv-mode'>{what}</span>{bar}</div>"
 
 
+HATCHED = "#aaaaaa"  # a flagged row's bar: grey and hatched, never the green of a speedup
+
+
 def bar_chart(board: Board | None) -> go.Figure:
-    """Tokens/s of each finished run, fastest on top; the plain baseline in grey."""
+    """× plain of each finished run, in the table's order (issue 71: the bars were tokens/s while the
+    rows were ranked by × plain, and the token tree's bar outgrew the draft model's above it). A row
+    whose × plain carries a flag (τ 1.00, a disturbed machine, tokens copied from earlier runs) is
+    drawn grey and hatched, ⚠ before its name and the flag in its hover; plain decoding at 1.00×."""
     fig = go.Figure()
-    fig.update_layout(title=dict(text="Tokens/s, each on its own clock", x=0.01, xanchor="left",
-                                 font=dict(size=14)),
+    fig.update_layout(title=dict(text="× plain, as ranked (⚠ hatched: flagged, see its row)", x=0.01,
+                                 xanchor="left", font=dict(size=14)),
                       height=320, margin=dict(l=8, r=16, t=48, b=40), paper_bgcolor="rgba(0,0,0,0)",
                       plot_bgcolor="rgba(0,0,0,0)", font=dict(color=FONT, size=12), showlegend=False)
-    fig.update_xaxes(title_text="tokens/s", gridcolor=GRID, zerolinecolor=GRID, linecolor=GRID)
+    fig.update_xaxes(title_text="× plain: tokens/s ÷ plain decoding's raced beside it", gridcolor=GRID,
+                     zerolinecolor=GRID, linecolor=GRID)
     fig.update_yaxes(gridcolor=GRID, linecolor=GRID, automargin=True)
     rows = [r for r in (board.rows() if board is not None else []) if r.ranked]
     if not rows:
@@ -141,13 +171,20 @@ def bar_chart(board: Board | None) -> go.Figure:
         fig.update_yaxes(visible=False)
         return fig
     rows = rows[::-1]  # plotly draws the first bar at the bottom
+    pairs = [(r, row_flag(board, r) if r.key != PLAIN else "") for r in rows]
     colours = ["#999999" if r.key == PLAIN else VERMILLION if r.identical == "mismatch" else
-               (GREEN if (r.speedup or 0) >= 1 else BLUE) for r in rows]
-    names = [r.label + (f" (γ {r.gamma})" if r.gamma not in ("–", "", "auto") else "") for r in rows]
-    fig.add_bar(x=[r.tokens_per_s for r in rows], y=names,
-                orientation="h", marker_color=colours,
-                text=[f"{r.tokens_per_s:.2f} · {_num(r.speedup, '{:.2f}×')}" for r in rows],
-                textposition="auto", hovertemplate="%{y}: %{x:.2f} tokens/s<extra></extra>")
+               HATCHED if f else (GREEN if (r.speedup or 0) >= 1 else BLUE) for r, f in pairs]
+    names = [("⚠ " if f else "") + r.label + (f" (γ {r.gamma})" if r.gamma not in ("–", "", "auto") else "")
+             for r, f in pairs]
+    fig.add_bar(x=[r.speedup or 0.0 for r, _ in pairs], y=names, orientation="h",
+                marker=dict(color=colours, pattern=dict(shape=["/" if f else "" for _, f in pairs],
+                                                        fgcolor="#555555")),
+                text=[f"{_num(r.speedup, '{:.2f}×')}{' ⚠' if f else ''} · {r.tokens_per_s:.2f} tok/s"
+                      for r, f in pairs], textposition="auto",
+                customdata=[f"{_num(r.tokens_per_s, '{:.2f}')} tokens/s" + (f"<br>⚠ {esc(f)}" if f else "")
+                            for r, f in pairs],
+                hovertemplate="%{y}: %{x:.2f}× plain · %{customdata}<extra></extra>")
+    fig.add_vline(x=1.0, line=dict(color=FONT, width=1, dash="dot"))
     fig.update_layout(height=max(220, 70 + 34 * len(rows)))
     return fig
 

@@ -169,6 +169,7 @@ def view_for(tr: Trace) -> tuple[RunView, str]:
     view.gamma_auto = bool(settings.get("gamma_auto"))
     view.fresh_memory = bool(settings.get("fresh_memory"))
     view.reads_memory = bool(settings.get("scope")) and not view.fresh_memory
+    view.shares_memory = view.reads_memory and settings.get("share_memory") is True
     opts = settings.get("options")  # older traces have none: the defaults ran
     view.options = dict(opts) if isinstance(opts, dict) else {}
     view.costs = trace_costs(tr)

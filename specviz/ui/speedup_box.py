@@ -9,7 +9,7 @@ from ..engine.costs import MAX_VERIFY_TOKENS
 from ..format import number
 from .draft_source import FREE_DRAFTS
 from .escape import esc
-from .state import PREDICT_FROM
+from .state import HOLD_ROUNDS, PREDICT_FROM
 
 
 def _cell(v) -> str:
@@ -40,9 +40,10 @@ def stats_html(snap: dict) -> str:
     st = snap["stats"]
     spd, sub = _speedup_text(snap)
     spd_cls = "" if spd is None else (" sv-good" if spd >= 1 else " sv-bad")
+    num = number(spd, "{:.2f}×", missing="–") + copied_text(snap, spd)  # the share copied: part of it
     big = (f"<div class='sv-speedup{spd_cls}' title='speculative tokens/s ÷ baseline tokens/s'>"
-           f"<span class='sv-speedup-num'>{number(spd, '{:.2f}×')}</span>"
-           f"<span class='sv-speedup-label'>measured speedup</span>"
+           f"<span class='sv-speedup-num'>{num}</span>"
+           f"<span class='sv-speedup-label'>{_label(snap, spd)}</span>"
            f"<span class='sv-speedup-sub'>{sub}</span>" + memory_html(snap)
            + (f"<span class='sv-badge sv-badge-diff'>{esc(snap['disturbed'])}</span>" if snap.get("disturbed")
               else "") + "</div>")
@@ -59,35 +60,48 @@ def stats_html(snap: dict) -> str:
     )
 
 
-HOLD_ROUNDS = 2  # round 1 also reads the prompt: its speedup swung to 5.82x on a busy machine (issue 21)
-
-
 def _speedup_text(snap: dict) -> tuple[float | None, str]:
-    """(measured speedup or None while held back, the line under it)."""
+    """(the headline, measured speedup, or None while held back or too short; the line under it)."""
     st = snap["stats"]
     if snap.get("error"):
         return None, "run failed"
-    if (st.get("rounds") or 0) < HOLD_ROUNDS and not snap.get("finished"):
-        return None, f"shown after {HOLD_ROUNDS} rounds or at the end (round 1 also reads the prompt)"
+    rounds = st.get("rounds") or 0
+    if rounds < HOLD_ROUNDS and not snap.get("finished"):
+        return None, f"shown after {HOLD_ROUNDS} rounds (round 1 also reads the prompt)"
     why = _no_chain_text(snap) if snap.get("method") in FREE_DRAFTS else \
         _prediction_text(st, bool(snap.get("tree")), snap)
+    if rounds < HOLD_ROUNDS:
+        return None, _caveat(snap) + _too_short(snap, rounds) + " · " + why
     return st.get("speedup"), _caveat(snap) + why
 
 
+def _label(snap: dict, spd: float | None) -> str:
+    """The line under the big number: what it is, or why a finished run has none."""
+    if spd is None and snap.get("finished") and not snap.get("error"):
+        return f"no headline: fewer than {HOLD_ROUNDS} rounds"
+    return "measured speedup"
+
+
+def _too_short(snap: dict, rounds: int) -> str:
+    """A finished run of fewer than HOLD_ROUNDS rounds: its numbers, with the reason they are no
+    headline (issue 71: a 1-token run's ratio is one target pass each, mostly the prompt's read)."""
+    base, spec, st = snap.get("baseline") or {}, snap.get("speculative") or {}, snap.get("stats") or {}
+    spd, b, s = st.get("speedup"), base.get("tokens_per_s"), spec.get("tokens_per_s")
+    ratio = (f" · measured {number(spd, '{:.2f}×')} (speculative {number(s, '{:.2f}')} ÷ baseline "
+             f"{number(b, '{:.2f}')} tokens/s), not a speedup" if spd is not None else "")
+    return (f"{rounds} round{'s' * (rounds != 1)} only, which also read the prompt: too short for a "
+            f"headline (shown from {HOLD_ROUNDS} rounds){ratio}")
+
+
 def _caveat(snap: dict) -> str:
-    """What a finished number rests on when it is not a whole run's steady rate: a run the visitor
-    stopped (each side's rate over the tokens it had made), or one too short to pass the prompt's
-    read (a visitor's 1-token run showed 0.81× under a box that had promised to wait 2 rounds)."""
+    """What a finished number rests on when it is not a whole run's rate: a run the visitor stopped
+    (each side's rate over the tokens it had made)."""
     if not snap.get("finished"):
         return ""
     base, spec = snap.get("baseline") or {}, snap.get("speculative") or {}
     if "stopped" in (base.get("state"), spec.get("state")):
         return (f"stopped by you: each side's tokens/s over the tokens it had made (baseline "
                 f"{base.get('n_tokens', 0)}, speculative {spec.get('n_tokens', 0)}) · ")
-    rounds = (snap.get("stats") or {}).get("rounds") or 0
-    if rounds < HOLD_ROUNDS:
-        return (f"{rounds} round{'s' * (rounds != 1)} only, which also read the prompt: too short "
-                "for a steady speedup · ")
     return ""
 
 
@@ -227,10 +241,24 @@ def _v_chip(st: dict, rows: str) -> tuple:
             f"and the calibration times passes of up to {MAX_VERIFY_TOKENS} tokens, or none ran")
 
 
+def copied_text(snap: dict, spd: float | None) -> str:
+    """Part of the big number itself when the run copied from earlier runs (issue 71: a new session's
+    first suffix run of a preset read 3.40×, 78 of 96 tokens copied from other visitors' runs, and the
+    note below the number was what no one read): "3.40× · 78 of 96 tokens copied from earlier runs"."""
+    mem = snap.get("memory") or {}
+    n, total = mem.get("copied") or 0, mem.get("tokens") or 0
+    if spd is None or not n:
+        return ""
+    return (f"<span class='sv-speedup-copied' title='accepted drafts copied from earlier runs&#39; "
+            f"outputs, not from this run&#39;s prompt or output'> · {n} of {total} tokens copied from "
+            f"earlier runs</span>")
+
+
 def memory_html(snap: dict) -> str:
-    """The headline's word on copying from earlier runs (issue 59: the hybrid on a preset went from
+    """The box's word on copying from earlier runs (issue 59: the hybrid on a preset went from
     1.54× to 2.31× on its second run, only a hover card said why): how many of the run's tokens were
-    accepted drafts copied from earlier runs' outputs, and the fair comparison one click away."""
+    accepted drafts copied from earlier runs' outputs, whose runs those are (this session's, and other
+    visitors' runs of the presets only with share memory on), and the fair comparison one click away."""
     mem = snap.get("memory")
     if not mem:
         return ""
@@ -241,11 +269,13 @@ def memory_html(snap: dict) -> str:
     if not (n or mem.get("reads")):
         return ""  # a run with no memory to read (a race of all methods, the CLI): its own text only
     cls = " sv-mem-copied" if n else ""
+    whose = (" (yours, and other visitors' runs of the presets: “share memory” is on)" if mem.get("shared")
+             else " (this session's own)")
     tail = (": tick “fresh memory” under Run for a fair comparison" if n else
-            " (it may copy from them: “fresh memory” under Run turns that off)")
-    return (f"<span class='sv-speedup-mem{cls}' title='accepted drafts whose source was an earlier run of "
-            f"yours or of a preset, not this run&#39;s prompt or output'><b>{n} of {total} tokens</b> copied "
-            f"from earlier runs{tail}</span>")
+            ", which it may copy from: “fresh memory” under Run turns that off")
+    return (f"<span class='sv-speedup-mem{cls}' title='accepted drafts whose source was an earlier run&#39;s "
+            f"output, not this run&#39;s prompt or output'><b>{n} of {total} tokens</b> copied "
+            f"from earlier runs{whose}{tail}</span>")
 
 
 def v_curve_svg(curve, basis: str = "", w: int = 110, h: int = 30) -> str:

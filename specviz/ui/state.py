@@ -26,6 +26,10 @@ from .draft_source import FREE_DRAFTS, READS_MEMORY, drafter_counts, memory_toke
 # on a handful of drafted tokens (a round that kept all its drafts gives α̂ 1 and predicts (γ+1)/(γc+v),
 # the chart's ~6.5× spikes of issue 59)
 PREDICT_FROM = 4
+# round 1 also reads the prompt: its speedup swung to 5.82x on a busy machine (issue 21), and 1-token runs
+# headlined 2.77×, 1.10× and 0.64× (issue 71): no headline before this many speculative rounds, even at the
+# end (ui/speedup_box.py), and the speedup chart leaves round 1 out (ui/charts.py)
+HOLD_ROUNDS = 2
 
 
 @dataclass
@@ -117,6 +121,7 @@ class RunView:
         self.gamma_auto = False  # γ chosen each round (engine/gamma.py): predict at the mean drafted γ
         self.fresh_memory = False  # RunRequest.fresh_memory: the suffix drafters read no earlier run's output
         self.reads_memory = False  # a session's run (RunRequest.scope), not fresh: may copy earlier runs
+        self.shares_memory = False  # and RunRequest.share_memory: other visitors' runs of the presets too
         self.dtype = torch.float32  # the target's float type: sets the greedy near-tie threshold
         self.error = ""  # a failed run's message for the visitor
         self.unmeasured: tuple = ()  # Stats fields the engine cannot measure (vLLM: α̂, c, prediction)
@@ -291,9 +296,11 @@ class RunView:
 
     def memory(self) -> dict | None:
         """For a method that may copy from earlier runs' outputs (suffix, hybrid): how many of this
-        run's tokens were accepted drafts copied from them, of how many, and whether it ran with fresh
-        memory (read none); None for the other methods."""
+        run's tokens were accepted drafts copied from them, of how many, whether it ran with fresh
+        memory (read none) and whether it shared memory (read other visitors' runs of the presets);
+        None for the other methods."""
         if self.method not in READS_MEMORY:
             return None
         return dict(copied=memory_tokens(self.spec.rounds), tokens=self.spec.n_tokens,
-                    fresh=self.fresh_memory, reads=self.reads_memory)
+                    fresh=self.fresh_memory, reads=self.reads_memory,
+                    shared=self.reads_memory and self.shares_memory)

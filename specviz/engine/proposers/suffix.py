@@ -1,7 +1,9 @@
 """Suffix decoding: free drafts copied from text that already exists (SuffixDecoding,
 Oliaro et al., arXiv 2411.04975). A suffix tree over this run's prompt and output,
 and one over the visitor's own earlier outputs (engine/suffix_tree.Memory), propose
-the continuation that most often followed the context's tail. No model runs.
+the continuation that most often followed the context's tail. No model runs. Other
+visitors' runs of the shipped presets (Memory's PRESETS scope) are read only when the
+visitor turned "share memory" on (RunRequest.share_memory; issue 71).
 
 Its q is one-hot, as for prompt lookup: a token is accepted with probability p(x)
 and a rejection resamples from p with x removed, so the target's law is kept under
@@ -77,10 +79,12 @@ class SuffixProposer(Proposer):
     verify_cost: Callable[[int], float] | None = None  # v(k) in plain steps; None: propose the whole chain
     tokenizer: object = None  # for the source's text on the page (None: positions only)
     memory: Memory | None = None  # earlier outputs (None: this run's own text only)
-    scope: str | None = None  # whose memory this run reads (with PRESETS) and writes
-    write_scope: str | None = None  # where its output goes (PRESETS for a shipped preset's prompt)
+    scope: str | None = None  # whose memory this run reads and writes: the visitor's session
+    write_scope: str | None = None  # where its output goes (the session's scope)
+    shared_scope: str | None = None  # also written there (PRESETS for a shipped preset's prompt)
     prompt_text: str = ""  # the prompt as the visitor typed it: a source's line is counted in it
     read_memory: bool = True  # False (fresh memory): copy from this run's own text only, still write it
+    read_shared: bool = False  # True (share memory): read PRESETS too, every visitor's runs of the presets
     name: str = "suffix"
     chain_formula = False  # a free draft: no γ·c + v(γ) prediction (decoding.speculative)
     cal: Calibration = field(default_factory=Calibration)
@@ -88,11 +92,20 @@ class SuffixProposer(Proposer):
     def reset(self, prompt_ids: list[int]) -> int:
         self.tree, self.n_prompt, self.seen = SuffixTree(), len(prompt_ids), 0
         self.cal, self._last = Calibration(), None
-        self.mem_doc, self._texts, self._nl, self._head = None, {}, [0], None
+        self.mem_doc, self.shared_doc, self._texts, self._nl, self._head = None, None, {}, [0], None
         if self.memory is not None and self.write_scope:
-            label = "a preset's earlier output" if self.write_scope == PRESETS else "your earlier run"
-            self.mem_doc = self.memory.new_doc(self.write_scope, label, time.monotonic())
+            self.mem_doc = self.memory.new_doc(self.write_scope, scope_label(self.write_scope),
+                                               time.monotonic())
+        if self.memory is not None and self.shared_scope and self.shared_scope != self.write_scope:
+            self.shared_doc = self.memory.new_doc(self.shared_scope, scope_label(self.shared_scope),
+                                                  time.monotonic())
         return 0
+
+    def readable(self) -> tuple:
+        """The memory scopes this run copies from: its session's, and PRESETS when shared."""
+        if self.memory is None or not self.read_memory:
+            return ()
+        return tuple(dict.fromkeys(s for s in (self.scope, PRESETS if self.read_shared else None) if s))
 
     # ------------------------------------------------------------ per round
     def propose(self, committed, gamma, params, generator, eos_ids):
@@ -124,11 +137,12 @@ class SuffixProposer(Proposer):
     def candidate(self, committed, gamma) -> tuple[Draft | None, str]:
         """The best chain of the run's own tree and the readable memory, and whose it is."""
         best, where = self.tree.speculate(self.tree.tails(SELF), gamma), "self"
-        if self.memory is None or not self.read_memory:
+        scopes = self.readable()
+        if not scopes:
             return best, where
         tail = committed[-DEPTH:]
-        for scope in dict.fromkeys((self.scope, PRESETS)):
-            tree = self.memory.tree(scope) if scope else None
+        for scope in scopes:
+            tree = self.memory.tree(scope)
             if tree is None:
                 continue
             with self.memory.lock:
@@ -146,6 +160,8 @@ class SuffixProposer(Proposer):
         out = new[max(0, self.n_prompt - self.seen):]  # memory keeps outputs, never prompts
         if self.mem_doc is not None and out:
             self.memory.extend(self.write_scope, self.mem_doc, out, time.monotonic())
+        if self.shared_doc is not None and out:
+            self.memory.extend(self.shared_scope, self.shared_doc, out, time.monotonic())
         self.seen = len(committed)
 
     def _learn(self, seq) -> None:
@@ -181,7 +197,7 @@ class SuffixProposer(Proposer):
         return info
 
     def _source(self, d: Draft, where: str, k: int, committed) -> dict | None:
-        if where == "self" or (self.mem_doc is not None and d.doc == self.mem_doc):
+        if where == "self" or (d.doc is not None and d.doc in (self.mem_doc, self.shared_doc)):
             start = d.start if where == "self" else self.n_prompt + d.start
             seq, lines = committed, self._nl
             place, label = (("prompt", "the prompt") if start < self.n_prompt else
@@ -330,18 +346,28 @@ def round_note(info: dict) -> str:
             f"(match {info.get('match_len', 0)} tokens, lookup {info.get('lookup_ms', 0)} ms)")
 
 
+def scope_label(scope: str) -> str:
+    """How the page names an earlier output held in `scope`."""
+    return "a preset's earlier output, shared by visitors" if scope == PRESETS else "your earlier run"
+
+
 def build_suffix(pair, req=None, cls=None) -> SuffixProposer:
+    """A session's run reads and writes its own scope; a shipped preset's output (no visitor's text)
+    also goes to PRESETS, which a run reads only with share memory on (off by default; issue 71: a new
+    session's first suffix run of a preset had copied 78 of 96 tokens from other visitors' runs)."""
     from ...prompts import load_presets
     from ..gamma import monotone
     costs, scope = pair.costs, getattr(req, "scope", None)
-    write = scope
+    shared = None
     if scope and req is not None and any(p["prompt"] == req.prompt for p in load_presets()):
-        write = PRESETS  # a shipped prompt's output holds no visitor's text: every visitor may read it
+        shared = PRESETS
     return (cls or SuffixProposer)(target_vocab(pair.target),
                           verify_cost=monotone(costs.verify_cost) if costs is not None else None,
                           tokenizer=pair.tokenizer, memory=MEMORY if scope else None, scope=scope,
-                          write_scope=write, prompt_text=getattr(req, "prompt", "") or "",
-                          read_memory=not getattr(req, "fresh_memory", False))
+                          write_scope=scope, shared_scope=shared,
+                          prompt_text=getattr(req, "prompt", "") or "",
+                          read_memory=not getattr(req, "fresh_memory", False),
+                          read_shared=getattr(req, "share_memory", False) is True)
 
 
 @register("suffix", "suffix tree", order=3, own_gamma=True, summarize=summarize, round_note=round_note,
