@@ -236,3 +236,17 @@ def test_medusa_training_on_the_pass(target, tok, tmp_path):
     _, base = run(baseline(target, tok, ids, 24, GREEDY))
     _, spec = run(speculative(target, make_proposer(pair, "heads"), tok, ids, 24, 2, GREEDY))
     assert spec.token_ids == base.token_ids
+
+
+def test_the_hub_default_finds_the_embedded_targets_shipped_head(target, tok):
+    """A Space without the embedded packages loads the same default target from the Hub: it is offered
+    the head shipped for the embedded one."""
+    from specviz.hosting.spaces import HUB_TARGET
+    from specviz.models.embedded import DEFAULT_TARGET
+
+    def pair(t):
+        return fake_pair(target=target, draft=None, tokenizer=tok, eos_ids=[0], device=target.device,
+                         spec=SimpleNamespace(name="default", target=t, draft="d"))
+    path = store.save(pair(DEFAULT_TARGET), "eagle", pack(random_head(target), torch.arange(4)), {}, ship=True)
+    assert store.find(pair(HUB_TARGET), "eagle") == path
+    assert store.find(pair_of(target, tok), "eagle") is None

@@ -88,8 +88,6 @@ def _on_features(args) -> int:
         from .features import run_pass
         meta = run_pass(pair.target, pair.tokenizer, folder, args.tokens or 1_000_000,
                         log=lambda s: print(s, file=sys.stderr))
-        meta["precision"] = getattr(pair, "precision", None) or args.precision
-        (folder / "meta.json").write_text(json.dumps(meta, indent=1))
         print(json.dumps({"folder": str(folder), "tokens": meta["tokens"], "seconds": meta["seconds"]}))
         return 0
     if args.command == "eagle":

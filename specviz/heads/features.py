@@ -181,7 +181,10 @@ def run_pass(model, tokenizer, out: Path, n_tokens: int, seq: int = SEQ, log=pri
     start = meta.get("next_window", 0)
     if meta.get("n_tokens_asked") not in (None, n_tokens) or meta.get("seq") not in (None, seq):
         raise RuntimeError(f"{out} holds a pass of another size; use another --out or the same --tokens")
+    from ..engine.cpu.lowbit import lowbit_format
+    precision = lowbit_format(model) or str(next(model.parameters()).dtype).replace("torch.", "")
     meta.update({"n_tokens_asked": n_tokens, "seq": seq, "sharegpt": read, "shards": shards,
+                 "precision": precision,
                  "chat_share": CHAT_SHARE, "held_out": f"index % {HELD_OUT} == {HELD_OUT - 1}"})
     bar = progress(sum(len(w[2]) for w in wins), "target states")
     bar.update(sum(len(w[2]) for w in wins[:start]))

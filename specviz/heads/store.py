@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -25,9 +26,22 @@ def shipped_dir(pair) -> Path:
     return SHIPPED / heads_key(pair)
 
 
+def _shipped_dirs(pair) -> list[Path]:
+    """Where shipped files for this target may be: its own key's folder, and for the default pair's
+    target from the Hub (a Space without the embedded packages) the embedded target's folder: the
+    same model, whose head was trained on the 4-bit GGUF's states."""
+    dirs = [shipped_dir(pair)]
+    from ..hosting.spaces import HUB_TARGET
+    from ..models.embedded import DEFAULT_TARGET
+    if getattr(pair.spec, "target", None) == HUB_TARGET:
+        spec = SimpleNamespace(name="default", target=DEFAULT_TARGET)
+        dirs.append(SHIPPED / heads_key(SimpleNamespace(spec=spec, target=pair.target)))
+    return dirs
+
+
 def find(pair, kind: str) -> Path | None:
     """The trained file of `kind` for this target: the shipped one, else the cached one, else None."""
-    for d in (shipped_dir(pair), heads_dir(pair)):
+    for d in (*_shipped_dirs(pair), heads_dir(pair)):
         if (d / FILES[kind]).is_file():
             return d / FILES[kind]
     return None
