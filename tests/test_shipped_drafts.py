@@ -1,0 +1,36 @@
+"""The project's own trained drafts shipped in assets/drafts/: each file <= 40 MB, <= 80 MB in all,
+each listed with its sha256 in docs/trained_drafts.md (the card), and each readable as its kind."""
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specviz.engine.eagle_head import unpack
+from specviz.heads.store import SHIPPED
+
+CARD = Path(__file__).resolve().parents[1] / "docs" / "trained_drafts.md"
+FILES = sorted(SHIPPED.glob("*/*.pt"))
+MB = 1 << 20
+
+
+def test_sizes_and_card():
+    assert sum(f.stat().st_size for f in FILES) <= 80 * MB
+    card = CARD.read_text() if FILES else ""
+    for f in FILES:
+        assert f.stat().st_size <= 40 * MB, f
+        assert hashlib.sha256(f.read_bytes()).hexdigest() in card, f"{f} is not on the card with its sha256"
+        assert (f.parent / f"{'eagle' if f.name == 'eagle.pt' else 'medusa'}-report.json").is_file()
+
+
+@pytest.mark.parametrize("path", FILES, ids=[f.name for f in FILES])
+def test_each_file_reads(path):
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    if path.name == "eagle.pt":
+        head, keep = unpack(blob)
+        assert len(keep) <= 40_000 and head.cfg["hidden"] > 0
+    else:
+        assert blob["k"] >= 1 and len(blob["keep"]) <= 40_000
+    rep = json.loads((path.parent / f"{'eagle' if path.name == 'eagle.pt' else 'medusa'}-report.json").read_text())
+    assert rep.get("acceptance_by_position"), "the held-out acceptance is measured (heads accept)"
