@@ -72,3 +72,23 @@ def default_load_facts(pair):
         out = pair.target.generate(ids, max_new_tokens=5, do_sample=False)
         d_out = pair.draft.generate(ids, max_new_tokens=5, do_sample=False)
     assert out.shape[1] == ids.shape[1] + 5 and d_out.shape[1] == ids.shape[1] + 5
+    shipped_heads_run(pair)
+
+
+def shipped_heads_run(pair):
+    """The trained drafts shipped in assets/drafts/ are found for the default target and run as the
+    page runs them: greedy equal to plain decoding, some drafts accepted."""
+    from specviz.heads import store
+    from specviz.run.equality import compare_greedy, output_tokens
+    assert store.find(pair, "eagle") is not None and store.find(pair, "medusa") is not None
+    req = make_request("Write a Python function that reverses a list.", gamma=3, max_new_tokens=24,
+                       temperature=0, chat_template=True)
+    ids = encode_prompt(pair.tokenizer, req)
+    *plain, _ = run_events(pair, req, "baseline", ids)
+    for method in ("eagle", "heads"):
+        req = make_request("Write a Python function that reverses a list.", method=method, gamma=3,
+                           max_new_tokens=24, temperature=0, chat_template=True)
+        *rounds, spec = run_events(pair, req, "speculative", ids)
+        eq = compare_greedy(output_tokens(plain), output_tokens(rounds), str(pair.dtype))
+        assert eq.ok, (method, eq.message())
+        assert spec.drafted > 0 and spec.accepted > 0, method
