@@ -78,7 +78,7 @@ def default_load_facts(pair):
 def shipped_heads_run(pair):
     """The trained drafts shipped in assets/drafts/ are found for the default target and run as the
     page runs them: greedy equal to plain decoding, some drafts accepted."""
-    from specviz.heads import store
+    from specviz.engine.trained import store
     from specviz.run.equality import compare_greedy, output_tokens
     assert store.find(pair, "eagle") is not None and store.find(pair, "medusa") is not None
     req = make_request("Write a Python function that reverses a list.", gamma=3, max_new_tokens=24,

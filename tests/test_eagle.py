@@ -11,12 +11,13 @@ from helpers import NullTok, check_stream, exact_sequence_probs, fake_pair, run
 from scipy.stats import chisquare
 
 from specviz.engine.decoding import baseline, speculative
-from specviz.engine.eagle_head import EagleHead, config_of, pack, unpack
 from specviz.engine.proposers import make_proposer, method_names
 from specviz.engine.proposers.eagle import Drafter, EagleProposer, KeptHead
 from specviz.engine.sampling import SamplingParams
+from specviz.engine.trained import store
+from specviz.engine.trained.eagle_head import EagleHead, config_of, pack, unpack
 from specviz.errors import RequestError
-from specviz.heads import features, store
+from specviz.heads import features
 from specviz.models.tiny import tiny_model
 
 GREEDY = SamplingParams(temperature=0)
@@ -72,7 +73,7 @@ def test_cache_rows_equal_a_whole_forward(target):
     head = random_head(target)
     e, f = torch.randn(1, 7, 32), torch.randn(1, 7, 32)
     whole = head(e, f, torch.arange(7))
-    from specviz.engine.eagle_head import KV
+    from specviz.engine.trained.eagle_head import KV
     kv = KV()
     a = head(e[:, :4], f[:, :4], torch.arange(4), kv)
     b = head(e[:, 4:], f[:, 4:], torch.arange(4, 7), kv)

@@ -130,7 +130,8 @@ def test_the_cycle_finder_finds_cycles():
 
 # Folders from the bottom up: a module may import from its own folder or one below it, never above
 # (README "How it fits together"). The top-level utilities (errors, paths, ...) are the floor.
-LAYERS = ["specviz", "specviz.engine.cpu", "specviz.engine.gpu", "specviz.engine.backends", "specviz.engine", "specviz.engine.proposers", "specviz.calibration",
+LAYERS = ["specviz", "specviz.engine.cpu", "specviz.engine.gpu", "specviz.engine.backends", "specviz.engine",
+          "specviz.engine.trained", "specviz.engine.proposers", "specviz.calibration",
           "specviz.models", "specviz.hosting", "specviz.run", "specviz.ui", "specviz.bench", "specviz.heads",
           "specviz.cli"]
 ENTRY = {"specviz", "specviz.__main__"}  # `python -m specviz`: the CLI's door, above everything

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specviz.engine.eagle_head import unpack
-from specviz.heads.store import SHIPPED
+from specviz.engine.trained.eagle_head import unpack
+from specviz.engine.trained.store import SHIPPED
 
 CARD = Path(__file__).resolve().parents[1] / "docs" / "trained_drafts.md"
 FILES = sorted(SHIPPED.glob("*/*.pt"))

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from helpers import fake_pair
 
-from specviz.heads import store
+from specviz.engine.trained import store
 from specviz.ui import method_options as mo
 from specviz.ui import speedup_box, trained
 from specviz.ui.handlers import Handlers

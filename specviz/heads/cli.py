@@ -80,7 +80,7 @@ def _fast_precision() -> str:
 
 
 def _on_features(args) -> int:
-    from . import store
+    from ..engine.trained import store
     t0 = time.perf_counter()
     pair = _load(args, _fast_precision() if args.command == "data" else "bf16")
     folder = Path(args.data) if args.data else store.features_dir(pair)
@@ -110,7 +110,7 @@ def _all(args) -> int:
     """The pass (resumed, or as it stands when --tokens is not given and one exists), EAGLE's head,
     Medusa's heads and their held-out acceptance, on one load of the target in its fastest precision
     here (the heads learn the law of the target the page runs: its w4a8 LM head where it has one)."""
-    from . import store
+    from ..engine.trained import store
     from .eagle_train import train_eagle
     from .features import run_pass
     from .medusa_train import train_medusa
@@ -129,7 +129,7 @@ def _all(args) -> int:
 
 def _accept(args, pair=None) -> int:
     """Held-out acceptance of each trained draft found for the target, written into its report."""
-    from . import store
+    from ..engine.trained import store
     from .acceptance import held_out_prompts, measure
     pair = pair or _load(args, _fast_precision())
     prompts = held_out_prompts(args.n)

@@ -18,7 +18,7 @@ from collections import Counter
 import torch
 import torch.nn.functional as F
 
-from ..engine.eagle_head import EagleHead, config_of, head_weight, pack
+from ..engine.trained.eagle_head import EagleHead, config_of, head_weight, pack
 from .data import progress
 from .features import load_shards, trained_on
 

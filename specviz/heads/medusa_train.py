@@ -10,8 +10,8 @@ import time
 
 import torch
 
-from ..engine.eagle_head import head_weight
 from ..engine.proposers.heads import VERSION, Heads
+from ..engine.trained.eagle_head import head_weight
 from .data import progress
 from .eagle_train import VAL_EVERY, kept_tokens, windows_of
 from .features import load_shards, trained_on

@@ -10,12 +10,16 @@ from __future__ import annotations
 import os
 
 from .. import machine
+from ..engine.trained import store as trained
 from ..models import PAIRS, PairSpec
+from ..models.embedded import DEFAULT_TARGET
 
 HUB_TARGET = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 HUB_DRAFT = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
 HUB_DEFAULT = PairSpec("default", HUB_TARGET, HUB_DRAFT,
                        "Qwen2.5-Coder-Instruct 1.5B + 0.5B draft (Hub, preloaded by the Space)", False)
+# the same model: a Space without the embedded packages offers the drafts shipped for the embedded one
+trained.ALIASES[HUB_TARGET] = DEFAULT_TARGET
 
 # ZeroGPU budget: the run is cut at max_seconds anyway; a short run asks for less
 # GPU time so the visitor's quota lasts (ZeroGPU's default is 60 s per call).

@@ -237,7 +237,7 @@ class Handlers:
             self._ready_seen.add(key)
             have = self.trained_methods()
             fold, methods = gr.Accordion(open=False), gr.Radio(choices=self.method_choices(have))
-            from .leaderboard import methods_update  # it imports this module
+            from .trained import methods_update
             race = methods_update(have)
         return (html, btn or button_state(status), gr.Timer(value=every, active=True),
                 gr.Button(visible=bool(reason)), fold, methods, race)

@@ -30,7 +30,6 @@ from ..run.leaderboard import (
     PLAIN,
     START,
     Board,
-    all_keys,
     entry,
     new_board,
     race_methods,
@@ -43,9 +42,9 @@ from . import replay as replay_ui
 from .charts import all_charts
 from .handlers import SETTLE  # the pause after each page update, before the next timed step
 from .leaderboard_render import bar_chart, pick_choices, progress_html, replay_banner, table_html
-from .method_options import TRAINED_ONLY
 from .panes import PaneStream
 from .state import RunView
+from .trained import methods_update, offered  # noqa: F401 (the race's list: re-exported)
 from .tree_view import latest_tree_figure
 
 RACES_DIR = Path(__file__).resolve().parents[2] / "assets" / "races"
@@ -61,18 +60,7 @@ INTRO = ("<div class='sv-explainer'><b>Race all methods</b> on one prompt: each 
          "usual panes.</div>")
 
 
-def offered(trained=()) -> tuple[str, ...]:
-    """The race's contenders: a trained method (Medusa heads, EAGLE: training a visitor cannot do)
-    only when in `trained`, the ones the loaded pair's target has a file for (ui/trained.py found)."""
-    return tuple(k for k in all_keys() if k not in TRAINED_ONLY or k in trained)
-
-
 OFFERED = offered()  # before a pair is loaded; handlers.poll_race adds the trained ones once it is
-
-
-def methods_update(trained=()) -> gr.CheckboxGroup:
-    """The race's method list for the loaded pair (its ticks left as the visitor set them)."""
-    return gr.CheckboxGroup(choices=[(entry(k).label, k) for k in offered(trained)])
 
 
 def shipped() -> dict[str, Board]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from ..engine.proposer import TEXT, Option, blank
 from ..engine.proposers import REGISTRY, method_names, method_spec
+from .trained import TRAINED_ONLY  # noqa: F401 (re-exported: callers read it here)
 from .trained import note_html as trained_note
 
 NO_SETTINGS = "This method has no settings beyond γ."
@@ -19,7 +20,6 @@ NO_SETTINGS = "This method has no settings beyond γ."
 METHOD_CHOICES = [(f"{method_spec(m).label}: {method_spec(m).description}", m)
                   for m in sorted(method_names(), key=lambda m: not method_spec(m).needs_draft)]
 # offered once the loaded pair's target has their file (ui/trained.py found, handlers.method_choices)
-TRAINED_ONLY = ("heads", "eagle")
 
 
 def method_choices(trained=()) -> list[tuple[str, str]]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from html import escape
 
+TRAINED_ONLY = ("heads", "eagle")
+
 KINDS = {"heads": "medusa", "eagle": "eagle"}  # page method -> heads/store.py kind, and `heads <step>`
 PLAIN_TRAIN = "python -m specviz heads train"  # engine/proposers/heads.py train_command, pair args after it
 
@@ -17,7 +19,7 @@ def found(pair) -> frozenset[str]:
     fails: a target the heads cannot read is offered none)."""
     if pair is None:
         return frozenset()
-    from ..heads import store
+    from ..engine.trained import store
     out = set()
     for method, kind in KINDS.items():
         try:
@@ -95,7 +97,7 @@ def report_text(rep: dict | None) -> str:
 
 
 def _where(pair, path) -> str:
-    from ..heads import store
+    from ..engine.trained import store
     try:
         shipped = path.parent == store.shipped_dir(pair)
     except Exception:  # noqa: BLE001
@@ -110,7 +112,7 @@ def note_html(method: str | None, pair=None) -> str:
         return ""
     path = rep = None
     if pair is not None:
-        from ..heads import store
+        from ..engine.trained import store
         try:
             path = store.find(pair, KINDS[method])
             rep = store.report(pair, KINDS[method]) if path is not None else None
@@ -121,3 +123,18 @@ def note_html(method: str | None, pair=None) -> str:
                 f"<code>{escape(train_command(method, pair))}</code>.")
     said = report_text(rep) or "no report next to it."
     return f" This target's file is {_where(pair, path)}: {escape(said)}"
+
+
+def offered(trained=()) -> tuple[str, ...]:
+    """The race's contenders: a trained method (Medusa heads, EAGLE: training a visitor cannot do)
+    only when in `trained`, the ones the loaded pair's target has a file for (found)."""
+    from ..run.leaderboard import all_keys
+    return tuple(k for k in all_keys() if k not in TRAINED_ONLY or k in trained)
+
+
+def methods_update(trained=()):
+    """The race's method list for the loaded pair (its ticks left as the visitor set them)."""
+    import gradio as gr
+
+    from ..run.leaderboard import entry
+    return gr.CheckboxGroup(choices=[(entry(k).label, k) for k in offered(trained)])

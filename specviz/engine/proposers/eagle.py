@@ -23,32 +23,11 @@ import torch
 from torch import nn
 
 from ...errors import RequestError
-from ..eagle_head import KV, head_weight, unpack
 from ..forward import forward_logits, pick
 from ..proposer import Proposal, Proposer, register, target_vocab
 from ..sampling import greedy_rows, warp
+from ..trained.eagle_head import KV, KeptHead, head_weight, lowbit_for, unpack
 from .heads import final_norm
-
-
-class KeptHead(nn.Module):
-    """The target's LM head over the kept token ids, in the target's fastest form here (8-bit codes
-    where the w4a8 kernel runs, else float); logits of every other id are the lowest float."""
-
-    def __init__(self, weight: torch.Tensor, keep: torch.Tensor, vocab: int, lowbit: str | None):
-        super().__init__()
-        lin = nn.Linear(weight.shape[1], len(keep), bias=False)
-        with torch.no_grad():
-            lin.weight.copy_(weight[keep].float())
-        if lowbit:
-            from ..cpu.lowbit import _low
-            lin = _low(lin, lowbit)
-        self.proj, self.vocab = lin, vocab
-        self.register_buffer("keep", keep)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        part = self.proj(h).float()
-        out = part.new_full((*part.shape[:-1], self.vocab), torch.finfo(torch.float32).min)
-        return out.index_copy_(-1, self.keep, part)
 
 
 @dataclass
@@ -81,14 +60,8 @@ class Drafter:
 _LOADED: dict = {}  # (target id, file, mtime) -> Drafter: the head's packing runs once per target
 
 
-def _lowbit_for(target) -> str | None:
-    """The head's Linears in the target's own low-bit family: w4a8's kernel when the target uses it."""
-    from ..cpu.lowbit import lowbit_format
-    return "w4a8" if target.device.type == "cpu" and lowbit_format(target) == "w4a8" else None
-
-
 def load_drafter(pair) -> Drafter:
-    from ...heads import store
+    from ..trained import store
     path = store.find(pair, "eagle")
     if path is None:
         raise RequestError("No trained EAGLE head is shipped or cached for this target. Train one with: "
@@ -111,7 +84,7 @@ def _read(pair, path) -> Drafter:
             from None
     if head.cfg["hidden"] != target.config.hidden_size:
         raise RequestError(f"The EAGLE head file {str(path)!r} was trained for another target.")
-    low = _lowbit_for(target)
+    low = lowbit_for(target)
     if low:
         from ..cpu.lowbit import swap_linears
         swap_linears(head, low)

@@ -20,7 +20,6 @@ the last committed token), not that token itself: Medusa's design.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -31,10 +30,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from ...errors import RequestError
-from ...paths import cache_root
 from ..forward import forward_logits, pick
 from ..proposer import Proposal, Proposer, register, target_vocab
 from ..sampling import warp
+from ..trained.store import heads_dir, heads_key, target_dims  # noqa: F401 (re-exported)
 
 # ------------------------------------------------------------------ the heads
 # Medusa heads: K small residual blocks on the target's last (post-norm) hidden
@@ -89,23 +88,6 @@ def head_logits(heads: Heads, lm_head: nn.Module, h: torch.Tensor) -> torch.Tens
 VERSION = 1
 
 
-def target_dims(model) -> tuple[int, int, int]:
-    """(layers, hidden, vocab of the output layer)"""
-    cfg = model.config
-    return (int(cfg.num_hidden_layers), int(cfg.hidden_size),
-            int(model.get_output_embeddings().out_features))
-
-
-def heads_key(pair) -> str:
-    ident = "|".join([pair.spec.name, pair.spec.target,
-                      *map(str, target_dims(pair.target)), str(VERSION)])
-    return hashlib.sha256(ident.encode()).hexdigest()[:16]
-
-
-def heads_dir(pair) -> Path:
-    return cache_root() / "heads" / heads_key(pair)
-
-
 def train_command(pair) -> str:
     """The command that trains heads for this pair (shown when none are cached)."""
     name, target = pair.spec.name, pair.spec.target
@@ -146,7 +128,7 @@ _LOADED: dict[tuple, Heads] = {}  # a run builds its proposer on every request: 
 def load(pair) -> Heads:
     """The shipped or cached heads of this pair's target (heads/store.py), or one RequestError with
     the train command. Heads trained on the feature pass carry `keep`: their kept token ids."""
-    from ...heads import store
+    from ..trained import store
     path = store.find(pair, "medusa") or heads_dir(pair) / "heads.pt"
     if not path.is_file():
         raise _missing(pair, "No trained multi-token heads are cached for this target.")
@@ -266,12 +248,11 @@ def kept_head(pair, heads):
     keep = getattr(heads, "keep", None)
     if keep is None:
         return None
-    from ..eagle_head import head_weight
-    from .eagle import KeptHead, _lowbit_for
+    from ..trained.eagle_head import KeptHead, head_weight, lowbit_for
     key = (id(pair.target), id(heads))
     if key not in _KEPT:
         _KEPT.clear()
-        low = _lowbit_for(pair.target)
+        low = lowbit_for(pair.target)
         _KEPT[key] = KeptHead(head_weight(pair.target.get_output_embeddings()), keep,
                               target_vocab(pair.target), "q8a8" if low else None).to(pair.target.device)
     return _KEPT[key]

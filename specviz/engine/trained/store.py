@@ -2,19 +2,42 @@
 `python -m specviz heads eagle|medusa --ship`), else trained here (cache_root()/heads/<target key>/).
 A shipped file is found first; each has its report.json (what it learned from, held-out acceptance)
 and its sha256 in docs/trained_drafts.md. The key is the target's identity, not its precision:
-one head serves the w4a8, bf16 and fp32 target alike (engine/proposers/heads.py heads_key)."""
+one head serves the w4a8, bf16 and fp32 target alike (heads_key)."""
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-from ..engine.proposers.heads import heads_dir, heads_key
-from ..paths import cache_root
+from ...paths import cache_root
 
-SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "drafts"
+SHIPPED = Path(__file__).resolve().parents[3] / "assets" / "drafts"
+KEY_VERSION = 1  # in the key: a new one would orphan every trained file
+# a target id -> the one whose shipped files it may read: the same model by another name (set by the
+# layer that knows both: hosting/spaces.py maps the default pair's Hub target to the embedded one)
+ALIASES: dict[str, str] = {}
+
+
+def target_dims(model) -> tuple[int, int, int]:
+    """(layers, hidden, vocab of the output layer)"""
+    cfg = model.config
+    return (int(cfg.num_hidden_layers), int(cfg.hidden_size),
+            int(model.get_output_embeddings().out_features))
+
+
+def heads_key(pair) -> str:
+    """The target's identity (pair name, model id or folder, layers, hidden size, vocabulary), not its
+    precision or the machine: a head trained once serves the bf16, fp32 and w4a8 target alike."""
+    ident = "|".join([pair.spec.name, pair.spec.target,
+                      *map(str, target_dims(pair.target)), str(KEY_VERSION)])
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def heads_dir(pair) -> Path:
+    return cache_root() / "heads" / heads_key(pair)
 FILES = {"eagle": "eagle.pt", "medusa": "heads.pt"}
 
 
@@ -31,10 +54,9 @@ def _shipped_dirs(pair) -> list[Path]:
     target from the Hub (a Space without the embedded packages) the embedded target's folder: the
     same model, whose head was trained on the 4-bit GGUF's states."""
     dirs = [shipped_dir(pair)]
-    from ..hosting.spaces import HUB_TARGET
-    from ..models.embedded import DEFAULT_TARGET
-    if getattr(pair.spec, "target", None) == HUB_TARGET:
-        spec = SimpleNamespace(name="default", target=DEFAULT_TARGET)
+    alias = ALIASES.get(getattr(pair.spec, "target", None))
+    if alias is not None:
+        spec = SimpleNamespace(name=pair.spec.name, target=alias)
         dirs.append(SHIPPED / heads_key(SimpleNamespace(spec=spec, target=pair.target)))
     return dirs
 

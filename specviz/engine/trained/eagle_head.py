@@ -166,3 +166,31 @@ def head_weight(lm_head: nn.Module) -> torch.Tensor:
     eye = torch.eye(lm_head.in_features)
     with torch.no_grad():
         return lm_head(eye).float().T.contiguous()
+
+
+# ------------------------------------------------------------------ the kept tokens' output layer
+class KeptHead(nn.Module):
+    """The target's LM head over the kept token ids, in the target's fastest form here (8-bit codes
+    where the w4a8 kernel runs, else float); logits of every other id are the lowest float."""
+
+    def __init__(self, weight: torch.Tensor, keep: torch.Tensor, vocab: int, lowbit: str | None):
+        super().__init__()
+        lin = nn.Linear(weight.shape[1], len(keep), bias=False)
+        with torch.no_grad():
+            lin.weight.copy_(weight[keep].float())
+        if lowbit:
+            from ..cpu.lowbit import _low
+            lin = _low(lin, lowbit)
+        self.proj, self.vocab = lin, vocab
+        self.register_buffer("keep", keep)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        part = self.proj(h).float()
+        out = part.new_full((*part.shape[:-1], self.vocab), torch.finfo(torch.float32).min)
+        return out.index_copy_(-1, self.keep, part)
+
+
+def lowbit_for(target) -> str | None:
+    """The head's Linears in the target's own low-bit family: w4a8's kernel when the target uses it."""
+    from ..cpu.lowbit import lowbit_format
+    return "w4a8" if target.device.type == "cpu" and lowbit_format(target) == "w4a8" else None
