@@ -143,3 +143,25 @@ def press_stop(client, job, within: float = 10.0):
         time.sleep(0.05)
     assert job.done() and time.monotonic() - t0 < within, "Stop did not end the run in time"
     return job.outputs()[-1]
+
+
+def follows_target(t, make_prop, prompt, length, gamma, params, n):
+    """Speculative sequences from `make_prop()` against the warped target's exact law: the chi-square
+    p-value over sequences expected 5+ times (the rest pooled), after checking the run both
+    accepted and rejected drafts."""
+    from scipy.stats import chisquare
+
+    from specviz.engine.decoding import speculative
+    exact = exact_sequence_probs(t, prompt, length, params)
+    counts = dict.fromkeys(exact, 0)
+    drafted = accepted = 0
+    for i in range(n):
+        _, s = run(speculative(t, make_prop(), NullTok(), prompt, length, gamma, params, seed=i))
+        counts[tuple(s.token_ids)] += 1
+        drafted, accepted = drafted + s.drafted, accepted + s.accepted
+    assert 0.05 < accepted / drafted < 0.95, "test needs both accepts and rejections"
+    obs = [counts[s] for s in exact if exact[s] * n >= 5]
+    exp = [exact[s] * n for s in exact if exact[s] * n >= 5]
+    obs.append(n - sum(obs))
+    exp.append(n - sum(exp))
+    return chisquare(obs, exp).pvalue

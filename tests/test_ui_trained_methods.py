@@ -1,5 +1,5 @@
 """The trained methods on the page (Medusa heads, EAGLE): offered on the live tab and in the race only
-when the loaded pair's target has its file (heads/store.py find), and their note says what the
+when the loaded pair's target has its file (engine/trained/store.py find), and their note says what the
 file's report says (measured acceptance, or teacher-forced agreement named as such), or the command
 that trains one. A tiny random target, no real pair."""
 from types import SimpleNamespace

@@ -244,7 +244,7 @@ class Handlers:
 
     def trained_methods(self) -> frozenset:
         """The trained methods (Medusa heads, EAGLE) whose file the loaded pair's target has: shipped
-        or trained here (heads/store.py find); none where looking fails."""
+        or trained here (engine/trained/store.py find); none where looking fails."""
         try:
             return trained.found(self.manager.pair)
         except Exception:  # noqa: BLE001 - no pair, or a target the heads cannot read: not offered

@@ -1,6 +1,6 @@
 """The trained methods (Medusa heads, EAGLE): a visitor cannot train one, so the page and the race
 offer each only when the loaded pair's target has its file, shipped in assets/drafts/ or trained on
-this server (heads/store.py find). Their note on the page says what that file's report says: what it
+this server (engine/trained/store.py find). Their note on the page says what that file's report says: what it
 was trained on and its held-out acceptance, or, with no file, the command that trains one.
 
 Like method_options, importable without gradio."""
@@ -10,7 +10,7 @@ from html import escape
 
 TRAINED_ONLY = ("heads", "eagle")
 
-KINDS = {"heads": "medusa", "eagle": "eagle"}  # page method -> heads/store.py kind, and `heads <step>`
+KINDS = {"heads": "medusa", "eagle": "eagle"}  # page method -> the store's kind, and `heads <step>`
 PLAIN_TRAIN = "python -m specviz heads train"  # engine/proposers/heads.py train_command, pair args after it
 
 

@@ -126,7 +126,7 @@ _LOADED: dict[tuple, Heads] = {}  # a run builds its proposer on every request: 
 
 
 def load(pair) -> Heads:
-    """The shipped or cached heads of this pair's target (heads/store.py), or one RequestError with
+    """The shipped or cached heads of this pair's target (engine/trained/store.py), or one RequestError with
     the train command. Heads trained on the feature pass carry `keep`: their kept token ids."""
     from ..trained import store
     path = store.find(pair, "medusa") or heads_dir(pair) / "heads.pt"
