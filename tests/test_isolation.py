@@ -49,27 +49,13 @@ class _FakeTime:
 
 
 def test_consumer_time_is_not_counted(monkeypatch):
+    """The fake engine's work and the consumer's time both run on the fake time source (this module's
+    `time` and the clocks'), so the clocks must count exactly the engine's work."""
     fake = _FakeTime()
     monkeypatch.setattr(rounds, "time", fake)
-
-    def events(pair, req, side, prompt_ids, stop=None, clock=None):
-        for i in range(N):
-            fake.sleep(WORK[side])  # the engine's own work
-            yield TokenEvent(i, "x", Outcome.TARGET, clock.now())
-        yield RunSummary(side=side, method="plain", token_ids=[], text="", n_tokens=N, elapsed=clock.now(),
-                         prefill=0.0, target_forwards=N, stop_reason="max_new_tokens")
-
-    monkeypatch.setattr(race, "run_events", events)
-
-    def elapsed(consumer: float) -> dict:
-        out = {}
-        for side, ev in race.race(fake_pair(device="cpu"), None, [], mode="fair"):
-            if isinstance(ev, RunSummary):
-                out[side] = ev.elapsed
-            fake.sleep(consumer)  # rendering, sending, a slow browser…
-        return out
-
-    quick, sleepy = elapsed(0.0), elapsed(0.05)
+    monkeypatch.setitem(globals(), "time", fake)
+    monkeypatch.setattr(race, "run_events", _fake_run_events)
+    quick, sleepy = _elapsed(0.0), _elapsed(0.05)
     for side in ("baseline", "speculative"):
         assert sleepy[side] == pytest.approx(WORK[side] * N) == quick[side], (side, quick, sleepy)
 

@@ -67,8 +67,8 @@ def gamma_policy(pair: Pair, req: RunRequest):
     """The auto-γ policy for `req` on `pair` (None: the proposer's own γ)."""
     if not req.gamma_auto:
         return None
-    if method_spec(req.method).own_gamma:
-        return OwnGamma()
     spec = method_spec(req.method)
+    if spec.own_gamma:
+        return OwnGamma()
     c = spec.cost(pair) if spec.cost is not None else None
     return make_policy(pair.costs, needs_draft=spec.needs_draft, max_gamma=req.gamma, c=c)

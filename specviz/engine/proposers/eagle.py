@@ -37,7 +37,6 @@ class Drafter:
     head: nn.Module
     lm: KeptHead
     embed: nn.Module
-    report: dict = field(default_factory=dict)
     step_s: float | None = None  # one draft step (the layer over one row + the kept LM head), timed at load
 
     @torch.inference_mode()
@@ -94,7 +93,7 @@ def _read(pair, path) -> Drafter:
                   "q8a8" if low else None).to(dev)
     if not low and dev.type != "cpu":
         head, lm = head.to(target.dtype), lm.to(target.dtype)
-    d = Drafter(head, lm, target.get_input_embeddings(), blob.get("report", {}))
+    d = Drafter(head, lm, target.get_input_embeddings())
     d.step_s = d.time_step(dev)
     return d
 

@@ -38,6 +38,8 @@ def heads_key(pair) -> str:
 
 def heads_dir(pair) -> Path:
     return cache_root() / "heads" / heads_key(pair)
+
+
 FILES = {"eagle": "eagle.pt", "medusa": "heads.pt"}
 
 
