@@ -16,13 +16,12 @@ page's recorded trace), so "engine tok/s" is the same measured quantity on
 both sides; "wall" is what a visitor waits from request to last update.
 Target: UI engine speed >= 0.95 x headless.
 
-In fair mode the page pauses SPECVIZ_UI_SETTLE seconds (default 0.1) after
-each update, and on until the machine is back to its load before the update (at
-most 0.5 s in all: engine/cpu/threads.settle), before the engines step again,
-so gradio's sending (and a local browser's drawing) does not share the cores
-with a timed engine step; that
-costs the visitor wall time, never the measured engine time. `--compare-settle`
-adds runs without the pause, in the same interleaved run.
+The engines run on a thread of their own and never wait for the page's updates
+(ui/live.py); in fair mode the page pauses SPECVIZ_UI_SETTLE seconds (default
+0.1) once, after the run's first update (its empty charts), and on until the
+machine is back to its load before the update (at most 0.5 s in all:
+engine/cpu/threads.settle), before the engines start. `--compare-settle` adds
+runs without that pause, in the same interleaved run.
 """
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import gradio as gr
 
 from ..calibration.selfspec import pending, resolve_options
+from ..engine.cpu.threads import settle
 from ..engine.pair import OURS
 from ..engine.suffix_tree import MEMORY
 from ..errors import ModelError, free_memory, run_error_text
@@ -30,16 +31,17 @@ from ..run import isolation
 from ..run.race import MODES, RaceInfo, race
 from ..run.request import Limits, RequestError, encode_prompt, make_request
 from ..run.trace import record, trace_for
-from . import busy, inspector, method_options, render, trained
+from . import busy, inspector, live, method_options, render, trained
 from . import replay as replay_ui
 from .loader import ModelManager
 from .panes import PaneStream, calibrating_outputs, failed_outputs
 from .runqueue import RunQueue
 from .state import RunView
 
-UI_INTERVAL = 0.25  # seconds between page updates while a run streams (≤ 4/s)
-SETTLE = float(os.environ.get("SPECVIZ_UI_SETTLE", 0.1))  # see PaneStream.settle
-CHART_INTERVAL = 1.0  # charts are heavier: at most one redraw per second
+UI_INTERVAL = live.UI_INTERVAL  # seconds between page updates while a run streams (≤ 4/s)
+# fair mode: seconds to wait, after the run's first update (its empty charts), before the engines start:
+# a browser on these cores draws it meanwhile (engine/cpu/threads.settle; later updates: ui/live.py)
+SETTLE = float(os.environ.get("SPECVIZ_UI_SETTLE", 0.1))
 # the boxes under Run for the methods that copy from earlier runs (suffix, hybrid), after the method
 # settings among /run's inputs: fresh memory (no earlier run), share memory (other visitors' preset runs)
 MEMORY_BOXES = ("fresh_memory", "share_memory")
@@ -406,13 +408,16 @@ class Handlers:
             # kept as a trace when it ends (or stops): downloads and the theory overlay
             stream = record(stream, trace_for(req, pair, mode, f"live run · {req.prompt[:40]}"),
                             on_end=lambda tr: self.bridge.send("trace", key, tr))
-            # fair mode: the engines' clocks are paused while we render, so only wall
-            # time is at stake; parallel mode: rendering competes with the engines
-            chart_every = CHART_INTERVAL if mode == "parallel" else CHART_INTERVAL / 2
-            settle = SETTLE if mode == "fair" else 0.0  # fair: engine clocks count engine work only
-            panes = PaneStream(view, head, chart_every, UI_INTERVAL, settle=settle)  # replays: the same path
-            yield panes.outputs(charts=True)
-            yield from panes.follow(stream)
+            # the engines run on a thread of their own, never waiting for the page; the panes follow
+            # at the measured pace, a replay of what was timed in fair mode (ui/live.py)
+            panes = PaneStream(view, head)  # replays: the same outputs
+            pacer = live.Pacer(mode, req.max_new_tokens)
+            panes.banner = live.banner(pacer)
+            yield panes.outputs(charts=True)  # the charts now and at the end only
+            settle(SETTLE if mode == "fair" else 0.0)
+            yield from live.follow(panes, stream, pacer, stop, interval=UI_INTERVAL,
+                                   hold=live.HOLD if mode == "fair" else 0.0)
+            panes.banner = live.banner(pacer, final=True)
             if info.timed_out:
                 view.note = _also(view.note, f"stopped at the server's time limit of "
                                              f"{self.limits.max_seconds:g} s")
@@ -423,7 +428,7 @@ class Handlers:
             yield panes.outputs(charts=True)
         except Exception as err:  # noqa: BLE001 - OOM and friends: tell the visitor, keep serving
             if stream is not None:
-                stream.close()  # drop what the failed run held before freeing memory
+                live.close(stream)  # drop what the failed run held before freeing memory
             free_memory()
             msg = run_error_text(err)
             if panes is not None:
@@ -438,7 +443,7 @@ class Handlers:
             # worker is free for the next visitor
             stop.set()
             if stream is not None:
-                stream.close()
+                live.close(stream)
             self.sessions.end(key, done)
             self.bridge.send("queue_end", key)
 

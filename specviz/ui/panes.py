@@ -2,9 +2,11 @@
 
 A live run (events from specviz.run.race) and a replay (events from
 specviz.run.trace.replay) both go through PaneStream, so they show the same panes,
-colours, numbers, badge and charts. Updates are throttled: at most one page
-update per `ui_interval`, charts at most once per `chart_every`, except that a
-slow stream (≥ 0.5 s between events) gets every redraw.
+colours, numbers, badge and charts. A replay's updates are throttled (follow): at
+most one page update per `ui_interval`, charts at most once per `chart_every`,
+except that a slow stream (≥ 0.5 s between events) gets every redraw. A live run
+is followed by ui/live.follow instead: the engines on a thread of their own, the
+panes paced, no charts until the end.
 """
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ import contextlib
 import time
 from typing import Iterable, Iterator
 
-from ..engine.cpu.threads import settle
 from ..engine.events import RoundEvent, TokenEvent
 from . import render
 from .charts import all_charts
@@ -69,17 +70,13 @@ def _cleared(view: RunView, placeholder: str) -> list:
 
 class PaneStream:
     def __init__(self, view: RunView, head: str = "", chart_every: float = 0.5, ui_interval: float = 0.25,
-                 banner: str = "", settle: float = 0.0, guard=None):
+                 banner: str = "", guard=None):
         self.view = view
         self.base_html = head  # baseline pane (prompt, then one span per token)
         self.spec_html = head  # speculative pane (prompt, then one span per round)
         self.chart_every = chart_every
         self.ui_interval = ui_interval
-        self.banner = banner  # HTML above the run info (replays say so here)
-        # seconds to pause after each page update before the engines step again:
-        # gradio sends the update (and a local browser draws it) meanwhile, work
-        # that would otherwise share the cores with the timed engine step
-        self.settle = settle
+        self.banner = banner  # HTML above the run info (replays say so here, and live runs: ui/live.py)
         # replays: render under isolation.untimed_work, never during a fair race's timed step
         self.guard = guard or contextlib.nullcontext
 
@@ -123,7 +120,6 @@ class PaneStream:
                 with self.guard():
                     out = self.outputs(charts)
                 yield out
-                settle(self.settle)  # fair races: the update drawn before the next timed step
                 # time spent rendering and sending is not the stream being slow: counting it
                 # made every event after a slow redraw "slow", redrawing charts each time
                 last_ui = prev_event = time.perf_counter()

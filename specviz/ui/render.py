@@ -374,6 +374,8 @@ CSS = """
 .sv-explainer .sv-tok { padding: 1px 3px; }
 .sv-replay-banner { padding: 8px 12px; margin-bottom: 6px; border-radius: 8px; font-size: 14px;
   background: rgba(204,121,167,.16); border: 1.5px dashed #CC79A7; }
+.sv-live-banner { padding: 6px 12px; margin-bottom: 6px; border-radius: 8px; font-size: 13px;
+  background: rgba(0,114,178,.08); border: 1px dashed #0072B2; }
 .sv-theory-numbers { flex-wrap: nowrap; align-items: center; }
 .sv-theory-text { font-size: 14px; line-height: 1.55; max-width: 60em; }
 .sv-theory-measured { font-size: 14px; }
