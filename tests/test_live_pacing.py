@@ -194,6 +194,9 @@ class Panes:
         self.outs.append(len(self.added))
         return ["out", len(self.added)]
 
+    def unchanged(self):
+        return ["same"]
+
 
 def _guard():
     state = {"on": False}
@@ -221,6 +224,21 @@ def test_follow_updates_per_interval_not_per_token():
     assert len(outs) <= wall.t / 0.25 + 1 < len(schedule) / 2  # bounded by the duration, not the tokens
     assert wall.t <= 1.3 * (PLAIN + SPEC)
     assert not stop.is_set()  # a run that ended by itself is not "stopped by you"
+
+
+def test_follow_yields_while_nothing_is_due_so_a_cancel_can_close_it():
+    """gradio closes a cancelled run's generator on its event loop and retries while it runs: while the
+    replay waits for its start, follow yields a no-change update at least every KEEPALIVE."""
+    wall = FakeWall()
+    guard, guarded = _guard()
+    panes = Panes(guarded)
+    stamps = []
+    for out in live.follow(panes, wall.engine(fair_race()), live.Pacer("fair", N), threading.Event(),
+                           interval=0.25, clock=wall.clock, sleep=wall.sleep, guard=guard):
+        stamps.append((wall.t, out == ["same"]))
+    assert any(same for _, same in stamps)  # the replay started late: it waited, yielding
+    times = [0.0] + [t for t, _ in stamps]
+    assert max(b - a for a, b in zip(times, times[1:])) <= live.KEEPALIVE + 0.25 + 1e-9
 
 
 def test_a_hold_waits_under_the_guard_after_each_update_while_the_engines_run():

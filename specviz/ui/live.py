@@ -43,7 +43,13 @@ UI_INTERVAL = float(os.environ.get("SPECVIZ_UI_INTERVAL", 0.25))  # seconds betw
 # (engine/cpu/threads.settle: and on until the cores are back to their load before); 0: never wait
 HOLD = float(os.environ.get("SPECVIZ_UI_HOLD", 0.0))
 TAIL = 0.2  # the replay ends at most this share of the engines' wall time after them (Pacer.due)
-JOIN_S = 10.0  # a closed run waits this long for its engines to end their step
+KEEPALIVE = 0.5  # seconds without an update after which follow yields a no-change one
+JOIN_S = 10.0  # the next run waits at most this long for a closed run's engines to end their step
+# pumps of runs closed early whose engines may still be ending their step: the next run waits for them
+# on its own worker thread (gradio closes a cancelled run's generator on its event loop, which must
+# never wait: the soak test's 8 visitors cancelling at once timed out when the close joined the pump)
+_CLOSED: set = set()
+_CLOSED_LOCK = threading.Lock()
 
 
 class Pump:
@@ -229,9 +235,10 @@ def follow(panes, stream: Iterable, pacer: Pacer, stop: threading.Event, *,
     them at the start and the end). Ends once everything is shown; an error in the stream is
     raised after what came before it was shown. Closed early (a cancel), it stops the engines.
     `hold` > 0: after each update, the engines wait `pause(hold)` under `guard` (HOLD)."""
+    wait_closed()
     pump = Pump(stream).start()
     nap = sleep or (lambda s: pump.finished.wait(s) if not pump.finished.is_set() else time.sleep(s))
-    t0 = tick = clock()
+    t0 = tick = last_yield = clock()
     try:
         while True:
             tick = max(tick + interval, clock())
@@ -253,6 +260,10 @@ def follow(panes, stream: Iterable, pacer: Pacer, stop: threading.Event, *,
                 if hold > 0 and not ended:  # sent: the engines wait while a browser here draws it
                     with guard():
                         pause(hold)
+                last_yield = clock()
+            elif clock() - last_yield >= KEEPALIVE:  # nothing new: a no-change update, so that a
+                yield panes.unchanged()  # cancel finds the generator paused (gradio retries a close
+                last_yield = clock()  # while it runs: the soak test's cancels timed out)
             if ended and pacer.drained:
                 break
         if pump.error is not None:
@@ -260,4 +271,16 @@ def follow(panes, stream: Iterable, pacer: Pacer, stop: threading.Event, *,
     finally:
         if not pump.finished.is_set():  # closed early: the engines stop at their next step
             stop.set()
-            pump.join(JOIN_S)
+            with _CLOSED_LOCK:
+                _CLOSED.add(pump)
+
+
+def wait_closed(timeout: float = JOIN_S) -> None:
+    """Wait (at most `timeout` for each) until the engines of runs closed early have ended their step,
+    so that no two runs' engines share the cores."""
+    with _CLOSED_LOCK:
+        pumps = list(_CLOSED)
+    for pump in pumps:
+        pump.join(timeout)
+        with _CLOSED_LOCK:
+            _CLOSED.discard(pump)

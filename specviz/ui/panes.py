@@ -68,6 +68,9 @@ def _cleared(view: RunView, placeholder: str) -> list:
     return out
 
 
+N_OUTPUTS = 9  # PaneStream.outputs: 2 panes, numbers, run info, 4 charts, token tree
+
+
 class PaneStream:
     def __init__(self, view: RunView, head: str = "", chart_every: float = 0.5, ui_interval: float = 0.25,
                  banner: str = "", guard=None):
@@ -103,6 +106,11 @@ class PaneStream:
             import gradio as gr
             figs = [gr.skip()] * 5
         return [self.base_html, self.spec_html, render.stats_html(snap), self.run_info(snap), *figs]
+
+    def unchanged(self) -> list:
+        """An update that changes nothing on the page (ui/live.follow's keep-alive)."""
+        import gradio as gr
+        return [gr.skip()] * N_OUTPUTS
 
     def follow(self, stream: Iterable[tuple[str, object]]) -> Iterator[list]:
         """Consume the stream, yielding throttled outputs (not the final state:
