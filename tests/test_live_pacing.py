@@ -238,7 +238,7 @@ def test_follow_yields_while_nothing_is_due_so_a_cancel_can_close_it():
         stamps.append((wall.t, out == ["same"]))
     assert any(same for _, same in stamps)  # the replay started late: it waited, yielding
     times = [0.0] + [t for t, _ in stamps]
-    assert max(b - a for a, b in zip(times, times[1:])) <= live.KEEPALIVE + 0.25 + 1e-9
+    assert max(b - a for a, b in zip(times, times[1:], strict=False)) <= live.KEEPALIVE + 0.25 + 1e-9
 
 
 def test_a_hold_waits_under_the_guard_after_each_update_while_the_engines_run():
