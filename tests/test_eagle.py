@@ -212,6 +212,24 @@ def test_training_lowers_the_loss_and_the_file_runs(target, tok, tmp_path):
     assert spec.token_ids == base.token_ids
 
 
+def test_training_resumes_from_its_checkpoint_and_starts_from_a_file(target, tok, tmp_path):
+    from specviz.heads import eagle_train
+    from specviz.engine.trained.eagle_head import pack
+    convs, docs = _tiny_data()
+    features.run_pass(target, tok, tmp_path / "p", 2000, seq=64, convs=convs, docs=docs, log=None)
+    pair = pair_of(target, tok)
+    blob, rep = eagle_train.train_eagle(pair, tmp_path / "p", minutes=2, epochs=1, lr=3e-3, intermediate=64)
+    ck = torch.load(tmp_path / "p" / eagle_train.CKPT, weights_only=False)
+    assert ck["step"] == rep["steps"] > 0 and rep["started_from"] == "scratch"
+    _, again = eagle_train.train_eagle(pair, tmp_path / "p", minutes=2, epochs=1, lr=3e-3, intermediate=64,
+                                       resume=True)
+    assert again["started_from"] == "checkpoint" and again["steps"] == 2 * rep["steps"]
+    torch.save(blob, tmp_path / "eagle.pt")  # a trained file: its weights, dequantised, go on learning
+    model, got = eagle_train.start_from(tmp_path / "eagle.pt")
+    assert got == {"from_file": str(tmp_path / "eagle.pt")} and all(p.requires_grad for p in model.parameters())
+    assert torch.equal(pack(model, blob["keep"])["int8"]["fc.weight"], blob["int8"]["fc.weight"])
+
+
 def test_medusa_training_on_the_pass(target, tok, tmp_path):
     from specviz.heads.medusa_train import train_medusa
     convs, docs = _tiny_data()

@@ -1,5 +1,5 @@
 """python -m specviz heads data   [--tokens N] [--out DIR]           the feature pass (features.py)
-python -m specviz heads eagle  [--minutes M] [--data DIR]            train the EAGLE head (eagle_train.py)
+python -m specviz heads eagle  [--minutes M] [--data DIR] [--init FILE | --resume]   train EAGLE's head
 python -m specviz heads medusa [--minutes M] [--heads K]   train Medusa heads on the same pass
 python -m specviz heads accept [--n N] [--ship]                  held-out acceptance by position
 python -m specviz heads all    [--tokens N] [--minutes M] [--medusa-minutes M] [--ship]   all of it, one load
@@ -41,6 +41,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--loss", choices=["ce", "mse"], default="ce",
                     help="train: ce vs the target's greedy tokens; mse vs its logits through EᵀE")
     ap.add_argument("--medusa-minutes", type=float, default=8.0, help="all: Medusa's time cap (default 8)")
+    ap.add_argument("--init", default=None,
+                    help="eagle/all: start from this head (a shipped eagle.pt, or a training checkpoint)")
+    ap.add_argument("--resume", action="store_true",
+                    help="eagle/all: go on from the pass folder's training checkpoint (eagle-train.pt), "
+                         "its minutes counted in --minutes")
     ap.add_argument("--n", type=int, default=10, help="accept: held-out prompts of each kind (default 10)")
     ap.add_argument("--ship", action="store_true",
                     help="eagle/medusa: write into assets/drafts/ (the repo's shipped drafts), not the cache")
@@ -93,7 +98,8 @@ def _on_features(args) -> int:
     if args.command == "eagle":
         from .eagle_train import train_eagle
         model, report = train_eagle(pair, folder, minutes=args.minutes, epochs=args.epochs,
-                                    lr=args.lr or 6e-4, max_tokens=args.tokens)
+                                    lr=args.lr or 6e-4, max_tokens=args.tokens, init=args.init,
+                                    resume=args.resume)
         kind = "eagle"
     else:
         from .medusa_train import train_medusa
@@ -120,7 +126,7 @@ def _all(args) -> int:
         run_pass(pair.target, pair.tokenizer, folder, args.tokens or 1_000_000,
                  log=lambda s: print(s, file=sys.stderr))
     blob, rep = train_eagle(pair, folder, minutes=args.minutes, epochs=args.epochs if args.epochs > 1 else 50,
-                            lr=args.lr or 6e-4)
+                            lr=args.lr or 6e-4, init=args.init, resume=args.resume)
     print(json.dumps({"eagle": str(store.save(pair, "eagle", blob, rep, ship=args.ship)), **rep}, indent=1))
     blob, rep = train_medusa(pair, folder, k=args.heads, minutes=args.medusa_minutes, epochs=50, lr=1e-3)
     print(json.dumps({"medusa": str(store.save(pair, "medusa", blob, rep, ship=args.ship)), **rep}, indent=1))

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from ..engine.trained.eagle_head import EagleHead, config_of, head_weight, pack
+from ..engine.trained.eagle_head import EagleHead, config_of, head_weight, pack, unpack
 from .data import progress
 from .features import load_shards, trained_on
 
@@ -99,10 +100,29 @@ def agreement(model, w_keep, w_full, keep, data, wins, emb) -> dict:
         "rows": hit[0][1] + hit[1][1]}
 
 
+CKPT = "eagle-train.pt"  # the training's checkpoint in the pass's folder (resume)
+CKPT_EVERY = 300.0  # seconds between two checkpoints
+
+
+def start_from(init) -> tuple[EagleHead, dict]:
+    """A head to go on training: a checkpoint of this loop (its weights, optimizer, step and seconds),
+    or a trained file (eagle.pt: int8 rows, dequantised)."""
+    blob = torch.load(init, map_location="cpu", weights_only=False)
+    if "state" in blob:
+        model = EagleHead(blob["config"])
+        model.load_state_dict(blob["state"])
+        return model, blob
+    model, _ = unpack(blob)
+    return model.requires_grad_(True), {"from_file": str(init)}
+
+
 def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: float = 3e-4,
                 max_tokens: int | None = None, batch: int = 4, seed: int = 0,
-                intermediate: int = 3072) -> tuple[dict, dict]:
-    """The head trained on the pass in `folder` (about `minutes`), as a file's dict, and a report."""
+                intermediate: int = 3072, init=None, resume: bool = False) -> tuple[dict, dict]:
+    """The head trained on the pass in `folder` (about `minutes`), as a file's dict, and a report.
+    init: a head to start from (start_from); resume: go on from the folder's checkpoint (CKPT) with
+    its optimizer, its step and the minutes it already spent (of `minutes`). A checkpoint is written
+    every CKPT_EVERY seconds."""
     torch.manual_seed(seed)
     data = load_shards(folder, max_tokens)
     target = pair.target
@@ -115,10 +135,16 @@ def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: flo
     val = wins[VAL_EVERY - 1:: VAL_EVERY][:200]
     train = [w for i, w in enumerate(wins) if i % VAL_EVERY != VAL_EVERY - 1]
     std = float(data["h"][: 100_000].float().std())
-    model = EagleHead(config_of(target, intermediate))
+    ckpt = Path(folder) / CKPT
+    init = ckpt if resume and ckpt.is_file() else init
+    model, got = start_from(init) if init else (EagleHead(config_of(target, intermediate)), {})
+    model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    if "opt" in got:
+        opt.load_state_dict(got["opt"])
     total = minutes * 60
-    t0, step, seen, log = time.perf_counter(), 0, 0, []
+    t0, step, seen, log = time.perf_counter() - got.get("seconds", 0.0), got.get("step", 0), 0, []
+    saved = time.perf_counter()
     bar = progress(epochs * sum(e - s for s, e in train), "training the EAGLE head")
     stopped = "epochs"
     for ep in range(epochs):
@@ -144,9 +170,13 @@ def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: flo
             if step % 10 == 0:
                 v, p = (sum(x) / 10 for x in zip(*log[-10:], strict=True))
                 bar.set_postfix_str(f"ep {ep} feat {v:.3f} ce {p:.3f}")
+            if time.perf_counter() - saved >= CKPT_EVERY:
+                _checkpoint(ckpt, model, opt, step, time.perf_counter() - t0)
+                saved = time.perf_counter()
         if stopped == "minutes":
             break
     bar.close()
+    _checkpoint(ckpt, model, opt, step, time.perf_counter() - t0)
     model.eval()
     held = agreement(model, w_keep, w_full, keep, data, val, emb)
     report = {"design": "EAGLE-1 head: fc([e(x_{t+1}); f_t]) + one decoder layer -> f_{t+1}; the target's "
@@ -157,9 +187,17 @@ def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: flo
               "tokens_seen": seen, "epochs_seen": round(seen / max(1, sum(e - s for s, e in train)), 2),
               "train_s": round(time.perf_counter() - t0, 1), "stopped_by": stopped, "lr": lr, "batch": batch,
               "loss_first": _mean(log[:10]), "loss_last": _mean(log[-10:]),
-              "held_out_first_draft_agreement": held, "feature_std": round(std, 4)}
+              "held_out_first_draft_agreement": held, "feature_std": round(std, 4),
+              "started_from": got.get("from_file") or ("checkpoint" if got else "scratch")}
     brief = {k: report[k] for k in ("trained_on", "pass_tokens", "held_out_first_draft_agreement")}
     return pack(model, keep, {"report": brief}), report
+
+
+def _checkpoint(path, model, opt, step: int, seconds: float) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"config": model.cfg, "state": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                "seconds": seconds}, tmp)
+    tmp.replace(path)
 
 
 def _mean(xs) -> list | None:
