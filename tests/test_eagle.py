@@ -213,8 +213,8 @@ def test_training_lowers_the_loss_and_the_file_runs(target, tok, tmp_path):
 
 
 def test_training_resumes_from_its_checkpoint_and_starts_from_a_file(target, tok, tmp_path):
-    from specviz.heads import eagle_train
     from specviz.engine.trained.eagle_head import pack
+    from specviz.heads import eagle_train
     convs, docs = _tiny_data()
     features.run_pass(target, tok, tmp_path / "p", 2000, seq=64, convs=convs, docs=docs, log=None)
     pair = pair_of(target, tok)

@@ -248,3 +248,22 @@ def test_the_speedup_chart_leaves_round_1_out():
     assert "round 1 left out" in fig.layout.xaxis.title.text
     short = speedup_chart(_short_view())  # one round: no line at all, and why
     assert not short.data and "too short: fewer than 2 rounds" in short.layout.annotations[0].text
+
+
+def test_the_headline_says_the_prompt_read_is_in_it_and_shows_the_figure_without():
+    """Issue 71: the box says whether the prompt read is counted, and shows the other figure."""
+    from specviz.engine.events import RunSummary
+    from specviz.engine.metrics import after_prompt_speedup
+    base = RunSummary(side="baseline", method="plain", token_ids=[], text="", n_tokens=11, elapsed=2.0,
+                      prefill=1.0, target_forwards=11, stop_reason="max_new_tokens")
+    spec = RunSummary(side="speculative", method="draft", token_ids=[], text="", n_tokens=11, elapsed=1.0,
+                      prefill=0.5, target_forwards=4, stop_reason="max_new_tokens")
+    # plain: 1.0 s for 10 tokens after the first; speculative: 0.5 s for 8 tokens after round 1's 3
+    assert after_prompt_speedup(base, spec, 3) == pytest.approx((1.0 / 10) / (0.5 / 8))
+    assert after_prompt_speedup(base, spec, 11) is None  # nothing after the prompt read yet
+    from specviz.ui.speedup_box import after_prompt_html
+    html = after_prompt_html({"stats": {"after_prompt": 1.6}}, 2.0)
+    assert "1.60× without the prompt read" in html
+    assert after_prompt_html({"stats": {"after_prompt": 1.6}}, None) == ""  # no headline: no figure beside
+    from specviz.ui.glossary import MEANING
+    assert "prompt read included" in MEANING["speedup"]

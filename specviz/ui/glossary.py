@@ -35,6 +35,9 @@ TERMS = (
     ("g32", "weights quantised in groups of 32 that share one scale"),
     ("bf16, fp32", "16-bit (bfloat16) and 32-bit floating point"),
     ("tok/s", "output tokens per second"),
+    ("speedup", "the speculative side's tok/s ÷ the baseline's, each over its whole run, its prompt read "
+                "included (a visitor waits for it too); the box shows the figure without the prompt read "
+                "beside it"),
 )
 MEANING = {t: m for t, m in TERMS}
 

@@ -329,6 +329,7 @@ CSS = """
 .sv-speedup-num { font-size: 2em; font-weight: 700; font-variant-numeric: tabular-nums; }
 .sv-speedup-label { font-size: 12px; opacity: .8; }
 .sv-speedup-copied { font-size: .45em; font-weight: 600; white-space: normal; }
+.sv-speedup-alt { font-size: 13px; font-weight: 600; font-variant-numeric: tabular-nums; }
 .sv-speedup-sub { font-size: 11.5px; opacity: .7; max-width: 24em; text-align: center; }
 /* a badge of several lines in the box: a pill's round ends pressed on its text (2026-11-28) */
 .sv-speedup .sv-badge { border-radius: 10px; padding: 5px 12px; margin-top: 6px; text-align: center;

@@ -44,7 +44,8 @@ def stats_html(snap: dict) -> str:
     big = (f"<div class='sv-speedup{spd_cls}' title='speculative tokens/s ÷ baseline tokens/s'>"
            f"<span class='sv-speedup-num'>{num}</span>"
            f"<span class='sv-speedup-label'>{_label(snap, spd)}</span>"
-           f"<span class='sv-speedup-sub'>{sub}</span>" + memory_html(snap)
+           + after_prompt_html(snap, spd)
+           + f"<span class='sv-speedup-sub'>{sub}</span>" + memory_html(snap)
            + (f"<span class='sv-badge sv-badge-diff'>{esc(snap['disturbed'])}</span>" if snap.get("disturbed")
               else "") + "</div>")
     chips = "".join(
@@ -79,7 +80,18 @@ def _label(snap: dict, spd: float | None) -> str:
     """The line under the big number: what it is, or why a finished run has none."""
     if spd is None and snap.get("finished") and not snap.get("error"):
         return f"no headline: fewer than {HOLD_ROUNDS} rounds"
-    return "measured speedup"
+    return "measured speedup, prompt read included" if spd is not None else "measured speedup"
+
+
+def after_prompt_html(snap: dict, spd: float | None) -> str:
+    """The other figure beside the headline: the speedup with both sides' prompt read left out
+    (engine/metrics.after_prompt_speedup), once there is a headline."""
+    other = (snap.get("stats") or {}).get("after_prompt")
+    if spd is None or other is None:
+        return ""
+    return (f"<span class='sv-speedup-alt' title='each side timed from the end of its prompt read: plain "
+            f"after its first token, the speculative side after round 1'>{other:.2f}× without the prompt "
+            f"read</span>")
 
 
 def _too_short(snap: dict, rounds: int) -> str:

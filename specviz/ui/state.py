@@ -13,6 +13,7 @@ import torch
 
 from ..engine.events import RoundEvent, RunSummary, TokenEvent, book_round
 from ..engine.metrics import (
+    after_prompt_speedup,
     cost_drift_note,
     cpu_speedup,
     cpu_wall_note,
@@ -238,6 +239,8 @@ class RunView:
             spec.unmeasured = [*spec.unmeasured, "predicted"]
         st = run_stats(spec, base, self.costs, self.verify_rows).to_dict()
         st["rounds"] = len(self.spec.rounds)
+        first = self.spec.rounds[0]  # round 1 read the prompt: its tokens are the prompt read's
+        st["after_prompt"] = after_prompt_speedup(base, spec, first.prompt_tokens and first.total_tokens)
         return st
 
     def identical(self) -> dict | None:
