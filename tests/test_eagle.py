@@ -95,6 +95,33 @@ def test_greedy_equals_plain(target, tok, gamma, seed):
         assert all(d % 2 == 0 for r in rounds for d in r.draft_ids)  # q is 0 outside the kept ids
 
 
+@pytest.mark.parametrize("stop,expect", [(0.0, "gamma"), (1.0, "one")])
+def test_the_chain_stops_below_its_confidence_and_stays_lossless(target, tok, stop, expect):
+    """EAGLE-2's confidence in a chain: the product of the drafts' probabilities under the head. At 0
+    the chain always drafts γ (until the budget or an end token), at 100 % it stops after one draft;
+    greedy output is plain's either way."""
+    ids = tok.encode(PROMPT)
+    _, base = run(baseline(target, tok, ids, 40, GREEDY))
+    prop = EagleProposer(target, drafter(target), stop_below=stop)
+    rounds, spec = run(speculative(target, prop, tok, ids, 40, 4, GREEDY))
+    assert spec.token_ids == base.token_ids
+    full = rounds[1:-1]  # round 1 drafts nothing; the last may be cut by the budget
+    lengths = [len(r.draft_ids) for r in full]
+    if expect == "gamma":  # γ every round but where the budget's end or an end token cuts it
+        assert len(lengths) > 3 and max(lengths) == 4 and lengths.count(4) >= len(lengths) - 3
+    else:
+        assert lengths and set(lengths) == {1}
+
+
+def test_the_confidence_option_is_checked():
+    from specviz.engine.proposers import method_spec
+    from specviz.engine.proposers.eagle import STOP_PCT
+    spec = method_spec("eagle")
+    assert spec.check_options({}) == {"confidence": STOP_PCT}
+    with pytest.raises(RequestError):
+        spec.check_options({"confidence": 101})
+
+
 def test_head_reads_the_confirmed_states(target, tok):
     """After a round, the states the head reads next are the target's own at the committed positions."""
     from transformers import DynamicCache
@@ -116,6 +143,8 @@ def test_sequences_follow_target_distribution(params, gamma):
     d = drafter(t, seed=2, scale=0.5)
     prompt = [1, 2, 3, 1, 2]
     assert follows_target(t, lambda: EagleProposer(t, d), prompt, L, gamma, params, N) > 1e-3
+    # the chain never stopped short: every draft position tested against the target's law
+    assert follows_target(t, lambda: EagleProposer(t, d, stop_below=0.0), prompt, L, gamma, params, N) > 1e-3
 
 
 def test_missing_head_names_the_training_commands(target, tok):

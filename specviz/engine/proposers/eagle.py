@@ -24,7 +24,7 @@ from torch import nn
 
 from ...errors import RequestError
 from ..forward import forward_logits, pick
-from ..proposer import Proposal, Proposer, register, target_vocab
+from ..proposer import Option, Proposal, Proposer, check_options, register, target_vocab
 from ..sampling import greedy_rows, warp
 from ..trained.eagle_head import KV, KeptHead, head_weight, lowbit_for, unpack
 from .heads import final_norm
@@ -114,6 +114,17 @@ def train_command(pair) -> str:
     return _pass_command(pair, "eagle")
 
 
+# The chain stops once the product of its drafts' probabilities under the head (EAGLE-2's node value:
+# a draft's confidence tracks its acceptance) falls below this share: a further draft would be verified
+# for a small chance of being kept, each verified token costing a share of a plain step (v(k)'s slope).
+STOP_PCT = 30
+OPTIONS = (
+    Option("confidence", "Stop below confidence (%)", "The chain stops drafting once the product of its "
+           "drafts' probabilities under the head falls below this percentage (0: always γ drafts). "
+           f"Default {STOP_PCT}.", lo=0, hi=100, default=STOP_PCT, keep=True, page=False),
+)
+
+
 @dataclass
 class EagleProposer(Proposer):
     reads_target_cache = True
@@ -128,6 +139,7 @@ class EagleProposer(Proposer):
     pend: torch.Tensor | None = field(default=None, repr=False)  # confirmed states not yet read
     pend_at: int = 0  # the position of pend's first row
     rows: tuple | None = field(default=None, repr=False)  # the last verify's states and first position
+    stop_below: float = STOP_PCT / 100  # the chain's confidence under which it stops (OPTIONS)
 
     def reset(self, prompt_ids):
         self.kv, self.true_rows, self.pend, self.rows = KV(), 0, None, None
@@ -157,22 +169,25 @@ class EagleProposer(Proposer):
         self.true_rows += m
         at, self.pend = self.pend_at + m, None
         tokens, qs, raw = [], [], []
+        sure = 1.0  # the chain's confidence: the product of its drafts' probabilities under the head
         while True:
             logits = self.drafter.lm(f[None])[0]
             if params.greedy:
                 q, x = greedy_rows(logits)
                 x = int(x)
                 raw.append(logits)
+                sure *= float(torch.softmax(logits.float(), -1)[x])
             else:
                 q = warp(logits, params)
                 x = pick(q, params, generator)
+                sure *= float(q[x])
             tokens.append(x)
             qs.append(q)
-            if len(tokens) >= gamma or x in eos_ids:
+            if len(tokens) >= gamma or x in eos_ids or sure < self.stop_below:
                 break
             f = self._step([x], f[None], at)
             at += 1
-        info = {"head_ms": round((time.perf_counter() - t0) * 1e3, 3)}
+        info = {"head_ms": round((time.perf_counter() - t0) * 1e3, 3), "stopped_short": len(tokens) < gamma}
         return Proposal(tokens, torch.stack(qs), forwards=len(tokens), info=info,
                         raw=raw if params.greedy else None)
 
@@ -202,10 +217,11 @@ class EagleProposer(Proposer):
 
 def _summary(infos: list[dict]) -> dict:
     ms = [i.get("head_ms", 0.0) for i in infos]
-    return {"head_ms": round(sum(ms), 1)} if ms else {}
+    short = sum(1 for i in infos if i.get("stopped_short"))
+    return {"head_ms": round(sum(ms), 1), "rounds_stopped_short": short} if ms else {}
 
 
-@register("eagle", "EAGLE head", order=21, summarize=_summary, cost=head_cost,
+@register("eagle", "EAGLE head", order=21, summarize=_summary, cost=head_cost, options=OPTIONS,
           note="A one-layer head trained on this target's own features (ShareGPT chat and stdlib code) "
                "drafts from the target's last hidden state; shipped with the app for the default pair.",
           description="EAGLE: a trained one-layer head reads the target's own last hidden state and "
@@ -214,4 +230,5 @@ def _build_eagle(pair, req=None):
     if final_norm(pair.target) is None:
         raise RequestError("EAGLE needs a decoder with a final norm (model.norm); this target has "
                            "another layout.")
-    return EagleProposer(pair.target, load_drafter(pair))
+    options = check_options(OPTIONS, dict(getattr(req, "options", None) or {}))
+    return EagleProposer(pair.target, load_drafter(pair), stop_below=options["confidence"] / 100)
