@@ -39,6 +39,7 @@ def test_replay_streams_and_finishes(client, shipped):
     assert "sv-target" in final[BASE]
     assert "done" in final[STATS] and "measured speedup, prompt read included" in final[STATS]
     assert "without the prompt read" in final[STATS]  # the other figure beside it (issue 71)
+    assert "of it: prompt read" in final[STATS]  # and each side's prompt read
     # the same numbers the recorded run had
     s = tr.summaries()
     speedup = s["speculative"].tokens_per_s / s["baseline"].tokens_per_s

@@ -26,6 +26,7 @@ def stats_html(snap: dict) -> str:
         return [
             ("tokens", f"{d['n_tokens']}"),
             ("elapsed", f"{d['elapsed']:.2f} s"),
+            ("of it: prompt read", number(d.get("prompt_read"), "{:.2f} s", missing="–")),
             ("tokens/s", number(d["tokens_per_s"], "{:.2f}")),
             ("target forward passes", f"{d['target_forwards']}"),
             ("state", esc(d["state"])),

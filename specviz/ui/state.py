@@ -288,7 +288,8 @@ class RunView:
             state = "failed" if self.error and v.summary is None else v.state
             path = (v.summary.extra or {}).get("path", "") if v.summary is not None else ""
             return dict(n_tokens=v.n_tokens, elapsed=v.elapsed, tokens_per_s=v.tokens_per_s,
-                        target_forwards=v.target_forwards, state=state, path=path)
+                        target_forwards=v.target_forwards, state=state, path=path,
+                        prompt_read=v.partial_summary().prefill if (v.tokens or v.rounds) else None)
         stats = self.stats()
         return dict(baseline=side(self.base), speculative=side(self.spec), stats=stats,
                     identical=self.identical(), finished=self.finished, greedy=self.greedy,
