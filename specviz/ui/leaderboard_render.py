@@ -10,6 +10,7 @@ from ..run.leaderboard import PLAIN, Board, Row
 from ..run.trace import headline
 from .charts import BLUE, FONT, GREEN, GRID, VERMILLION
 from .draft_source import READS_MEMORY, memory_tokens
+from .glossary import plain_weights
 from .render import esc
 
 WRAP = "style='overflow-x:auto;max-width:100%'"
@@ -198,7 +199,12 @@ def pick_choices(board: Board | None) -> list[tuple[str, str]]:
 
 
 def replay_banner(meta: dict, source: str) -> str:
+    """A recorded race's banner: what it ran on, the precision in plain words first, and that its
+    timings are that machine's (issue 71)."""
     h = headline(meta)
+    words = plain_weights(meta.get("precision") or "")
+    prec = f"<b>{esc(words)}</b> ({esc(h['precision'])})" if words else esc(h["precision"])
+    hw = esc(meta["hardware"]) if meta.get("hardware") else "another machine (not named in the recording)"
     return ("<div class='sv-replay-banner' role='status'><b>▶ Recorded race</b> "
-            f"({esc(source)}) on <b>{esc(h['hardware'])}</b>, {esc(h['date'])}, {esc(h['models'])}, "
-            f"{esc(h['precision'])} — <b>not live</b>.</div>")
+            f"({esc(source)}) on <b>{hw}</b>, {esc(h['date'])}, {esc(h['models'])}, {prec} — "
+            "<b>not live</b>: that machine's timings, not this one's.</div>")
