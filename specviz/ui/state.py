@@ -21,6 +21,7 @@ from ..engine.metrics import (
     target_step_time,
 )
 from .draft_source import FREE_DRAFTS, READS_MEMORY, drafter_counts, memory_tokens
+from .why_lost import staged_share
 
 # the predictions start at this round, in the box and on the chart: the α̂ of the first rounds rests
 # on a handful of drafted tokens (a round that kept all its drafts gives α̂ 1 and predicts (γ+1)/(γc+v),
@@ -238,6 +239,8 @@ class RunView:
             spec.unmeasured = [*spec.unmeasured, "predicted"]
         st = run_stats(spec, base, self.costs, self.verify_rows).to_dict()
         st["rounds"] = len(self.spec.rounds)
+        # draft forwards per timed round: what a round spent drafting is this × c (why_lost.py)
+        st["draft_steps"] = spec.draft_forwards / spec.timed_rounds if spec.timed_rounds else None
         return st
 
     def identical(self) -> dict | None:
@@ -292,7 +295,8 @@ class RunView:
                     mode=self.mode, clock=self.clock, note=self.note, method=self.method,
                     options=self.options, error=self.error, tree=self.is_tree,
                     disturbed=self.disturbed(stats), gamma=self.gamma, gamma_auto=self.gamma_auto,
-                    drafters=drafter_counts(self.spec.rounds), memory=self.memory())
+                    drafters=drafter_counts(self.spec.rounds), memory=self.memory(),
+                    staged=staged_share(self.spec.rounds) if self.method == "staged" else None)
 
     def memory(self) -> dict | None:
         """For a method that may copy from earlier runs' outputs (suffix, hybrid): how many of this
