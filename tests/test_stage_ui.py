@@ -152,8 +152,10 @@ def test_cpu_meter_counts_other_processes_only():
     assert meter.sample() == pytest.approx(1.0) and meter.busy()
     status = {"ready": True, "calibration": ""}
     assert "1.0 of this machine's 2 cores" in busy.busy_reason(status, meter)
-    html = busy.busy_html(busy.busy_reason(status, meter))
-    assert "unreliable" in html and "replay" in html
+    offer = {"hardware": "AMD EPYC (2 cores)", "recorded": "2026-11-23T23:51:09+00:00", "precision": "w8a8"}
+    html = busy.busy_html(busy.busy_reason(status, meter), offer)
+    assert "unreliable" in html and "Replay" in html and "AMD EPYC (2 cores)" in html  # issue 71: named
+    assert "Replay" not in busy.busy_html(busy.busy_reason(status, meter))  # no recording: no offer
     quiet_meter = busy.CpuMeter(read=lambda: None, cores=64)
     quiet_meter.sample()
     assert not quiet_meter.busy()

@@ -50,7 +50,10 @@ def test_page_run_takes_the_options_positionally_in_key_order(handlers):
 ])
 def test_only_the_picked_methods_controls_show(method, shown):
     note, *controls = mo.on_method(method)
-    assert note["visible"] == (not shown)
+    # the note shows for every method: at least when it tends to lose (issue 71); "no settings" only
+    # for a method without controls
+    assert note["visible"] and "When it tends to lose" in note["value"]
+    assert (mo.NO_SETTINGS in note["value"]) == (not shown and not REGISTRY[method].note)
     assert ("--datastore" in note["value"]) == (method == "rest")
     assert {k for k, u in zip(mo.KEYS, controls, strict=True) if u["visible"]} == shown
 

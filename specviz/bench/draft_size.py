@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..engine.decoding import baseline, speculative
 from ..engine.layers import n_layers
-from ..engine.proposers import make_proposer, method_names
+from ..engine.proposers import make_proposer, method_names, method_spec
 from ..engine.sampling import SamplingParams
 from ..engine.theory import ALPHA_MAX, speedup
 from ..errors import ModelError, RequestError
@@ -79,10 +79,27 @@ def resolve_size(pair, name: str, drafts: dict):
             return None
         with_draft = copy.copy(pair)  # the same target; only the draft differs
         with_draft.draft = draft
-        return "draft", {}, with_draft, f"draft model {method[6:]}"
+        return "draft", {}, with_draft, f"draft model {held_weights(draft)}"
     if method in method_names():
-        return method, {}, pair, method
+        return method, {}, pair, method_spec(method).label
     return None
+
+
+def held_weights(model) -> str:
+    """What a draft's weights are, read from its modules, not from the size's name: 'int8' (torch.ao's
+    dynamic int8), 'int4' / 'int8' / 'fp16' (engine/cpu/lowbit.py), else its float type. The int8
+    step converts plain nn.Linear layers only: a draft already low-bit stays as it was (docs/draft_size.json
+    of 2026-11-24 labelled such a 4-bit draft "draft model int8", issue 71)."""
+    import torch
+
+    from ..engine.cpu import lowbit, speed
+    if speed.has_int8(model):
+        return "int8"
+    fmt = lowbit.lowbit_format(model)
+    if fmt:
+        return {"w16": "fp16"}.get(fmt, f"int{fmt[1]}")
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
 
 
 def run_size(pair, method, options, prompts, gammas, n_new, plain_outs, step_s):

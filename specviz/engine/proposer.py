@@ -211,6 +211,7 @@ class MethodSpec:
     # its settings, each declared once (Option, above): CLI flags, page controls, validation
     options: tuple[Option, ...] = ()
     note: str = ""  # the page's line for it in "Method settings" (when it shows no controls)
+    loses_when: str = ""  # when it tends to lose, in plain words: the page's note says it before a run
     # RoundEvent.info of its rounds -> run totals (CLI, bench), and one round's story (tooltips)
     summarize: Callable[[list[dict]], dict] | None = None
     round_note: Callable[[dict], str] | None = None

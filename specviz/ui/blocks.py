@@ -125,7 +125,9 @@ def wire(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
                                show_progress="hidden")
     stop.then(None, None, None, cancels=[run_event, *replay_events], api_visibility="private") \
         .then(handlers.run_ended, None, page.run_btn, **quiet)
-    # the busy banner's offer: the selected recorded run, as the replay button plays it
+    # the busy banner's offer: the selected recorded run, as the replay button plays it, named by the
+    # machine, precision and date of the picker's first shipped run (the one selected at first)
+    handlers.replay_offer = replay_ui.first_meta(page.replay.traces)
     page.busy_replay.click(None, None, None, js="() => { window.svReplay && window.svReplay(); return []; }",
                            api_visibility="private", queue=False)  # ui/stage.py PAGE_JS
     if page.board is not None:  # the "Race all methods" tab

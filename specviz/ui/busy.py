@@ -2,9 +2,11 @@
 
 A Space on shared CPU, or a laptop running other work, makes every timing on
 the page unreliable (issue 21: a busy 2-core machine swung round 1's speedup to
-5.82×). The page says so plainly and offers a replay recorded on a quiet
-machine. "Busy" is the CPU time other processes took over the last few seconds
-(/proc/stat minus this process), so our own runs never count; without /proc it
+5.82×). The page says so plainly and offers the replay picked below, named by
+the machine, precision and date it was recorded on (its own metadata: issue 71,
+"the true timings" were a 2026-11-23 int8 run on another machine). "Busy" is
+the CPU time other processes took over the last few seconds (/proc/stat minus
+this process), so our own runs never count; without /proc it
 falls back to the 1-minute load per core. The calibration's own noise (a
 cached measurement taken under load) counts too.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from ..machine import CpuMeter
 from ..run.leaderboard import END, START
+from .glossary import recorded_on
 from .render import esc
 
 METER = CpuMeter()
@@ -37,16 +40,29 @@ def note_race(board, key: str, side: str) -> None:
         board.note_busy(key, busy_reason({}))
 
 
-def busy_html(reason: str) -> str:
+def replay_offer(meta: dict | None) -> str:
+    """The banner's offer of a replay: the recording's machine, precision and date in plain words, and
+    that its timings are that machine's; '' when there is no recording to offer (None)."""
+    if meta is None:
+        return ""
+    return (f" ▶ Replay below plays a run {recorded_on(meta)}: that machine's timings, not this "
+            "one's.")
+
+
+OFFER_BUTTON = "▶ Replay a recorded run (another machine's timings)"
+
+
+def busy_html(reason: str, offer: dict | None = None) -> str:
+    """The banner; `offer`: the metadata of the recording the replay button plays (None: no offer)."""
     if not reason:
         return ""
     # a phone shows the first sentence only (ui/stage.py CSS: .sv-busy-more), so Run stays on its
     # first screen (issue 59: at 400 px the banner pushed it just below); the replay offer follows
+    more = replay_offer(offer)
     return ("<div class='sv-status sv-status-warning sv-busy' role='status' id='sv-busy-banner' "
             f"title='{esc(reason)}'><span class='sv-dot sv-dot-warning'></span><b>This machine is busy</b>"
             f"<span class='sv-busy-more'> ({esc(reason)})</span>: tokens/s, speedups, c and v measured now "
-            "are unreliable.<span class='sv-busy-more'> A replay of a run recorded on a quiet machine shows "
-            "the true timings.</span></div>")
+            "are unreliable." + (f"<span class='sv-busy-more'>{esc(more)}</span>" if more else "") + "</div>")
 
 
 def calib_html(status: dict) -> str:

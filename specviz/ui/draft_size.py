@@ -8,6 +8,8 @@ import json
 import re
 from pathlib import Path
 
+from .glossary import draft_weights, plain_weights
+
 RESULT = Path(__file__).resolve().parents[2] / "docs" / "draft_size.json"
 
 
@@ -36,6 +38,35 @@ def _kind(size: dict) -> str:
     return KINDS.get(method) or (REGISTRY[method].label if method in REGISTRY else str(method))
 
 
+def shown(data: dict) -> dict:
+    """The result with each separate-draft row labelled by the precision the file records for the pair's
+    draft (issue 71: the row said "draft model int8" under a header saying the draft was int4 g32; the
+    bench's int8 step converts plain Linear layers only, and that draft's were 4-bit already), so the
+    heatmap, lines, table and intro name what ran. Other rows as they are."""
+    from ..engine.proposers import REGISTRY
+    words = draft_weights(str(data.get("precision") or ""))
+
+    def label(s: dict) -> str:
+        method = s.get("method")
+        if method == "draft" and words:
+            return f"draft model, {words}"
+        if s.get("label") == method and method in REGISTRY:  # a method's id: its label (issue 71)
+            return REGISTRY[method].label
+        return s.get("label", "")
+    return dict(data, sizes=[dict(s, label=label(s)) for s in data.get("sizes", [])])
+
+
+def int8_note(data: dict) -> str:
+    """Why the command's `draft-int8` row is not int8, where the file says the draft was not 8-bit."""
+    words = draft_weights(str(data.get("precision") or ""))
+    named = any(str(s.get("name", "")).endswith("int8") for s in data.get("sizes", []))
+    if not named or not words or words.startswith("8-bit"):
+        return ""
+    return (f"<p><small>The command's <code>draft-int8</code> size ran the pair's own draft, {words}: its "
+            "int8 step converts plain Linear layers only, and this draft had none left. The row is named "
+            "by what ran (docs/draft_size.md).</small></p>")
+
+
 def intro_html(data: dict) -> str:
     """What the rows are (named from the rows themselves, issue 51: the intro promised early-exit
     and layer-skip rows the table did not have), and, first and large, the pair it measured."""
@@ -46,16 +77,19 @@ def intro_html(data: dict) -> str:
     rows = "".join(f"<li><b>{esc(str(s.get('label', '')))}</b>: {esc(_kind(s))}</li>"
                    for s in data.get("sizes", []))
     dates = sorted({str(i.get("date", ""))[:10] for i in data.get("invocations", []) if i.get("date")})
+    words = plain_weights(str(data.get("precision") or ""))
     measured = (f"<div class='sv-ds-measured' role='note'><b>Measured on:</b> "
-                f"{esc(str(data.get('pair', '')))}, "
-                f"<b>{esc(str(data.get('precision', '')))}</b>, on {esc(str(data.get('machine', '')))}"
-                + (f", {esc(', '.join(dates))}" if dates else "") + ". Not measured on this page, and not "
-                "necessarily the pair the live tab runs (its status line names that one).</div>")
+                f"{esc(str(data.get('pair', '')))}, " + (f"<b>{esc(words)}</b> " if words else "")
+                + f"({esc(str(data.get('precision', '')))}), on "
+                f"<b>{esc(str(data.get('machine') or 'another machine'))}</b>"
+                + (f", {esc(', '.join(dates))}" if dates else ", date not recorded") + ". Not measured on "
+                "this page: that machine's timings and precision, not this one's, and not necessarily the "
+                "pair the live tab runs (its status line names that one).</div>")
     return (measured + "<p>How acceptance (accepted ÷ drafted) and speedup change with γ and with where "
             "the drafts come from. "
             f"The rows:</p><ul>{rows}</ul><p>{data.get('prompts')} prompts × {data.get('max_new_tokens')} "
             "new tokens, greedy. ★ = measured best γ, ○ = the verify-cost-aware theory's best γ. The CPU was "
-            f"shared with other jobs: load averages below.</p><ul>{cmds}</ul>")
+            f"shared with other jobs: load averages below.</p><ul>{cmds}</ul>" + int8_note(data))
 
 
 def on_page(fig):
@@ -80,6 +114,7 @@ def build_tab(path: Path = RESULT):
             gr.Markdown("No draft-size result committed yet: run `python -m specviz draft-size "
                         "--out docs/draft_size.json`.")
             return
+        data = shown(data)
         gr.HTML(intro_html(data), elem_id="sv-ds-intro")
         gr.Plot(on_page(heatmap(data)), show_label=False, elem_id="sv-ds-heatmap")
         gr.Plot(on_page(lines(data)), show_label=False, elem_id="sv-ds-lines")

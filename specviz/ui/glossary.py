@@ -71,6 +71,49 @@ def _bits(precision: str) -> str:
     return ""
 
 
+def plain_weights(precision: str) -> str:
+    """A precision label in plain words: 'int4 g32 weights, 8-bit per-block activations' -> '4-bit
+    weights'; 'target int8 weights, …, draft int4 g32 weights, …' -> 'target 8-bit, draft 4-bit weights'
+    (one phrase when both sides agree); '' when unreadable."""
+    p = str(precision or "")
+    head, sep, draft = p.partition(", draft ")
+    if sep and head.lower().startswith("target "):
+        t, d = _bits(head), _bits(draft)
+        if t == d or not d:
+            return t
+        if not t:
+            return f"draft {d}"
+        return f"target {t.removesuffix(' weights')}, draft {d}"
+    return _bits(p)
+
+
+def draft_weights(precision: str) -> str:
+    """The draft model's weights in a pair's precision label, in plain words: 'target int8 weights, …,
+    draft int4 g32 weights, …' -> '4-bit weights'; a label of one precision for both: that one."""
+    head, sep, draft = str(precision or "").partition(", draft ")
+    return _bits(draft if sep else head)
+
+
+def recorded_date(meta: dict) -> str:
+    """The day a recording was made ('2026-11-23'), from its own 'recorded' field; '' when it has none."""
+    raw = str(meta.get("recorded") or "")
+    return raw[:10] if re.match(r"\d{4}-\d{2}-\d{2}", raw) else raw
+
+
+def recorded_on(meta: dict) -> str:
+    """Where, in what precision and when a shipped or uploaded recording was made, in plain words, from
+    its own metadata: 'recorded on AMD EPYC (2 cores), 8-bit weights, 2026-11-23'. A part the recording
+    lacks is said to be missing, never guessed ('recorded on another machine'; issue 71: the busy banner
+    offered a 2026-11-23 int8 run as "the true timings" beside a live 4-bit pair twice as fast)."""
+    meta = meta if isinstance(meta, dict) else {}
+    machine = str(meta.get("hardware") or meta.get("machine") or "")
+    words = plain_weights(str(meta.get("precision") or ""))
+    date = recorded_date(meta)
+    return (f"recorded on {machine or 'another machine'}"
+            + (f", {words}" if words else ", precision not recorded")
+            + (f", {date}" if date else ", date not recorded"))
+
+
 def plain_precision(precision: str, note: str, device: str, calibration: str = "") -> str:
     """'4-bit weights, measured fastest on this CPU' (the note's timings are that measurement).
     `calibration` (the pair's: untimed, noisy, …) has the last word, so this line and the background

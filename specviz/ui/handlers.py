@@ -191,6 +191,9 @@ class Handlers:
     _ready_seen: set = field(default_factory=set)  # sessions whose replay section was collapsed once
     # what a run gives the page's stores, across ZeroGPU's fork (hosting/forked.py); off ZeroGPU at once
     bridge: Bridge = field(default_factory=Bridge)
+    # the metadata of the recording the busy banner's replay button plays (the picker's first shipped
+    # run; ui/blocks.py sets it), None: no recording to offer
+    replay_offer: dict | None = None
 
     def __post_init__(self):
         self.sessions = self.sessions or Sessions(self.bridge)
@@ -215,7 +218,7 @@ class Handlers:
         busy.METER.sample()
         line = busy.calib_html(status) if status["ready"] else ""
         reason = busy.busy_reason(status) if status["ready"] else ""
-        return render.status_html(status, line) + busy.busy_html(reason), reason
+        return render.status_html(status, line) + busy.busy_html(reason, self.replay_offer), reason
 
     def poll(self, request: gr.Request = None):
         """Status, Run button, timer, the busy banner's replay offer, the replay section (collapsed
@@ -242,7 +245,7 @@ class Handlers:
             from .trained import methods_update
             race = methods_update(have)
         return (html, btn or button_state(status), gr.Timer(value=every, active=True),
-                gr.Button(visible=bool(reason)), fold, methods, race)
+                gr.Button(visible=bool(reason) and self.replay_offer is not None), fold, methods, race)
 
     def trained_methods(self) -> frozenset:
         """The trained methods (Medusa heads, EAGLE) whose file the loaded pair's target has: shipped

@@ -9,7 +9,7 @@ import gradio as gr
 
 from ..hosting.spaces import ZEROGPU_FIXED, on_zerogpu
 from ..run.request import MAX_GAMMA, Limits
-from . import draft_size, inspector, method_options, render, theory
+from . import busy, draft_size, inspector, method_options, render, theory
 from . import leaderboard as board_ui
 from . import replay as replay_ui
 from .charts import all_charts
@@ -217,8 +217,7 @@ def build_page(*, presets: list[dict], choices: PairChoices, limits: Limits, def
     with gr.Accordion("What am I looking at?", open=not stage, elem_id="sv-explainer"):
         gr.HTML(f"<div class='sv-explainer'>{render.EXPLAINER}</div>")
     parts = dict(status=gr.HTML(render.status_html(status), elem_id="sv-status"))
-    parts["busy_replay"] = gr.Button("▶ Replay a run recorded on a quiet machine", visible=False, size="sm",
-                                     elem_id="sv-busy-replay")
+    parts["busy_replay"] = gr.Button(busy.OFFER_BUTTON, visible=False, size="sm", elem_id="sv-busy-replay")
     # two tabs: the live demo (the layout below, entered without re-indenting it) and
     # the theory explorer (ui/theory.py)
     live_tab = contextlib.ExitStack()

@@ -36,10 +36,10 @@ from ..run.leaderboard import (
 )
 from ..run.race_bundle import load_bundle, save_bundle
 from ..run.request import MAX_GAMMA, Limits, RequestError
-from ..run.trace import headline
 from . import busy, render
 from . import replay as replay_ui
 from .charts import all_charts
+from .glossary import recorded_on
 from .handlers import SETTLE  # the pause after each page update, before the next timed step
 from .leaderboard_render import bar_chart, pick_choices, progress_html, replay_banner, table_html
 from .panes import PaneStream
@@ -132,11 +132,15 @@ def _controls(first: dict, limits: Limits) -> dict:
 
 
 def _recorded(races: dict) -> dict:
-    choices = [(f"{b.meta.get('label') or n} · {headline(b.meta)['hardware']}", n) for n, b in races.items()]
+    # each named by the machine, precision and date it ran on (issue 71: nothing shipped passes for this
+    # machine's timings)
+    choices = [(f"{b.meta.get('label') or n} · {recorded_on(b.meta)}", n) for n, b in races.items()]
     with gr.Accordion("Recorded races · download yours", open=False, elem_id="sv-lb-recorded"):
         with gr.Row(equal_height=False):
             recorded = gr.Dropdown(choices, value=choices[0][1] if choices else None, label="Recorded races",
-                                   info="Races shipped with this page (label · hardware)", scale=3,
+                                   info="Races shipped with this page, each named by the machine, "
+                                        "precision and date it ran on (their timings, not this machine's)",
+                                   scale=3,
                                    elem_id="sv-lb-recorded-pick")
             upload = gr.File(label="…or a race bundle (.json)", file_types=[".json"], type="filepath",
                              height=110, scale=2, elem_id="sv-lb-upload")

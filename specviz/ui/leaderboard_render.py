@@ -5,12 +5,15 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from ..engine.events import RoundEvent
+from ..engine.proposer import REGISTRY
 from ..format import number
 from ..run.leaderboard import PLAIN, Board, Row
 from ..run.trace import headline
 from .charts import BLUE, FONT, GREEN, GRID, VERMILLION
 from .draft_source import READS_MEMORY, memory_tokens
+from .glossary import plain_weights
 from .render import esc
+from .why_lost import cause_of, staged_share, staged_text
 
 WRAP = "style='overflow-x:auto;max-width:100%'"
 LEFT = " style='text-align:left'"
@@ -56,8 +59,29 @@ def row_flag(board: Board, row: Row) -> str:
     return "; ".join(f for f in (row.flag, note if n else "") if f)
 
 
-def _check_cell(row: Row, memory: str = "") -> str:
+def row_why(board: Board, row: Row) -> str:
+    """Why a finished row lost or gained little, by its own numbers (ui/why_lost.py), and a staged row's
+    lookup part; '' for plain, an unfinished, cut or failed run."""
+    run = board.runs.get(row.key)
+    s = run.summary if run is not None else None
+    if s is None or row.key == PLAIN or row.speedup is None or row.error or row.cut_note:
+        return ""
+    stats = dict(speedup=row.speedup, tau=row.tau, verify_cost=row.v, c=row.c, alpha_hat=row.alpha_hat,
+                 gamma_mean=s.drafted / s.rounds if s.rounds else None,
+                 alpha=s.accepted / s.drafted if s.drafted else None,
+                 draft_steps=s.draft_forwards / s.timed_rounds if s.timed_rounds else None)
+    method = run.entry.method
+    tree = method in REGISTRY and REGISTRY[method].kind == "tree"
+    lines = [cause_of(stats, tree, int(row.gamma) if str(row.gamma).isdigit() else None)]
+    if method == "staged":
+        lines.append(staged_text(staged_share([e for e in run.events if isinstance(e, RoundEvent)]),
+                                 board.greedy))
+    return " ".join(x for x in lines if x)
+
+
+def _check_cell(row: Row, memory: str = "", why: str = "") -> str:
     mem = f"<br><span class='sv-lb-mem'>❝ {esc(memory)}</span>" if memory else ""
+    mem += f"<br><span class='sv-lb-why'>{esc(why)}</span>" if why else ""
     if row.error:
         return f"<span title='{esc(row.error)}'>not run: {esc(row.error)}</span>"
     if row.tokens_per_s is None:
@@ -109,8 +133,8 @@ def _table(board: Board | None) -> str:
         # the method names the row (a screen reader read each row as its rank: "1", "–")
         tds = "".join(f"<th scope='row'{LEFT}>{c}</th>" if j == 1 else f"<td>{c}</td>"
                       for j, c in enumerate(cells))
-        body.append(f"<tr data-key='{esc(r.key)}'{style}>{tds}<td{LEFT}>{_check_cell(r, memory)}"
-                    f"</td></tr>")
+        check = _check_cell(r, memory, row_why(board, r))
+        body.append(f"<tr data-key='{esc(r.key)}'{style}>{tds}<td{LEFT}>{check}</td></tr>")
     return (f"<div {WRAP}><table class='sv-table' id='sv-lb-rows'><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table></div>" + _footnote(board))
 
@@ -198,7 +222,12 @@ def pick_choices(board: Board | None) -> list[tuple[str, str]]:
 
 
 def replay_banner(meta: dict, source: str) -> str:
+    """A recorded race's banner: what it ran on, the precision in plain words first, and that its
+    timings are that machine's (issue 71)."""
     h = headline(meta)
+    words = plain_weights(meta.get("precision") or "")
+    prec = f"<b>{esc(words)}</b> ({esc(h['precision'])})" if words else esc(h["precision"])
+    hw = esc(meta["hardware"]) if meta.get("hardware") else "another machine (not named in the recording)"
     return ("<div class='sv-replay-banner' role='status'><b>▶ Recorded race</b> "
-            f"({esc(source)}) on <b>{esc(h['hardware'])}</b>, {esc(h['date'])}, {esc(h['models'])}, "
-            f"{esc(h['precision'])} — <b>not live</b>.</div>")
+            f"({esc(source)}) on <b>{hw}</b>, {esc(h['date'])}, {esc(h['models'])}, {prec} — "
+            "<b>not live</b>: that machine's timings, not this one's.</div>")

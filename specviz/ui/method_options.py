@@ -8,6 +8,7 @@ pick a file path on the server.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from html import escape
 
 from ..engine.proposer import TEXT, Option, blank
 from ..engine.proposers import REGISTRY, method_names, method_spec
@@ -125,10 +126,16 @@ def setup_text(method: str | None, options: dict | None) -> str:
 
 def note_html(method: str | None, pair=None) -> str:
     """The method's note; a trained method's says what its file's report says for `pair`'s target,
-    or how to train one (ui/trained.py)."""
-    note = REGISTRY[method].note if method in REGISTRY else ""
+    or how to train one (ui/trained.py). Then, for every method, when it tends to lose, in plain words
+    (MethodSpec.loses_when; issue 71: a losing method gave no reason, before or after its run)."""
+    spec = REGISTRY.get(method) if method else None
+    note = spec.note if spec is not None else ""
     extra = trained_note(method, pair) if method in TRAINED_ONLY else ""
-    return f"<span class='sv-mode'>{note or NO_SETTINGS}{extra}</span>"
+    first = note or ("" if _shown(method) else NO_SETTINGS)
+    loses = (f"<span class='sv-mode sv-loses'>{escape(spec.loses_when)}</span>"
+             if spec is not None and spec.loses_when else "")
+    head = f"<span class='sv-mode'>{first}{extra}</span>" if first or extra else ""
+    return head + (" " if head and loses else "") + loses
 
 
 def _shown(method: str | None) -> bool:
@@ -169,14 +176,14 @@ def build(method: str = "draft") -> Controls:
     import gradio as gr
     with gr.Group(elem_classes=["sv-method-settings"]):  # an id: Gradio gave it to two nested divs
         gr.HTML("<div class='sv-pane-title'>Method settings</div>")
-        note = gr.HTML(note_html(method), visible=not _shown(method))
+        note = gr.HTML(note_html(method))  # every method: at least when it tends to lose
         with gr.Row():
             inputs = [_control(o, o.method == method) for o in OPTIONS]
     return Controls(note, inputs)
 
 
 def on_method(method, pair=None):
-    """Show the selected method's controls only (a chain method: the note, for `pair`'s target)."""
+    """Show the selected method's controls only, and its note (for `pair`'s target) above them."""
     import gradio as gr
-    return (gr.update(value=note_html(method, pair), visible=not _shown(method)),
+    return (gr.update(value=note_html(method, pair), visible=True),
             *(gr.update(visible=o.method == method) for o in OPTIONS))

@@ -46,8 +46,9 @@ def calibrating_outputs(method: str) -> list:
     """The page while a self-speculative method's one-time calibration runs before the race (a
     visitor's first layer-skip run showed "Press Run" in both panes for 35-45 s, 2026-11-28)."""
     out = _cleared(RunView(1, 0.0, ""), "measuring first: see the line above")
+    what = CALIBRATING.get(method) or render.guesses_from(method)
     out[RUN_INFO] = render.message_html(
-        f"Measuring, once for this pair on this machine, {CALIBRATING.get(method, method)} "
+        f"Measuring, once for this pair on this machine, {what} "
         "(35-45 s on a 2-core CPU; cached, so later runs start at once). The race starts after it, "
         "and this time is not part of either side's clock.", kind="loading")
     return out

@@ -15,7 +15,7 @@ import html  # noqa: F401 - the tests compare with render.html.escape
 import re
 
 from ..engine.events import OUTCOME_COLOURS, OUTCOME_LABELS, Outcome, RoundEvent, TokenEvent
-from ..engine.proposer import round_note
+from ..engine.proposer import REGISTRY, round_note
 from ..format import number
 from . import access, draft_source, glossary
 from .escape import esc  # noqa: F401 - the page's one escape, imported from here by most of ui/
@@ -203,6 +203,18 @@ EXPLAINER = (
 )
 
 
+# the run line's words for where the guesses came from; any other method: its registered label
+GUESSES_FROM = {"lookup": "prompt lookup (no draft model)", "adaptive": "draft model with adaptive γ",
+                "suffix": "text already written (suffix tree)", "hybrid": "copied text or the draft model",
+                "heads": "trained Medusa heads on the target's states (no draft model)",
+                "eagle": "a trained EAGLE head on the target's states (no draft model)"}
+
+
+def guesses_from(method: str) -> str:
+    """The run line's name of a method: never its internal id (issue 71: "rest", "suffix-tree")."""
+    return GUESSES_FROM.get(method) or (REGISTRY[method].label if method in REGISTRY else str(method))
+
+
 def run_info_html(snap: dict) -> str:
     """Badge (greedy: identical or not), which execution mode ran, stop reasons."""
     parts = []
@@ -240,12 +252,8 @@ def run_info_html(snap: dict) -> str:
                      "hardware, so timings include contention</span>")
     method = snap.get("method")
     if method and method != "draft":
-        names = {"lookup": "prompt lookup (no draft model)", "adaptive": "draft model with adaptive γ",
-                 "suffix": "text already written (suffix tree)", "hybrid": "copied text or the draft model",
-                 "heads": "trained Medusa heads on the target's states (no draft model)",
-                 "eagle": "a trained EAGLE head on the target's states (no draft model)"}
         settings = setup_text(method, snap.get("options"))  # "L 12 · an untrained exit: …" (issue 51)
-        parts.append(f"<span class='sv-mode'>guesses from: <b>{esc(names.get(method, method))}</b>"
+        parts.append(f"<span class='sv-mode'>guesses from: <b>{esc(guesses_from(method))}</b>"
                      + (f" · {esc(settings)}" if settings else "") + "</span>")
     if snap.get("note"):
         parts.append(f"<span class='sv-mode'>{esc(snap['note'])}</span>")
@@ -331,6 +339,9 @@ CSS = """
 .sv-speedup-copied { font-size: .45em; font-weight: 600; white-space: normal; }
 .sv-speedup-alt { font-size: 13px; font-weight: 600; font-variant-numeric: tabular-nums; }
 .sv-speedup-sub { font-size: 11.5px; opacity: .7; max-width: 24em; text-align: center; }
+/* why a run lost, by its numbers (ui/why_lost.py): full contrast, it is the point of the line */
+.sv-speedup-why { font-size: 12px; max-width: 24em; text-align: center; margin-top: 5px; }
+.sv-loses { display: block; margin-top: 4px; }
 /* a badge of several lines in the box: a pill's round ends pressed on its text (2026-11-28) */
 .sv-speedup .sv-badge { border-radius: 10px; padding: 5px 12px; margin-top: 6px; text-align: center;
   max-width: 26em; }

@@ -30,9 +30,10 @@ from ..engine.proposers import REGISTRY
 from ..machine import Lock
 from ..run import isolation
 from ..run.race import SIDES
-from ..run.trace import Trace, event_time, headline, headline_text, load_trace, replay, trace_costs
+from ..run.trace import Trace, event_time, headline, load_trace, replay, trace_costs
 from . import inspector, render, theory
 from .charts import all_charts
+from .glossary import plain_weights, recorded_date
 from .method_options import options_text
 from .panes import PaneStream, message_outputs
 from .state import RunView
@@ -116,11 +117,34 @@ def _method_text(settings: dict) -> str:
     return method_label(settings.get("method")) + (f" · {extra}" if extra else "")
 
 
+def first_meta(traces: dict[str, Trace]) -> dict | None:
+    """The metadata of the run the picker selects first (the busy banner offers it); None: none shipped."""
+    return next(iter(traces.values())).meta if traces else None
+
+
 def choice_label(name: str, tr: Trace) -> str:
-    """The trace's label, with its hardware unless the label names it already (the shipped ones do)."""
+    """The trace's label with the machine, precision and date it was recorded on, in plain words, each
+    once (the shipped labels name the machine and the day: their precision is added; issue 71)."""
     m = tr.meta
     label, hw = m.get("label") or name, headline(m)["hardware"]
-    return label if hw.split(" (")[0] in label else f"{label}  ·  {hw}"
+    date = recorded_date(m)
+    parts = [] if hw.split(" (")[0] in label else [f"recorded on {m['hardware']}" if m.get("hardware")
+                                                   else "recorded on another machine"]
+    parts.append(plain_weights(m.get("precision") or "") or "precision not recorded")
+    if not date or date not in label:
+        parts.append(date or "date not recorded")
+    return f"{label}  ·  {', '.join(parts)}"
+
+
+def where_html(m: dict, settings: dict | None = None) -> str:
+    """'<models>, <b>8-bit weights</b> (target int8 weights, …) on <b>AMD EPYC (2 cores)</b>, <date>': what
+    a recording ran on, the precision in plain words first (its label behind them)."""
+    h = headline(m, settings)
+    words = plain_weights(m.get("precision") or "")
+    prec = (f"<b>{render.esc(words)}</b> ({render.esc(h['precision'])})" if words
+            else render.esc(h["precision"]))
+    hw = render.esc(m["hardware"]) if m.get("hardware") else "another machine (not named in the recording)"
+    return f"{render.esc(h['models'])}, {prec} on <b>{hw}</b>, {render.esc(h['date'])}"
 
 
 def describe_html(tr: Trace, source: str) -> str:
@@ -132,24 +156,22 @@ def describe_html(tr: Trace, source: str) -> str:
     res = ""
     if base is not None and spec is not None and base.tokens_per_s > 0:
         res = (f" Result: {spec.n_tokens} tokens, {base.tokens_per_s:.2f} → {spec.tokens_per_s:.2f} tokens/s "
-               f"(<b>{spec.tokens_per_s / base.tokens_per_s:.2f}×</b>).")
+               f"(<b>{spec.tokens_per_s / base.tokens_per_s:.2f}×</b>), that machine's timings, not this "
+               "one's.")
     h = headline(m, settings)
     return (f"<div class='sv-runinfo'><span class='sv-mode'>{render.esc(source)}: "
             f"<b>{render.esc(m.get('label') or 'unlabelled')}</b>: {render.esc(_method_text(settings))}, "
             f"γ {render.esc(settings.get('gamma', '?'))}, {render.esc(h['sampling'])}, "
-            f"{render.esc(headline_text(m, settings))}, "
+            f"{where_html(m, settings)}, "
             f"{render.esc(m.get('execution_mode') or 'fair')} mode.{res}</span></div>")
 
 
 def banner_html(meta: dict, speed: float = 1.0) -> str:
     pace = "at the recorded pace" if speed == 1 else f"at {speed:g}× the recorded pace"
     label = meta.get("label")
-    h = headline(meta)
     return (
-        "<div class='sv-replay-banner' role='status'><b>▶ Replay</b> of a run recorded on "
-        f"<b>{render.esc(h['hardware'])}</b>, {render.esc(h['date'])}, "
-        f"{render.esc(h['models'])}, {render.esc(h['precision'])}"
-        f" — <b>not live</b>. Played {pace}"
+        "<div class='sv-replay-banner' role='status'><b>▶ Replay</b> of a run recorded with "
+        f"{where_html(meta)} — <b>not live</b>: that machine's timings, not this one's. Played {pace}"
         + (f"; “{render.esc(label)}”" if label else "") + ".</div>")
 
 
@@ -337,8 +359,9 @@ def build_section() -> ReplayBox:
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
                 pick = gr.Dropdown(choices, value=first, label="Recorded runs",
-                                   info="Runs of the default pair recorded for this page (label · hardware), "
-                                        "or your own last run",
+                                   info="Runs of the default pair recorded for this page, each named by "
+                                        "the machine, precision and date it ran on (their timings, not "
+                                        "this machine's), or your own last run",
                                    elem_id="sv-replay-pick")
                 speed = gr.Radio(SPEEDS, value=1.0, label="Replay speed", elem_id="sv-replay-speed")
             with gr.Column(scale=2):

@@ -10,6 +10,7 @@ from ..format import number
 from .draft_source import FREE_DRAFTS
 from .escape import esc
 from .state import HOLD_ROUNDS, PREDICT_FROM
+from .why_lost import cause_of, staged_text
 
 
 def _cell(v) -> str:
@@ -46,7 +47,7 @@ def stats_html(snap: dict) -> str:
            f"<span class='sv-speedup-num'>{num}</span>"
            f"<span class='sv-speedup-label'>{_label(snap, spd)}</span>"
            + after_prompt_html(snap, spd)
-           + f"<span class='sv-speedup-sub'>{sub}</span>" + memory_html(snap)
+           + f"<span class='sv-speedup-sub'>{sub}</span>" + why_html(snap, spd) + memory_html(snap)
            + (f"<span class='sv-badge sv-badge-diff'>{esc(snap['disturbed'])}</span>" if snap.get("disturbed")
               else "") + "</div>")
     chips = "".join(
@@ -60,6 +61,17 @@ def stats_html(snap: dict) -> str:
         + f"<tbody>{rows}</tbody></table>"
         + f"<div class='sv-chips'>{chips}{curve}</div></div>"
     )
+
+
+def why_html(snap: dict, spd: float | None) -> str:
+    """A finished run's measured cause of a loss or a small gain, in one sentence (ui/why_lost.py), and a
+    staged run's lookup part; '' while it runs, and for a run with no headline."""
+    if not snap.get("finished") or snap.get("error") or spd is None:
+        return ""
+    st = snap.get("stats") or {}
+    lines = [cause_of(st, bool(snap.get("tree")), snap.get("gamma")),
+             staged_text(snap.get("staged"), bool(snap.get("greedy")))]
+    return "".join(f"<span class='sv-speedup-why'>{esc(x)}</span>" for x in lines if x)
 
 
 def _speedup_text(snap: dict) -> tuple[float | None, str]:

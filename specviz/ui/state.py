@@ -22,6 +22,7 @@ from ..engine.metrics import (
     target_step_time,
 )
 from .draft_source import FREE_DRAFTS, READS_MEMORY, drafter_counts, memory_tokens
+from .why_lost import staged_share
 
 # the predictions start at this round, in the box and on the chart: the α̂ of the first rounds rests
 # on a handful of drafted tokens (a round that kept all its drafts gives α̂ 1 and predicts (γ+1)/(γc+v),
@@ -241,6 +242,8 @@ class RunView:
         st["rounds"] = len(self.spec.rounds)
         first = self.spec.rounds[0]  # round 1 read the prompt: its tokens are the prompt read's
         st["after_prompt"] = after_prompt_speedup(base, spec, first.prompt_tokens and first.total_tokens)
+        # draft forwards per timed round: what a round spent drafting is this × c (why_lost.py)
+        st["draft_steps"] = spec.draft_forwards / spec.timed_rounds if spec.timed_rounds else None
         return st
 
     def identical(self) -> dict | None:
@@ -296,7 +299,8 @@ class RunView:
                     mode=self.mode, clock=self.clock, note=self.note, method=self.method,
                     options=self.options, error=self.error, tree=self.is_tree,
                     disturbed=self.disturbed(stats), gamma=self.gamma, gamma_auto=self.gamma_auto,
-                    drafters=drafter_counts(self.spec.rounds), memory=self.memory())
+                    drafters=drafter_counts(self.spec.rounds), memory=self.memory(),
+                    staged=staged_share(self.spec.rounds) if self.method == "staged" else None)
 
     def memory(self) -> dict | None:
         """For a method that may copy from earlier runs' outputs (suffix, hybrid): how many of this

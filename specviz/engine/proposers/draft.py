@@ -190,13 +190,20 @@ def _need_draft(pair):
     return pair.draft
 
 
-@register("draft", "draft model", needs_draft=True, order=0,
+# the page's note before a run (issue 71): when this method tends to lose, in plain words
+LOSES_DRAFT = (
+    "When it tends to lose: a draft model that is slow next to the target (c near 0.5 or more), or "
+    "that often disagrees with it (text unlike what both were trained on): each round pays γ draft "
+    "steps and a verify pass and keeps few tokens.")
+
+
+@register("draft", "draft model", loses_when=LOSES_DRAFT, needs_draft=True, order=0,
           description="a smaller model of the same vocabulary drafts γ tokens")
 def _build_draft(pair, req=None):
     return DraftModelProposer(_need_draft(pair), vocab_size=target_vocab(pair.target))
 
 
-@register("adaptive", "draft model, adaptive γ", needs_draft=True, order=2,
+@register("adaptive", "draft model, adaptive γ", loses_when=LOSES_DRAFT, needs_draft=True, order=2,
           description="draft model; γ +1 after a fully accepted round, −1 after a rejection")
 def _build_adaptive(pair, req=None):
     return AdaptiveDraftProposer(_need_draft(pair), vocab_size=target_vocab(pair.target))

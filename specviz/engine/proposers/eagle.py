@@ -221,7 +221,14 @@ def _summary(infos: list[dict]) -> dict:
     return {"head_ms": round(sum(ms), 1), "rounds_stopped_short": short} if ms else {}
 
 
-@register("eagle", "EAGLE head", order=21, summarize=_summary, cost=head_cost, options=OPTIONS,
+# the page's note before a run (issue 71): when this method tends to lose, in plain words
+LOSES = (
+    "When it tends to lose: where its head's drafts rarely pass (text unlike the little it was "
+    "trained on): each round still pays the head's step and the verify pass.")
+
+
+@register("eagle", "EAGLE head", loses_when=LOSES, order=21, summarize=_summary, cost=head_cost,
+          options=OPTIONS,
           note="A one-layer head trained on this target's own features (ShareGPT chat and stdlib code) "
                "drafts from the target's last hidden state; shipped with the app for the default pair.",
           description="EAGLE: a trained one-layer head reads the target's own last hidden state and "

@@ -155,7 +155,13 @@ def exit_layers(model, exit_layer: int) -> tuple[int, ...]:
     return tuple(range(exit_layer))
 
 
-@register("early-exit", "early exit (self)", order=20, options=OPTIONS,
+# the page's note before a run (issue 71): when this method tends to lose, in plain words
+LOSES = (
+    "When it tends to lose: on a target never trained to exit early, as here: drafts from its first L "
+    "layers rarely pass, and a deeper exit costs nearly a full step.")
+
+
+@register("early-exit", "early exit (self)", loses_when=LOSES, order=20, options=OPTIONS,
           description="the target's first L layers + its own LM head draft (training-free LayerSkip)")
 def _build_early_exit(pair, req=None):
     decoder_parts(pair.target)

@@ -226,7 +226,14 @@ class HeadsProposer(Proposer):
         self.rows = None
 
 
-@register("heads", "Medusa heads", order=22, note="K trained heads on the target's last hidden state; "
+# the page's note before a run (issue 71): when this method tends to lose, in plain words
+LOSES = (
+    "When it tends to lose: where the heads' guesses rarely pass (each head guesses further ahead "
+    "than the one before it): long chains then pay verify rows for tokens that fail.")
+
+
+@register("heads", "Medusa heads", order=22, loses_when=LOSES,
+          note="K trained heads on the target's last hidden state; "
           "shipped for the default pair (trained on its own features: python -m specviz heads data && "
           "python -m specviz heads medusa). γ above K proposes K tokens.",
           description="K trained heads on the target's last hidden state propose the next K tokens")

@@ -182,8 +182,14 @@ def _r(x):
     return None if x is None or x == float("inf") else round(float(x), 3)
 
 
+# the page's note before a run (issue 71): when this method tends to lose, in plain words
+LOSES = (
+    "When it tends to lose: where nothing repeats for the suffix draft to copy and the draft model "
+    "itself loses (slow, or often wrong).")
+
+
 @register("hybrid", "hybrid: suffix or draft model", needs_draft=True, order=5, own_gamma=True,
-          summarize=summarize, round_note=round_note,
+          loses_when=LOSES, summarize=summarize, round_note=round_note,
           description="each round, a free suffix-tree draft when its expected tokens per measured verify "
                       "cost beat the draft model's chain; else the draft model")
 def _build_hybrid(pair, req=None, cls=HybridProposer, suffix_cls=None):
@@ -194,7 +200,7 @@ def _build_hybrid(pair, req=None, cls=HybridProposer, suffix_cls=None):
 
 
 @register("hybrid-tree", "hybrid, tree mode", needs_draft=True, order=12, own_gamma=True, kind="tree",
-          summarize=summarize, round_note=round_note,
+          loses_when=LOSES, summarize=summarize, round_note=round_note,
           description="each round the suffix tree's token tree or the draft model's chain, whichever the "
                       "measured costs price higher, verified by the tree verifier")
 def _build_hybrid_tree(pair, req=None):

@@ -68,7 +68,13 @@ def kept_layers(model, skip) -> tuple[int, ...]:
     return kept
 
 
-@register("layer-skip", "layer skip (self)", order=21, options=OPTIONS,
+# the page's note before a run (issue 71): when this method tends to lose, in plain words
+LOSES = (
+    "When it tends to lose: a draft step costs most of a full target step (it runs most of the "
+    "target's layers, c near 1), so even drafts that pass often do not pay for themselves.")
+
+
+@register("layer-skip", "layer skip (self)", loses_when=LOSES, order=21, options=OPTIONS,
           description="the target minus a calibrated set of skipped layers drafts (Draft & Verify / SWIFT)")
 def _build_layer_skip(pair, req=None):
     decoder_parts(pair.target)

@@ -289,8 +289,15 @@ GREEDY_ONLY = ("Lookahead decoding here is greedy only (its lossless sampling va
                "set temperature to 0, or pick another method.")
 
 
+# the page's note before a run (issue 71): when this method tends to lose, in plain words
+LOSES = (
+    "When it tends to lose: on a CPU, where every forward carries its Jacobi window and n-gram "
+    "guesses, many tokens at once: each check costs several plain steps and keeps only a token or two "
+    "more.")
+
+
 @register("lookahead", "lookahead (Jacobi n-grams)", order=6, options=OPTIONS, greedy_only=True,
-          summarize=summarize, round_note=round_note, kind="jacobi",
+          loses_when=LOSES, summarize=summarize, round_note=round_note, kind="jacobi",
           description="no draft model: a Jacobi window collects n-grams; pool guesses are verified in the "
                       "same target forward (greedy only)")
 def _build_lookahead(pair, req=None):

@@ -118,7 +118,13 @@ class PromptLookupProposer(Proposer):
         return []
 
 
-@register("lookup", "prompt lookup", order=1,
+# the page's note before a run (issue 71): when this method tends to lose, in plain words
+LOSES = (
+    "When it tends to lose: when the output does not repeat the prompt or itself: its guesses rarely "
+    "pass, and their verify rows still cost.")
+
+
+@register("lookup", "prompt lookup", loses_when=LOSES, order=1,
           description="copy what followed the current n-gram earlier in the prompt or output; "
                       "with measured costs, only as many guesses as pay for their verify rows")
 def _build_lookup(pair, req=None):

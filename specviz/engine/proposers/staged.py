@@ -18,7 +18,8 @@ drafted, only with fewer draft forwards.)
 
 Each draft forward yields at least one token: the accepted guesses plus the
 corrected (or bonus) token drawn from the same forward. `info` reports how
-many draft forwards stage 1 saved against drafting token by token.
+many draft forwards stage 1 saved against drafting token by token, and which
+positions of the chain were lookup's guesses (`lookup_at`).
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ class StagedProposer(DraftModelProposer):
     def propose(self, committed, gamma, params, generator, eos_ids):
         feed = committed[self.cache.get_seq_length():]
         tokens, qs = [], []
+        at = []  # positions of the chain that are lookup's guesses, kept by the draft's own test
         forwards = guessed = kept = 0
         while len(tokens) < gamma:
             guesses = self.lookup._match(committed + tokens, gamma - len(tokens))
@@ -70,6 +72,7 @@ class StagedProposer(DraftModelProposer):
             if n < len(guesses):  # the cache read rejected guesses: drop them
                 crop_cache(self.cache, self.cache.get_seq_length() - (len(guesses) - n))
             new = (guesses[:n] + [x])[: gamma - len(tokens)]
+            at += range(len(tokens), len(tokens) + min(n, len(new)))
             tokens += new
             qs.append(q[: len(new)])
             feed = [x]
@@ -78,8 +81,12 @@ class StagedProposer(DraftModelProposer):
                 tokens = tokens[:cut]
                 break
         q = torch.cat(qs)[: len(tokens)]
+        # lookup_at: which drafted positions came from lookup (the page counts those the target
+        # accepted: a round accepts a prefix of its chain; issue 71: staged showed the draft model's
+        # numbers and nothing said what lookup added)
         info = {"lookup_guessed": guessed, "lookup_kept": kept,
-                "draft_forwards_saved": len(tokens) - forwards}
+                "draft_forwards_saved": len(tokens) - forwards,
+                "lookup_at": [p for p in at if p < len(tokens)]}
         return Proposal(tokens, q, forwards=forwards, info=info)
 
 
@@ -95,8 +102,15 @@ def round_note(info: dict) -> str:
             f"{info['draft_forwards_saved']} draft forwards saved")
 
 
+# the page's note before a run (issue 71): when this method tends to lose, in plain words
+LOSES = (
+    "When it tends to lose: where the draft model loses (slow, or often wrong). Prompt lookup only "
+    "saves draft steps, where the output repeats the prompt or itself; under greedy decoding the "
+    "chain is the draft model's own, so it cannot change what passes.")
+
+
 @register("staged", "staged: lookup → draft", needs_draft=True, order=5, summarize=summarize,
-          round_note=round_note,
+          loses_when=LOSES, round_note=round_note,
           description="prompt lookup guesses for the draft model, which checks them in one forward; "
                       "the result is proposed to the target")
 def _build_staged(pair, req=None):

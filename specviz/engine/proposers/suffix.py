@@ -370,7 +370,14 @@ def build_suffix(pair, req=None, cls=None) -> SuffixProposer:
                           read_shared=getattr(req, "share_memory", False) is True)
 
 
+# the page's note before a run (issue 71): when this method tends to lose, in plain words
+LOSES = (
+    "When it tends to lose: rarely by much: it drafts only where copied text pays for its verify "
+    "rows. On text that repeats nothing it runs as plain decoding, plus the suffix tree's lookups.")
+
+
 @register("suffix", "suffix tree", order=3, own_gamma=True, summarize=summarize, round_note=round_note,
+          loses_when=LOSES,
           description="copy what most often followed the context's tail in this prompt, this output or "
                       "your own earlier outputs; only as many tokens as pay for their verify rows")
 def _build_suffix(pair, req=None):
@@ -378,7 +385,7 @@ def _build_suffix(pair, req=None):
 
 
 @register("suffix-tree", "copied-text token tree (suffix)", order=11, own_gamma=True, kind="tree",
-          summarize=summarize, round_note=round_note,
+          loses_when=LOSES, summarize=summarize, round_note=round_note,
           description="the suffix tree's most frequent continuations of this prompt and output as one "
                       "token tree, verified in one forward; as many nodes as pay for their verify rows")
 def _build_suffix_tree(pair, req=None):

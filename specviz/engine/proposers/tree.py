@@ -314,7 +314,13 @@ def check_tree_options(options: dict) -> dict:
     return check_options(OPTIONS, options)
 
 
-@register("tree", "token tree", needs_draft=True, order=10, options=OPTIONS, kind="tree",
+# the page's note before a run (issue 71): when this method tends to lose, in plain words
+LOSES = (
+    "When it tends to lose: when a draft step costs much (c high) or the verify pass of all the "
+    "tree's nodes costs several plain steps (on a CPU every row costs).")
+
+
+@register("tree", "token tree", loses_when=LOSES, needs_draft=True, order=10, options=OPTIONS, kind="tree",
           description="the draft grows several branches (γ = depth), the target checks them all in one pass")
 def _build_tree(pair, req=None):
     if pair.draft is None:
