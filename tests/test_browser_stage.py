@@ -153,6 +153,46 @@ def test_clamped_gamma_is_said(browser, app):  # noqa: F811
     page.close()
 
 
+# typed, Enter / typed, Tab / inserted as a paste is, then a click elsewhere (the race tab's Stop: the same
+# focus move as its Run, no race); the race and theory tabs' boxes were clamped in silence (issue 71)
+CLAMPS = [("sv-lb-max-new", "100000", "max new tokens must be 1–512: 100000 was set to 512", "512"),
+          ("sv-lb-max-new", "0", "max new tokens must be 1–512: 0 was set to 1", "1"),
+          ("sv-lb-max-new", "-5", "max new tokens must be 1–512: -5 was set to 1", "1"),
+          ("sv-lb-gamma", "99", "γ must be 1–16: 99 was set to 16", "16"),
+          ("sv-th-gamma", "99", "γ must be 1–16: 99 was set to 16", "16"),
+          ("sv-th-alpha", "5", "α must be 0–0.99: 5 was set to 0.99", "0.99")]
+
+
+@pytest.mark.parametrize("tab", ["Race all methods", "Theory explorer"])
+def test_clamped_values_on_every_tab_are_said(browser, app, tab):  # noqa: F811
+    page, errors = _open(browser, app)
+    page.get_by_role("tab", name=tab).click()
+    away = "#sv-lb-stop" if tab.startswith("Race") else "#sv-th-numbers"
+    cases = [c for c in CLAMPS if c[0].startswith("sv-lb" if tab.startswith("Race") else "sv-th")]
+    for how in ("Enter", "Tab", "paste"):
+        for elem, typed, line, value in cases:
+            page.evaluate("sel => document.querySelectorAll(sel).forEach(n => { n.textContent = ''; })",
+                          f"#{elem} .sv-clamp")  # the line from the last try: a new one must come
+            box = page.locator(f"#{elem} input[type=number]")
+            if how == "paste":
+                box.click()
+                page.keyboard.press("Control+A")
+                page.keyboard.insert_text(typed)  # what a paste sends: one input event, no keys
+                page.locator(away).click()
+            else:
+                box.fill(typed)
+                box.press(how)
+            shows(page, f"#{elem} .sv-clamp", line, 10_000)
+            notes = page.locator(f"#{elem} .sv-clamp").all_inner_texts()
+            assert notes == [line], (how, notes)  # exactly one line under the box
+            page.wait_for_function("([sel, v]) => document.querySelector(sel).value === v",
+                                   arg=[f"#{elem} input[type=number]", value], timeout=10_000)
+    page.locator(f"#{cases[0][0]}").scroll_into_view_if_needed()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"stage-clamp-{tab.split()[0].lower()}.png"))
+    assert not errors, errors
+
+
 def test_busy_banner_offers_a_replay(browser, app, monkeypatch):  # noqa: F811
     from specviz.ui import busy
     monkeypatch.setattr(busy.METER, "sample", lambda: 1.6)
