@@ -210,12 +210,22 @@ def test_tree_runs_show_no_chain_prediction():
     assert "does not describe a token tree" in html and "c unknown" not in html
 
 
-def test_failed_run_clears_panes_and_says_failed():
-    from specviz.ui.panes import failed_outputs
+def test_failed_run_clears_panes_and_says_it_once():
+    """Issue 71: a failed run's message was said five times (a toast, the run info line, both panes,
+    the speedup box). Now the run info line alone says it; the rest is cleared, and says no "failed"."""
+    from specviz.ui.panes import IDLE_BASE, IDLE_SPEC, failed_outputs, page_error
     out = failed_outputs("The prompt is empty")
-    assert "run failed" in out[0] and "run failed" in out[1]
-    assert out[2].count(">failed<") == 2 and "waiting" not in out[2]
+    assert (out[0], out[1]) == (IDLE_BASE, IDLE_SPEC)  # as before any run
+    assert "failed" not in out[2] and "waiting" not in out[2]
     assert "The prompt is empty" in out[3]
+    texts = [o for o in out if isinstance(o, str)] + [a.text for f in out[4:] for a in f.layout.annotations]
+    assert sum(t.count("The prompt is empty") for t in texts) == 1
+    assert not any("waiting" in a.text for f in out[4:8] for a in f.layout.annotations)  # "no rounds"
+    err = page_error("The prompt is empty: <b>")
+    # the API caller's error keeps the message; the page shows no toast
+    assert err.visible is False and err.message == "The prompt is empty: &lt;b&gt;"
+    import pickle
+    assert pickle.loads(pickle.dumps(err)).visible is False  # a ZeroGPU fork's error crosses back pickled
 
 
 def test_empty_tree_chart_has_one_caption():

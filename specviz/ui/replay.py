@@ -34,7 +34,7 @@ from ..run.trace import Trace, event_time, headline, headline_text, load_trace, 
 from . import inspector, render, theory
 from .charts import all_charts
 from .method_options import options_text
-from .panes import PaneStream, message_outputs
+from .panes import PaneStream, message_outputs, page_error
 from .state import RunView
 from .tree_view import latest_tree_figure
 
@@ -417,7 +417,7 @@ class ReplayHandlers:
         except (ValueError, TypeError) as e:
             msg = f"Cannot replay: {e}" if not isinstance(e, TypeError) else "Cannot replay: bad speed"
             yield message_outputs(msg)
-            raise gr.Error(render.toast_text(msg), print_exception=False) from None
+            raise page_error(msg) from None  # said in the run info line; the API caller gets the error
         stop, done = self.sessions.take(key, wait=self.stop_grace)  # stops this visitor's run or replay first
         self.records.put(key, tr, f"replay: {tr.meta.get('label') or source}")  # its files and theory point
         inspector.put_trace(key, tr)  # clicks on its tokens open the p/q inspector
