@@ -114,7 +114,8 @@ def figure(rnd: RoundEvent, i: int) -> go.Figure:
     if i < len(rnd.draft_ids):
         marks[rnd.draft_ids[i]] = "drafted"
     if i == rnd.n_accepted and rnd.appended_id >= 0:
-        what = "resampled" if rnd.resampled else "bonus"
+        # greedy (raw softmax rows): nothing is resampled, the target's argmax is taken (issue 71)
+        what = ("target's pick (greedy)" if row.get("raw") else "resampled") if rnd.resampled else "bonus"
         marks[rnd.appended_id] = f"{marks[rnd.appended_id]} {what}" if rnd.appended_id in marks else what
     labels = [_label(texts[x], x) + (f" ▲{marks[x]}" if x in marks else "") for x in ids] + [REST]
 
