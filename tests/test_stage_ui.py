@@ -234,6 +234,25 @@ def test_empty_tree_chart_has_one_caption():
     assert len(fig.layout.annotations) == 1
 
 
+def test_tree_labels_are_legible():
+    """Issue 71: the token tree's labels were 11 px grey, above their node, on the sibling one row up
+    (8 siblings 21 px apart). Now 14 px beside their node (the path's bold), escaped, one row each."""
+    from specviz.ui.tree_view import rounds_figure
+    parents = [-1] * 8 + [0, 0]  # 8 children of the root, 2 under the first: 9 leaves
+    tree = dict(parents=parents, depth=[1] * 8 + [2, 2], tokens=list(range(10)), path=[0, 8], tested=[0, 1, 8],
+                texts=["<b>", " x", "\n"] + [f"t{i}" for i in range(7)], q=[0.1] * 10, p=[0.1] * 10,
+                appended=42, appended_text="end")
+    fig = rounds_figure([_round(0, tree)])
+    nodes = next(t for t in fig.data if t.mode == "markers+text" and len(t.x) == 10)
+    assert nodes.textfont.size >= 14 and nodes.textposition == "middle right"
+    assert list(nodes.text[:3]) == ["<b>&lt;b&gt;</b>", "·x", "⏎"]  # the path bold; markup shown as text
+    star = next(t for t in fig.data if t.marker.symbol == "star")
+    assert star.textfont.size >= 14 and star.textposition == "middle right"
+    rows = 10  # 9 leaves and the appended token
+    plot = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+    assert plot / rows >= 1.5 * nodes.textfont.size, (fig.layout.height, plot)
+
+
 def test_theory_text_follows_the_v_mode():
     from specviz.ui import theory
     m = theory.Measured(alpha_hat=0.7, c=0.2, gamma=4, speedup=1.2, predicted=1.8, tau=2.5,
