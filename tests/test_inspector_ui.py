@@ -51,7 +51,8 @@ def test_greedy_rejection_tags_the_targets_pick():
     from dataclasses import replace
     rnd = _round()
     raw = [dict(d, raw=True) for d in rnd.dists]
-    _, fig = inspector.select("0:1:resampled", [replace(rnd, dists=raw, u=[])])
+    html, fig = inspector.select("0:1:resampled", [replace(rnd, dists=raw, u=[])])
+    assert "(the target&#x27;s pick (greedy))" in html and "(resampled)" not in html
     labels = list(fig.data[0].x)
     assert any(x.endswith("#20 ▲target's pick (greedy)") for x in labels), labels
     assert not any("resampled" in x for x in labels), labels

@@ -154,7 +154,10 @@ def panel_html(rnd: RoundEvent, i: int, tok) -> str:
     row, res = _rows(rnd, i)
     head = f"<b>Round {rnd.index + 1}, position {i + 1}</b>"
     if tok is not None:
-        head += f" · clicked <code>{esc(repr(tok.text))}</code> ({esc(tok.outcome.value)})"
+        kind = tok.outcome.value
+        if kind == "resampled" and any((d or {}).get("raw") for d in rnd.dists):  # greedy: nothing drawn
+            kind = "the target's pick (greedy)"
+        head += f" · clicked <code>{esc(repr(tok.text))}</code> ({esc(kind)})"
     lines = [head]
     if i < len(rnd.draft_ids) and (row or {}).get("raw"):
         lines.append(_greedy_line(rnd, i, row))
