@@ -168,6 +168,14 @@ def text_of(html):
     return re.sub(r"<[^>]+>", "", html).replace("&#x27;", "'")
 
 
+def said_once(out, message):
+    """A failed run's last outputs: `message` in the run info line and nowhere else, no "failed" in the
+    panes or the numbers (issue 71: a toast, the line, both panes and the speedup box each said it)."""
+    texts = [text_of(o) if isinstance(o, str) else "" for o in out[:4]]
+    assert message in texts[INFO] and sum(t.count(message) for t in texts) == 1, texts
+    assert not any("failed" in t for t in (texts[BASE], texts[SPEC], texts[STATS])), texts
+
+
 PAIR_CASES = [
     # (pair key, target, draft, message), on a server without --allow-local-paths
     ("custom", "/etc", "/tmp", "Local paths are disabled on this server: use a Hugging Face Hub id instead of '/etc'"),
@@ -277,7 +285,7 @@ def test_out_of_memory_in_an_engine_step(inproc, monkeypatch, error):
                "model pair. The app is still running.")
     assert str(info.value) == message
     assert freed == [1]
-    assert message in text_of(job.outputs()[-1][INFO])  # in the page, above the panes
+    said_once(job.outputs()[-1], message)  # in the page, above the panes, once
     monkeypatch.setattr(decoding, "forward_logits", real_step)
     good_run_works(client)
 
@@ -292,10 +300,12 @@ def test_unexpected_failure_before_the_run(inproc, monkeypatch):
 
     monkeypatch.setattr(blocks, "encode_prompt", broken)
     client = inproc.client()
+    job = client.submit(*args(), api_name="/run")
     with pytest.raises(Exception) as info:
-        client.predict(*args(), api_name="/run")
-    assert str(info.value) == ("The run failed: tokenizer exploded. The app is still running; try again or "
-                               "change the settings.")
+        job.result(timeout=60)
+    message = "The run failed: tokenizer exploded. The app is still running; try again or change the settings."
+    assert str(info.value) == message  # the API caller gets the error (the page: no toast)
+    said_once(job.outputs()[-1], message)
     monkeypatch.undo()
     good_run_works(client)
 

@@ -127,6 +127,26 @@ def test_live_lookup_run_downloads_and_theory(browser, server, tmp_path):  # noq
     page.close()
 
 
+def test_your_last_run_follows_the_latest_run(browser, server):  # noqa: F811
+    """Issue 71: the line under the picker, "Your last run: …", still named a run four runs old: set to
+    the value it already held after each run, the picker fired no change, so the line kept the first."""
+    page, errors = open_page(browser, server, "light")
+    open_replay(page)
+    box = page.locator("#sv-max-new input[type=number]")
+    box.fill("8")
+    box.press("Enter")
+    for prompt in ("def first(x):", "def second(x):", "def third(x):"):
+        page.fill("#sv-prompt textarea", prompt)
+        run(page, timeout=TIMEOUT)
+        shows(page, "#sv-replay-info", f"live run · {prompt}", TIMEOUT)
+        assert page.locator("#sv-replay-pick input").input_value() == rp.YOURS_LABEL
+    assert "first" not in page.inner_text("#sv-replay-info")
+    page.locator("#sv-replay-info").scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "replay-your-last-run.png"))
+    assert not errors, errors
+    page.close()
+
+
 def test_a_replay_pressed_during_a_live_run_plays_to_its_end(browser, server):  # noqa: F811
     """The replay stops the live run and takes the panes. A cancel wired to Run's click reached the
     server only once the run had ended, and then cancelled the replay on its first frame (a browser

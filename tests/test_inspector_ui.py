@@ -45,6 +45,21 @@ def test_bonus_row_has_p_only_and_bad_clicks_are_ignored():
         assert fig is None and "Click any token" in html
 
 
+def test_greedy_rejection_tags_the_targets_pick():
+    """Issue 71: at temperature 0 the bar of the target's top token said "▲resampled"; nothing is drawn
+    there, the target's argmax is taken."""
+    from dataclasses import replace
+    rnd = _round()
+    raw = [dict(d, raw=True) for d in rnd.dists]
+    html, fig = inspector.select("0:1:resampled", [replace(rnd, dists=raw, u=[])])
+    assert "(the target&#x27;s pick (greedy))" in html and "(resampled)" not in html
+    labels = list(fig.data[0].x)
+    assert any(x.endswith("#20 ▲target's pick (greedy)") for x in labels), labels
+    assert not any("resampled" in x for x in labels), labels
+    _, fig = inspector.select("0:1:resampled", [rnd])  # sampled: resampled from the residual
+    assert any(x.endswith("#20 ▲resampled") for x in fig.data[0].x)
+
+
 def test_old_trace_without_distributions():
     r = _round()
     r.dists, r.residual = [], None

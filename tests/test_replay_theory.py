@@ -57,6 +57,24 @@ def test_alpha_figure_follows_metrics():
     assert theory.break_even_alpha(4, 0.0) == 0.0
 
 
+@pytest.mark.parametrize("c", [0.2, 0.0])
+def test_expected_tokens_line_is_seen(c):
+    """Issue 71: on an axis of its own, autoscaled from zero, the dashed E[tokens] line lay exactly under
+    the speedup line over α (the two are proportional there). One scale now: E sits above the speedup
+    by the round's cost (γc + 1), and where they are equal (c = 0) it is drawn over it, and said."""
+    for fig in (theory.gamma_figure(0.7, 4, c), theory.alpha_figure(0.7, 4, c)):
+        assert fig.layout.yaxis2.matches == "y"
+        tokens, speed = _trace(fig, "E[tokens"), _trace(fig, "predicted speedup")
+        assert list(fig.data).index(tokens) > list(fig.data).index(speed)  # dashed, over the solid line
+        assert tokens.line.dash == "dash" and tokens.line.color != speed.line.color
+        gaps = [e / s for e, s in zip(tokens.y, speed.y, strict=True)]
+        notes = [a.text for a in fig.layout.annotations if "one line" in (a.text or "")]
+        if c:
+            assert min(gaps) >= 1 + 0.2 - 1e-9 and not notes  # the least cost: γ = 1, 1 + c
+        else:
+            assert gaps == pytest.approx([1.0] * len(gaps)) and notes
+
+
 def test_measured_point_is_overlaid():
     m = theory.Measured(alpha_hat=0.72, c=0.31, gamma=4, speedup=1.21, predicted=1.6, tau=3.1, verify_cost=1.8)
     g, a = theory.figures(0.5, 8, 0.1, m.to_dict())

@@ -212,18 +212,47 @@ def test_tree_runs_show_no_chain_prediction():
     assert "does not describe a token tree" in html and "c unknown" not in html
 
 
-def test_failed_run_clears_panes_and_says_failed():
-    from specviz.ui.panes import failed_outputs
+def test_failed_run_clears_panes_and_says_it_once():
+    """Issue 71: a failed run's message was said five times (a toast, the run info line, both panes,
+    the speedup box). Now the run info line alone says it; the rest is cleared, and says no "failed"."""
+    from specviz.ui.panes import IDLE_BASE, IDLE_SPEC, failed_outputs, page_error
     out = failed_outputs("The prompt is empty")
-    assert "run failed" in out[0] and "run failed" in out[1]
-    assert out[2].count(">failed<") == 2 and "waiting" not in out[2]
+    assert (out[0], out[1]) == (IDLE_BASE, IDLE_SPEC)  # as before any run
+    assert "failed" not in out[2] and "waiting" not in out[2]
     assert "The prompt is empty" in out[3]
+    texts = [o for o in out if isinstance(o, str)] + [a.text for f in out[4:] for a in f.layout.annotations]
+    assert sum(t.count("The prompt is empty") for t in texts) == 1
+    assert not any("waiting" in a.text for f in out[4:8] for a in f.layout.annotations)  # "no rounds"
+    err = page_error("The prompt is empty: <b>")
+    # the API caller's error keeps the message; the page shows no toast
+    assert err.visible is False and err.message == "The prompt is empty: &lt;b&gt;"
+    import pickle
+    assert pickle.loads(pickle.dumps(err)).visible is False  # a ZeroGPU fork's error crosses back pickled
 
 
 def test_empty_tree_chart_has_one_caption():
     from specviz.ui.tree_view import latest_tree_figure
     fig = latest_tree_figure(_view(rounds=0))
     assert len(fig.layout.annotations) == 1
+
+
+def test_tree_labels_are_legible():
+    """Issue 71: the token tree's labels were 11 px grey, above their node, on the sibling one row up
+    (8 siblings 21 px apart). Now 14 px beside their node (the path's bold), escaped, one row each."""
+    from specviz.ui.tree_view import rounds_figure
+    parents = [-1] * 8 + [0, 0]  # 8 children of the root, 2 under the first: 9 leaves
+    tree = dict(parents=parents, depth=[1] * 8 + [2, 2], tokens=list(range(10)), path=[0, 8], tested=[0, 1, 8],
+                texts=["<b>", " x", "\n"] + [f"t{i}" for i in range(7)], q=[0.1] * 10, p=[0.1] * 10,
+                appended=42, appended_text="end")
+    fig = rounds_figure([_round(0, tree)])
+    nodes = next(t for t in fig.data if t.mode == "markers+text" and len(t.x) == 10)
+    assert nodes.textfont.size >= 14 and nodes.textposition == "middle right"
+    assert list(nodes.text[:3]) == ["<b>&lt;b&gt;</b>", "·x", "⏎"]  # the path bold; markup shown as text
+    star = next(t for t in fig.data if t.marker.symbol == "star")
+    assert star.textfont.size >= 14 and star.textposition == "middle right"
+    rows = 10  # 9 leaves and the appended token
+    plot = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+    assert plot / rows >= 1.5 * nodes.textfont.size, (fig.layout.height, plot)
 
 
 def test_theory_text_follows_the_v_mode():

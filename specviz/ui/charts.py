@@ -56,6 +56,12 @@ def empty(fig: go.Figure, text: str) -> go.Figure:
     return fig
 
 
+def _no_rounds(view: RunView, waiting: str = "waiting for the first round…") -> str:
+    """An empty chart's caption: a failed run's message is in the run info line alone (issue 71), so
+    its charts say only that no round came, not that one is on its way."""
+    return "no rounds" if view.error else waiting
+
+
 def alpha_chart(view: RunView) -> go.Figure:
     rounds = view.spec.rounds
     fig = go.Figure()
@@ -63,7 +69,7 @@ def alpha_chart(view: RunView) -> go.Figure:
     # a visitor saw at 0.955 beside this chart's 0.886 under the one title "α" (issue 51)
     _layout(fig, "Accepted ÷ drafted per round", "round", "accepted ÷ drafted", yaxis_range=[0, 1.05])
     if not rounds:
-        return empty(fig, "waiting for the first round…")
+        return empty(fig, _no_rounds(view))
     x = [r.index + 1 for r in rounds]
     # a round that drafted nothing has no share: no bar, and no "so far" point before any draft (a hybrid
     # run's line began at 0 when its round 1 drafted nothing, 2026-11-28)
@@ -93,7 +99,7 @@ def speedup_chart(view: RunView) -> go.Figure:
         " (no prediction for copied drafts)" if view.method in FREE_DRAFTS else " vs predicted")
     _layout(fig, title, f"{clock} · round 1 left out: it also reads the prompt", "× baseline")
     if not pts:
-        why = ("waiting for both sides…" if not view.speedup_series else
+        why = (_no_rounds(view, "waiting for both sides…") if not view.speedup_series else
                f"too short: fewer than {HOLD_ROUNDS} rounds" if view.finished else
                f"from round {HOLD_ROUNDS} on")
         return empty(fig, f"{why} (round 1 also reads the prompt)" if view.speedup_series else why)
@@ -131,7 +137,7 @@ def time_split_chart(view: RunView) -> go.Figure:
     fig = go.Figure()
     _layout(fig, "Time per round: draft vs verify", "round", "seconds", barmode="stack")
     if not rounds:
-        return empty(fig, "waiting for the first round…")
+        return empty(fig, _no_rounds(view))
     x = [r.index + 1 for r in rounds]
     fig.add_bar(x=x, y=[r.t_draft for r in rounds], name="draft (proposing the guesses)", marker_color=SKY,
                 customdata=[_drafter(r.info) for r in rounds],
@@ -179,7 +185,7 @@ def position_chart(view: RunView) -> go.Figure:
     _layout(fig, "Acceptance by draft position", "draft position (1..γ)", "accepted ÷ drafted (or ÷ tested)",
             yaxis_range=[0, 1.05])
     if not rounds:
-        return empty(fig, "waiting for the first round…")
+        return empty(fig, _no_rounds(view))
     g = max(r.gamma for r in rounds)
     drafted = [0] * g
     tested = [0] * g

@@ -34,7 +34,7 @@ from ..run.trace import record, trace_for
 from . import busy, inspector, live, method_options, render, trained
 from . import replay as replay_ui
 from .loader import ModelManager
-from .panes import PaneStream, calibrating_outputs, failed_outputs
+from .panes import PaneStream, calibrating_outputs, failed_outputs, page_error
 from .runqueue import RunQueue
 from .state import RunView
 
@@ -348,12 +348,12 @@ class Handlers:
                                            scope=session_key(request), fresh_memory=fresh_memory is True,
                                            share_memory=share_memory is True)
         except RequestError as e:
-            yield failed_outputs(str(e))
-            raise gr.Error(render.toast_text(e), print_exception=False) from None
+            yield failed_outputs(str(e))  # said in the run info line; the API caller gets the error
+            raise page_error(str(e)) from None
         except Exception as e:  # noqa: BLE001 - e.g. a tokenizer refusing odd input: say so, keep serving
             msg = run_error_text(e)
             yield failed_outputs(msg)
-            raise gr.Error(render.toast_text(msg), print_exception=not expected(e)) from None
+            raise page_error(msg, print_exception=not expected(e)) from None
         yield from self._race(req, pair, ids, mode, session_key(request))
 
     def page_run(self):
@@ -436,10 +436,11 @@ class Handlers:
             msg = run_error_text(err)
             if panes is not None:
                 view.error = msg
+                panes.banner = ""  # "Timing both sides…" stood above the message of a run that had ended
                 yield panes.outputs(charts=True)
             else:
                 yield failed_outputs(msg)
-            raise gr.Error(render.toast_text(msg), print_exception=not expected(err)) from None
+            raise page_error(msg, print_exception=not expected(err)) from None
         finally:
             # however the run ends (done, error, Stop, or gradio closing this generator
             # on a cancel or a closed tab: GeneratorExit), the engines stop and the

@@ -114,7 +114,8 @@ def figure(rnd: RoundEvent, i: int) -> go.Figure:
     if i < len(rnd.draft_ids):
         marks[rnd.draft_ids[i]] = "drafted"
     if i == rnd.n_accepted and rnd.appended_id >= 0:
-        what = "resampled" if rnd.resampled else "bonus"
+        # greedy (raw softmax rows): nothing is resampled, the target's argmax is taken (issue 71)
+        what = ("target's pick (greedy)" if row.get("raw") else "resampled") if rnd.resampled else "bonus"
         marks[rnd.appended_id] = f"{marks[rnd.appended_id]} {what}" if rnd.appended_id in marks else what
     labels = [_label(texts[x], x) + (f" ▲{marks[x]}" if x in marks else "") for x in ids] + [REST]
 
@@ -153,7 +154,10 @@ def panel_html(rnd: RoundEvent, i: int, tok) -> str:
     row, res = _rows(rnd, i)
     head = f"<b>Round {rnd.index + 1}, position {i + 1}</b>"
     if tok is not None:
-        head += f" · clicked <code>{esc(repr(tok.text))}</code> ({esc(tok.outcome.value)})"
+        kind = tok.outcome.value
+        if kind == "resampled" and any((d or {}).get("raw") for d in rnd.dists):  # greedy: nothing drawn
+            kind = "the target's pick (greedy)"
+        head += f" · clicked <code>{esc(repr(tok.text))}</code> ({esc(kind)})"
     lines = [head]
     if i < len(rnd.draft_ids) and (row or {}).get("raw"):
         lines.append(_greedy_line(rnd, i, row))

@@ -14,6 +14,7 @@ from . import leaderboard as board_ui
 from . import replay as replay_ui
 from .charts import all_charts
 from .handlers import PairChoices
+from .panes import IDLE_BASE, IDLE_SPEC
 from .stage import keys_html
 from .state import RunView
 from .tree_view import latest_tree_figure
@@ -183,15 +184,12 @@ def _panes_and_charts(first: dict, default_mode: str) -> dict:
         with gr.Column(elem_classes=["sv-pane-col"]):
             gr.HTML("<h2 class='sv-pane-title' id='sv-baseline-title'>Baseline: the target alone, one token "
                     "per pass</h2>")
-            base_pane = gr.HTML("<span class='sv-placeholder'>Press Run: plain decoding streams here.</span>",
-                                elem_classes=["sv-pane"], elem_id="sv-baseline", autoscroll=True)
+            base_pane = gr.HTML(IDLE_BASE, elem_classes=["sv-pane"], elem_id="sv-baseline", autoscroll=True)
         with gr.Column(elem_classes=["sv-pane-col"]):
             gr.HTML("<h2 class='sv-pane-title' id='sv-speculative-title'>Speculative: draft guesses, target "
                     "verifies</h2>")
-            spec_pane = gr.HTML("<span class='sv-placeholder'>Press Run: speculative rounds stream here."
-                                "</span>",
-                                elem_classes=["sv-pane"], elem_id="sv-speculative", autoscroll=True,
-                                js_on_load=inspector.PANE_JS)  # token clicks → the p/q inspector
+            spec_pane = gr.HTML(IDLE_SPEC, elem_classes=["sv-pane"], elem_id="sv-speculative",
+                                autoscroll=True, js_on_load=inspector.PANE_JS)  # token clicks: p/q inspector
     insp = inspector.build()  # click a token of the speculative pane: p, q, u, residual
     stats = gr.HTML(render.stats_html(RunView(first["gamma"], 0.0, default_mode).snapshot()),
                     elem_id="sv-stats")

@@ -36,13 +36,13 @@ from ..run.leaderboard import (
 )
 from ..run.race_bundle import load_bundle, save_bundle
 from ..run.request import MAX_GAMMA, Limits, RequestError
-from . import busy, render
+from . import busy
 from . import replay as replay_ui
 from .charts import all_charts
 from .glossary import recorded_on
 from .handlers import SETTLE  # the pause after each page update, before the next timed step
 from .leaderboard_render import bar_chart, pick_choices, progress_html, replay_banner, table_html
-from .panes import PaneStream
+from .panes import PaneStream, page_error
 from .state import RunView
 from .trained import methods_update, offered  # noqa: F401 (the race's list: re-exported)
 from .tree_view import latest_tree_figure
@@ -268,7 +268,7 @@ class BoardHandlers:
             board = new_board(pair, req, keys)
         except RequestError as e:
             yield [progress_html(None, str(e))] + [gr.skip()] * 13
-            raise gr.Error(render.toast_text(e), print_exception=False) from None
+            raise page_error(str(e)) from None  # said above the table; the API caller gets the error
         yield from self._race(key, pair, req, ids, board)
 
     def _race(self, key, pair, req, ids, board):
@@ -302,7 +302,7 @@ class BoardHandlers:
             free_memory()
             msg = run_error_text(err)
             yield [progress_html(board, msg)] + [gr.skip()] * 13
-            raise gr.Error(render.toast_text(msg), print_exception=True) from None
+            raise page_error(msg, print_exception=True) from None
         finally:
             stop.set()
             stream.close()

@@ -54,12 +54,29 @@ def calibrating_outputs(method: str) -> list:
     return out
 
 
+# the panes before a run, and after one that failed: the failure's message is in the run info line alone
+IDLE_BASE = "<span class='sv-placeholder'>Press Run: plain decoding streams here.</span>"
+IDLE_SPEC = "<span class='sv-placeholder'>Press Run: speculative rounds stream here.</span>"
+
+
 def failed_outputs(message: str, view: RunView | None = None) -> list:
-    """A run that failed (or never started): the message, panes cleared, every
-    side "failed", empty charts; nothing of the previous run stays on screen."""
+    """A run that failed (or never started): the message in the run info line, once; the panes as
+    before any run, the numbers and charts empty. Nothing of the previous run stays on screen, and
+    nothing else repeats the message (issue 71: a toast, the run info line, both panes and the
+    speedup box each said it)."""
     view = view or RunView(1, 0.0, "")
     view.error = message
-    return _cleared(view, "run failed: see the message above")
+    out = PaneStream(view).outputs(charts=True)
+    out[0], out[1] = IDLE_BASE, IDLE_SPEC
+    return out
+
+
+def page_error(text: str, print_exception: bool = False):
+    """What a failed run raises once its message is on the page: gradio_client callers get an error
+    with the message (the API call still fails), the page no toast (visible=False), so the message
+    is said once, where the run's line is."""
+    import gradio as gr
+    return gr.Error(render.toast_text(text), visible=False, print_exception=print_exception)
 
 
 def _cleared(view: RunView, placeholder: str) -> list:

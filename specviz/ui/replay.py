@@ -35,7 +35,7 @@ from . import inspector, render, theory
 from .charts import all_charts
 from .glossary import plain_weights, recorded_date
 from .method_options import options_text
-from .panes import PaneStream, message_outputs
+from .panes import PaneStream, message_outputs, page_error
 from .state import RunView
 from .tree_view import latest_tree_figure
 
@@ -416,6 +416,12 @@ class ReplayHandlers:
             return render.message_html(f"That file cannot be replayed: {e}" if up else str(e))
         return describe_html(tr, "Uploaded" if up else "Your last run" if choice == YOURS else "Selected")
 
+    def yours(self, up, request: gr.Request = None):
+        """After a live run: the picker on your last run, and its line naming that run. Set to the value
+        it already held, the picker fired no change, and the line still named a run four runs old
+        (issue 71)."""
+        return gr.update(value=YOURS), self.on_select(YOURS, up, request)
+
     def _deadline(self, stop) -> threading.Timer | None:
         """Stops the replay at the server's time limit (None: no limit)."""
         if not self.max_seconds:
@@ -440,7 +446,7 @@ class ReplayHandlers:
         except (ValueError, TypeError) as e:
             msg = f"Cannot replay: {e}" if not isinstance(e, TypeError) else "Cannot replay: bad speed"
             yield message_outputs(msg)
-            raise gr.Error(render.toast_text(msg), print_exception=False) from None
+            raise page_error(msg) from None  # said in the run info line; the API caller gets the error
         stop, done = self.sessions.take(key, wait=self.stop_grace)  # stops this visitor's run or replay first
         self.records.put(key, tr, f"replay: {tr.meta.get('label') or source}")  # its files and theory point
         inspector.put_trace(key, tr)  # clicks on its tokens open the p/q inspector
@@ -481,7 +487,7 @@ def wire(box: ReplayBox, th: theory.TheoryTab, handlers: ReplayHandlers, outputs
     after_out = [box.dl_json, box.dl_csv, *th.measured_outputs()]
     for ev in live_events:
         ev.then(handlers.after, after_in, after_out, **quiet)
-        ev.then(lambda: gr.update(value=YOURS), None, box.pick, **quiet)  # Replay now plays it
+        ev.then(handlers.yours, box.upload, [box.pick, box.info], **quiet)  # Replay now plays it
     for source in (box.pick, box.upload):
         source.change(handlers.on_select, [box.pick, box.upload], box.info, queue=False, **quiet)
     play_event = box.play.click(handlers.run_replay, [box.pick, box.upload, box.speed], outputs,

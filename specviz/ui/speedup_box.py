@@ -77,8 +77,8 @@ def why_html(snap: dict, spd: float | None) -> str:
 def _speedup_text(snap: dict) -> tuple[float | None, str]:
     """(the headline, measured speedup, or None while held back or too short; the line under it)."""
     st = snap["stats"]
-    if snap.get("error"):
-        return None, "run failed"
+    if snap.get("error"):  # said in the run info line alone (issue 71)
+        return None, ""
     rounds = st.get("rounds") or 0
     if rounds < HOLD_ROUNDS and not snap.get("finished"):
         return None, f"shown after {HOLD_ROUNDS} rounds (round 1 also reads the prompt)"

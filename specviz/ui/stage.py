@@ -6,8 +6,9 @@ the page, and a replay one key away if anything goes wrong.
 The keys work on every page, outside text fields: R run, S or Esc stop,
 P replay the selected recorded run, N next preset; they and a glossary are
 listed beside the title for every visitor (issue 51). The same script tells a
-visitor when a typed γ or token budget was out of range and got clamped, and
-puts the clamped value in the box (issue 21: 99 became 16 without a word), moves
+visitor when a number typed or pasted into any slider's box (every tab's) was out
+of range and got clamped, and puts the clamped value in the box (issue 21: 99 became
+16 without a word; issue 71: the race and theory tabs' boxes were still silent), moves
 the method selector with the arrow keys, gives the focus back to Run after a run,
 and closes older toasts on the next press.
 """
@@ -164,12 +165,22 @@ PAGE_JS = """() => {
   // kept as typed (capture phase, before the slider's own handler): the slider may clamp before the
   // box commits, and a clamp back to the value it had (top-k 0, typed -5) fires no change event at
   // all, so the check also runs on Enter and on leaving the box (the top-k test saw the note in 3 of 6 tries)
+  // Every slider's box: the race and theory tabs' were left out and clamped in silence (issue 71: on the
+  // race tab 100000 typed then Tab became 512 without a word, and Enter kept 100000 in the box). Named
+  // here, or by the label's first words ("Tree budget (nodes)": tree budget)
   const names = {'sv-gamma': 'γ', 'sv-max-new': 'max new tokens', 'sv-temperature': 'temperature',
-                 'sv-top-p': 'top-p', 'sv-top-k': 'top-k'};
-  const sel = Object.keys(names).map((id) => '#' + id).join(', ');
+                 'sv-top-p': 'top-p', 'sv-top-k': 'top-k', 'sv-lb-gamma': 'γ',
+                 'sv-lb-max-new': 'max new tokens', 'sv-lb-temperature': 'temperature',
+                 'sv-th-alpha': 'α', 'sv-th-gamma': 'γ', 'sv-th-c': 'c'};
   const numberIn = (box) => {
-    const block = box && box.closest && box.closest(sel);
-    return block && box.type === 'number' ? block : null;
+    if (!box || box.type !== 'number' || !box.closest) return null;
+    const block = box.closest('.block');
+    return block && block.querySelector('input[type=range]') ? block : null;
+  };
+  const nameOf = (block) => {
+    const label = block.querySelector('[data-testid=block-info]');
+    const words = label ? label.textContent.split('(')[0].trim() : '';
+    return names[block.id] || (words ? words.charAt(0).toLowerCase() + words.slice(1) : 'this value');
   };
   document.addEventListener('input', (e) => {
     if (numberIn(e.target)) e.target.dataset.svTyped = e.target.value;
@@ -186,7 +197,7 @@ PAGE_JS = """() => {
     if (!note) { note = document.createElement('div'); note.className = 'sv-clamp'; block.appendChild(note); }
     if (Number.isFinite(typed) && (typed < lo || typed > hi)) {
       const set = typed < lo ? lo : hi;
-      note.textContent = `${names[block.id]} must be ${lo}–${hi}: ${typed} was set to ${set}`;
+      note.textContent = `${nameOf(block)} must be ${lo}–${hi}: ${typed} was set to ${set}`;
       // the box shows the value the run uses (it kept the typed -5, issue 51)
       if (box.value !== String(set)) {
         box.value = String(set);

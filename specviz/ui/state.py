@@ -288,7 +288,8 @@ class RunView:
 
     def snapshot(self) -> dict:
         def side(v: SideView) -> dict:
-            state = "failed" if self.error and v.summary is None else v.state
+            # a failed run's message is in the run info line alone (issue 71): a side that never ended, "–"
+            state = "–" if self.error and v.summary is None else v.state
             path = (v.summary.extra or {}).get("path", "") if v.summary is not None else ""
             return dict(n_tokens=v.n_tokens, elapsed=v.elapsed, tokens_per_s=v.tokens_per_s,
                         target_forwards=v.target_forwards, state=state, path=path,

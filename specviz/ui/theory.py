@@ -89,11 +89,26 @@ def break_even_alpha(gamma: int, c: float, curve=None) -> float | None:
     return None
 
 
+# E[tokens per round] is the speedup a round would give if drafting cost nothing (speedup = E / (v + γc)):
+# one scale for both, so the gap between the two lines is what the round's cost takes. On an axis of its
+# own, autoscaled from zero, the E line lay exactly under the speedup line over α, where the two are
+# proportional (issue 71), and on the γ chart at c = 0 the equal curves were drawn apart.
+TOKENS_NAME = "E[tokens per round]"
+
+
+def _same_line_note(fig: go.Figure, c: float, curve) -> None:
+    """At c = 0 and v = 1 the speedup is E itself: the two lines are one, and the chart says so."""
+    if c == 0 and not curve:
+        fig.add_annotation(text="c = 0: the speedup equals E[tokens per round] (one line)", showarrow=False,
+                           xref="paper", yref="paper", x=0.01, y=0.99, xanchor="left", yanchor="top",
+                           font=dict(color=FONT, size=11))
+
+
 def _style(fig: go.Figure, left: str, right: str) -> go.Figure:
     fig.update_layout(
         height=350, hovermode="x unified",
         yaxis2=dict(title=dict(text=right, font=dict(color=GREEN)), overlaying="y", side="right",
-                    showgrid=False, zeroline=False, rangemode="tozero", linecolor=GRID,
+                    matches="y", showgrid=False, zeroline=False, linecolor=GRID,
                     tickfont=dict(color=GREEN)),
         legend=dict(orientation="h", yanchor="top", y=-0.3, xanchor="left", x=0.0),
         margin=dict(l=52, r=52, t=46, b=110))
@@ -113,12 +128,13 @@ def gamma_figure(alpha: float, gamma: int, c: float, measured: Measured | None =
     tokens = [expected_tokens(alpha, g) for g in GAMMAS]
     best = best_gamma(alpha, c, curve)
     fig.add_hline(y=1.0, line=dict(color=FONT, width=1, dash="dot"))
-    fig.add_scatter(x=GAMMAS, y=tokens, name="E[tokens per round]", yaxis="y2", mode="lines",
-                    line=dict(color=GREEN, width=2, dash="dash"),
-                    hovertemplate="%{y:.2f} tokens<extra>E[tokens/round]</extra>")
     fig.add_scatter(x=GAMMAS, y=speeds, name="predicted speedup", mode="lines+markers",
                     line=dict(color=BLUE, width=2.5), marker=dict(size=5),
                     hovertemplate="%{y:.2f}×<extra>predicted speedup</extra>")
+    # drawn over the speedup line, dashed: both seen where they are equal (c = 0)
+    fig.add_scatter(x=GAMMAS, y=tokens, name=TOKENS_NAME, yaxis="y2", mode="lines",
+                    line=dict(color=GREEN, width=2, dash="dash"),
+                    hovertemplate="%{y:.2f} tokens<extra>E[tokens/round]</extra>")
     fig.add_scatter(x=[gamma], y=[speed(alpha, gamma, c, curve)], name=f"chosen γ = {gamma}",
                     mode="markers", marker=HOLLOW,
                     hovertemplate="%{y:.2f}×<extra>chosen γ</extra>")
@@ -138,6 +154,7 @@ def gamma_figure(alpha: float, gamma: int, c: float, measured: Measured | None =
                                                         line=dict(color="white", width=1)),
                             hovertemplate="%{y:.2f}×<extra>measured</extra>")
     fig.update_xaxes(dtick=1 if MAX_GAMMA <= 16 else 2, range=[0.5, MAX_GAMMA + 0.5])
+    _same_line_note(fig, c, curve)
     return _style(fig, "predicted speedup (×)", "E[tokens per round]")
 
 
@@ -149,12 +166,12 @@ def alpha_figure(alpha: float, gamma: int, c: float, measured: Measured | None =
     fig = go.Figure()
     _layout(fig, f"Over α, at γ = {gamma}, c = {c:.2f}", "α (expected acceptance, a run's α̂)", "")
     fig.add_hline(y=1.0, line=dict(color=FONT, width=1, dash="dot"))
-    fig.add_scatter(x=ALPHAS, y=[expected_tokens(a, gamma) for a in ALPHAS], yaxis="y2",
-                    name="E[tokens per round]", mode="lines", line=dict(color=GREEN, width=2, dash="dash"),
-                    hovertemplate="%{y:.2f} tokens<extra>E[tokens/round]</extra>")
     fig.add_scatter(x=ALPHAS, y=[speed(a, gamma, c, curve) for a in ALPHAS], name="predicted speedup",
                     mode="lines", line=dict(color=BLUE, width=2.5),
                     hovertemplate="%{y:.2f}×<extra>predicted speedup</extra>")
+    fig.add_scatter(x=ALPHAS, y=[expected_tokens(a, gamma) for a in ALPHAS], yaxis="y2",
+                    name=TOKENS_NAME, mode="lines", line=dict(color=GREEN, width=2, dash="dash"),
+                    hovertemplate="%{y:.2f} tokens<extra>E[tokens/round]</extra>")
     fig.add_scatter(x=[alpha], y=[speed(alpha, gamma, c, curve)], name=f"chosen α = {alpha:.2f}",
                     mode="markers", marker=HOLLOW,
                     hovertemplate="%{y:.2f}×<extra>chosen α</extra>")
@@ -176,6 +193,7 @@ def alpha_figure(alpha: float, gamma: int, c: float, measured: Measured | None =
                                                         line=dict(color="white", width=1)),
                             hovertemplate="%{y:.2f}×<extra>measured</extra>")
     fig.update_xaxes(range=[0, 1.0], dtick=0.1)
+    _same_line_note(fig, c, curve)
     return _style(fig, "predicted speedup (×)", "E[tokens per round]")
 
 
@@ -267,7 +285,9 @@ FORMULA = (
     "<div class='sv-explainer'><b>The theory</b> (Leviathan et al., 2023). If each drafted token is accepted "
     "with probability <b>α</b>, independently, a round of <b>γ</b> guesses yields "
     "<b>E = (1 − α<sup>γ+1</sup>) / (1 − α)</b> tokens for one target pass. A draft step costs <b>c</b> "
-    "target steps, so the round costs γc + 1 and the predicted speedup is <b>E / (γc + 1)</b>. "
+    "target steps, so the round costs γc + 1 and the predicted speedup is <b>E / (γc + 1)</b>. On the "
+    "charts, on one scale, the dashed E line is the speedup drafts that cost nothing would give, and the gap "
+    "down to the speedup line is what drafting costs. "
     "Longer drafts pay off only when α is high and c small; the ★ marks the γ that maximises the speedup. "
     "Prompt lookup has c ≈ 0. The theory also assumes that verifying γ + 1 tokens costs one plain step, "
     "which holds on a GPU with spare compute but rarely on a CPU.</div>")

@@ -13,16 +13,22 @@ import plotly.graph_objects as go
 
 from ..engine.events import OUTCOME_COLOURS, Outcome
 from .charts import FONT, _layout, empty
+from .escape import esc
 
 GREEN = OUTCOME_COLOURS[Outcome.ACCEPTED]
 REJECTED_DIM = "rgba(213,94,0,0.6)"  # the rejected-token vermillion, dimmed
 DIM = "rgba(140,140,140,0.45)"
+# node labels beside their node, not above it: above, each label sat on the sibling one row up (rows
+# 21 px apart at 8 nodes, headless Chromium 1440 px wide), 11 px mid-grey and hard to read (issue 71).
+# In FONT, so the page's per-theme grey reaches them (ui/access.py: 6.3:1 on white)
+LABEL = dict(size=14, color=FONT)
+ROW_PX = 26  # the figure grows with its rows, so 14 px labels one row apart do not touch
 
 
 def _show(text: str) -> str:
-    """Visible whitespace, short labels."""
+    """Visible whitespace, short labels, escaped (plotly reads a little HTML in text: "<b>" was bold)."""
     s = text.replace("\n", "⏎").replace("\t", "⇥").replace(" ", "·")
-    return s if len(s) <= 10 else s[:9] + "…"
+    return esc(s if len(s) <= 10 else s[:9] + "…")
 
 
 def tree_layout(parents: list[int]) -> list[float]:
@@ -87,8 +93,10 @@ def round_traces(rnd) -> list[go.Scatter]:
                    marker=dict(color=FONT, size=12, symbol="square"), hovertext=["last committed token"],
                    hoverinfo="text"),
         go.Scatter(x=list(depth), y=ys[1:len(parents) + 1], mode="markers+text",
-                   text=[_show(t) for t in texts], textposition="top center", hovertext=hover,
-                   hoverinfo="text", textfont=dict(size=11), cliponaxis=False,  # top labels were cut
+                   # the accepted path's labels bold, as its line is
+                   text=[f"<b>{_show(t)}</b>" if i in path else _show(t) for i, t in enumerate(texts)],
+                   textposition="middle right", hovertext=hover, hoverinfo="text", textfont=LABEL,
+                   cliponaxis=False,  # edge labels were cut
                    marker=dict(color=[s[0] for s in style], size=[s[1] for s in style], line=dict(width=0))),
     ]
     if appended:
@@ -112,6 +120,8 @@ def rounds_figure(rounds: list, title: str | None = None, max_rounds: int = 40) 
     fig.update_layout(height=380, hovermode="closest", showlegend=False, margin=dict(t=64))
     if not rounds:
         return empty(fig, "no token tree: pick the token-tree method")
+    rows = max(max(tree_layout(r.tree["parents"])) + 2 for r in rounds)  # its leaves and the appended token
+    fig.update_layout(height=max(380, min(1100, int(150 + ROW_PX * rows))))
     groups = [round_traces(r) for r in rounds]
     for k, traces in enumerate(groups):
         for tr in traces:
@@ -167,7 +177,7 @@ def _appended(rnd, tree, xs, ys, last) -> list[go.Scatter]:
     return [
         go.Scatter(x=[x0, x1], y=[y0, y1], mode="lines", hoverinfo="skip",
                    line=dict(color=colour, width=2, dash="dot")),
-        go.Scatter(x=[x1], y=[y1], mode="markers+text", text=[_show(text)], textposition="bottom center",
-                   marker=dict(color=colour, size=17, symbol="star"),
+        go.Scatter(x=[x1], y=[y1], mode="markers+text", text=[_show(text)], textposition="middle right",
+                   textfont=LABEL, cliponaxis=False, marker=dict(color=colour, size=17, symbol="star"),
                    hovertext=[f"appended by the target: {_show(text)}<br>{kind}"], hoverinfo="text"),
     ]
