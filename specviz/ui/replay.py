@@ -3,9 +3,8 @@
 * Every live run is recorded (specviz.run.trace.record around the race stream) and
   kept per browser session in `Records`; when it ends the page offers it as a
   JSON trace and a per-round CSV, and places it on the theory explorer.
-* A replay plays a shipped trace (assets/traces/*.json) or an uploaded one
-  through specviz.run.trace.replay at the recorded times, through the same
-  PaneStream as a live run, under a banner that says it is not live.
+* A replay plays a shipped trace (assets/traces/*.json) or an uploaded one through specviz.run.trace.replay
+  at the recorded times, through the same PaneStream as a live run, under a banner that says it is not live.
 """
 from __future__ import annotations
 
@@ -417,9 +416,7 @@ class ReplayHandlers:
         return describe_html(tr, "Uploaded" if up else "Your last run" if choice == YOURS else "Selected")
 
     def yours(self, up, request: gr.Request = None):
-        """After a live run: the picker on your last run, and its line naming that run. Set to the value
-        it already held, the picker fired no change, and the line still named a run four runs old
-        (issue 71)."""
+        # after a live run: the picker on it and its line (a picker set to its own value fires no change)
         return gr.update(value=YOURS), self.on_select(YOURS, up, request)
 
     def _deadline(self, stop) -> threading.Timer | None:
