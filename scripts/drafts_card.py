@@ -64,7 +64,8 @@ def card(pass_dir: Path, machine: str, date: str) -> str:
                       f"- Training: {rep['train_s'] / 60:.1f} min on {machine} "
                       f"({rep.get('tokens_seen', rep.get('positions_seen', 0)):,} positions seen, "
                       f"{rep['steps']} steps, lr {rep['lr']}, stopped by {rep['stopped_by']}); loss (EAGLE: "
-                      f"[feature, soft CE]) first → last: {rep['loss_first']} → {rep['loss_last']}.",
+                      f"[feature, soft CE]) first → last: {rep['loss_first']} → {rep['loss_last']}"
+                      + (f"; started from {rep['started_from']}" if rep.get("started_from") else "") + ".",
                       "- Held-out acceptance by draft position, measured by the engine (greedy, γ 5, 64 new "
                       "tokens a prompt, w4a8 target): chat = first user turns of held-out ShareGPT "
                       "conversations, code = HumanEval prompts (the pass read none of either):", "",
@@ -80,6 +81,10 @@ def card(pass_dir: Path, machine: str, date: str) -> str:
     lines += ["## Commands", "", "```bash",
               "python -m specviz heads data --tokens 1000000  # the pass (resumable; stopped by hand)",
               "python -m specviz heads all --minutes 32 --medusa-minutes 7 --ship  # EAGLE, Medusa, accept",
+              "# 2026-11-29, later: the pass resumed to 661k tokens, the head trained on from the first one",
+              "python -m specviz heads data --tokens 1000000  # resumed",
+              "python -m specviz heads all --init eagle-first.pt --minutes 45 --medusa-minutes 10 \\",
+              "  --lr 4e-4 --ship",
               "python scripts/drafts_card.py --pass-dir <the pass folder>            # this card",
               "```", ""]
     return "\n".join(lines)
