@@ -17,7 +17,7 @@ if not Path(CHROMIUM).exists():
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright==1.65.2 (no browser download "
                                                              "needed: the test uses /usr/bin/chromium)")
 
-from browser.pages import charts_drawn, click_on_first_round, press, ready, run, run_ended, shows  # noqa: E402
+from browser.pages import charts_drawn, click_once_running, press, ready, run, run_ended, shows  # noqa: E402
 from browser.server import shared_server  # noqa: E402
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -104,7 +104,7 @@ def test_stop_button_stops_the_run(browser, server):
     page, errors = open_page(browser, server, "light")
     set_number(page, "sv-max-new", 512)
     set_number(page, "sv-gamma", 2)
-    click_on_first_round(page, "#sv-stop")
+    click_once_running(page, "#sv-stop")
     press(page)
     page.wait_for_function("document.querySelector('#sv-stats').innerText.includes('stopped')",
                            timeout=60_000)

@@ -65,6 +65,16 @@ def click_on_first_round(page, target: str) -> None:
     }).observe(document.querySelector('#sv-speculative'), {childList: true, subtree: true})""", target)
 
 
+def click_once_running(page, target: str) -> None:
+    """Click `target` from inside the page as soon as the live run says it is timing (the banner of its
+    first update) or shows a round. A fair run's panes replay what was timed and may show round 1 only
+    once the engines are nearly done (ui/live.py): under load the tiny run ended before that click."""
+    page.evaluate("""sel => new MutationObserver((_, obs) => {
+        if (document.querySelector('#sv-runinfo .sv-live-banner, #sv-speculative .sv-round')) {
+            obs.disconnect(); document.querySelector(sel).click(); }
+    }).observe(document.body, {childList: true, subtree: true})""", target)
+
+
 def run_ended(page, button: str = "#sv-run", timeout: int = TIMEOUT) -> None:
     """The run that `press` started has ended: its button went disabled and is enabled again
     (the release is chained after the run's event, so the run's outputs have all landed)."""
