@@ -163,7 +163,7 @@ def test_one_queue_counter(browser, app, monkeypatch):  # noqa: F811
     _set(first, "sv-max-new", 120)
     _set(second, "sv-max-new", 8)
     first.click("#sv-run")
-    first.wait_for_selector("#sv-speculative .sv-round", timeout=TIMEOUT)
+    first.wait_for_selector("#sv-runinfo .sv-live-banner", timeout=TIMEOUT)  # running (its replay may come late)
     second.click("#sv-run")
     shows(second, "#sv-run", "queue 2 of 2")
     # gradio keeps its trackers in the page at opacity 0 when hidden: a shown one is what counts
