@@ -75,11 +75,11 @@ def after_prompt_speedup(base: RunSummary | None, spec: RunSummary | None, spec_
     page whose baseline prompt read took 1.73 s in one run and 0.17-0.30 s in the others."""
     if base is None or spec is None:
         return None
-    nb, ns = base.n_tokens - 1, spec.n_tokens - spec_tokens_at_prefill
-    tb, ts = base.elapsed - base.prefill, spec.elapsed - spec.prefill
-    if nb < 1 or ns < 1 or tb <= 0 or ts <= 0:
+    step = target_step_time(base)  # plain's seconds per token after its first
+    ns, ts = spec.n_tokens - spec_tokens_at_prefill, spec.elapsed - spec.prefill
+    if not step or step <= 0 or ns < 1 or ts <= 0:
         return None
-    return (tb / nb) / (ts / ns)
+    return step / (ts / ns)
 
 
 def _plain_step(base: RunSummary | None, costs) -> tuple[float | None, str]:
