@@ -3,6 +3,7 @@ for /proc/cpuinfo reading; calibration caches are keyed by machine_key(). And wh
 forked process of ours must get fresh (Lock, after_fork)."""
 from __future__ import annotations
 
+import contextvars
 import functools
 import hashlib
 import os
@@ -12,6 +13,12 @@ import time
 import weakref
 from pathlib import Path
 
+# called at each pause point when set: a background job's (the page's calibration, ui/loader.py) wait while
+# a run goes, or its stop at its budget. Here, at the floor, so that the CPU conversions (engine/cpu: a
+# second copy of the pair packs Linear by Linear) pause too, not only timed forwards: a fresh start's
+# first run read its prompt 2.1x slower than the next (0.17 s against 0.08 s, 2-core Zen 4,
+# 2026-11-29) while the calibration packed for up to 23 s between two pause points.
+PAUSE: contextvars.ContextVar = contextvars.ContextVar("background_pause", default=None)
 BUSY_SHARE = 0.5  # others use at least half of all cores: timings are unreliable
 MIN_INTERVAL = 2.0  # seconds between two readings of /proc (CpuMeter's default)
 
@@ -28,6 +35,13 @@ def _cpuinfo() -> dict[str, str]:
     except OSError:
         pass
     return info
+
+
+def pause_point() -> None:
+    """PAUSE, when set on this thread's context: may wait for a run to end, or raise at a budget."""
+    check = PAUSE.get()
+    if check is not None:
+        check()
 
 
 def cpu_model() -> str:

@@ -100,3 +100,37 @@ def test_pair_load_waits_for_a_timed_step():
         order.append("step done")
     m._thread.join(5)
     assert order == ["step done", "load"]
+
+
+def test_a_race_starts_its_clocks_only_once_background_work_is_paused():
+    """A background job (the page's calibration) computes between pause points; a race entering
+    `racing()` waits for the next one, so none of its steps is timed beside the job's work."""
+    order, at_work = [], threading.Event()
+
+    def job():
+        with isolation.background_job():
+            at_work.set()
+            time.sleep(0.3)  # packing a layer: no pause point here
+            order.append("job reached its pause point")
+            with isolation.background_paused():
+                while isolation.race_running():
+                    time.sleep(0.01)
+            order.append("job resumed")
+
+    t = threading.Thread(target=job)
+    t.start()
+    at_work.wait(5)
+    with isolation.racing():
+        order.append("race timing")
+    t.join(5)
+    assert order == ["job reached its pause point", "race timing", "job resumed"]
+
+
+def test_a_race_waits_no_longer_than_its_bound_for_background_work(monkeypatch):
+    """A job that never reaches a pause point holds a race back at most BACKGROUND_WAIT_S."""
+    monkeypatch.setattr(isolation, "BACKGROUND_WAIT_S", 0.05)
+    with isolation.background_job():
+        assert isolation.wait_background(0.01) is False
+        with isolation.racing():
+            assert isolation.race_running()
+    assert isolation.wait_background(0.01) is True

@@ -226,16 +226,16 @@ class BackgroundCalibration:
         """Before each timed forward: wait while a run goes, stop at the budget."""
         if isolation.race_running():
             self._set(step="paused while a run goes")
-            while isolation.race_running() and not self._over():
-                time.sleep(0.2)
+            with isolation.background_paused():  # the race's clocks start once this job waits here
+                while isolation.race_running() and not self._over():
+                    time.sleep(0.2)
             self._set(disturbed=True)
         if self._over():
             raise CalibrationStopped(f"stopped at its {self.m.budget:g} s budget")
 
     def _progress(self, msg: str, frac: float) -> None:
+        self.check()
         self._set(step=str(msg))
-        if self._over():
-            raise CalibrationStopped(f"stopped at its {self.m.budget:g} s budget")
 
     def _room(self) -> bool:
         """A second copy (and a fp32 reload while casting) must fit in the free memory."""
@@ -251,8 +251,9 @@ class BackgroundCalibration:
             return
         calibrate.CHECK.set(self.check)  # this thread's context only
         try:
-            pair = self.m._loader(self.spec, device=self.m.device, progress=self._progress,
-                                  **self.m._extra(self.spec, "fresh"))
+            with isolation.background_job():  # races wait for its pause points (run/isolation.py)
+                pair = self.m._loader(self.spec, device=self.m.device, progress=self._progress,
+                                      **self.m._extra(self.spec, "fresh"))
         except CalibrationStopped as e:
             self._set(state="stopped", step=str(e))
             return

@@ -23,6 +23,7 @@ import sys
 import torch
 from torch import nn
 
+from ...machine import pause_point
 from . import qgemm
 
 FAMILY = ("llama", "qwen2", "mistral")  # config.model_type values with this block
@@ -138,6 +139,7 @@ def make_lean(model: nn.Module, each=None) -> nn.Module:
     if not supported(model) or is_lean(model):
         return model
     for layer in model.model.layers:
+        pause_point()  # a background calibration waits here while a run goes (machine.PAUSE)
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         if attn is None or mlp is None or not all(
                 type(getattr(attn, n, None)) is nn.Linear for n in ("q_proj", "k_proj", "v_proj")) or not all(

@@ -38,6 +38,7 @@ import warnings
 import torch
 from torch import nn
 
+from ...machine import pause_point
 from . import qgemm
 from .lean import kernel_rows, settle
 from .rowwise_attention import use_rowwise
@@ -224,6 +225,7 @@ def swap_linears(module: nn.Module, fmt: str, head: str | None = None, out: nn.M
     from .memory import drop_file_pages
     swaps = [(name, mod) for name, mod in module.named_modules() if type(mod) is nn.Linear]
     for i in range(len(swaps)):
+        pause_point()  # a background calibration waits here while a run goes (machine.PAUSE)
         (name, mod), swaps[i] = swaps[i], None  # this list must not keep a packed Linear's fp32 weight
         module.set_submodule(name, _low(mod, head if mod is out else fmt))
         del mod
