@@ -24,8 +24,9 @@ from torch import nn
 
 from ...errors import RequestError
 from ..forward import forward_logits, pick
-from ..proposer import Option, Proposal, Proposer, check_options, register, target_vocab
+from ..proposer import TEXT, Option, Proposal, Proposer, check_options, register, target_vocab
 from ..sampling import greedy_rows, warp
+from ..trained import public_heads
 from ..trained.eagle_head import KV, KeptHead, head_weight, lowbit_for, unpack
 from .heads import final_norm
 
@@ -38,6 +39,7 @@ class Drafter:
     lm: KeptHead
     embed: nn.Module
     step_s: float | None = None  # one draft step (the layer over one row + the kept LM head), timed at load
+    taps: tuple[int, ...] | None = None  # EAGLE-3: the target layers whose inputs it reads; None: final norm
 
     @torch.inference_mode()
     def time_step(self, dev, rows: int = 64, tries: int = 7) -> float:
@@ -98,6 +100,34 @@ def _read(pair, path) -> Drafter:
     return d
 
 
+_PUBLIC: dict = {}  # (target id, folder) -> Drafter: a named public head, loaded once per target
+
+
+def load_public(pair, name: str) -> Drafter:
+    """A published EAGLE-1/2/3 head (engine/trained/public_heads.py) from a folder or Hub id, for this
+    target; RequestError in the visitor's words if it cannot be found, read or does not fit."""
+    target = pair.target
+    folder = public_heads.resolve(name)
+    stamps = tuple((folder / f).stat().st_mtime_ns for f in public_heads.FILES if (folder / f).is_file())
+    key = (id(target), str(folder.resolve()), stamps)  # a folder written anew is read anew
+    if key not in _PUBLIC:
+        _PUBLIC.clear()
+        cfg, state = public_heads.read(folder)
+        vocab, w = target_vocab(target), head_weight(target.get_output_embeddings())
+        if public_heads.layout(state) == "eagle3":
+            head, lm, taps = public_heads.eagle3(name, cfg, state, target, w, vocab)
+        else:  # the target's whole LM head, as the authors' EAGLE-1/2 drafting
+            head, lm, taps = public_heads.eagle1(name, cfg, state, target), KeptHead(
+                w, torch.arange(vocab), vocab, None), None
+        dev = target.device
+        dtype = target.dtype if dev.type != "cpu" else torch.float32
+        d = Drafter(head.to(dev, dtype), lm.to(dev, dtype), target.get_input_embeddings(), taps=taps)
+        d.step_s = d.time_step(dev)
+        _PUBLIC[key] = d
+    return _PUBLIC[key]
+
+
+
 def head_cost(pair) -> float | None:
     """c of the EAGLE head: its draft step over the target's plain step, both measured here (the head's
     at load, the target's at calibration); None where either is missing."""
@@ -114,6 +144,12 @@ def train_command(pair) -> str:
     return _pass_command(pair, "eagle")
 
 
+def _check_head(value) -> str:
+    if not isinstance(value, str):
+        raise RequestError("The EAGLE head must be a folder or a Hub id (owner/name).")
+    return value.strip()
+
+
 # The chain stops once the product of its drafts' probabilities under the head (EAGLE-2's node value:
 # a draft's confidence tracks its acceptance) falls below this share: a further draft would be verified
 # for a small chance of being kept, each verified token costing a share of a plain step (v(k)'s slope).
@@ -124,6 +160,10 @@ OPTIONS = (
     Option("confidence", "Stop below confidence (%)", "The chain stops drafting once the product of its "
            "drafts' probabilities under the head falls below this percentage (0: always γ drafts). "
            f"Default {STOP_PCT}.", lo=0, hi=100, default=STOP_PCT, keep=True, page=False),
+    # CLI and API only, as rest's datastore: a page visitor must not make the server fetch any Hub repo
+    Option("eagle_head", "EAGLE head", "a published EAGLE-1/2/3 head for this target: a local folder or "
+           "a Hub id such as yuhuili/EAGLE3-LLaMA3.1-Instruct-8B (default: the head shipped or trained here)",
+           type=TEXT, parse=_check_head, page=False),
 )
 
 
@@ -195,17 +235,31 @@ class EagleProposer(Proposer):
 
     def verify_logits(self, fed, tokens, keep):
         """The engine's verify forward, keeping the post-norm states of every row it read."""
-        box = []
         start = self.cache.get_seq_length()
-        handle = final_norm(self.model).register_forward_hook(lambda m, i, out: box.append(out))
+        boxes, handles = self._hooks()
         try:
             logits = forward_logits(self.model, fed + tokens, self.cache, keep)
         finally:
-            handle.remove()
-        if box:
-            h = box[-1][0]  # a prompt read in two parts: the norm saw its last part only
+            for handle in handles:
+                handle.remove()
+        if all(boxes):
+            # a prompt read in two parts: the hooks saw its last part only
+            h = torch.cat([box[-1][0] for box in boxes], -1)
             self.rows = (h, start + len(fed) + len(tokens) - h.shape[0], start + len(fed) - 1)
         return logits
+
+    def _hooks(self):
+        """EAGLE-1/2: the final norm's output (post-norm states). EAGLE-3: the inputs of its tapped
+        decoder layers (a tap past the last layer: the final norm's input), in layer order."""
+        if self.drafter.taps is None:
+            box = []
+            return [box], [final_norm(self.model).register_forward_hook(lambda m, i, out: box.append(out))]
+        layers = self.model.model.layers
+        boxes = [[] for _ in self.drafter.taps]
+        handles = [(layers[i] if i < len(layers) else final_norm(self.model)).register_forward_pre_hook(
+            lambda m, args, kw, box=box: box.append(args[0] if args else kw["hidden_states"]),
+            with_kwargs=True) for i, box in zip(self.drafter.taps, boxes, strict=True)]
+        return boxes, handles
 
     def rollback(self, committed, n_accepted, n_drafted):
         # confirmed: the rows up to the last fed token's plus the accepted drafts'; each one's next
@@ -240,4 +294,6 @@ def _build_eagle(pair, req=None):
         raise RequestError("EAGLE needs a decoder with a final norm (model.norm); this target has "
                            "another layout.")
     options = check_options(OPTIONS, dict(getattr(req, "options", None) or {}))
-    return EagleProposer(pair.target, load_drafter(pair), stop_below=options["confidence"] / 100)
+    name = options.get("eagle_head")
+    drafter = load_public(pair, name) if name else load_drafter(pair)
+    return EagleProposer(pair.target, drafter, stop_below=options["confidence"] / 100)
