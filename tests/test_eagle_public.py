@@ -149,7 +149,7 @@ def test_eagle3_head_is_the_authors_midlayer(tmp_path):
     target = tiny_llama(20, layers=8)
     _, cfg, sd = write_eagle3(tmp_path / "h", target, draft_vocab=9)
     state = public_heads.read(tmp_path / "h")[1]
-    head, lm, taps = public_heads.eagle3("h", cfg, state, target, target.lm_head.weight, 20)
+    head, lm, taps = public_heads.eagle3("h", cfg, state, target, 20)
     assert taps == (2, 4, 5)  # layers 2, L//2, L-3 of 8, in layer order
     c = LlamaConfig(**{k: v for k, v in cfg.items() if k != "architectures"})
     c._attn_implementation = "eager"

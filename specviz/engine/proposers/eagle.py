@@ -36,7 +36,7 @@ class Drafter:
     """A loaded head for one target: the layer, the kept LM head, the target's embedding."""
 
     head: nn.Module
-    lm: KeptHead
+    lm: nn.Module  # h -> logits over the target's vocabulary: KeptHead, or a public head's (public_heads)
     embed: nn.Module
     step_s: float | None = None  # one draft step (the layer over one row + the kept LM head), timed at load
     taps: tuple[int, ...] | None = None  # EAGLE-3: the target layers whose inputs it reads; None: final norm
@@ -112,20 +112,11 @@ def load_public(pair, name: str) -> Drafter:
     key = (id(target), str(folder.resolve()), stamps)  # a folder written anew is read anew
     if key not in _PUBLIC:
         _PUBLIC.clear()
-        cfg, state = public_heads.read(folder)
-        vocab, w = target_vocab(target), head_weight(target.get_output_embeddings())
-        if public_heads.layout(state) == "eagle3":
-            head, lm, taps = public_heads.eagle3(name, cfg, state, target, w, vocab)
-        else:  # the target's whole LM head, as the authors' EAGLE-1/2 drafting
-            head, lm, taps = public_heads.eagle1(name, cfg, state, target), KeptHead(
-                w, torch.arange(vocab), vocab, None), None
-        dev = target.device
-        dtype = target.dtype if dev.type != "cpu" else torch.float32
-        d = Drafter(head.to(dev, dtype), lm.to(dev, dtype), target.get_input_embeddings(), taps=taps)
-        d.step_s = d.time_step(dev)
+        head, lm, taps = public_heads.build(name, folder, target)
+        d = Drafter(head, lm, target.get_input_embeddings(), taps=taps)
+        d.step_s = d.time_step(target.device)
         _PUBLIC[key] = d
     return _PUBLIC[key]
-
 
 
 def head_cost(pair) -> float | None:

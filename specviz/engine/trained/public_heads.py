@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ...errors import RequestError
-from .eagle_head import KV, EagleHead, RMSNorm, attend
+from .eagle_head import KV, EagleHead, RMSNorm, attend, head_weight
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 FILES = ["config.json", "model.safetensors", "pytorch_model.bin"]
@@ -219,7 +219,7 @@ def taps_of(cfg: dict, layers: int) -> tuple[int, ...]:
     return tuple(sorted(taps))
 
 
-def eagle3(name: str, cfg: dict, state: dict, target, lm_weight: torch.Tensor, vocab: int):
+def eagle3(name: str, cfg: dict, state: dict, target, vocab: int):
     """(Eagle3Head, DraftVocabHead, the target layers it reads)."""
     _only_one_layer(name, cfg)
     _fits(name, cfg, state["fc.weight"], 3, target)
@@ -235,6 +235,33 @@ def eagle3(name: str, cfg: dict, state: dict, target, lm_weight: torch.Tensor, v
     norm = RMSNorm(shape["hidden"], shape["eps"])
     _load(name, norm, {"weight": state["norm.weight"]})
     w = state.get("lm_head.weight")
-    w = lm_weight if w is None else w  # no lm_head of its own: SGLang loads the target's
+    if w is None:  # no lm_head of its own: SGLang loads the target's
+        w = head_weight(target.get_output_embeddings())
     lm = DraftVocabHead(norm, w, draft_ids(name, state, w.shape[0], vocab), vocab)
     return head, lm, taps_of(cfg, int(target.config.num_hidden_layers))
+
+
+class TargetHead(nn.Module):
+    """The target's own output layer, whole, as the authors' EAGLE-1/2 drafting uses it: float logits over
+    its vocabulary. Held, not copied (an 8B target's is 0.5 G parameters), and never moved or cast."""
+
+    def __init__(self, target):
+        super().__init__()
+        self.dtype = target.dtype
+        object.__setattr__(self, "out", target.get_output_embeddings())  # no submodule: .to() skips it
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.out(h.to(self.dtype)).float()
+
+
+def build(name: str, folder: Path, target) -> tuple[nn.Module, nn.Module, tuple[int, ...] | None]:
+    """(the head, its output layer h -> logits over the target's vocabulary, EAGLE-3's tapped layers or
+    None) on the target's device: float32 on a CPU, the target's dtype elsewhere."""
+    cfg, state = read(folder)
+    vocab = int(target.get_output_embeddings().out_features)
+    dev = target.device
+    dtype = target.dtype if dev.type != "cpu" else torch.float32
+    if layout(state) == "eagle3":
+        head, lm, taps = eagle3(name, cfg, state, target, vocab)
+        return head.to(dev, dtype), lm.to(dev, dtype), taps
+    return eagle1(name, cfg, state, target).to(dev, dtype), TargetHead(target), None
