@@ -298,3 +298,23 @@ def test_the_option_is_cli_and_api_only():
     assert "eagle_head" not in spec.check_options({})  # blank: the shipped head, as before
     with pytest.raises(RequestError, match="folder or a Hub id"):
         spec.check_options({"eagle_head": 3})
+
+
+def test_eagle3_drafts_on_the_lean_forward(tmp_path, tok, target):
+    """The lean Llama-family forward (engine/cpu/lean_forward.py) does not call the decoder layers as
+    modules, so their hooks would never fire: an EAGLE-3 verify takes the module path (still drafting,
+    still plain's output)."""
+    import copy
+
+    from specviz.engine.cpu import lean_forward
+    from specviz.engine.cpu.lean import make_lean
+    from specviz.engine.cpu.rowwise_attention import use_rowwise
+    model = make_lean(copy.deepcopy(target))
+    use_rowwise(model)
+    assert lean_forward.plan(model)[0] > 0  # plain decoding of this model takes the lean path
+    folder = write_eagle3(tmp_path / "h", model)[0]
+    ids = tok.encode(PROMPT)
+    _, base = run(baseline(model, tok, ids, 24, GREEDY))
+    rounds, spec = run(speculative(model, proposer(model, folder, tok), tok, ids, 24, 3, GREEDY))
+    assert spec.token_ids == base.token_ids
+    assert all(len(r.draft_ids) > 0 for r in rounds[1:-1])  # every round after the first drafts

@@ -250,6 +250,11 @@ class EagleProposer(Proposer):
         handles = [(layers[i] if i < len(layers) else final_norm(self.model)).register_forward_pre_hook(
             lambda m, args, kw, box=box: box.append(args[0] if args else kw["hidden_states"]),
             with_kwargs=True) for i, box in zip(self.drafter.taps, boxes, strict=True)]
+        # The lean forward (backends lean.py, static.py: cpu/lean_forward.run) runs the layers' parts or
+        # one C call, never the layer modules, so their hooks would not fire; it stands aside for a
+        # model with a hook of its own (test_eagle3_drafts_on_the_lean_forward). The final norm it does
+        # call as a module: EAGLE-1/2 keeps the lean path.
+        handles.append(self.model.register_forward_pre_hook(lambda m, args: None))
         return boxes, handles
 
     def rollback(self, committed, n_accepted, n_drafted):
