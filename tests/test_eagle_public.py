@@ -298,6 +298,8 @@ def test_the_option_is_cli_and_api_only():
     assert "eagle_head" not in spec.check_options({})  # blank: the shipped head, as before
     with pytest.raises(RequestError, match="folder or a Hub id"):
         spec.check_options({"eagle_head": 3})
+    from specviz.ui import method_options
+    assert method_options.collect("eagle", {"eagle_head": "a/b"}) == {}  # a page run never sends it
 
 
 def test_eagle3_drafts_on_the_lean_forward(tmp_path, tok, target):
@@ -318,3 +320,17 @@ def test_eagle3_drafts_on_the_lean_forward(tmp_path, tok, target):
     rounds, spec = run(speculative(model, proposer(model, folder, tok), tok, ids, 24, 3, GREEDY))
     assert spec.token_ids == base.token_ids
     assert all(len(r.draft_ids) > 0 for r in rounds[1:-1])  # every round after the first drafts
+
+
+def test_gamma_auto_prices_the_named_head(tmp_path, target, monkeypatch):
+    """γ = auto's c for method eagle is the named head's measured step, not the shipped head's."""
+    from specviz.engine.proposers.eagle import head_cost
+    from specviz.engine.trained import store
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(store, "SHIPPED", tmp_path / "shipped")
+    folder = write_eagle3(tmp_path / "h", target)[0]
+    pair = pair_of(target)
+    pair.costs = SimpleNamespace(plain_step_s=2.0)
+    c = head_cost(pair, SimpleNamespace(options={"eagle_head": str(folder)}))
+    assert c == load_public(pair, str(folder)).step_s / 2.0 > 0
+    assert head_cost(pair) is None  # none shipped or trained for this target

@@ -119,12 +119,15 @@ def load_public(pair, name: str) -> Drafter:
     return _PUBLIC[key]
 
 
-def head_cost(pair) -> float | None:
-    """c of the EAGLE head: its draft step over the target's plain step, both measured here (the head's
-    at load, the target's at calibration); None where either is missing."""
+def head_cost(pair, req=None) -> float | None:
+    """c of the EAGLE head the request names (else the shipped or trained one): its draft step over the
+    target's plain step, both measured here (the head's at load, the target's at calibration); None
+    where either is missing."""
     costs = getattr(pair, "costs", None)
+    name = (getattr(req, "options", None) or {}).get("eagle_head")
     try:
-        step = load_drafter(pair).step_s
+        step = (load_public(pair, name.strip()) if isinstance(name, str) and name.strip()
+                else load_drafter(pair)).step_s
     except RequestError:
         return None
     return step / costs.plain_step_s if costs is not None and step else None
