@@ -247,6 +247,15 @@ def test_a_head_for_another_hidden_size_is_refused(tmp_path, target):
         proposer(target, folder)
 
 
+def test_a_head_missing_a_weight_is_one_message(tmp_path, target):
+    folder = write_eagle3(tmp_path / "h", target)[0]
+    sd = torch.load(folder / "pytorch_model.bin", weights_only=True)
+    del sd["norm.weight"]
+    torch.save(sd, folder / "pytorch_model.bin")
+    with pytest.raises(RequestError, match="lacks what its layout needs.*norm.weight"):
+        proposer(target, folder)
+
+
 def test_a_head_for_another_vocabulary_is_refused(tmp_path, target):
     v = target.config.vocab_size
     folder = write_eagle3(tmp_path / "h", target, ids=torch.tensor([0, 1, v + 3]))[0]

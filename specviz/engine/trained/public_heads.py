@@ -104,6 +104,9 @@ def _fits(name: str, cfg: dict, fc: torch.Tensor, wide: int, target) -> None:
     if h_in != th or tuple(fc.shape) != (int(cfg["hidden_size"]), wide * th):
         raise RequestError(f"The EAGLE head {name!r} reads hidden states of size {h_in} "
                            f"(fc {tuple(fc.shape)}); this target's are {th}: it was made for another model.")
+    if int(cfg["hidden_size"]) != th:  # EAGLE-3 with target_hidden_size: its own, narrower embedding
+        raise RequestError(f"The EAGLE head {name!r} works at hidden size {cfg['hidden_size']}, not its "
+                           f"target's {th}; only heads at their target's hidden size are supported.")
     if cfg.get("vocab_size") is not None and int(cfg["vocab_size"]) != tv:
         raise RequestError(f"The EAGLE head {name!r} has a vocabulary of {cfg['vocab_size']} tokens; this "
                            f"target's is {tv}: it was made for another model.")
@@ -261,7 +264,11 @@ def build(name: str, folder: Path, target) -> tuple[nn.Module, nn.Module, tuple[
     vocab = int(target.get_output_embeddings().out_features)
     dev = target.device
     dtype = target.dtype if dev.type != "cpu" else torch.float32
-    if layout(state) == "eagle3":
-        head, lm, taps = eagle3(name, cfg, state, target, vocab)
-        return head.to(dev, dtype), lm.to(dev, dtype), taps
-    return eagle1(name, cfg, state, target).to(dev, dtype), TargetHead(target), None
+    try:
+        if layout(state) == "eagle3":
+            head, lm, taps = eagle3(name, cfg, state, target, vocab)
+            return head.to(dev, dtype), lm.to(dev, dtype), taps
+        return eagle1(name, cfg, state, target).to(dev, dtype), TargetHead(target), None
+    except (KeyError, TypeError, ValueError) as e:  # a weight or config field missing or malformed
+        raise RequestError(f"The EAGLE head {name!r} lacks what its layout needs "
+                           f"({type(e).__name__}: {e}).") from None
