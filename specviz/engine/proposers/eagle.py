@@ -9,6 +9,10 @@ into its own KV cache; its last row predicts the state that gives the first draf
 feeds the head's own predicted state back (EAGLE's autoregression at the feature level). The rows
 written from predicted states are dropped at the next round, when the verify's true states arrive.
 
+A published head can stand in for ours (option eagle_head: a folder or Hub id; trained/public_heads.py):
+EAGLE-1/2's reads the same post-norm states; EAGLE-3's reads the inputs of three of the target's layers,
+hooked the same way, and its own draft vocabulary (q 0 outside it).
+
 Lossless: q is the head's softmax over the kept tokens after the request's warp (0 elsewhere), each
 draft drawn from it; the engine's modified rejection sampling keeps the target's law, and greedy
 drafts are argmax chains, so the output is plain greedy's.
@@ -228,7 +232,7 @@ class EagleProposer(Proposer):
                         raw=raw if params.greedy else None)
 
     def verify_logits(self, fed, tokens, keep):
-        """The engine's verify forward, keeping the post-norm states of every row it read."""
+        """The engine's verify forward, keeping the states the head reads (_hooks) of every row it read."""
         start = self.cache.get_seq_length()
         boxes, handles = self._hooks()
         try:
