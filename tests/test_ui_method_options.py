@@ -23,8 +23,9 @@ BASE = ("def f(x):", 3, 6, 0.0, 1.0, 0, 0, False, "fair")
 
 
 def test_page_and_cli_come_from_the_declared_options():
-    # a visitor never picks a server path (rest's datastore); EAGLE's confidence is the CLI's and bench's
-    assert set(mo.KEYS) == set(method_flags()) - {"datastore", "confidence"}
+    # a visitor never picks a server path (rest's datastore) nor makes the server fetch a Hub repo (EAGLE's
+    # published head); EAGLE's confidence is the CLI's and bench's
+    assert set(mo.KEYS) == set(method_flags()) - {"datastore", "confidence", "eagle_head"}
     assert {o.method for o in mo.OPTIONS} <= set(method_names())
     assert all(o.option.help and o.option.label for o in mo.OPTIONS)
     declared = [(m, o.name) for m in method_names() for o in REGISTRY[m].options]

@@ -223,8 +223,9 @@ class MethodSpec:
     # its proposer prices each round's length itself from the measured costs (suffix, hybrid):
     # under γ = auto the request's γ is only its cap, and no α̂-based policy second-guesses it
     own_gamma: bool = False
-    # (pair) -> c, its draft step over the target's plain step, measured, for a method whose draft is
-    # neither a draft model nor free (a trained head): γ = auto prices its chain with it
+    # (pair, request) -> c, its draft step over the target's plain step, measured, for a method whose
+    # draft is neither a draft model nor free (a trained head, the one the request's options name):
+    # γ = auto prices its chain with it
     cost: Callable | None = None
 
 

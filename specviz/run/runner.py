@@ -70,5 +70,5 @@ def gamma_policy(pair: Pair, req: RunRequest):
     spec = method_spec(req.method)
     if spec.own_gamma:
         return OwnGamma()
-    c = spec.cost(pair) if spec.cost is not None else None
+    c = spec.cost(pair, req) if spec.cost is not None else None
     return make_policy(pair.costs, needs_draft=spec.needs_draft, max_gamma=req.gamma, c=c)

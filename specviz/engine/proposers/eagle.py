@@ -9,6 +9,10 @@ into its own KV cache; its last row predicts the state that gives the first draf
 feeds the head's own predicted state back (EAGLE's autoregression at the feature level). The rows
 written from predicted states are dropped at the next round, when the verify's true states arrive.
 
+A published head can stand in for ours (option eagle_head: a folder or Hub id; trained/public_heads.py):
+EAGLE-1/2's reads the same post-norm states; EAGLE-3's reads the inputs of three of the target's layers,
+hooked the same way, and its own draft vocabulary (q 0 outside it).
+
 Lossless: q is the head's softmax over the kept tokens after the request's warp (0 elsewhere), each
 draft drawn from it; the engine's modified rejection sampling keeps the target's law, and greedy
 drafts are argmax chains, so the output is plain greedy's.
@@ -24,8 +28,9 @@ from torch import nn
 
 from ...errors import RequestError
 from ..forward import forward_logits, pick
-from ..proposer import Option, Proposal, Proposer, check_options, register, target_vocab
+from ..proposer import TEXT, Option, Proposal, Proposer, check_options, register, target_vocab
 from ..sampling import greedy_rows, warp
+from ..trained import public_heads
 from ..trained.eagle_head import KV, KeptHead, head_weight, lowbit_for, unpack
 from .heads import final_norm
 
@@ -35,9 +40,10 @@ class Drafter:
     """A loaded head for one target: the layer, the kept LM head, the target's embedding."""
 
     head: nn.Module
-    lm: KeptHead
+    lm: nn.Module  # h -> logits over the target's vocabulary: KeptHead, or a public head's (public_heads)
     embed: nn.Module
     step_s: float | None = None  # one draft step (the layer over one row + the kept LM head), timed at load
+    taps: tuple[int, ...] | None = None  # EAGLE-3: the target layers whose inputs it reads; None: final norm
 
     @torch.inference_mode()
     def time_step(self, dev, rows: int = 64, tries: int = 7) -> float:
@@ -98,12 +104,34 @@ def _read(pair, path) -> Drafter:
     return d
 
 
-def head_cost(pair) -> float | None:
-    """c of the EAGLE head: its draft step over the target's plain step, both measured here (the head's
-    at load, the target's at calibration); None where either is missing."""
+_PUBLIC: dict = {}  # (target id, folder) -> Drafter: a named public head, loaded once per target
+
+
+def load_public(pair, name: str) -> Drafter:
+    """A published EAGLE-1/2/3 head (engine/trained/public_heads.py) from a folder or Hub id, for this
+    target; RequestError in the visitor's words if it cannot be found, read or does not fit."""
+    target = pair.target
+    folder = public_heads.resolve(name)
+    stamps = tuple((folder / f).stat().st_mtime_ns for f in public_heads.FILES if (folder / f).is_file())
+    key = (id(target), str(folder.resolve()), stamps)  # a folder written anew is read anew
+    if key not in _PUBLIC:
+        _PUBLIC.clear()
+        head, lm, taps = public_heads.build(name, folder, target)
+        d = Drafter(head, lm, target.get_input_embeddings(), taps=taps)
+        d.step_s = d.time_step(target.device)
+        _PUBLIC[key] = d
+    return _PUBLIC[key]
+
+
+def head_cost(pair, req=None) -> float | None:
+    """c of the EAGLE head the request names (else the shipped or trained one): its draft step over the
+    target's plain step, both measured here (the head's at load, the target's at calibration); None
+    where either is missing."""
     costs = getattr(pair, "costs", None)
+    name = (getattr(req, "options", None) or {}).get("eagle_head")
     try:
-        step = load_drafter(pair).step_s
+        step = (load_public(pair, name.strip()) if isinstance(name, str) and name.strip()
+                else load_drafter(pair)).step_s
     except RequestError:
         return None
     return step / costs.plain_step_s if costs is not None and step else None
@@ -112,6 +140,12 @@ def head_cost(pair) -> float | None:
 def train_command(pair) -> str:
     from .heads import _pass_command
     return _pass_command(pair, "eagle")
+
+
+def _check_head(value) -> str:
+    if not isinstance(value, str):
+        raise RequestError("The EAGLE head must be a folder or a Hub id (owner/name).")
+    return value.strip()
 
 
 # The chain stops once the product of its drafts' probabilities under the head (EAGLE-2's node value:
@@ -124,6 +158,10 @@ OPTIONS = (
     Option("confidence", "Stop below confidence (%)", "The chain stops drafting once the product of its "
            "drafts' probabilities under the head falls below this percentage (0: always γ drafts). "
            f"Default {STOP_PCT}.", lo=0, hi=100, default=STOP_PCT, keep=True, page=False),
+    # CLI and API only, as rest's datastore: a page visitor must not make the server fetch any Hub repo
+    Option("eagle_head", "EAGLE head", "a published EAGLE-1/2/3 head for this target: a local folder or "
+           "a Hub id such as yuhuili/EAGLE3-LLaMA3.1-Instruct-8B (default: the head shipped or trained here)",
+           type=TEXT, parse=_check_head, page=False),
 )
 
 
@@ -194,18 +232,37 @@ class EagleProposer(Proposer):
                         raw=raw if params.greedy else None)
 
     def verify_logits(self, fed, tokens, keep):
-        """The engine's verify forward, keeping the post-norm states of every row it read."""
-        box = []
+        """The engine's verify forward, keeping the states the head reads (_hooks) of every row it read."""
         start = self.cache.get_seq_length()
-        handle = final_norm(self.model).register_forward_hook(lambda m, i, out: box.append(out))
+        boxes, handles = self._hooks()
         try:
             logits = forward_logits(self.model, fed + tokens, self.cache, keep)
         finally:
-            handle.remove()
-        if box:
-            h = box[-1][0]  # a prompt read in two parts: the norm saw its last part only
+            for handle in handles:
+                handle.remove()
+        if all(boxes):
+            # a prompt read in two parts: the hooks saw its last part only
+            h = torch.cat([box[-1][0] for box in boxes], -1)
             self.rows = (h, start + len(fed) + len(tokens) - h.shape[0], start + len(fed) - 1)
         return logits
+
+    def _hooks(self):
+        """EAGLE-1/2: the final norm's output (post-norm states). EAGLE-3: the inputs of its tapped
+        decoder layers (a tap past the last layer: the final norm's input), in layer order."""
+        if self.drafter.taps is None:
+            box = []
+            return [box], [final_norm(self.model).register_forward_hook(lambda m, i, out: box.append(out))]
+        layers = self.model.model.layers
+        boxes = [[] for _ in self.drafter.taps]
+        handles = [(layers[i] if i < len(layers) else final_norm(self.model)).register_forward_pre_hook(
+            lambda m, args, kw, box=box: box.append(args[0] if args else kw["hidden_states"]),
+            with_kwargs=True) for i, box in zip(self.drafter.taps, boxes, strict=True)]
+        # The lean forward (backends lean.py, static.py: cpu/lean_forward.run) runs the layers' parts or
+        # one C call, never the layer modules, so their hooks would not fire; it stands aside for a
+        # model with a hook of its own (test_eagle3_drafts_on_the_lean_forward). The final norm it does
+        # call as a module: EAGLE-1/2 keeps the lean path.
+        handles.append(self.model.register_forward_pre_hook(lambda m, args: None))
+        return boxes, handles
 
     def rollback(self, committed, n_accepted, n_drafted):
         # confirmed: the rows up to the last fed token's plus the accepted drafts'; each one's next
@@ -240,4 +297,6 @@ def _build_eagle(pair, req=None):
         raise RequestError("EAGLE needs a decoder with a final norm (model.norm); this target has "
                            "another layout.")
     options = check_options(OPTIONS, dict(getattr(req, "options", None) or {}))
-    return EagleProposer(pair.target, load_drafter(pair), stop_below=options["confidence"] / 100)
+    name = options.get("eagle_head")
+    drafter = load_public(pair, name) if name else load_drafter(pair)
+    return EagleProposer(pair.target, drafter, stop_below=options["confidence"] / 100)
