@@ -229,6 +229,8 @@ def test_page_served_after_ready_paints_the_current_status():
         assert run["interactive"] and run["value"] == "▶ Run"
         page = served("/")
         assert "sv-status-ready" in page and "sv-status-loading" not in page
+        # no gradio run history: it rewrote every call's outputs into localStorage (ui/blocks.py)
+        assert json.loads(served("/config"))["run_history"] is False
     finally:
         gate.set()
         demo.close()

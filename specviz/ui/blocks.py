@@ -6,6 +6,8 @@ render.py, the figures from charts.py, the numbers from state.RunView.
 """
 from __future__ import annotations
 
+import os
+
 import gradio as gr
 
 from ..models import PairSpec
@@ -189,6 +191,12 @@ def build_demo(manager: ModelManager, initial: PairSpec | None = None, default_m
     or on-stage server, where the pair in service is shared by everyone). records:
     where each session's latest run is kept (the UI-overhead bench passes its own to read)."""
     limits = limits or Limits.from_env()
+    # gradio's run history (launch(run_history=...), read from this variable when not given) keeps every
+    # call, polls included, with its outputs (the panes' HTML, the charts' figures) in the browser's
+    # localStorage and writes the whole list again every 0.5 s while a run streams: the browser's CPU per
+    # default run grew from 1.8 to 4.3 s over 8 runs in one page, and the plain side's measured time with
+    # it (headless Chromium on the same 2-core Zen 4, 2026-11-29). The page keeps its own runs (Replay).
+    os.environ.setdefault("GRADIO_RUN_HISTORY", "False")
     presets = load_presets()
     handlers = Handlers(manager, limits, presets, pair_choices(initial, network),
                         allow_local_paths=allow_local_paths, fixed_pair=fixed_pair)
