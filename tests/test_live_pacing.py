@@ -360,3 +360,16 @@ def test_the_run_handler_charts_at_the_ends_and_says_what_the_panes_show(tiny_pa
     assert between and all(isinstance(o[4], dict) for o in between)  # gr.skip(): charts left as they were
     assert "identical outputs" in last[3]
     assert ("replayed the timed run" in last[3]) == (mode == "fair")
+
+
+def test_every_pane_update_has_the_pages_run_outputs_length():
+    """A keep-alive, a message and an update without charts are as long as a full one (panes.N_OUTPUTS:
+    the page's run outputs, ui/layout.py)."""
+    from specviz.ui import panes as panes_mod
+    from specviz.ui.panes import PaneStream
+    from specviz.ui.state import RunView
+
+    p = PaneStream(RunView(3, 0.0, "fair", "x"), "")
+    lengths = {len(p.outputs(charts=True)), len(p.outputs(charts=False)), len(p.unchanged()),
+               len(panes_mod.message_outputs("m"))}
+    assert lengths == {panes_mod.N_OUTPUTS}

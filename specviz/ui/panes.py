@@ -21,8 +21,9 @@ from .state import RunView
 from .tree_view import latest_tree_figure
 
 # output order: Page.run_outputs in ui/layout.py (base pane, speculative pane, stats, run info, 4 charts,
-# token tree)
-N_OUTPUTS = 9
+# token tree): PaneStream.outputs builds that list from CHARTS; its length is N_OUTPUTS
+CHARTS = 5  # 4 charts and the token tree
+N_OUTPUTS = 4 + CHARTS
 RUN_INFO = 3
 
 
@@ -86,9 +87,6 @@ def _cleared(view: RunView, placeholder: str) -> list:
     return out
 
 
-N_OUTPUTS = 9  # PaneStream.outputs: 2 panes, numbers, run info, 4 charts, token tree
-
-
 class PaneStream:
     def __init__(self, view: RunView, head: str = "", chart_every: float = 0.5, ui_interval: float = 0.25,
                  banner: str = "", guard=None):
@@ -122,7 +120,7 @@ class PaneStream:
             figs = all_charts(self.view) + [latest_tree_figure(self.view)]
         else:
             import gradio as gr
-            figs = [gr.skip()] * 5
+            figs = [gr.skip()] * CHARTS
         return [self.base_html, self.spec_html, render.stats_html(snap), self.run_info(snap), *figs]
 
     def unchanged(self) -> list:
