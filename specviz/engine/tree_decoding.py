@@ -143,7 +143,9 @@ def tree_speculative(target, proposer: TreeProposer, tokenizer, prompt_ids: list
         policy = None
     committed = list(prompt_ids)
     proposer.reset(prompt_ids)
-    forward = proposer.verify_tree if getattr(proposer, "supplies_verify_logits", False) else tree_forward_logits
+    forward = tree_forward_logits
+    if getattr(proposer, "supplies_verify_logits", False):
+        forward = proposer.verify_tree
 
     def one_round(r: int, remaining: int) -> RoundEvent:
         t_start = clock.now()

@@ -117,8 +117,9 @@ class EagleHead(nn.Module):
 def attend(layer: nn.Module, x: torch.Tensor, pos: torch.Tensor, cache: KV | None,
            mask: torch.Tensor | None = None) -> torch.Tensor:
     """The head layer's self-attention over x (B, n, in) at positions pos: q/k/v_proj, rotary, causal over
-    the rows (and all of `cache`, which the rows join; or as `mask` says, a tree's), o_proj. `layer` holds the projections, cfg and
-    _rotary (EagleHead here; public_heads.Eagle3Head, whose x is [e; f], twice as wide)."""
+    the rows (and all of `cache`, which the rows join; or as `mask` says, a tree's), o_proj. `layer` holds
+    the projections, cfg and _rotary (EagleHead here; public_heads.Eagle3Head, whose x is [e; f], twice as
+    wide)."""
     c = layer.cfg
     b, n, _ = x.shape
     q = layer.q_proj(x).view(b, n, c["heads"], c["head_dim"]).transpose(1, 2)
