@@ -95,9 +95,22 @@ def test_tree_rows_equal_the_chains_rows_along_each_path(target, tok):
     assert len(checked) > 2 and max(checked) > 2
 
 
-def test_head_reads_the_true_states_of_the_accepted_path(target, tok):
+@pytest.mark.parametrize("split", [False, True])
+def test_head_reads_the_true_states_of_the_accepted_path(target, tok, monkeypatch, split):
     """At each propose the confirmed rows it reads are the target's own post-norm states at their
-    positions (the fed rows', then the path's nodes' picked out of the tree's rows), with no gap."""
+    positions (the fed rows', then the path's nodes' picked out of the tree's rows), with no gap, from
+    position 0: also where the prompt is read in two forwards (split: a row-exact target's
+    context_apart)."""
+    if split:
+        from specviz.engine import forward, tree_forward
+        split = []
+
+        def apart(model, cache, ids, keep, **kw):
+            if len(ids) > keep:
+                forward.forward_logits(model, ids[:-keep], cache, 1, exact=False)
+                split.append(len(ids))
+            return ids[-keep:]
+        monkeypatch.setattr(tree_forward, "context_apart", apart)
     ids = tok.encode(PROMPTS[2])
     seen = []
 
@@ -111,7 +124,7 @@ def test_head_reads_the_true_states_of_the_accepted_path(target, tok):
     _, spec = run(tree_speculative(target, Spy(target, d, budget=6), tok, ids, 30, 4, GREEDY))
     out = ids + spec.token_ids
     ref = target.model(input_ids=torch.tensor([out])).last_hidden_state[0]
-    assert spec.accepted > 0 and len(seen) > 3
+    assert spec.accepted > 0 and len(seen) > 3 and split in (False, [len(ids)])
     at = 0
     for pend, pend_at in seen:
         assert pend_at == at

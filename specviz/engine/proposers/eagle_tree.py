@@ -91,9 +91,11 @@ class EagleTreeProposer(TreeGrower, EagleProposer):
         finally:
             handle.remove()
         if box:
-            # a prompt read in two parts (context_apart), or a forward that norms only its kept rows:
-            # the last call's rows end with the N nodes; the ones before them end at the last fed token
-            h = box[-1][0]
+            # a prompt read in two parts (context_apart: row-exact targets): both parts' rows where
+            # both were normed, in order; else the last call's, which end with the N nodes, the rows
+            # before them ending at the last fed token
+            whole = sum(b.shape[1] for b in box) == len(fed) + len(tokens)
+            h = torch.cat([b[0] for b in box]) if whole else box[-1][0]
             n_fed = h.shape[0] - len(tokens)
             self.rows = (h, start + len(fed) - n_fed, n_fed)
         return logits
