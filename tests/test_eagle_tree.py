@@ -30,6 +30,7 @@ def test_registered_as_a_tree_method():
     spec = method_spec("eagle-tree")
     assert spec.kind == "tree" and "EAGLE-2" in spec.note and "CPU" in spec.loses_when
     assert spec.check_options({}) == {"tree_budget": None}
+    assert spec.summarize([{"head_ms": 1.0}, {"head_ms": 2.5}]) == {"head_ms": 3.5}
 
 
 @pytest.mark.parametrize("gamma,budget", [(1, None), (3, 4), (5, None), (5, 16)])

@@ -34,7 +34,7 @@ from ...errors import RequestError
 from ..proposer import Option, check_options, register, target_vocab
 from ..tree_forward import frontier_bias, tree_forward_logits
 from .eagle import OPTIONS as CHAIN_OPTIONS
-from .eagle import EagleProposer, _summary, head_cost, load_drafter, load_public
+from .eagle import EagleProposer, head_cost, load_drafter, load_public
 from .heads import final_norm
 from .tree import OPTIONS as TREE_OPTIONS
 from .tree import Tree, TreeGrower, TreeProposal, draft_row
@@ -44,6 +44,7 @@ from .tree import Tree, TreeGrower, TreeProposal, draft_row
 class EagleTreeProposer(TreeGrower, EagleProposer):
     """The chain's head, cache and confirmed rows (EagleProposer); the tree's growth (TreeGrower)."""
 
+    reads_target_cache = False  # the tree verifier keeps the target's cache; verify_tree is handed it
     name: str = "eagle-tree"
     budget: int | None = None  # None: auto (gamma.TreeWidth with the head's c), DEFAULT_BUDGET without
     shape: tuple[int, ...] | None = None  # only the dynamic tree is offered (the builder)
@@ -108,6 +109,11 @@ class EagleTreeProposer(TreeGrower, EagleProposer):
         h, first, n_fed = self.rows
         at = torch.tensor([n_fed + i for i in path], dtype=torch.long, device=h.device)
         self.pend, self.pend_at, self.rows = torch.cat([h[:n_fed], h[at]]), first, None
+
+
+def _summary(infos: list[dict]) -> dict:
+    """The run's head time (the chain's confidence stop has no counterpart here)."""
+    return {"head_ms": round(sum(i.get("head_ms", 0.0) for i in infos), 1)} if infos else {}
 
 
 # the tree's node budget (--tree-budget, shared with tree) and the published head option; the chain's
