@@ -46,9 +46,9 @@ def test_eagle_offered_only_when_its_file_is_found(target, tok, monkeypatch):
     only((), monkeypatch)
     assert not {"eagle", "heads"} & set(values(Handlers.method_choices(h)))
     only(("eagle",), monkeypatch)
-    assert trained.found(h.manager.pair) == {"eagle"}
+    assert trained.found(h.manager.pair) == {"eagle", "eagle-tree"}  # the tree grows from the same head
     offered = values(Handlers.method_choices(h))
-    assert "eagle" in offered and "heads" not in offered
+    assert {"eagle", "eagle-tree"} <= set(offered) and "heads" not in offered
     only(("eagle", "medusa"), monkeypatch)
     assert {"eagle", "heads"} <= set(values(Handlers.method_choices(h)))
 

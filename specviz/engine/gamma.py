@@ -166,11 +166,13 @@ class TreeWidth:
                 self.n[r] = DECAY * self.n[r] + 1
 
 
-def make_width(costs, *, auto: bool) -> TreeWidth | None:
-    """The tree's width rule where its budget is auto and this pair's costs were measured."""
-    if not auto or costs is None or costs.c is None:
+def make_width(costs, *, auto: bool, c: float | None = None) -> TreeWidth | None:
+    """The tree's width rule where its budget is auto and this pair's costs were measured; c: a
+    draft forward's cost where it is not the draft model's (costs.c), e.g. a trained head's."""
+    c = costs.c if c is None and costs is not None else c
+    if not auto or costs is None or c is None:
         return None
-    return TreeWidth(costs.c, monotone(costs.verify_cost, MAX_GAMMA))
+    return TreeWidth(c, monotone(costs.verify_cost, MAX_GAMMA))
 
 
 # A draft token's acceptance by the draft's own confidence (max softmax probability of its row):

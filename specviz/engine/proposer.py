@@ -18,6 +18,9 @@ Optional capabilities a chain proposer declares (class attributes, default off):
                          proposer drafts in (or reads) the target's KV cache;
   supplies_verify_logits verify_logits(fed, tokens, keep) replaces the engine's
                          target forward (it already ran part of the target).
+A tree proposer may declare supplies_verify_logits too: the tree verifier then calls its
+verify_tree(target, cache, fed=, tokens=, parents=, depths=, keep=) (tree_forward_logits' signature)
+in place of tree_forward_logits (eagle-tree: it keeps the target's states as the forward runs).
 """
 from __future__ import annotations
 

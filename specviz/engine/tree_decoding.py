@@ -25,11 +25,13 @@ from .tree_forward import tree_forward_logits
 from .tree_sampling import accept_greedy, accept_sampled, depths_of, describe_tree
 
 
-def _verify(target, cache, fed, prop, params, gen):
-    """One target forward over fed + tree; returns (p rows, verdict, q rows, gaps, argmaxes)."""
+def _verify(target, cache, fed, prop, params, gen, forward=tree_forward_logits):
+    """One target forward over fed + tree; returns (p rows, verdict, q rows, gaps, argmaxes).
+    forward: tree_forward_logits, or the proposer's verify_tree (supplies_verify_logits) that runs it
+    and keeps what it reads of the target's states."""
     depths = depths_of(prop.parents)
-    logits = tree_forward_logits(target, cache, fed=fed, tokens=prop.tokens, parents=prop.parents,
-                                 depths=depths, keep=len(prop.tokens) + 1)
+    logits = forward(target, cache, fed=fed, tokens=prop.tokens, parents=prop.parents,
+                     depths=depths, keep=len(prop.tokens) + 1)
     if prop.fixed:  # copied children: no draft law, each child a one-hot draft
         return _verify_fixed(logits, prop, params, gen)
     q = pad_to(prop.q.to(logits.device), logits.shape[-1])
@@ -141,6 +143,9 @@ def tree_speculative(target, proposer: TreeProposer, tokenizer, prompt_ids: list
         policy = None
     committed = list(prompt_ids)
     proposer.reset(prompt_ids)
+    forward = tree_forward_logits
+    if getattr(proposer, "supplies_verify_logits", False):
+        forward = proposer.verify_tree
 
     def one_round(r: int, remaining: int) -> RoundEvent:
         t_start = clock.now()
@@ -150,7 +155,7 @@ def tree_speculative(target, proposer: TreeProposer, tokenizer, prompt_ids: list
         t_drafted = clock.now()
         n_prefix = len(committed)
         fed = committed[cache.get_seq_length():]
-        p, v, q, gaps, best = _verify(target, cache, fed, prop, params, gen)
+        p, v, q, gaps, best = _verify(target, cache, fed, prop, params, gen, forward)
         t_end = clock.now()
         # EOS or the budget can end the output inside the path
         new, ended = cut_at_eos([prop.tokens[i] for i in v.path] + [v.token], eos, remaining)

@@ -34,7 +34,8 @@ def run_events(pair: Pair, req: RunRequest, side: str, prompt_ids: list[int], *,
         kind = method_spec(req.method).kind
         if kind == "tree":  # γ is the tree depth (auto: chosen each round, as a chain's γ)
             return tree_speculative(pair.target, prop, pair.tokenizer, prompt_ids, depth=req.gamma,
-                                    policy=gamma_policy(pair, req), width=tree_width(pair, prop), **common)
+                                    policy=gamma_policy(pair, req), width=tree_width(pair, prop, req),
+                                    **common)
         if kind == "jacobi":  # γ set the proposer's n-gram length; greedy only: no seed
             common.pop("seed")
             return lookahead(pair.target, prop, pair.tokenizer, prompt_ids, **common)
@@ -58,9 +59,16 @@ def side_pair(pair: Pair, side: str) -> Pair:
     return (pair.baseline_pair or pair) if side == "baseline" else pair
 
 
-def tree_width(pair: Pair, prop):
-    """The measured-cost sizing of a dynamic tree whose budget is auto (None: its own budget)."""
-    return make_width(pair.costs, auto=not prop.shape and prop.budget is None)
+def tree_width(pair: Pair, prop, req=None):
+    """The measured-cost sizing of a dynamic tree whose budget is auto (None: its own budget). A method
+    that prices its own draft (MethodSpec.cost: eagle-tree's head) is sized by that c, else by the
+    draft model's; none where its c is unmeasured."""
+    auto = not prop.shape and prop.budget is None
+    spec = method_spec(req.method) if req is not None else None
+    if spec is not None and spec.cost is not None:
+        c = spec.cost(pair, req) if auto else None
+        return make_width(pair.costs, auto=auto, c=c) if c is not None else None
+    return make_width(pair.costs, auto=auto)
 
 
 def gamma_policy(pair: Pair, req: RunRequest):

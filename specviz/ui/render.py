@@ -207,7 +207,8 @@ EXPLAINER = (
 GUESSES_FROM = {"lookup": "prompt lookup (no draft model)", "adaptive": "draft model with adaptive γ",
                 "suffix": "text already written (suffix tree)", "hybrid": "copied text or the draft model",
                 "heads": "trained Medusa heads on the target's states (no draft model)",
-                "eagle": "a trained EAGLE head on the target's states (no draft model)"}
+                "eagle": "a trained EAGLE head on the target's states (no draft model)",
+                "eagle-tree": "a trained EAGLE head's token tree on the target's states (no draft model)"}
 
 
 def guesses_from(method: str) -> str:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from html import escape
 
-TRAINED_ONLY = ("heads", "eagle")
+TRAINED_ONLY = ("heads", "eagle", "eagle-tree")
 
-KINDS = {"heads": "medusa", "eagle": "eagle"}  # page method -> the store's kind, and `heads <step>`
+# page method -> the store's kind, and `heads <step>` (eagle-tree grows its tree with eagle's head)
+KINDS = {"heads": "medusa", "eagle": "eagle", "eagle-tree": "eagle"}
 PLAIN_TRAIN = "python -m specviz heads train"  # engine/proposers/heads.py train_command, pair args after it
 
 

@@ -192,12 +192,16 @@ class EagleProposer(Proposer):
 
     def _step(self, ids: list[int], feats: torch.Tensor, at: int) -> torch.Tensor:
         """The head over rows at positions at.. (token ids x_{t+1}, states f_t): the last row's output."""
+        return self._rows(ids, feats, list(range(at, at + len(ids))))[-1]
+
+    def _rows(self, ids: list[int], feats: torch.Tensor, pos: list[int], mask=None) -> torch.Tensor:
+        """The head over rows (token ids x_{t+1}, states f_t (n, H)) at positions pos, into its KV
+        (causal, or as mask says): every row's predicted next state (n, H)."""
         d = self.drafter
         dev = feats.device
         e = d.embed(torch.tensor([ids], device=dev))
-        pos = torch.arange(at, at + len(ids), device=dev)
         dtype = e.dtype if e.is_floating_point() else torch.float32
-        return d.head(e.to(dtype), feats[None].to(dtype), pos, self.kv)[0, -1]
+        return d.head(e.to(dtype), feats[None].to(dtype), torch.tensor(pos, device=dev), self.kv, mask)[0]
 
     def propose(self, committed, gamma, params, generator, eos_ids):
         if self.pend is None or gamma < 1:  # round 1: no states yet, the prompt's forward makes them

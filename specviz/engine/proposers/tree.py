@@ -59,7 +59,7 @@ class _Left(dict):
 
 
 @dataclass
-class _Tree:
+class Tree:
     """The tree being grown: nodes, their draft rows, cache slots and cum. probs."""
 
     rows: dict = field(default_factory=dict)  # node (-1 root) -> q it draws children from
@@ -95,73 +95,47 @@ class _Tree:
         return out
 
 
-@dataclass
-class TreeDraftProposer(Proposer):
-    model: torch.nn.Module
-    vocab_size: int | None = None
-    shape: tuple[int, ...] | None = None  # static children per depth; None: dynamic
-    budget: int | None = None  # None: auto (gamma.TreeWidth), DEFAULT_BUDGET without one
-    name: str = "tree"
-    cache: DynamicCache | None = field(default=None, repr=False)
+def draft_row(logits: torch.Tensor, params) -> torch.Tensor:
+    """A draft row's law: greedy ranks children by the plain softmax (the warped greedy q is one-hot)."""
+    return logits.float().softmax(-1) if params.greedy else warp(logits, params)
 
-    def reset(self, prompt_ids: list[int]) -> int:
-        self.cache = DynamicCache()
-        if len(prompt_ids) > 1:
-            forward_logits(self.model, prompt_ids[:-1], self.cache, 1)
-            return 1
-        return 0
 
-    def _row(self, logits, params):
-        logits = logits[..., : self.vocab_size] if self.vocab_size else logits
-        # greedy ranks children by the plain softmax (the warped greedy q is one-hot)
-        return logits.float().softmax(-1) if params.greedy else warp(logits, params)
+class TreeGrower:
+    """How a tree grows, whatever drafts its rows (the draft model here, the EAGLE head in
+    eagle_tree.py): static shapes, EAGLE-2's best-first dynamic tree, the auto-sized one. A subclass
+    has `shape` and `budget` and an `_expand(t, nodes, params)` that sets t.rows[i] and t.slot[i] of
+    each node in one forward (their ancestors' rows are already there)."""
 
-    def propose(self, committed, depth, params, generator, eos_ids, width=None) -> TreeProposal:
-        """A tree of at most `depth` levels; width (gamma.TreeWidth): sized by measured costs where
-        the budget is auto."""
-        feed = committed[self.cache.get_seq_length():]
-        t = _Tree()
-        # exact=False: only the draft's own q depends on these bits, and a two-token feed (after a
-        # bonus round) is then one forward, not two (docs/why.md#draft-inexact)
-        t.rows[-1] = self._row(forward_logits(self.model, feed, self.cache, 1, exact=False)[-1], params)
-        self.n_prefix = len(committed)
+    shape: tuple[int, ...] | None = None
+    budget: int | None = None
+
+    def grow(self, t: Tree, depth: int, params, generator, eos_ids, width=None) -> int:
+        """t.rows[-1] set: grows t; returns the draft forwards spent after the root's."""
+        eos = frozenset(eos_ids)
         if self.shape:
-            forwards = 1 + self._grow_static(t, depth, params, generator, frozenset(eos_ids))
-        elif self.budget is None and width is not None:
-            forwards = 1 + self._grow_auto(t, depth, params, generator, frozenset(eos_ids), width)
-        else:
-            forwards = 1 + self._grow_dynamic(t, depth, params, generator, frozenset(eos_ids))
+            return self._grow_static(t, depth, params, generator, eos)
+        if self.budget is None and width is not None:
+            return self._grow_auto(t, depth, params, generator, eos, width)
+        return self._grow_dynamic(t, depth, params, generator, eos)
+
+    @staticmethod
+    def q_rows(t: Tree) -> torch.Tensor:
+        """(N + 1, V): row 0 the root's law, row i + 1 node i's (0 for a node never expanded)."""
         q = torch.zeros(len(t.tokens) + 1, t.rows[-1].shape[-1])
         for node, row in t.rows.items():
             q[node + 1] = row
-        self.slots = t.slot
-        return TreeProposal(t.tokens, t.parents, q, forwards, t.doubt)
+        return q
 
-    def _expand(self, t: _Tree, nodes: list[int], params) -> None:
-        """One draft forward of `nodes` (their ancestors are cached): their q rows."""
-        n_cache = self.cache.get_seq_length()
-        anc = [[t.slot[a] for a in t.ancestors(i)] for i in nodes]
-        if len(nodes) == 1 and sorted(anc[0]) == list(range(self.n_prefix, n_cache)):
-            # the cache holds the prefix and this node's ancestors only: a causal step at the next
-            # position, the chain draft's own forward (the masked one cost more: docs/why.md#tree-step)
-            logits = forward_logits(self.model, [t.tokens[nodes[0]]], self.cache, 1, exact=False)
-        else:
-            bias = frontier_bias(anc, n_prefix=self.n_prefix, n_cache=n_cache)
-            logits = masked_forward(self.model, self.cache, ids=[t.tokens[i] for i in nodes],
-                                    positions=[self.n_prefix - 1 + t.depth[i] for i in nodes], bias=bias,
-                                    keep=len(nodes))
-        rows = self._row(logits, params)  # one call for the layer: per row, each costs a dispatch
-        for j, i in enumerate(nodes):
-            t.slot[i] = n_cache + j
-            t.rows[i] = rows[j]
+    def _expand(self, t: Tree, nodes: list[int], params) -> None:
+        raise NotImplementedError
 
-    def _draw(self, t: _Tree, u: int, params, generator) -> int:
+    def _draw(self, t: Tree, u: int, params, generator) -> int:
         left = t.left[u]
         if params.greedy:
             return int(left.argmax())
         return int(torch.multinomial(left / left.sum(), 1, generator=generator))
 
-    def _next_choice(self, t: _Tree, u: int) -> int:
+    def _next_choice(self, t: Tree, u: int) -> int:
         """A greedy auto tree's next child at u: its row's next choice (its first read when the row
         opened, the others by one top-k when a second is asked for; not a copy and an argmax a
         child). At most MAX_ORDER of them; one of no mass is still a guess."""
@@ -276,6 +250,58 @@ class TreeDraftProposer(Proposer):
                 break
             add(best)
         return won[1] - 1
+
+
+@dataclass
+class TreeDraftProposer(TreeGrower, Proposer):
+    model: torch.nn.Module
+    vocab_size: int | None = None
+    shape: tuple[int, ...] | None = None  # static children per depth; None: dynamic
+    budget: int | None = None  # None: auto (gamma.TreeWidth), DEFAULT_BUDGET without one
+    name: str = "tree"
+    cache: DynamicCache | None = field(default=None, repr=False)
+
+    def reset(self, prompt_ids: list[int]) -> int:
+        self.cache = DynamicCache()
+        if len(prompt_ids) > 1:
+            forward_logits(self.model, prompt_ids[:-1], self.cache, 1)
+            return 1
+        return 0
+
+    def _row(self, logits, params):
+        return draft_row(logits[..., : self.vocab_size] if self.vocab_size else logits, params)
+
+    def propose(self, committed, depth, params, generator, eos_ids, width=None) -> TreeProposal:
+        """A tree of at most `depth` levels; width (gamma.TreeWidth): sized by measured costs where
+        the budget is auto."""
+        feed = committed[self.cache.get_seq_length():]
+        t = Tree()
+        # exact=False: only the draft's own q depends on these bits, and a two-token feed (after a
+        # bonus round) is then one forward, not two (docs/why.md#draft-inexact)
+        t.rows[-1] = self._row(forward_logits(self.model, feed, self.cache, 1, exact=False)[-1], params)
+        self.n_prefix = len(committed)
+        forwards = 1 + self.grow(t, depth, params, generator, eos_ids, width)
+        q = self.q_rows(t)
+        self.slots = t.slot
+        return TreeProposal(t.tokens, t.parents, q, forwards, t.doubt)
+
+    def _expand(self, t: Tree, nodes: list[int], params) -> None:
+        """One draft forward of `nodes` (their ancestors are cached): their q rows."""
+        n_cache = self.cache.get_seq_length()
+        anc = [[t.slot[a] for a in t.ancestors(i)] for i in nodes]
+        if len(nodes) == 1 and sorted(anc[0]) == list(range(self.n_prefix, n_cache)):
+            # the cache holds the prefix and this node's ancestors only: a causal step at the next
+            # position, the chain draft's own forward (the masked one cost more: docs/why.md#tree-step)
+            logits = forward_logits(self.model, [t.tokens[nodes[0]]], self.cache, 1, exact=False)
+        else:
+            bias = frontier_bias(anc, n_prefix=self.n_prefix, n_cache=n_cache)
+            logits = masked_forward(self.model, self.cache, ids=[t.tokens[i] for i in nodes],
+                                    positions=[self.n_prefix - 1 + t.depth[i] for i in nodes], bias=bias,
+                                    keep=len(nodes))
+        rows = self._row(logits, params)  # one call for the layer: per row, each costs a dispatch
+        for j, i in enumerate(nodes):
+            t.slot[i] = n_cache + j
+            t.rows[i] = rows[j]
 
     def rollback_tree(self, committed: list[int], path: list[int]) -> None:
         """Keep the committed prefix and the accepted path's cached entries."""

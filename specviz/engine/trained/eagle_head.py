@@ -101,21 +101,25 @@ class EagleHead(nn.Module):
         rot = torch.cat([-x[..., half:], x[..., :half]], -1)
         return x * cos + rot * sin
 
-    def forward(self, emb: torch.Tensor, feat: torch.Tensor, pos: torch.Tensor, cache: KV | None = None):
+    def forward(self, emb: torch.Tensor, feat: torch.Tensor, pos: torch.Tensor, cache: KV | None = None,
+                mask: torch.Tensor | None = None):
         """emb, feat (B, n, H) rows at positions pos (n,) -> (B, n, H) predicted next features.
-        cache: the rows attend to it and are appended to it (B = 1); None: causal over the n rows."""
+        cache: the rows attend to it and are appended to it (B = 1); None: causal over the n rows.
+        mask (n, len(cache) + n) bool, True = attend: in place of the causal one (a tree's rows)."""
         w = getattr(self.fc, "weight", None)  # a low-bit Linear has none: it reads float32
         dt = w.dtype if isinstance(w, torch.Tensor) and w.is_floating_point() else torch.float32
         x = self.fc(torch.cat([emb, feat], -1).to(dt))
-        x = x + attend(self, x, pos, cache)
+        x = x + attend(self, x, pos, cache, mask)
         y = self.post_attention_layernorm(x)
         return x + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
 
 
-def attend(layer: nn.Module, x: torch.Tensor, pos: torch.Tensor, cache: KV | None) -> torch.Tensor:
+def attend(layer: nn.Module, x: torch.Tensor, pos: torch.Tensor, cache: KV | None,
+           mask: torch.Tensor | None = None) -> torch.Tensor:
     """The head layer's self-attention over x (B, n, in) at positions pos: q/k/v_proj, rotary, causal over
-    the rows (and all of `cache`, which the rows join), o_proj. `layer` holds the projections, cfg and
-    _rotary (EagleHead here; public_heads.Eagle3Head, whose x is [e; f], twice as wide)."""
+    the rows (and all of `cache`, which the rows join; or as `mask` says, a tree's), o_proj. `layer` holds
+    the projections, cfg and _rotary (EagleHead here; public_heads.Eagle3Head, whose x is [e; f], twice as
+    wide)."""
     c = layer.cfg
     b, n, _ = x.shape
     q = layer.q_proj(x).view(b, n, c["heads"], c["head_dim"]).transpose(1, 2)
@@ -127,8 +131,7 @@ def attend(layer: nn.Module, x: torch.Tensor, pos: torch.Tensor, cache: KV | Non
     else:
         past = len(cache)
         k, v = cache.add(k, v)
-        mask = None
-        if n > 1:
+        if mask is None and n > 1:
             mask = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(past)
         a = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, enable_gqa=True)
     return layer.o_proj(a.transpose(1, 2).reshape(b, n, -1))

@@ -168,14 +168,16 @@ class Eagle3Head(nn.Module):
 
     _rotary = EagleHead._rotary
 
-    def forward(self, emb: torch.Tensor, feat: torch.Tensor, pos: torch.Tensor, cache: KV | None = None):
-        """emb (B, n, H), feat (B, n, 3 H_target) target states or (B, n, H) its own outputs -> (B, n, H)."""
+    def forward(self, emb: torch.Tensor, feat: torch.Tensor, pos: torch.Tensor, cache: KV | None = None,
+                mask: torch.Tensor | None = None):
+        """emb (B, n, H), feat (B, n, 3 H_target) target states or (B, n, H) its own outputs -> (B, n, H);
+        mask as EagleHead.forward's."""
         dt = self.fc.weight.dtype
         u = feat.to(dt)
         if u.shape[-1] == self.fc.in_features and u.shape[-1] != self.cfg["hidden"]:
             u = self.fc(u)
         x = torch.cat([self.input_layernorm(emb.to(dt)), self.hidden_norm(u)], -1)
-        u = u + attend(self, x, pos, cache)
+        u = u + attend(self, x, pos, cache, mask)
         y = self.post_attention_layernorm(u)
         return u + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
 
