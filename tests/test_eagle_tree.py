@@ -161,10 +161,10 @@ def test_sampled_sequences_follow_target(budget, scale, params):
 
 
 def test_an_eagle3_head_is_refused(target, tok, monkeypatch):
-    from specviz.engine.proposers import eagle_tree
+    from specviz.engine.proposers import eagle
     d = drafter(target)
     d.taps = (1, 2, 3)
-    monkeypatch.setattr(eagle_tree, "load_drafter", lambda pair: d)
+    monkeypatch.setattr(eagle, "load_drafter", lambda pair: d)  # request_drafter's
     with pytest.raises(RequestError, match="EAGLE-3"):
         make_proposer(pair_of(target, tok), "eagle-tree")
 

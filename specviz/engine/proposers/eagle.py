@@ -297,10 +297,15 @@ LOSES = (
           description="EAGLE: a trained one-layer head reads the target's own last hidden state and "
                       "drafts a chain (lossless: the target verifies every token)")
 def _build_eagle(pair, req=None):
+    drafter, options = request_drafter(pair, req, OPTIONS)
+    return EagleProposer(pair.target, drafter, stop_below=options["confidence"] / 100)
+
+
+def request_drafter(pair, req, options_spec) -> tuple[Drafter, dict]:
+    """(the head a request names, or the target's own; its checked options), for eagle and eagle-tree."""
     if final_norm(pair.target) is None:
         raise RequestError("EAGLE needs a decoder with a final norm (model.norm); this target has "
                            "another layout.")
-    options = check_options(OPTIONS, dict(getattr(req, "options", None) or {}))
+    options = check_options(options_spec, dict(getattr(req, "options", None) or {}))
     name = options.get("eagle_head")
-    drafter = load_public(pair, name) if name else load_drafter(pair)
-    return EagleProposer(pair.target, drafter, stop_below=options["confidence"] / 100)
+    return (load_public(pair, name) if name else load_drafter(pair)), options

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ...errors import RequestError
-from ..proposer import Option, check_options, register, target_vocab
+from ..proposer import Option, register, target_vocab
 from ..tree_forward import frontier_bias, tree_forward_logits
 from .eagle import OPTIONS as CHAIN_OPTIONS
-from .eagle import EagleProposer, head_cost, load_drafter, load_public
+from .eagle import EagleProposer, head_cost, request_drafter
 from .heads import final_norm
 from .tree import OPTIONS as TREE_OPTIONS
 from .tree import Tree, TreeGrower, TreeProposal, draft_row
@@ -138,12 +138,7 @@ LOSES = (
           description="EAGLE-2: the trained EAGLE head grows a token tree of its most likely branches, "
                       "the target checks them all in one pass (γ = depth)")
 def _build_eagle_tree(pair, req=None):
-    if final_norm(pair.target) is None:
-        raise RequestError("EAGLE needs a decoder with a final norm (model.norm); this target has "
-                           "another layout.")
-    options = check_options(OPTIONS, dict(getattr(req, "options", None) or {}))
-    name = options.get("eagle_head")
-    drafter = load_public(pair, name) if name else load_drafter(pair)
+    drafter, options = request_drafter(pair, req, OPTIONS)
     if drafter.taps is not None:
         raise RequestError("The EAGLE tree runs EAGLE-1/2 heads only (they read the target's last state, "
                            "which the tree's verify keeps); this is an EAGLE-3 head: use the method eagle.")
