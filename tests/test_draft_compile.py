@@ -6,6 +6,7 @@ import pytest
 import torch
 from helpers import fake_pair
 
+from specviz import machine
 from specviz.calibration import draft_compile
 from specviz.engine import kvcache
 from specviz.engine.cpu import lowbit
@@ -129,7 +130,6 @@ def test_compiled_draft_step_logits_are_close(tok, pair):
 def test_background_calibration_stop_is_not_a_compile_failure(tok, pair):
     """Loading through a background calibration, the draft's timing waits for runs like the
     calibration's own forwards, and its budget stop ends the load (never 'compile failed')."""
-    from specviz.calibration import calibrate
     _, draft = pair
     calls = []
 
@@ -141,12 +141,12 @@ def test_background_calibration_stop_is_not_a_compile_failure(tok, pair):
         if len(calls) > 12:  # past the eager timing: at the compile
             raise Stopped
 
-    token = calibrate.CHECK.set(check)
+    token = machine.PAUSE.set(check)
     try:
         with pytest.raises(Stopped):
             draft_compile.compile_draft(draft)
     finally:
-        calibrate.CHECK.reset(token)
+        machine.PAUSE.reset(token)
         set_cache(draft, "dynamic")
         kvcache.runtime(draft).rows, kvcache.runtime(draft).dynamic = kvcache.COMPILE_MAX_NEW, None
     assert len(calls) == 13

@@ -8,6 +8,7 @@ import time
 import pytest
 from helpers import fake_pair
 
+from specviz import machine
 from specviz.calibration import calibrate as cal
 from specviz.engine.events import RoundEvent
 from specviz.ui import busy, render
@@ -66,13 +67,13 @@ def test_check_hook_stops_a_calibration(tok, quiet):
         raise Stop
 
     def run():
-        cal.CHECK.set(check)
+        machine.PAUSE.set(check)
         with pytest.raises(Stop):
             cal.calibrate(*_models(tok), quantize="none", native_bf16=False, min_params=0)
     th = threading.Thread(target=run)
     th.start()
     th.join(60)
-    assert cal.CHECK.get() is None  # the hook lives in that thread's context only
+    assert machine.PAUSE.get() is None  # the hook lives in that thread's context only
 
 
 def FakePair(calibration, note):  # noqa: N802 - stands for a class
@@ -114,7 +115,7 @@ def test_background_calibration_stops_at_its_budget():
         if calibration == "cached":
             return FakePair("noisy", "noisy")
         while True:  # a calibration that would never end: the check before each timed forward stops it
-            cal.CHECK.get()()
+            machine.PAUSE.get()()
             time.sleep(0.02)
 
     from specviz.models import PairSpec

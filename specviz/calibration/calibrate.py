@@ -25,10 +25,11 @@ from pathlib import Path
 
 import torch
 
-from ..engine.costs import CHECK, MAX_VERIFY_TOKENS, CostModel, wait_for_runs  # noqa: F401 - CHECK: ui/loader.py sets it
+from ..engine.costs import MAX_VERIFY_TOKENS, CostModel
 from ..engine.cpu import lowbit
 from ..engine.cpu.lean import settle
 from ..engine.cpu.memory import trim_heap
+from ..machine import pause_point  # before each timed forward: a background calibration's pause
 from . import probe
 from .choice import (  # noqa: F401 - the choice logic's names, re-exported with the measuring
     CHOICE_N,
@@ -70,7 +71,6 @@ BUSY_LOAD_PER_CORE = 2.0  # above this 1-minute load per core a calibration is n
 # for a page that must be usable at once); fresh: measure and cache, a noisy old entry or none (the
 # app's background calibration, beside the pair in service: it keeps no twin between timings)
 MODES = ("auto", "cached", "fresh")
-# CHECK (costs.py): called before each timed forward when set (a background calibration's budget and pause)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -175,7 +175,7 @@ def time_forwards(model, ns, *, context: int = CONTEXT, repeats: int = REPEATS, 
     cache, runs, out = keep["cache"], {n: [] for n in ns}, {}
 
     def once(n, timed=True):
-        wait_for_runs()
+        pause_point()
         _sync(dev)
         t0 = time.perf_counter()
         forward_logits(model, ids[context:context + n], cache, n)

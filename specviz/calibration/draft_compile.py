@@ -22,10 +22,10 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..engine import kvcache
-from ..engine.costs import wait_for_runs
 from ..engine.cpu import kernel_layer
 from ..engine.cpu.lowbit import lowbit_format
 from ..engine.forward import cache_kind, forward_logits, new_cache, set_cache
+from ..machine import pause_point
 
 ENV = "SPECVIZ_DRAFT_COMPILE"  # 0: never
 CONTEXT, STEPS = 32, 8
@@ -77,7 +77,7 @@ def step_ms(model, steps: int = STEPS, wait: bool = True) -> float:
     ids = [i % model.get_input_embeddings().num_embeddings for i in ids]
     # a background calibration (ui/loader.py) loads through here: like its timed forwards, these
     # (and the compile they start) wait while a visitor's run goes, or stop at its budget
-    pause = wait_for_runs if wait else (lambda: None)
+    pause = pause_point if wait else (lambda: None)
     cache = new_cache(model)
     pause()
     forward_logits(model, ids[:CONTEXT], cache, 1)
@@ -112,7 +112,7 @@ def compile_draft(draft, progress=None, *, keep: str = "faster") -> DraftStep | 
         progress("compiling the draft's step (torch.compile; cached after the first time)", 0.96)
     set_cache(draft, "static", compile=True, masked=False)
     rt.rows, rt.dynamic = 1, True
-    wait_for_runs()  # outside the try: a background calibration's stop is not a compile failure
+    pause_point()  # outside the try: a background calibration's stop is not a compile failure
     t0 = time.perf_counter()
     try:
         step_ms(draft, steps=1, wait=False)  # compiles

@@ -9,14 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..machine import PAUSE, pause_point
-
 MAX_VERIFY_TOKENS = 17  # v(k) is measured for k = 1..16 drafts (k+1 tokens per forward)
-# called before each timed forward (and each Linear a conversion packs) when set: a background
-# calibration's budget and its pause while a run goes (ui/loader.py); calibrate.py and draft_compile.py
-# time forwards under it. One variable with machine.PAUSE (engine/cpu's conversions pause there).
-CHECK = PAUSE
-wait_for_runs = pause_point
 
 
 @dataclass(frozen=True)

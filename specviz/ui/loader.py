@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..engine.pair import runs_as
 from ..errors import load_error_text
-from ..machine import Lock, on_zerogpu
+from ..machine import PAUSE, Lock, on_zerogpu
 from ..models import PairSpec, load_pair
 from ..run import isolation
 
@@ -244,12 +244,11 @@ class BackgroundCalibration:
         return need <= 0.9 * available_memory()
 
     def _run(self) -> None:
-        from ..calibration import calibrate
         if not self._room():
             self._set(state="skipped", step="not enough free memory for a second copy of the pair; "
                                            "`python -m specviz generate` calibrates once and caches it")
             return
-        calibrate.CHECK.set(self.check)  # this thread's context only
+        PAUSE.set(self.check)  # this thread's context only
         try:
             with isolation.background_job():  # races wait for its pause points (run/isolation.py)
                 pair = self.m._loader(self.spec, device=self.m.device, progress=self._progress,
