@@ -20,6 +20,7 @@ Cost per draft: the head's layer plus the restricted LM head (32,768 of 151,936 
 the 1.5B target's bytes in w4a8."""
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -128,13 +129,17 @@ def head_cost(pair, req=None) -> float | None:
     target's plain step, both measured here (the head's at load, the target's at calibration); None
     where either is missing."""
     costs = getattr(pair, "costs", None)
-    name = (getattr(req, "options", None) or {}).get("eagle_head")
     try:
-        step = (load_public(pair, name.strip()) if isinstance(name, str) and name.strip()
-                else load_drafter(pair)).step_s
+        step = drafter_for(pair, (getattr(req, "options", None) or {}).get("eagle_head")).step_s
     except RequestError:
         return None
     return step / costs.plain_step_s if costs is not None and step else None
+
+
+def drafter_for(pair, name) -> Drafter:
+    """The published head `name` names (a folder or Hub id), else the target's shipped or trained one."""
+    name = name.strip() if isinstance(name, str) else ""
+    return load_public(pair, name) if name else load_drafter(pair)
 
 
 def train_command(pair) -> str:
@@ -238,17 +243,23 @@ class EagleProposer(Proposer):
     def verify_logits(self, fed, tokens, keep):
         """The engine's verify forward, keeping the states the head reads (_hooks) of every row it read."""
         start = self.cache.get_seq_length()
-        boxes, handles = self._hooks()
-        try:
+        with self.states() as boxes:
             logits = forward_logits(self.model, fed + tokens, self.cache, keep)
-        finally:
-            for handle in handles:
-                handle.remove()
         if all(boxes):
             # a prompt read in two parts: the hooks saw its last part only
             h = torch.cat([box[-1][0] for box in boxes], -1)
             self.rows = (h, start + len(fed) + len(tokens) - h.shape[0], start + len(fed) - 1)
         return logits
+
+    @contextlib.contextmanager
+    def states(self):
+        """While a target forward runs: the states the head reads (_hooks), one list of outputs per tap."""
+        boxes, handles = self._hooks()
+        try:
+            yield boxes
+        finally:
+            for handle in handles:
+                handle.remove()
 
     def _hooks(self):
         """EAGLE-1/2: the final norm's output (post-norm states). EAGLE-3: the inputs of its tapped
@@ -307,5 +318,4 @@ def request_drafter(pair, req, options_spec) -> tuple[Drafter, dict]:
         raise RequestError("EAGLE needs a decoder with a final norm (model.norm); this target has "
                            "another layout.")
     options = check_options(options_spec, dict(getattr(req, "options", None) or {}))
-    name = options.get("eagle_head")
-    return (load_public(pair, name) if name else load_drafter(pair)), options
+    return drafter_for(pair, options.get("eagle_head")), options

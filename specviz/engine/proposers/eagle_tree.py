@@ -35,7 +35,6 @@ from ..proposer import Option, register, target_vocab
 from ..tree_forward import frontier_bias, tree_forward_logits
 from .eagle import OPTIONS as CHAIN_OPTIONS
 from .eagle import EagleProposer, head_cost, request_drafter
-from .heads import final_norm
 from .tree import OPTIONS as TREE_OPTIONS
 from .tree import Tree, TreeGrower, TreeProposal, draft_row
 
@@ -84,13 +83,9 @@ class EagleTreeProposer(TreeGrower, EagleProposer):
         """The tree verify forward (tree_forward_logits), keeping the final norm's output: the
         post-norm states of the rows it read, the nodes' last, in node order."""
         start = cache.get_seq_length()
-        box = []
-        handle = final_norm(model).register_forward_hook(lambda m, i, out: box.append(out))
-        try:
+        with self.states() as (box,):  # EAGLE-1/2 heads only (the builder): the final norm's output
             logits = tree_forward_logits(model, cache, fed=fed, tokens=tokens, parents=parents,
                                          depths=depths, keep=keep)
-        finally:
-            handle.remove()
         if box:
             # a prompt read in two parts (context_apart: row-exact targets): both parts' rows where
             # both were normed, in order; else the last call's, which end with the N nodes, the rows
