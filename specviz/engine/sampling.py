@@ -261,3 +261,11 @@ def verdict_of(h: dict, gamma: int) -> Verdict:
     return Verdict(n_accepted=n, token=int(h["token"][0]), resampled=n < gamma,
                    u=h["u"][: n + 1 if n < gamma else gamma], p_x=h["p_x"], q_x=h["q_x"],
                    overlap=h["overlap"])
+
+
+def spread_logits(part: torch.Tensor, ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Logits over `ids` (..., len(ids)) written at those ids of a `vocab`-wide row; every other id gets
+    the dtype's lowest value, so q is 0 there after softmax (a restricted output layer: the draft's
+    trimmed one, a trained head's kept tokens, EAGLE-3's draft vocabulary)."""
+    out = part.new_full((*part.shape[:-1], vocab), torch.finfo(part.dtype).min)
+    return out.index_copy_(-1, ids, part)

@@ -18,6 +18,8 @@ from collections import Counter
 import torch
 from torch import nn
 
+from ..engine.sampling import spread_logits
+
 DEFAULT_KEEP = 32768
 MIN_VOCAB = 2 * DEFAULT_KEEP  # smaller vocabularies are not worth trimming
 CORPUS_CHARS = 3_000_000
@@ -40,9 +42,7 @@ class TrimmedHead(nn.Module):
         self.register_buffer("keep", keep)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        part = self.proj(h)
-        out = part.new_full((*part.shape[:-1], self.out_features), torch.finfo(part.dtype).min)
-        return out.index_copy_(-1, self.keep, part)
+        return spread_logits(self.proj(h), self.keep, self.out_features)
 
 
 def trim(model, keep_ids: list[int]) -> int:

@@ -23,6 +23,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..sampling import spread_logits
+
 VERSION = 1
 
 
@@ -194,9 +196,7 @@ class KeptHead(nn.Module):
         self.register_buffer("keep", keep)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        part = self.proj(h).float()
-        out = part.new_full((*part.shape[:-1], self.vocab), torch.finfo(torch.float32).min)
-        return out.index_copy_(-1, self.keep, part)
+        return spread_logits(self.proj(h).float(), self.keep, self.vocab)
 
 
 def lowbit_for(target) -> str | None:

@@ -28,6 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ...errors import RequestError
+from ..sampling import spread_logits
 from .eagle_head import KV, EagleHead, RMSNorm, attend, head_weight
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -198,9 +199,7 @@ class DraftVocabHead(nn.Module):
         self.eval().requires_grad_(False)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        part = self.proj(self.norm(h.to(self.proj.weight.dtype))).float()
-        out = part.new_full((*part.shape[:-1], self.vocab), torch.finfo(torch.float32).min)
-        return out.index_copy_(-1, self.ids, part)
+        return spread_logits(self.proj(self.norm(h.to(self.proj.weight.dtype))).float(), self.ids, self.vocab)
 
 
 def draft_ids(name: str, state: dict, rows: int, vocab: int) -> torch.Tensor:
