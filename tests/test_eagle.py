@@ -285,3 +285,22 @@ def test_the_hub_default_finds_the_embedded_targets_shipped_head(target, tok):
     path = store.save(pair(DEFAULT_TARGET), "eagle", pack(random_head(target), torch.arange(4)), {}, ship=True)
     assert store.find(pair(HUB_TARGET), "eagle") == path
     assert store.find(pair_of(target, tok), "eagle") is None
+
+
+def test_training_scores_the_answers_rows_and_code_not_the_prompt():
+    """answer_rows: chat rows are scored only where the next token is the assistant's (after the
+    template's assistant header, until the next header), code rows always; a window starts anew."""
+    from specviz.heads.eagle_train import answer_rows
+    S, A, U = 1, 2, 3  # <|im_start|>, "assistant", "user"
+    tok = SimpleNamespace(unk_token_id=None,
+                          convert_tokens_to_ids=lambda t: {"<|im_start|>": S, "assistant": A}.get(t))
+    ids = [S, U, 9, 9, S, A, 7, 7, 7, 9, 9, 9, 9]
+    seg = [0] * 9 + [1] * 4
+    kind = [0] * 9 + [1] * 4
+    data = {"ids": torch.tensor(ids), "seg": torch.tensor(seg), "kind": torch.tensor(kind)}
+    got = answer_rows(data, tok).tolist()
+    # row i is scored when token i+1 is the assistant's: the role token onwards (rows 4..7), not row 8
+    # (its next token opens the code window), every code row
+    assert got == [False, False, False, False, True, True, True, True, False, True, True, True, True]
+    plain = SimpleNamespace(unk_token_id=0, convert_tokens_to_ids=lambda t: 0)
+    assert answer_rows(data, plain).all()

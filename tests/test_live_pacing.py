@@ -373,3 +373,109 @@ def test_every_pane_update_has_the_pages_run_outputs_length():
     lengths = {len(p.outputs(charts=True)), len(p.outputs(charts=False)), len(p.unchanged()),
                len(panes_mod.message_outputs("m"))}
     assert lengths == {panes_mod.N_OUTPUTS}
+
+
+# ------------------------------------------------------------ the page's race: pace "split" (run/race.py)
+
+
+class _Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+
+def split_race():
+    """(wall, side, event) as the page's race (pace "split", run/race._Split) emits the default run,
+    each step taking its own time on the wall; (the wall at the split, each side's clock then); and the
+    sides stepped after the split, in order."""
+    from specviz.run import race
+    queues = {"baseline": [*_plain(), _summary("baseline", PLAIN)],
+              "speculative": [*_rounds(), _summary("speculative", SPEC)]}
+    clocks, out = {s: _Clock() for s in queues}, dict.fromkeys(queues, 0)
+    info = race.RaceInfo("fair")
+    split = race._Split(N, info)
+    running, pending, wall, schedule, at, steps = set(queues), {s: [] for s in queues}, 0.0, [], None, []
+    while running:
+        side = split.pick(running, clocks, out)
+        if info.split_at is not None and at is None:
+            at = (wall, {s: c.t for s, c in clocks.items()})
+        if at is not None:
+            steps.append(side)
+        ev = queues[side].pop(0)
+        wall += event_time(ev) - clocks[side].t
+        clocks[side].t = event_time(ev)
+        out[side] += race._out(ev)
+        pending[side].append(ev)
+        if isinstance(ev, RunSummary):
+            running.discard(side)
+        horizon = min((clocks[s].t for s in running), default=float("inf"))
+        for s in queues:  # as race._fair: what no running side can still precede, in time order
+            while pending[s] and event_time(pending[s][0]) <= horizon:
+                schedule.append((wall, s, pending[s].pop(0)))
+    schedule.sort(key=lambda x: x[0])
+    return schedule, at, steps
+
+
+def test_the_page_race_splits_so_both_sides_meet_the_replay_alike():
+    """Both sides step by tokens, then the speculative side's last share alone, then plain's: at the
+    split each side has the same share of its time left (a browser drawing the replay from there on
+    slows both alike), and it comes when P/T - LEAD of each is left."""
+    from specviz.run.race import _Split
+    schedule, (split_wall, at), steps = split_race()
+    left = {"baseline": 1 - at["baseline"] / PLAIN, "speculative": 1 - at["speculative"] / SPEC}
+    assert left["baseline"] == pytest.approx(left["speculative"], abs=0.06), left
+    assert left["baseline"] == pytest.approx(PLAIN / (PLAIN + SPEC) - _Split.LEAD, abs=0.06), left
+    # after the split: every speculative step, then every plain one
+    assert steps == sorted(steps, key=lambda side: side == "baseline") and len(set(steps)) == 2
+
+
+def test_the_replay_starts_at_the_split_never_waits_and_ends_soon_after_the_engines():
+    schedule, (split_wall, _), _ = split_race()
+    engines_end = schedule[-1][0]
+    state = {"wall": 0.0}
+    pacer = live.Pacer("fair", N, split=lambda: state["wall"] >= split_wall)
+    shown, i, wall, tick = {}, 0, 0.0, 0.05
+    while i < len(schedule) or not pacer.drained:
+        wall += tick
+        state["wall"] = wall
+        while i < len(schedule) and schedule[i][0] <= wall:
+            pacer.feed(schedule[i][1], schedule[i][2])
+            i += 1
+        if i == len(schedule):
+            pacer.end(wall)
+        for _, ev in pacer.due(wall):
+            shown[id(ev)] = wall
+        assert wall < 100
+    assert pacer.start == pytest.approx(split_wall, abs=tick + 1e-9)
+    plain = [shown[id(ev)] for _, side, ev in schedule if side == "baseline" and isinstance(ev, TokenEvent)]
+    # the panes type at the measured pace (never stalled waiting for the engines), and the replay
+    # ends about LEAD of the engines' time after them, within the tail: nothing skipped
+    assert (N - 1) / (plain[-1] - plain[0]) == pytest.approx(N / PLAIN, rel=0.06)
+    assert max(shown.values()) <= engines_end + 0.2 * (PLAIN + SPEC) + tick
+    assert pacer.skipped < 0.05
+
+
+def test_without_a_split_the_replay_starts_as_planned():
+    """A split that never comes (a side ended before it): the old plan, once a side has ended."""
+    pacer = live.Pacer("fair", N, split=lambda: False)
+    shown, ended = play(pacer, fair_race())
+    assert len(shown) == len(fair_race()) and pacer.start is not None
+
+
+def test_split_picks_by_tokens_then_speculative_alone_then_plain():
+    from specviz.run.race import RaceInfo, _Split
+    info = RaceInfo("fair")
+    split = _Split(100, info)
+    clocks = {"baseline": _Clock(), "speculative": _Clock()}
+    out = {"baseline": 10, "speculative": 20}
+    clocks["baseline"].t, clocks["speculative"].t = 1.0, 1.0  # plain 0.1 s a token, speculative 0.05
+    assert split.pick({"baseline", "speculative"}, clocks, out) == "baseline" and info.split_at is None
+    # P/T = 2/3: the split once both have 1 - (2/3 - LEAD) of their tokens out
+    need = round((1 - (2 / 3 - _Split.LEAD)) * 100 + 0.5)
+    out = {"baseline": need, "speculative": need}
+    clocks["baseline"].t, clocks["speculative"].t = need * 0.1, need * 0.05
+    assert split.pick({"baseline", "speculative"}, clocks, out) == "speculative" and info.split_at is not None
+    assert split.pick({"baseline", "speculative"}, clocks, out) == "speculative"
+    assert split.pick({"baseline"}, clocks, out) == "baseline"

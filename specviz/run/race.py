@@ -14,6 +14,10 @@ fair (default on CPU)
     pace="tokens" (the race of all methods) steps instead the side with fewer
     tokens out, so both sides finish in the same wall-clock moments and meet
     the same load; the events still come in virtual-time order.
+    pace="split" (the page's race) steps by tokens until both sides have the
+    same share of their work left, then the speculative side to its end, then
+    plain: the page replays from that split on (ui/live.py), and a browser
+    drawing on the same cores meets the same share of each side (_Split).
 
 parallel
     Two worker threads run both engines at the same time (on a CUDA device each
@@ -50,7 +54,7 @@ from .runner import run_events, side_pair
 
 SIDES = ("baseline", "speculative")
 MODES = ("fair", "parallel")
-PACES = ("clock", "tokens")  # fair mode: which side steps next (_behind)
+PACES = ("clock", "tokens", "split")  # fair mode: which side steps next (_behind, _Split)
 
 Event = TokenEvent | RoundEvent | RunSummary
 
@@ -75,6 +79,7 @@ class RaceInfo:
         self.mode = mode
         self.timed_out = False
         self.wall_start = time.perf_counter()
+        self.split_at: float | None = None  # pace="split": when the sides' last shares began (_Split)
 
     @property
     def wall(self) -> float:
@@ -106,7 +111,7 @@ def race(pair, req, prompt_ids: list[int], mode: str = "fair", *, stop: threadin
     try:
         with isolation.racing():  # the page refuses pair loads meanwhile
             if mode == "fair":
-                yield from _fair(pair, req, prompt_ids, either, sides, pace)
+                yield from _fair(pair, req, prompt_ids, either, sides, pace, info)
             else:
                 yield from _parallel(pair, req, prompt_ids, either, halt, sides)
     finally:
@@ -166,7 +171,8 @@ def _out(ev: Event) -> int:
     return int(isinstance(ev, TokenEvent) and ev.in_output)
 
 
-def _fair(pair, req, prompt_ids, stop, sides, pace: str = "clock") -> Iterator[tuple[str, Event]]:
+def _fair(pair, req, prompt_ids, stop, sides, pace: str = "clock",
+          info: RaceInfo | None = None) -> Iterator[tuple[str, Event]]:
     clocks = {side: VirtualClock(side_pair(pair, side).device) for side in sides}
     on_cpu = any(torch.device(side_pair(pair, side).device).type == "cpu" for side in sides)
     governor = Governor() if on_cpu and GOVERN else None
@@ -174,10 +180,12 @@ def _fair(pair, req, prompt_ids, stop, sides, pace: str = "clock") -> Iterator[t
     pending: dict[str, list[Event]] = {side: [] for side in sides}
     out = dict.fromkeys(sides, 0)  # tokens out per side (pace="tokens")
     running = set(sides)
+    split = _Split(req.max_new_tokens, info) if pace == "split" and set(sides) == set(SIDES) else None
     try:
         while running or any(pending.values()):
             if running:
-                side = min(running, key=lambda side: (_behind(pace, side, clocks, out), sides.index(side)))
+                side = (split.pick(running, clocks, out) if split is not None else
+                        min(running, key=lambda side: (_behind(pace, side, clocks, out), sides.index(side))))
                 ev = on_engine_thread(_step, gens[side], clocks[side], governor, side)
                 out[side] += _out(ev)
                 pending[side].append(ev)
@@ -213,6 +221,46 @@ def _behind(pace: str, side: str, clocks, out) -> float:
     loop 3 s on / 3 s off (2-core Xeon, 2026-11-28, 32 tokens) the draft's ratio read 1.83-2.58x
     against 2.04x quiet; see docs/benchmarks.md for the same races paced by tokens."""
     return out[side] if pace == "tokens" else clocks[side].now()
+
+
+class _Split:
+    """pace="split": which side steps next, so that a browser drawing the replay on the same cores
+    slows both sides alike. Fair mode with pace="clock" ends the speculative side first and steps
+    plain alone after it; the page's replay (ui/live.py) starts when about half of the speculative
+    side but a quarter of plain remain, so the browser's drawing (2.0-3.1 CPU-s a default run) fell on
+    3/4 of plain's steps and 1/2 of the speculative side's: 16 interleaved pairs (2-core Zen 4,
+    2026-11-29) read 2.05x in the browser against 1.84x through the API, plain 25 % slower and the
+    speculative side 20 %.
+
+    Here both sides step by tokens (the same share of each done at any moment) until a share phi of
+    each is left; then the speculative side runs its share alone, then plain its own. The replay starts
+    at that split (RaceInfo.split_at), so the browser draws over the same share phi of both sides.
+    phi = P/T - LEAD (P: plain's time, T: both sides', estimated from the clocks so far): the replay
+    ends LEAD*T after the engines, and never waits for them (phi <= P/T: plain's done share covers
+    the speculative side's alone stretch)."""
+
+    LEAD = 0.15  # the replay's end after the engines', in shares of their time
+
+    def __init__(self, budget: int, info: RaceInfo | None):
+        self.budget = max(1, int(budget))
+        self.info = info
+        self.alone = False
+
+    def share_left(self, clocks, out) -> float:
+        """phi: the share of each side to run after the split."""
+        per = {s: clocks[s].now() / max(1, out[s]) for s in SIDES}  # seconds a token so far
+        p_of_t = per["baseline"] / max(1e-9, per["baseline"] + per["speculative"])
+        return min(p_of_t, max(p_of_t - self.LEAD, 0.1))
+
+    def pick(self, running: set, clocks, out) -> str:
+        if not self.alone and len(running) == 2 and \
+                min(out.values()) >= (1 - self.share_left(clocks, out)) * self.budget:
+            self.alone = True
+            if self.info is not None:
+                self.info.split_at = time.perf_counter()
+        if self.alone or len(running) < 2:  # the speculative side's share, then plain's
+            return "speculative" if "speculative" in running else "baseline"
+        return min(running, key=lambda side: (out[side], SIDES.index(side)))
 
 
 def _parallel(pair, req, prompt_ids, stop, halt, sides) -> Iterator[tuple[str, Event]]:

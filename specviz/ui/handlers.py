@@ -407,14 +407,15 @@ class Handlers:
             info = RaceInfo(mode)
             # ZeroGPU: this call's graphs, captured before the race's clocks (models/gpu_path.py)
             view.note = prepare_call(pair, len(ids) + req.max_new_tokens + req.gamma + 1)
-            stream = race(pair, req, ids, mode, stop=stop, time_limit=self.limits.max_seconds, info=info)
+            stream = race(pair, req, ids, mode, stop=stop, time_limit=self.limits.max_seconds, info=info,
+                          pace="split" if mode == "fair" else "clock")
             # kept as a trace when it ends (or stops): downloads and the theory overlay
             stream = record(stream, trace_for(req, pair, mode, f"live run · {req.prompt[:40]}"),
                             on_end=lambda tr: self.bridge.send("trace", key, tr))
             # the engines run on a thread of their own, never waiting for the page; the panes follow
             # at the measured pace, a replay of what was timed in fair mode (ui/live.py)
             panes = PaneStream(view, head)  # replays: the same outputs
-            pacer = live.Pacer(mode, req.max_new_tokens)
+            pacer = live.Pacer(mode, req.max_new_tokens, split=lambda: info.split_at is not None)
             panes.banner = live.banner(pacer)
             yield panes.outputs(charts=True)  # the charts now and at the end only
             settle(SETTLE if mode == "fair" else 0.0)

@@ -12,14 +12,16 @@ Now:
   the page does makes the engines wait, except the page's own Python work on an update (a few
   milliseconds: the panes' HTML and the numbers), done under isolation.untimed_work, between two
   timed steps, while neither side's clock runs.
-- `Pacer` says which of those events the panes show at a given moment. Fair mode steps the two
-  sides in turn, each timed alone on its own virtual clock, so while both run their shared clock
-  moves at about half the wall clock: shown as they come, the panes would type at half the pace the
-  table reports. The pacer shows them instead on that shared clock, one second of it per second,
-  from a start late enough that it need not wait for the engines (the predicted end of the engines
-  less the longer side's duration), so the replay ends about when the engines do. The page says it
-  shows a replay of what was timed. Parallel mode's events are stamped on the wall clock: shown as
-  they come.
+- `Pacer` says which of those events the panes show at a given moment. Fair mode times the two
+  sides in turn, each alone on its own virtual clock, so while both run their shared clock moves at
+  about half the wall clock: shown as they come, the panes would type at half the pace the table
+  reports. The pacer shows them instead on that shared clock, one second of it per second. The
+  page's race steps both sides by tokens, then the speculative side's last share alone, then plain's
+  (run/race.py, pace "split"); the replay starts at that split, so it never waits for the engines,
+  ends a little after them, and a browser drawing it on the same cores slows both sides alike.
+  Without a split (another pace, or a side that ended before it) it starts late enough not to wait:
+  the engines' predicted end less the longer side's duration. The page says it shows a replay of
+  what was timed. Parallel mode's events are stamped on the wall clock: shown as they come.
 - The page takes an update every UI_INTERVAL, with the latest state, never one per token. The charts
   (plotly: the heavy part of an update, for the server and for a browser on the same cores) are drawn
   at the start and at the end only (ui/handlers.py).
@@ -114,8 +116,9 @@ class Pacer:
     pace from `start` on (see the module's docstring); in parallel mode, all that came."""
 
     def __init__(self, mode: str, max_new_tokens: int, sides: tuple[str, ...] = ("baseline", "speculative"),
-                 tail: float = TAIL):
+                 tail: float = TAIL, split: Callable[[], bool] | None = None):
         self.paced = mode == "fair"
+        self.split = split  # True once the race has split (run/race.py pace "split"): the replay starts
         self.budget = max(1, int(max_new_tokens))
         self.expected = sides
         self.tail = tail
@@ -177,6 +180,19 @@ class Pacer:
         k = max(1.0, wall / spent) if spent > 0 else 1.0  # the engines' wall per clock second
         return k * sum(ends) - max(ends)
 
+    def _may_start(self, wall: float) -> bool:
+        """Whether the display clock leaves 0 now: at the race's split, else at planned_start; at once
+        once the engines have ended."""
+        if self.ended_at is not None:
+            return True
+        if self.split is not None:
+            if self.split():
+                return True
+            if all(p[2] is None for p in self.sides.values()):  # the split is still to come
+                return False
+        plan = self.planned_start(wall)
+        return plan is not None and wall >= plan
+
     def due(self, wall: float, flush: bool = False) -> list:
         """The events to show now, in order; `flush`: all that came (a stop, an error)."""
         dt, self.wall = max(0.0, wall - self.wall), wall
@@ -186,8 +202,7 @@ class Pacer:
             self.shown = max(self.shown, self.horizon)
             return out
         if self.start is None:
-            plan = self.planned_start(wall)
-            if self.ended_at is None and (plan is None or wall < plan):
+            if not self._may_start(wall):
                 return []
             self.start, dt = wall, 0.0
         if self.ended_at is None:
