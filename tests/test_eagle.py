@@ -304,3 +304,19 @@ def test_training_scores_the_answers_rows_and_code_not_the_prompt():
     assert got == [False, False, False, False, True, True, True, True, False, True, True, True, True]
     plain = SimpleNamespace(unk_token_id=0, convert_tokens_to_ids=lambda t: 0)
     assert answer_rows(data, plain).all()
+
+
+def test_training_and_its_report_read_only_the_scored_rows(target, tok, tmp_path, monkeypatch):
+    """Rows answer_rows leaves out (a chat's prompt) are neither trained on nor counted in the report's
+    held-out agreement."""
+    from specviz.heads import eagle_train
+    convs, docs = _tiny_data()
+    features.run_pass(target, tok, tmp_path / "p", 3000, seq=64, convs=convs, docs=docs, log=None)
+    monkeypatch.setattr(eagle_train, "answer_rows", lambda data, tok: torch.arange(len(data["ids"])) % 3 != 0)
+    _, rep = eagle_train.train_eagle(pair_of(target, tok), tmp_path / "p", minutes=1, epochs=1, lr=3e-3,
+                                     intermediate=64)
+    data = features.load_shards(tmp_path / "p")
+    wins = eagle_train.windows_of(data["seg"])
+    val = wins[eagle_train.VAL_EVERY - 1:: eagle_train.VAL_EVERY][:200]
+    scored = sum(int((torch.arange(s + 1, e) % 3 != 0).sum()) for s, e in val)
+    assert rep["held_out_first_draft_agreement"]["rows"] == scored > 0

@@ -123,7 +123,8 @@ def agreement(model, w_keep, w_full, keep, data, wins, emb) -> dict:
             out = model(e_in, f_in, torch.arange(e_in.shape[1]))
             draft = keep[(out[mask] @ w_keep.T).float().argmax(-1)]
             target = (f_out[mask] @ w_full.T).float().argmax(-1)
-        kinds = torch.cat([data["kind"][s + 1: e] for s, e in wins[i: i + 8]]).long()
+        kinds = torch.cat([data["kind"][s + 1: e][data["score"][s + 1: e]] if "score" in data else
+                           data["kind"][s + 1: e] for s, e in wins[i: i + 8]]).long()
         for k in (0, 1):
             sel = kinds == k
             hit[k][0] += int((draft[sel] == target[sel]).sum())
