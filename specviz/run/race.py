@@ -239,7 +239,7 @@ class _Split:
     ends LEAD*T after the engines, and never waits for them (phi <= P/T: plain's done share covers
     the speculative side's alone stretch)."""
 
-    LEAD = 0.15  # the replay's end after the engines', in shares of their time
+    LEAD = 0.1  # the replay's end after the engines', in shares of their time (SETTLE, ui/handlers.py)
 
     def __init__(self, budget: int, info: RaceInfo | None):
         self.budget = max(1, int(budget))

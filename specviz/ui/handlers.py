@@ -40,8 +40,13 @@ from .state import RunView
 
 UI_INTERVAL = live.UI_INTERVAL  # seconds between page updates while a run streams (≤ 4/s)
 # fair mode: seconds to wait, after the run's first update (its empty charts), before the engines start:
-# a browser on these cores draws it meanwhile (engine/cpu/threads.settle; later updates: ui/live.py)
-SETTLE = float(os.environ.get("SPECVIZ_UI_SETTLE", 0.1))
+# a browser on these cores draws it meanwhile (engine/cpu/threads.settle; later updates: ui/live.py).
+# Why 0.35: headless Chromium on the same 2 cores (Zen 4, 2026-11-29) drew that update at 1.1-1.8 cores
+# for ~0.25 s and 0.4 for the next 0.25 s, after the 0.1 s wait had ended: plain's prompt read, the
+# race's first step, met it. 12 interleaved pairs of a browser and an API run with 0.35: plain's steps
+# 1.26x and the speculative side's 1.27x their API times (with 0.1: 1.26x and 1.22x, 1.28x and 1.22x in
+# two samples of 16: the headline read 2-9 % high); a run's wall time 1.19-1.28x the sides' sum.
+SETTLE = float(os.environ.get("SPECVIZ_UI_SETTLE", 0.35))
 # the boxes under Run for the methods that copy from earlier runs (suffix, hybrid), after the method
 # settings among /run's inputs: fresh memory (no earlier run), share memory (other visitors' preset runs)
 MEMORY_BOXES = ("fresh_memory", "share_memory")
