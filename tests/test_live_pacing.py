@@ -398,7 +398,7 @@ def split_race():
     split = race._Split(N, info)
     running, pending, wall, schedule, at, steps = set(queues), {s: [] for s in queues}, 0.0, [], None, []
     while running:
-        side = split.pick(running, clocks, out)
+        side = race._next_side("split", split, running, clocks, out)
         if info.split_at is not None and at is None:
             at = (wall, {s: c.t for s, c in clocks.items()})
         if at is not None:
@@ -465,17 +465,18 @@ def test_without_a_split_the_replay_starts_as_planned():
 
 
 def test_split_picks_by_tokens_then_speculative_alone_then_plain():
-    from specviz.run.race import RaceInfo, _Split
+    from specviz.run.race import RaceInfo, _next_side, _Split
     info = RaceInfo("fair")
     split = _Split(100, info)
     clocks = {"baseline": _Clock(), "speculative": _Clock()}
     out = {"baseline": 10, "speculative": 20}
     clocks["baseline"].t, clocks["speculative"].t = 1.0, 1.0  # plain 0.1 s a token, speculative 0.05
-    assert split.pick({"baseline", "speculative"}, clocks, out) == "baseline" and info.split_at is None
+    both = {"baseline", "speculative"}
+    assert _next_side("split", split, both, clocks, out) == "baseline" and info.split_at is None
     # P/T = 2/3: the split once both have 1 - (2/3 - LEAD) of their tokens out
     need = round((1 - (2 / 3 - _Split.LEAD)) * 100 + 0.5)
     out = {"baseline": need, "speculative": need}
     clocks["baseline"].t, clocks["speculative"].t = need * 0.1, need * 0.05
-    assert split.pick({"baseline", "speculative"}, clocks, out) == "speculative" and info.split_at is not None
-    assert split.pick({"baseline", "speculative"}, clocks, out) == "speculative"
-    assert split.pick({"baseline"}, clocks, out) == "baseline"
+    assert _next_side("split", split, both, clocks, out) == "speculative" and info.split_at is not None
+    assert _next_side("split", split, both, clocks, out) == "speculative"
+    assert _next_side("split", split, {"baseline"}, clocks, out) == "baseline"

@@ -63,16 +63,14 @@ def answer_rows(data: dict, tokenizer) -> torch.Tensor:
         return torch.ones(len(ids), dtype=torch.bool)
     # a header is <|im_start|> then its role's token; a row belongs to the last header opened before it
     # in its window
-    head = torch.zeros(len(ids), dtype=torch.long)
     opened = torch.zeros(len(ids), dtype=torch.bool)
     opened[1:] = (ids[:-1] == start) & (seg[1:] == seg[:-1])
-    head[opened] = torch.where(ids[opened] == role, 1, 2)
     idx = torch.arange(len(ids))
     last = torch.cummax(torch.where(opened, idx, -1), 0).values
     new_win = torch.ones(len(ids), dtype=torch.bool)
     new_win[1:] = seg[1:] != seg[:-1]
     win_start = torch.cummax(torch.where(new_win, idx, -1), 0).values
-    in_answer = (last >= win_start) & (head[last.clamp(min=0)] == 1)
+    in_answer = (last >= win_start) & (ids[last.clamp(min=0)] == role)
     # row i predicts token i + 1: scored where that token is the assistant's (its header's own row too)
     nxt = torch.zeros(len(ids), dtype=torch.bool)
     nxt[:-1] = in_answer[1:] & (seg[1:] == seg[:-1])
@@ -81,7 +79,7 @@ def answer_rows(data: dict, tokenizer) -> torch.Tensor:
 
 def batch_of(data, wins, emb, std: float, noise: bool):
     """(emb rows, noisy features, next features, row mask) for windows `wins`, padded to the longest.
-    The mask keeps the rows data["score"] marks (answer_rows), when the pass's data has it."""
+    The mask keeps the rows data["score"] marks (answer_rows)."""
     n = max(e - s for s, e in wins) - 1
     b, h = len(wins), data["h"].shape[1]
     e_in = torch.zeros(b, n, h, dtype=torch.bfloat16)
@@ -93,7 +91,7 @@ def batch_of(data, wins, emb, std: float, noise: bool):
         e_in[j, :m] = emb[data["ids"][s + 1: e].long()]
         f_in[j, :m] = data["h"][s: e - 1]
         f_out[j, :m] = data["h"][s + 1: e]
-        mask[j, :m] = data["score"][s + 1: e] if "score" in data else True
+        mask[j, :m] = data["score"][s + 1: e]
     if noise:
         f_in = f_in + ((torch.rand_like(f_in, dtype=torch.float32) - 0.5) * 2 * NOISE * std).to(f_in.dtype)
     return e_in, f_in, f_out, mask
@@ -123,8 +121,7 @@ def agreement(model, w_keep, w_full, keep, data, wins, emb) -> dict:
             out = model(e_in, f_in, torch.arange(e_in.shape[1]))
             draft = keep[(out[mask] @ w_keep.T).float().argmax(-1)]
             target = (f_out[mask] @ w_full.T).float().argmax(-1)
-        kinds = torch.cat([data["kind"][s + 1: e][data["score"][s + 1: e]] if "score" in data else
-                           data["kind"][s + 1: e] for s, e in wins[i: i + 8]]).long()
+        kinds = torch.cat([data["kind"][s + 1: e][data["score"][s + 1: e]] for s, e in wins[i: i + 8]]).long()
         for k in (0, 1):
             sel = kinds == k
             hit[k][0] += int((draft[sel] == target[sel]).sum())

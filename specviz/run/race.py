@@ -184,8 +184,7 @@ def _fair(pair, req, prompt_ids, stop, sides, pace: str = "clock",
     try:
         while running or any(pending.values()):
             if running:
-                side = (split.pick(running, clocks, out) if split is not None else
-                        min(running, key=lambda side: (_behind(pace, side, clocks, out), sides.index(side))))
+                side = _next_side(pace, split, running, clocks, out, sides)
                 ev = on_engine_thread(_step, gens[side], clocks[side], governor, side)
                 out[side] += _out(ev)
                 pending[side].append(ev)
@@ -213,14 +212,21 @@ def _fair(pair, req, prompt_ids, stop, sides, pace: str = "clock",
             on_engine_thread(governor.restore)
 
 
+def _next_side(pace: str, split, running: set, clocks, out, sides=SIDES) -> str:
+    """The side fair mode steps next: the split's once it has one (_Split), else the one most behind."""
+    return (split is not None and split.pick(running, clocks, out)) or \
+        min(running, key=lambda side: (_behind(pace, side, clocks, out), sides.index(side)))
+
+
 def _behind(pace: str, side: str, clocks, out) -> float:
     """How far `side` is behind: the side with the least is stepped next (ties: baseline first).
     "clock": its virtual clock, so the page shows both sides on one clock as they run.
-    "tokens": its tokens out. Why: by the clock, the faster side ends first and plain then runs
-    its last part alone, so a load that comes or goes there bends only plain's time. Beside a
-    loop 3 s on / 3 s off (2-core Xeon, 2026-11-28, 32 tokens) the draft's ratio read 1.83-2.58x
-    against 2.04x quiet; see docs/benchmarks.md for the same races paced by tokens."""
-    return out[side] if pace == "tokens" else clocks[side].now()
+    "tokens" (and "split" until its split, _Split): its tokens out. Why: by the clock, the faster
+    side ends first and plain then runs its last part alone, so a load that comes or goes there
+    bends only plain's time. Beside a loop 3 s on / 3 s off (2-core Xeon, 2026-11-28, 32 tokens) the
+    draft's ratio read 1.83-2.58x against 2.04x quiet; see docs/benchmarks.md for the same races
+    paced by tokens."""
+    return out[side] if pace in ("tokens", "split") else clocks[side].now()
 
 
 class _Split:
@@ -252,7 +258,8 @@ class _Split:
         p_of_t = per["baseline"] / max(1e-9, per["baseline"] + per["speculative"])
         return min(p_of_t, max(p_of_t - self.LEAD, 0.1))
 
-    def pick(self, running: set, clocks, out) -> str:
+    def pick(self, running: set, clocks, out) -> str | None:
+        """The side to step once the sides split (or one has ended); None before: by tokens (_behind)."""
         if not self.alone and len(running) == 2 and \
                 min(out.values()) >= (1 - self.share_left(clocks, out)) * self.budget:
             self.alone = True
@@ -260,7 +267,7 @@ class _Split:
                 self.info.split_at = time.perf_counter()
         if self.alone or len(running) < 2:  # the speculative side's share, then plain's
             return "speculative" if "speculative" in running else "baseline"
-        return min(running, key=lambda side: (out[side], SIDES.index(side)))
+        return None
 
 
 def _parallel(pair, req, prompt_ids, stop, halt, sides) -> Iterator[tuple[str, Event]]:
