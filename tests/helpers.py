@@ -165,3 +165,13 @@ def follows_target(t, make_prop, prompt, length, gamma, params, n):
     obs.append(n - sum(obs))
     exp.append(n - sum(exp))
     return chisquare(obs, exp).pvalue
+
+
+def copy_into(out, new) -> None:
+    """A fake graph's replay: the fresh outputs `new` copied into the captured ones `out` in place (a
+    tensor, or tuples of them, as StaticModel's logits and states and StaticHead's state and logits)."""
+    if isinstance(out, torch.Tensor):
+        out.copy_(new)
+        return
+    for o, n in zip(out, new, strict=True):
+        copy_into(o, n)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import copy_into
 
 from specviz.cli import gpu_check
 from specviz.engine.gpu import measure
@@ -127,7 +128,7 @@ class FakeGraph:
 
     def replay(self):
         FakeGraph.replays += 1
-        self.out.copy_(self.fn())
+        copy_into(self.out, self.fn())
 
 
 class FakeEvent:

@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helpers import copy_into
 
 from specviz.engine.events import RunSummary
 from specviz.hosting import spaces
@@ -117,7 +118,7 @@ class FakeGraphs:
         class Graph:
             def replay(self):
                 fakes.replays += 1
-                out.copy_(fn())
+                copy_into(out, fn())
         return Graph(), out
 
 

@@ -186,6 +186,9 @@ class Check:
         if self.first:  # the page's path, once: the app's type
             from ..run.gpu_page import page_checks
             self.section(r, "page", lambda: page_checks(target, draft, prompt, args.new_tokens, args.gamma))
+            from ..run.gpu_page import head_checks  # EAGLE's head on the graph path (issue 70)
+            self.section(r, "head", lambda: head_checks(target, draft, prompt, args.new_tokens, args.gamma,
+                                                        gpu))
         if gpu and self.first and not args.no_big:
             self.section(r, "big", lambda: _big(m, self.dev, dtype, draft, prompt, gbs))
         self.section(r, "race", lambda: m.race(target, draft, prompt, RACE_STEPS, args.gamma,
@@ -337,7 +340,9 @@ def verdict(result: dict) -> dict:
              "self_draft_speedup_le_1": _within(self_run.get("shown_speedup"), 0, 1.0),
              "race_identical": race.get("identical_to_alone"),
              "page_race_identical": r.get("page_parallel", {}).get("same_tokens_as_fair"),
-             "big_measured": None if "big" not in r else "step_graph_ms" in r["big"]}
+             "big_measured": None if "big" not in r else "step_graph_ms" in r["big"],
+             "head_c_le_0.15": _within(r.get("head", {}).get("c"), 0, 0.15),
+             "eagle_page_identical": r.get("head", {}).get("page", {}).get("identical")}
         out[name] = {k: x for k, x in v.items() if x is not None or name == next(iter(result["dtypes"]))}
     return out
 
@@ -421,7 +426,7 @@ def _dtype_lines(name: str, r: dict) -> list[str]:
                 f"{m} " + (f"ERROR {x['error'][:80]}" if "error" in x else
                            f"{'identical' if x['identical'] else 'DIFFERENT'} {x['shown_speedup']:.2f}x")
                 for m, x in rows.items()))
-    for key in ("compiled", "compiled_tuned", "big"):
+    for key in ("compiled", "compiled_tuned", "big", "head"):
         if r.get(key):
             figures = ", ".join(f"{k} {v:.2f}" for k, v in r[key].items() if isinstance(v, float))
             lines.append(f"[{name}] {key}: {figures}")

@@ -283,7 +283,7 @@ def speculative(
     # same). Round 1 therefore counts as prefill, not in the draft/verify split.
     proposer.reset(prompt_ids)  # the draft's prefill, not in draft_forwards
     if proposer.reads_target_cache:  # self-speculation drafts in the target's cache
-        if on_graphs(cache):
+        if on_graphs(cache) and not getattr(proposer, "reads_graph_cache", False):
             # it runs the target's layers one by one: a graph replays the whole model. This run goes
             # eager over a dynamic cache, and its summary says so
             cache = new_cache(target, dynamic=True)

@@ -17,7 +17,10 @@ Optional capabilities a chain proposer declares (class attributes, default off):
   reads_target_cache     attach_target_cache(cache) is called once per run: the
                          proposer drafts in (or reads) the target's KV cache;
   supplies_verify_logits verify_logits(fed, tokens, keep) replaces the engine's
-                         target forward (it already ran part of the target).
+                         target forward (it already ran part of the target);
+  reads_graph_cache      with reads_target_cache: the target's graph cache (gpu/cache.
+                         GraphCache) serves it as it is (EAGLE reads the states the cache
+                         keeps); without it the run goes eager over a dynamic cache.
 A tree proposer may declare supplies_verify_logits too: the tree verifier then calls its
 verify_tree(target, cache, fed=, tokens=, parents=, depths=, keep=) (tree_forward_logits' signature)
 in place of tree_forward_logits (eagle-tree: it keeps the target's states as the forward runs).
@@ -165,6 +168,7 @@ class Proposer:
     name = "base"
     reads_target_cache = False
     supplies_verify_logits = False
+    reads_graph_cache = False
     # tokens the run may still write, set by the engine loop before each propose(): a proposer that
     # prices a one-off cost over the rest of the run reads it (the hybrid's lazy draft)
     remaining: int | None = None

@@ -160,3 +160,72 @@ def page_parallel(target, draft, prompt: list[int], new: int, gamma: int) -> dic
     return {**_clean(par), "same_tokens_as_fair": par["_tokens"] == fair["_tokens"],
             "interference": {"baseline": par["plain_s"] / fair["plain_s"],
                              "speculative": par["speculative_s"] / fair["speculative_s"]}}
+
+
+HEAD_KEEP = 32768  # the kept tokens of the shipped head's LM head (heads/eagle_train.KEEP)
+
+
+@torch.no_grad()
+def head_checks(target, draft, prompt: list[int], new: int, gamma: int, gpu: bool) -> dict:
+    """EAGLE's head on the graph path (engine/gpu/head.py), with a random head of the shipped one's
+    shape (one layer, its MLP 3072 wide, the LM head over 32,768 kept tokens), saved as a trained file
+    in a scratch cache: the head's 1-row step as the load times it (its graph replayed; eager beside
+    it) against the target's graph step -> c; then eagle's greedy race as the page runs it (its tokens
+    against plain's; a random head drafts what it drafts, so τ says little)."""
+    import os
+    import tempfile
+
+    from ..engine.gpu import measure as m
+    from ..engine.proposers.eagle import load_drafter
+    from ..engine.trained import store
+    from ..engine.trained.eagle_head import EagleHead, config_of, pack
+    from ..models.gpu_path import use_graphs
+    torch.manual_seed(3)
+    vocab = target.get_output_embeddings().out_features
+    keep = torch.randperm(vocab)[:min(HEAD_KEEP, vocab)].sort().values
+    blob = pack(EagleHead(config_of(target)), keep)
+    saved = os.environ.get("SPECVIZ_CACHE")
+    with tempfile.TemporaryDirectory() as scratch:
+        os.environ["SPECVIZ_CACHE"] = scratch
+        try:
+            use_graphs(target, draft, None)  # the page's graph path (captured at load): the head's too
+            pair = page_pair(target, draft)
+            store.save(pair, "eagle", blob, {"random": True})
+            d = load_drafter(pair)  # timed as a load does (each step synchronised): its graphs on a GPU
+            eager = d.time_step(target.device)
+            step = m.static_step_s(m.StaticModel(target, len(prompt) + 32, graphs=gpu), prompt) * 1e3
+            head = _head_step_ms(m, d, target, len(prompt))  # back to back, as the target's step is timed
+            out = {"head_step_ms": head, "head_step_load_ms": d.step_s * 1e3,
+                   "head_step_eager_ms": eager * 1e3, "target_step_ms": step, "c": head / step,
+                   "c_load": d.step_s * 1e3 / step,
+                   "how": "graph replays" if gpu else "eager (a CPU)",
+                   "graphs": sorted(f"{n}x{w}" for st in d.statics for (n, w) in st.graphs)}
+            req = RunRequest(prompt="", method="eagle", gamma=gamma, max_new_tokens=new, temperature=0.0)
+            race = shown(pair, req, prompt)
+            out["page"] = {k: race[k] for k in ("identical", "shown_speedup", "tokens_per_round", "alpha",
+                                                "plain_tok_s", "speculative_tok_s", "c", "path")}
+            return out
+        finally:
+            if saved is None:
+                os.environ.pop("SPECVIZ_CACHE", None)
+            else:
+                os.environ["SPECVIZ_CACHE"] = saved
+
+
+def _head_step_ms(m, d, target, rows: int) -> float:
+    """The head's 1-row step (its graph on a GPU, the kept LM head included) after `rows` read rows,
+    timed back to back as measure.static_step_s times the target's (events around a batch of calls)."""
+    from ..engine.backends.graphs import CAPACITY
+    st = d.take_static(CAPACITY, graphs=target.device.type == "cuda")
+    try:
+        st.run(torch.zeros(rows, dtype=torch.long, device=st.device),
+               torch.zeros(rows, st.widths[0], dtype=st.dtype, device=st.device), list(range(rows)))
+        f = torch.zeros(1, st.hidden, dtype=st.dtype, device=st.device)
+        ids = torch.zeros(1, dtype=torch.long, device=st.device)
+
+        def step():
+            st.kv.crop(rows)
+            st.run(ids, f, [rows])
+        return m.per_call_s(step, st.device) * 1e3
+    finally:
+        d.give_static(st)

@@ -23,6 +23,7 @@ class GraphCache:
 
     def __init__(self, static: StaticModel, sizes=(1,)):
         self.static, self.length = static, 0
+        self.read = 0  # rows of the last forward (states() reads them)
         self.sizes = sorted(set(sizes))
         for n in self.sizes:
             static.capture(n)
@@ -45,7 +46,16 @@ class GraphCache:
         t = self.rows(ids, self.size_for(n))
         logits = self.static.run(t, self.length)[0, n - keep:n].clone()  # a graph's buffer: copied
         self.length += n
+        self.read = n
         return logits
+
+    def states(self, taps=None) -> torch.Tensor:
+        """The last forward's real rows as a trained draft reads them (proposers/eagle.py), a copy
+        (n, H · parts): the post-norm last hidden state (taps None: EAGLE-1/2), or the inputs of the
+        layers `taps` names, joined (EAGLE-3; a tap past the last layer: the final norm's input)."""
+        normed, inputs = self.static.states
+        parts = [normed] if taps is None else [inputs[i] for i in taps]
+        return torch.cat([p[0, :self.read] for p in parts], -1)
 
     def rows(self, ids, size: int) -> torch.Tensor:
         """ids padded to `size` rows on the device, without a host sync: a device tensor is padded

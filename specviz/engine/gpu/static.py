@@ -142,7 +142,8 @@ class StaticModel:
 
     run(ids, pos0) computes logits for ids at positions pos0.. : a captured graph of that row count
     replays when there is one (capture(n)), else the same forward runs eagerly. The returned logits
-    are the graph's output buffer: read (or clone) them before the next replay of that size."""
+    are the graph's output buffer: read (or clone) them before the next replay of that size; so are
+    the states it leaves in `states` (forward_states)."""
 
     def __init__(self, model, max_len: int, n_layers: int | None = None, graphs: bool | None = None,
                  compile=None, weak: bool = False, fuse: bool | None = None, spans=SPANS,
@@ -188,7 +189,8 @@ class StaticModel:
         # a compiled forward would compile once per span: one span (the whole cache) there
         shorter = {s for s in (spans or ()) if s < self.max_len and not self.compiled}
         self.spans = sorted(shorter | {self.max_len})
-        self._forward = compile(self.forward) if compile is not None else self.forward
+        self._forward = compile(self.forward_states) if compile is not None else self.forward_states
+        self.states = None  # the last run's (post-norm state, layer inputs): forward_states
         # fuse: q/k/v as one matrix and gate/up as one (fuse_projections), on by default on CUDA
         # fold: the norms, the q/k rotary (where the projections are joined) and the mask in fewer kernels
         # (fuse.rms_norm, cpu/rotary.rotate_joint; the same bits on a CPU)
@@ -234,6 +236,14 @@ class StaticModel:
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, span: int | None = None) -> torch.Tensor:
         """Logits [1, n, vocab] of ids [1, n] at positions pos [n]; keys/values written at pos;
         attention reads the first `span` positions (default all)."""
+        return self.forward_states(ids, pos, span)[0]
+
+    def forward_states(self, ids: torch.Tensor, pos: torch.Tensor, span: int | None = None):
+        """(logits, states): forward()'s logits and what a trained draft reads of the target (EAGLE's
+        heads, proposers/eagle.py): the post-norm last hidden state [1, n, H] and every layer's input
+        (the last entry: the final norm's input). Why all of them: a graph's outputs must be chosen at
+        capture, before any method is, and keeping them costs no kernel, only their buffers (29 layers ×
+        17 rows × 1536 × 2 bytes = 1.5 MB for the 1.5B's largest verify)."""
         base = self.model.model
         self.kv.write_pos = pos
         x = base.embed_tokens(ids)
@@ -246,10 +256,14 @@ class StaticModel:
             mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
         norm = rms_norm if self.fold else (lambda module, h: module(h))
         rope = (cos, sin, rotary_tables(cos, sin) if self.fold else None)
+        inputs = []
         for i, layer in enumerate(base.layers[: self.n_layers]):
+            inputs.append(x)
             x = x + self._attention(i, layer, norm(layer.input_layernorm, x), mask, rope, span)
             x = x + self._mlp(i, layer.mlp, norm(layer.post_attention_layernorm, x))
-        return self.model.lm_head(norm(base.norm, x))
+        inputs.append(x)
+        h = norm(base.norm, x)
+        return self.model.lm_head(h), (h, tuple(inputs))
 
     def _mlp(self, i: int, mlp, x: torch.Tensor) -> torch.Tensor:
         fused = self.fused[i]
@@ -282,7 +296,8 @@ class StaticModel:
 
     @torch.no_grad()
     def run(self, ids: torch.Tensor, pos0: int) -> torch.Tensor:
-        """Logits [1, n, vocab] of ids ([n] or [1, n], on the device) at positions pos0..pos0+n-1."""
+        """Logits [1, n, vocab] of ids ([n] or [1, n], on the device) at positions pos0..pos0+n-1;
+        self.states: their forward_states (both the graph's buffers: read before its next replay)."""
         ids = ids.view(1, -1)
         n = ids.shape[1]
         if pos0 + n > self.max_len:
@@ -290,12 +305,13 @@ class StaticModel:
         span = self.span_for(pos0 + n)
         entry = self.graphs.get((n, span))
         if entry is None:  # eager (a prompt's length): compiled code runs only inside captured graphs
-            return self.forward(ids, self.positions[pos0:pos0 + n], span)
-        graph, ids_buf, pos_buf, out = entry
+            logits, self.states = self.forward_states(ids, self.positions[pos0:pos0 + n], span)
+            return logits
+        graph, ids_buf, pos_buf, (logits, self.states) = entry
         ids_buf.copy_(ids)
         pos_buf.copy_(self.positions[pos0:pos0 + n])
         graph.replay()
-        return out
+        return logits
 
 
 def all_attention_kernels():

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -45,6 +46,24 @@ class Drafter:
     embed: nn.Module
     step_s: float | None = None  # one draft step (the layer over one row + the kept LM head), timed at load
     taps: tuple[int, ...] | None = None  # EAGLE-3: the target layers whose inputs it reads; None: final norm
+    statics: list = field(default_factory=list, repr=False)  # graph-path heads not in use (gpu/head.py)
+
+    def take_static(self, capacity: int, graphs: bool):
+        """A StaticHead of at least `capacity` rows for one run (captured once, then pooled: give_static)."""
+        from ..gpu.head import StaticHead
+        for i, st in enumerate(self.statics):
+            if st.capacity >= capacity and st.use_graphs == graphs:
+                return self.statics.pop(i)
+        return StaticHead(self, capacity, graphs=graphs, widths=self.widths())
+
+    def give_static(self, st) -> None:
+        st.reset()
+        self.statics.append(st)
+
+    def widths(self) -> tuple[int, ...]:
+        """The states' widths the head reads: the target's (EAGLE-3: three layers joined), then its own."""
+        h = int(self.embed.embedding_dim)
+        return (h,) if self.taps is None else (h * len(self.taps), int(self.head.cfg["hidden"]))
 
     @torch.inference_mode()
     def time_step(self, dev, rows: int = 64, tries: int = 7) -> float:
@@ -100,8 +119,21 @@ def _read(pair, path) -> Drafter:
                   "q8a8" if low else None).to(dev)
     if not low and dev.type != "cpu":
         head, lm = head.to(target.dtype), lm.to(target.dtype)
-    d = Drafter(head, lm, target.get_input_embeddings())
-    d.step_s = d.time_step(dev)
+    return _timed(Drafter(head, lm, target.get_input_embeddings()), target)
+
+
+def _timed(d: Drafter, target) -> Drafter:
+    """d with its step timed as runs will take it: on the graph path (a target on captured graphs) its
+    own graphs, captured now, at load, and pooled for the first run; else eagerly."""
+    from ..backends.graphs import CAPACITY
+    from ..forward import cache_kind
+    dev = target.device
+    if dev.type == "cuda" and cache_kind(target)[0] == "graphs":
+        st = d.take_static(CAPACITY, graphs=True)
+        d.step_s = st.time_step()
+        d.give_static(st)
+    else:
+        d.step_s = d.time_step(dev)
     return d
 
 
@@ -118,9 +150,7 @@ def load_public(pair, name: str) -> Drafter:
     if key not in _PUBLIC:
         _PUBLIC.clear()
         head, lm, taps = public_heads.build(name, folder, target)
-        d = Drafter(head, lm, target.get_input_embeddings(), taps=taps)
-        d.step_s = d.time_step(target.device)
-        _PUBLIC[key] = d
+        _PUBLIC[key] = _timed(Drafter(head, lm, target.get_input_embeddings(), taps=taps), target)
     return _PUBLIC[key]
 
 
@@ -174,12 +204,14 @@ OPTIONS = (
 class EagleProposer(Proposer):
     reads_target_cache = True
     supplies_verify_logits = True
+    reads_graph_cache = True  # on a graph cache the states come from the cache (attach_target_cache)
 
     model: nn.Module  # the target
     drafter: Drafter
     name: str = "eagle"
     cache: object = field(default=None, repr=False)  # the target's cache (attach_target_cache)
     kv: KV = field(default_factory=KV, repr=False)  # the head's own cache
+    static: object = field(default=None, repr=False)  # the graph path's head (gpu/head.StaticHead), or None
     true_rows: int = 0  # rows of kv read from the target's states (the rest: from predicted ones)
     pend: torch.Tensor | None = field(default=None, repr=False)  # confirmed states not yet read
     pend_at: int = 0  # the position of pend's first row
@@ -188,16 +220,34 @@ class EagleProposer(Proposer):
 
     def reset(self, prompt_ids):
         self.kv, self.true_rows, self.pend, self.rows = KV(), 0, None, None
+        if self.static is not None:
+            self.static.reset()
         return 0
 
     def attach_target_cache(self, cache) -> None:
         self.cache = cache
         if getattr(cache, "compiled", None) is not None:
             cache.compiled = None  # a compiled graph would not run the norm hook: verify eagerly
+        if hasattr(cache, "states") and self.static is None:
+            # the graph path (gpu/cache.GraphCache): no hook fires inside a replayed graph, so the target's
+            # states come from the cache, and the head runs over its own fixed buffers (gpu/head.py)
+            sm = cache.static
+            self.static = self.drafter.take_static(sm.max_len, sm.use_graphs)
+            weakref.finalize(self, self.drafter.give_static, self.static)
+            self.kv = self.static.kv
 
     def _step(self, ids: list[int], feats: torch.Tensor, at: int) -> torch.Tensor:
         """The head over rows at positions at.. (token ids x_{t+1}, states f_t): the last row's output."""
         return self._rows(ids, feats, list(range(at, at + len(ids))))[-1]
+
+    def _draft_step(self, ids: list[int], feats: torch.Tensor, at: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """_step and the kept LM head over its output -> (the last row's state (H,), its logits (V,));
+        on the graph path one replay of the head's graph, which ends in the LM head."""
+        if self.static is None:
+            f = self._step(ids, feats, at)
+            return f, self.drafter.lm(f[None])[0]
+        f, logits = self.static.run(ids, feats, list(range(at, at + len(ids))))
+        return f[-1], logits[-1]
 
     def _rows(self, ids: list[int], feats: torch.Tensor, pos: list[int], mask=None) -> torch.Tensor:
         """The head over rows (token ids x_{t+1}, states f_t (n, H)) at positions pos, into its KV
@@ -214,18 +264,20 @@ class EagleProposer(Proposer):
         t0 = time.perf_counter()
         self.kv.crop(self.true_rows)
         m = len(self.pend)
-        f = self._step(committed[self.pend_at + 1: self.pend_at + m + 1], self.pend, self.pend_at)
+        ids = committed[self.pend_at + 1: self.pend_at + m + 1]
+        f, logits = self._draft_step(ids, self.pend, self.pend_at)
         self.true_rows += m
         at, self.pend = self.pend_at + m, None
         tokens, qs, raw = [], [], []
         sure = 1.0  # the chain's confidence: the product of its drafts' probabilities under the head
         while True:
-            logits = self.drafter.lm(f[None])[0]
             if params.greedy:
                 q, x = greedy_rows(logits)
-                x = int(x)
                 raw.append(logits)
-                sure *= float(torch.softmax(logits.float(), -1)[x])
+                # the token and its probability in one read (one device sync a draft on a GPU)
+                x, px = torch.stack([x.float(), torch.softmax(logits.float(), -1)[x]]).tolist()
+                x = int(x)
+                sure *= px
             else:
                 q = warp(logits, params)
                 x = pick(q, params, generator)
@@ -234,7 +286,7 @@ class EagleProposer(Proposer):
             qs.append(q)
             if len(tokens) >= gamma or x in eos_ids or sure < self.stop_below:
                 break
-            f = self._step([x], f[None], at)
+            f, logits = self._draft_step([x], f[None], at)
             at += 1
         info = {"head_ms": round((time.perf_counter() - t0) * 1e3, 3), "stopped_short": len(tokens) < gamma}
         return Proposal(tokens, torch.stack(qs), forwards=len(tokens), info=info,
@@ -243,12 +295,17 @@ class EagleProposer(Proposer):
     def verify_logits(self, fed, tokens, keep):
         """The engine's verify forward, keeping the states the head reads (_hooks) of every row it read."""
         start = self.cache.get_seq_length()
-        with self.states() as boxes:
+        if self.static is not None:  # the graph path: the cache kept the last forward's states
             logits = forward_logits(self.model, fed + tokens, self.cache, keep)
-        if all(boxes):
-            # a prompt read in two parts: the hooks saw its last part only
+            h = self.cache.states(self.drafter.taps)
+        else:
+            with self.states() as boxes:
+                logits = forward_logits(self.model, fed + tokens, self.cache, keep)
+            if not all(boxes):
+                return logits
             h = torch.cat([box[-1][0] for box in boxes], -1)
-            self.rows = (h, start + len(fed) + len(tokens) - h.shape[0], start + len(fed) - 1)
+        # a prompt read in two parts: the states are of its last part only
+        self.rows = (h, start + len(fed) + len(tokens) - h.shape[0], start + len(fed) - 1)
         return logits
 
     @contextlib.contextmanager

@@ -76,6 +76,11 @@ class KV:
         if self.k is not None and n < self.k.shape[2]:
             self.k, self.v = self.k[:, :, :n], self.v[:, :, :n]
 
+    @staticmethod
+    def causal(n: int, past: int, device) -> torch.Tensor | None:
+        """The n new rows' mask over the past and themselves (True = attend); None for one row."""
+        return torch.ones(n, past + n, dtype=torch.bool, device=device).tril(past) if n > 1 else None
+
 
 class EagleHead(nn.Module):
     def __init__(self, cfg: dict):
@@ -133,8 +138,8 @@ def attend(layer: nn.Module, x: torch.Tensor, pos: torch.Tensor, cache: KV | Non
     else:
         past = len(cache)
         k, v = cache.add(k, v)
-        if mask is None and n > 1:
-            mask = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(past)
+        if mask is None:  # KV: causal over its rows; gpu/head.SlotKV: a fixed buffer's written slots
+            mask = cache.causal(n, past, x.device)
         a = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, enable_gqa=True)
     return layer.o_proj(a.transpose(1, 2).reshape(b, n, -1))
 
