@@ -77,7 +77,8 @@ def card(pass_dir: Path, machine: str, date: str) -> str:
                 lines.append(f"- Teacher-forced top-1 agreement by head on held-out windows: "
                              f"{rep['held_out_top1_by_head']}.")
             lines += [f"- File: `{path.relative_to(ROOT)}`, {path.stat().st_size / 2**20:.1f} MB, "
-                      f"sha256 `{digest}`.", ""]
+                      f"sha256 `{digest}` (checked at load against `SHA256SUMS` beside it: a damaged file "
+                      "is refused with one line).", ""]
     lines += ["## Commands", "", "```bash",
               "python -m specviz heads data --tokens 1000000  # the pass (resumable; stopped by hand)",
               "python -m specviz heads all --minutes 32 --medusa-minutes 7 --ship  # EAGLE, Medusa, accept",

@@ -165,6 +165,26 @@ def test_saved_head_is_found_and_runs(target, tok):
     assert store.find(pair, "eagle") == shipped  # a shipped head comes first
 
 
+def test_a_damaged_shipped_head_is_one_line_and_a_good_one_loads(target, tok):
+    """Shipped files are checked against their folder's SHA256SUMS at load: a changed byte, or a file
+    the sums do not list, is one RequestError line; the file as shipped loads."""
+    from specviz.engine.proposers import eagle
+    pair = pair_of(target, tok)
+    keep = torch.arange(target.config.vocab_size)
+    path = store.save(pair, "eagle", pack(random_head(target), keep), {"ok": 1}, ship=True)
+    assert (path.parent / store.SUMS).read_text().endswith("  eagle.pt\n")
+    assert isinstance(eagle.load_drafter(pair), Drafter)
+    raw = bytearray(path.read_bytes())
+    raw[-3] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(RequestError, match="damaged.*git checkout") as err:
+        eagle.load_drafter(pair)
+    assert "\n" not in str(err.value)
+    (path.parent / store.SUMS).write_text("")
+    with pytest.raises(RequestError, match="no sha256"):
+        eagle.load_drafter(pair)
+
+
 def test_cut_json_keeps_complete_records():
     recs = [{"id": str(i), "conversations": [{"from": "human", "value": f"q{i}"},
                                              {"from": "gpt", "value": f"a{i}"}]} for i in range(3)]

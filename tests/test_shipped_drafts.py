@@ -34,3 +34,10 @@ def test_each_file_reads(path):
         assert blob["k"] >= 1 and len(blob["keep"]) <= 40_000
     rep = json.loads((path.parent / f"{'eagle' if path.name == 'eagle.pt' else 'medusa'}-report.json").read_text())
     assert rep.get("acceptance_by_position"), "the held-out acceptance is measured (heads accept)"
+
+
+def test_every_shipped_file_is_in_its_sha256sums():
+    """What the load checks (store.check): each shipped file's sha256 as its folder's SHA256SUMS lists it."""
+    from specviz.engine.trained import store
+    for f in FILES:
+        assert store.check(f) is None, store.check(f)

@@ -100,7 +100,11 @@ def load_drafter(pair) -> Drafter:
 
 
 def _read(pair, path) -> Drafter:
+    from ..trained.store import check
     target = pair.target
+    bad = check(path)
+    if bad:
+        raise RequestError(bad)
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
         head, keep = unpack(blob)

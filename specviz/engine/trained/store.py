@@ -88,4 +88,51 @@ def save(pair, kind: str, blob: dict, rep: dict, ship: bool = False) -> Path:
     torch.save(blob, path.with_suffix(".tmp"))
     path.with_suffix(".tmp").replace(path)
     path.with_name(f"{kind}-report.json").write_text(json.dumps(rep, indent=1))
+    if ship:
+        sums = _sums(d)
+        sums[path.name] = sha256_of(path)
+        (d / SUMS).write_text("".join(f"{h}  {n}\n" for n, h in sorted(sums.items())))
     return path
+
+
+# ------------------------------------------------------------------ a shipped file's sha256, checked at load
+SUMS = "SHA256SUMS"  # beside the shipped files, in sha256sum's format (`sha256sum -c SHA256SUMS` reads it)
+_CHECKED: dict = {}  # (path, size, mtime) -> the file's sha256: hashed once per version of the file
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _sums(d: Path) -> dict[str, str]:
+    try:
+        lines = (d / SUMS).read_text().splitlines()
+    except OSError:
+        return {}
+    parts = (ln.partition(" ") for ln in lines)
+    return {name.strip().lstrip("*"): digest for digest, _, name in parts if name}
+
+
+def check(path: Path) -> str | None:
+    """None if `path` may be loaded; else the one line that says why not: a shipped file (assets/drafts/)
+    whose sha256 is not the one its folder's SHA256SUMS lists (a damaged or half-fetched checkout, a
+    Git LFS pointer). A file trained here (the cache) is not checked: this machine made it."""
+    path = Path(path)
+    if path.resolve().parent.parent != SHIPPED.resolve():
+        return None
+    want = _sums(path.parent).get(path.name)
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _CHECKED:
+        _CHECKED[key] = sha256_of(path)
+    if want is None:
+        return f"The shipped file {path} has no sha256 in {path.parent / SUMS}: not one the project made."
+    if _CHECKED[key] != want:
+        return (f"The shipped file {path} is damaged: its sha256 is {_CHECKED[key][:12]}…, not the "
+                f"{want[:12]}… its {SUMS} lists. Restore it with `git checkout -- {path.name}` in that "
+                "folder (or fetch its Git LFS object).")
+    return None
