@@ -23,6 +23,7 @@ from transformers import DynamicCache
 
 from ..engine.layers import drop_last, layers_forward, n_layers
 from ..engine.theory import ALPHA_MAX, best_gamma, speedup
+from ..errors import RequestError
 
 VERSION = 1
 GAMMAS = tuple(range(1, 9))
@@ -263,7 +264,23 @@ def pending(pair, method: str, options: dict | None) -> str | None:
     visitor's first layer-skip run sat 35-45 s before its first token, 2-core Xeon, 2026-11-28)."""
     if method not in CALIBRATED or (options or {}).get(CALIBRATED[method][0]) not in (None, ""):
         return None
+    if method == "early-exit":
+        try:
+            if trained_exit_layer(pair, options) is not None:
+                return None
+        except RequestError:
+            return None  # a bad trained file: the run says so in one line, and calibrates nothing
     return None if method in _read_cache(cache_file(pair)) else method
+
+
+def trained_exit_layer(pair, options: dict | None) -> int | None:
+    """The layer of the exit trained for this target (proposers/early_exit.load_trained_exit), where one
+    is shipped or cached and the run keeps the option `trained` on; else None."""
+    if not (options or {}).get("trained", True):
+        return None
+    from ..engine.proposers.early_exit import load_trained_exit
+    trained = load_trained_exit(pair)  # RequestError: a bad file, one line
+    return None if trained is None else trained.layer
 
 
 def resolve_options(pair, method: str, options: dict | None) -> dict:
@@ -272,6 +289,9 @@ def resolve_options(pair, method: str, options: dict | None) -> dict:
     options = dict(options or {})
     if method in CALIBRATED:
         name, choose = CALIBRATED[method]
+        layer = trained_exit_layer(pair, options) if method == "early-exit" else None
         if options.get(name) in (None, ""):
-            options[name] = choose(pair)
+            options[name] = layer if layer is not None else choose(pair)
+        if method == "early-exit":  # resolved: whether the trained exit drafts this run (the header says)
+            options["trained"] = layer is not None and int(options[name]) == layer
     return options

@@ -1,6 +1,7 @@
 """python -m specviz heads data   [--tokens N] [--out DIR]           the feature pass (features.py)
 python -m specviz heads eagle  [--minutes M] [--data DIR] [--init FILE | --resume]   train EAGLE's head
 python -m specviz heads medusa [--minutes M] [--heads K]   train Medusa heads on the same pass
+python -m specviz heads exit   [--layer L] [--minutes M]    train early-exit's adapter on the same pass
 python -m specviz heads accept [--n N] [--ship]                  held-out acceptance by position
 python -m specviz heads all    [--tokens N] [--minutes M] [--medusa-minutes M] [--ship]   all of it, one load
 python -m specviz heads train  [--heads K] [--tokens N] ...          Medusa heads from a bf16 stdlib pass
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from ..errors import ModelError, RequestError
 
-COMMANDS = ("data", "eagle", "medusa", "accept", "all", "train", "info")
+COMMANDS = ("data", "eagle", "medusa", "exit", "accept", "all", "train", "info")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
                          "many of the pass")
     ap.add_argument("--data", "--out", dest="data", default=None,
                     help="the feature pass's folder (default cache_root()/features/<target key>)")
+    ap.add_argument("--layer", type=int, default=6, help="exit: the exit layer L (default 6)")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--minutes", type=float, default=15.0, help="time cap of the training loop (default 15)")
     ap.add_argument("--lr", type=float, default=None)
@@ -58,7 +60,7 @@ def main(argv=None) -> int:
         print("error: use 1..8 heads and at least 64 tokens", file=sys.stderr)
         return 2
     try:
-        if args.command in ("data", "eagle", "medusa"):
+        if args.command in ("data", "eagle", "medusa", "exit"):
             return _on_features(args)
         if args.command == "accept":
             return _accept(args)
@@ -87,7 +89,8 @@ def _fast_precision() -> str:
 def _on_features(args) -> int:
     from ..engine.trained import store
     t0 = time.perf_counter()
-    pair = _load(args, _fast_precision() if args.command == "data" else "bf16")
+    # the pass and the exit's layer-L states read the target as it runs here; the heads train on its states
+    pair = _load(args, _fast_precision() if args.command in ("data", "exit") else "bf16")
     folder = Path(args.data) if args.data else store.features_dir(pair)
     if args.command == "data":
         from .features import run_pass
@@ -101,6 +104,11 @@ def _on_features(args) -> int:
                                     lr=args.lr or 6e-4, max_tokens=args.tokens, init=args.init,
                                     resume=args.resume)
         kind = "eagle"
+    elif args.command == "exit":
+        from .exit_train import train_exit
+        model, report = train_exit(pair, folder, layer=args.layer, minutes=args.minutes, lr=args.lr or 1e-3,
+                                   max_tokens=args.tokens)
+        kind = "exit"
     else:
         from .medusa_train import train_medusa
         model, report = train_medusa(pair, folder, k=args.heads, minutes=args.minutes, epochs=args.epochs,
@@ -139,7 +147,7 @@ def _accept(args, pair=None) -> int:
     from .acceptance import held_out_prompts, measure
     pair = pair or _load(args, _fast_precision())
     prompts = held_out_prompts(args.n)
-    for kind, method in (("eagle", "eagle"), ("medusa", "heads")):
+    for kind, method in (("eagle", "eagle"), ("medusa", "heads"), ("exit", "early-exit")):
         path = store.find(pair, kind)
         if path is None:
             continue

@@ -88,6 +88,9 @@ def options_text(method: str | None, options: dict | None) -> str:
     return " · ".join(parts)
 
 
+# early-exit through a trained exit (an adapter from layer L to the last state, heads exit): said instead
+TRAINED_EXIT = ("a trained exit: an adapter learned to read the target's last state from layer L "
+                "(docs/trained_drafts.md gives its held-out acceptance)")
 # a blank option in a run header: what the method used instead
 BLANK = {"exit_layer": "calibrated", "skip_layers": "calibrated", "tree_shape": "dynamic",
          "tree_budget": "auto"}
@@ -120,7 +123,8 @@ def setup_text(method: str | None, options: dict | None) -> str:
             else:
                 opts.pop(opt.name, None)
                 parts.append(f"{opt.short} {BLANK.get(opt.name, 'default')}")
-    parts = [p for p in (options_text(method, opts), *parts, _fixed_setup(method), WHY.get(method, "")) if p]
+    why = TRAINED_EXIT if method == "early-exit" and opts.get("trained") else WHY.get(method, "")
+    parts = [p for p in (options_text(method, opts), *parts, _fixed_setup(method), why) if p]
     return " · ".join(parts)
 
 

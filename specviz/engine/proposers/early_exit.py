@@ -31,6 +31,7 @@ class LayerSubsetProposer(Proposer):
     name: str = "early-exit"
     cache: DynamicCache | None = field(default=None, repr=False)
     seen: int = 0  # positions in the cache (layer 0 may be skipped: count ourselves)
+    exit_head: torch.nn.Module | None = field(default=None, repr=False)  # a trained exit (TrainedExit)
 
     def reset(self, prompt_ids):
         self.cache, self.seen = DynamicCache(), 0
@@ -41,7 +42,11 @@ class LayerSubsetProposer(Proposer):
         return 0
 
     def _logits(self, ids):
-        logits = layers_forward(self.model, ids, self.cache, self.layers, start=self.seen, keep=1)
+        if self.exit_head is not None:
+            h = run_layers(self.model, embed(self.model, ids), self.cache, self.layers, start=self.seen)
+            logits = self.exit_head(h[0, -1:])
+        else:
+            logits = layers_forward(self.model, ids, self.cache, self.layers, start=self.seen, keep=1)
         self.seen += len(ids)
         return logits[..., : self.vocab_size] if self.vocab_size else logits
 
@@ -86,6 +91,7 @@ class SharedCacheExitProposer(Proposer):
     start: int = 0  # position of the first state in `hidden`
     seen: int = 0  # positions whose layers < L are in the cache
     owned: bool = True  # no engine lent its cache: draft in our own (no reuse)
+    exit_head: torch.nn.Module | None = field(default=None, repr=False)  # a trained exit (TrainedExit)
 
     def reset(self, prompt_ids):
         self.cache, self.seen, self.hidden, self.owned = DynamicCache(), 0, [], True
@@ -107,7 +113,9 @@ class SharedCacheExitProposer(Proposer):
         feed = committed[self.seen:]  # the prompt in round 1, then the last committed token
         tokens, qs = [], []
         for _ in range(gamma):
-            logits = logits_of(self.model, self._low(feed), 1)[-1]
+            h = self._low(feed)
+            head = self.exit_head
+            logits = head(h[0, -1:])[-1] if head is not None else logits_of(self.model, h, 1)[-1]
             q = warp(logits[: self.vocab_size] if self.vocab_size else logits, params)
             x = pick(q, params, generator)
             tokens.append(x)
@@ -136,7 +144,13 @@ class SharedCacheExitProposer(Proposer):
 
 OPTIONS = (
     Option("exit_layer", "Exit layer L", "Draft with the target's first L layers (1 up to the target's layer "
-           "count). Blank (default): the calibrated layer, measured once per pair and cached.", short="L"),
+           "count). Blank (default): the trained exit's layer where one is shipped for this target, else the "
+           "calibrated layer, measured once per pair and cached.", short="L"),
+    Option("trained", "Trained exit", "Draft through the exit trained for this target (an adapter from "
+           "layer L's state to the last layer's, `python -m specviz heads exit`) where one is shipped or "
+           "cached and L is its layer. Off: the target's own final norm and LM head read layer L "
+           "(training-free).",
+           type=FLAG, default=True, keep=True),
     # on: the draft's layers share the target's KV cache (SharedCacheExitProposer); bench and tests only
     Option("kv_reuse", "kv_reuse", "reuse the target's KV cache for the exit layers", type=FLAG,
            default=True, keep=True, page=False, cli=False),
@@ -171,9 +185,57 @@ def _build_early_exit(pair, req=None):
         raise RequestError("early-exit needs an exit layer: set exit_layer, or run it through "
                            "specviz.run.runner, which calibrates one for this pair.")
     layers, vocab = exit_layers(pair.target, exit_layer), target_vocab(pair.target)
+    trained = load_trained_exit(pair) if options["trained"] else None
+    head = trained if trained is not None and trained.layer == exit_layer else None
     # a row-exact target (w8a8) gets its own draft cache: sharing the target's cache makes the upper
     # layers read the prompt and drafts in one call, in another shape than plain's prefill, which
     # flipped 7-bit codes (default pair, 64-token prompts, exit layer 8: greedy differed at γ 2)
     if options["kv_reuse"] and not is_rowwise(pair.target):
-        return SharedCacheExitProposer(pair.target, len(layers), vocab_size=vocab)
-    return LayerSubsetProposer(pair.target, layers, vocab_size=vocab, name="early-exit")
+        return SharedCacheExitProposer(pair.target, len(layers), vocab_size=vocab, exit_head=head)
+    return LayerSubsetProposer(pair.target, layers, vocab_size=vocab, name="early-exit", exit_head=head)
+
+
+_LOADED: dict = {}  # (target id, file, mtime) -> TrainedExit: read and packed once per target
+
+
+def load_trained_exit(pair):
+    """The trained exit shipped or cached for this target (TrainedExit: its layer, adapter and kept LM
+    head, in the target's low-bit family where it has one), or None where there is none; a file that
+    cannot be read or was trained for another target is one RequestError line."""
+    from ..trained import store
+    path = store.find(pair, "exit")
+    if path is None:
+        return None
+    key = (id(pair.target), str(path), path.stat().st_mtime_ns)
+    if key not in _LOADED:
+        _LOADED.clear()
+        _LOADED[key] = _read_exit(pair, path)
+    return _LOADED[key]
+
+
+def _read_exit(pair, path):
+    from ..trained.eagle_head import KeptHead, head_weight, lowbit_for
+    from ..trained.exit_head import TrainedExit, unpack_exit
+    from ..trained.store import check
+    bad = check(path)
+    if bad:
+        raise RequestError(bad)
+    target = pair.target
+    try:
+        adapter, keep = unpack_exit(torch.load(path, map_location="cpu", weights_only=True))
+    except Exception as e:  # noqa: BLE001 - zip, pickle, key or shape errors alike: the file is bad
+        raise RequestError(f"The trained exit file {str(path)!r} cannot be read ({type(e).__name__}: {e}).") \
+            from None
+    layer = adapter.cfg["layer"]
+    if adapter.cfg["hidden"] != target.config.hidden_size or not 1 <= layer <= n_layers(target):
+        raise RequestError(f"The trained exit file {str(path)!r} was trained for another target.")
+    low = lowbit_for(target)
+    if low:
+        from ..cpu.lowbit import swap_linears
+        swap_linears(adapter, low)
+    w = head_weight(target.get_output_embeddings())
+    lm = KeptHead(w, keep, target_vocab(target), "q8a8" if low else None)
+    exit_ = TrainedExit(adapter, lm).to(target.device).eval()
+    if not low and target.device.type != "cpu":
+        exit_ = exit_.to(target.dtype)
+    return exit_

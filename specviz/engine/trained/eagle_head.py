@@ -145,8 +145,9 @@ def attend(layer: nn.Module, x: torch.Tensor, pos: torch.Tensor, cache: KV | Non
 
 
 # ------------------------------------------------------------------ the file: int8 rows
-def pack(head: EagleHead, keep: torch.Tensor, extra: dict | None = None) -> dict:
-    """The head as a file's dict: every matrix int8 (symmetric, one scale a row), the rest float."""
+def pack(head: nn.Module, keep: torch.Tensor, extra: dict | None = None, version: int = VERSION) -> dict:
+    """A trained module (its `cfg` and weights) as a file's dict: every matrix int8 (symmetric, one scale
+    a row), the rest float; with the kept token ids of its LM head."""
     q8, scale, flt = {}, {}, {}
     for name, t in head.state_dict().items():
         t = t.detach().float()
@@ -156,15 +157,15 @@ def pack(head: EagleHead, keep: torch.Tensor, extra: dict | None = None) -> dict
             scale[name] = s.to(torch.float16).squeeze(1)
         else:
             flt[name] = t
-    return {"version": VERSION, "config": dict(head.cfg), "keep": keep.to(torch.int32), "int8": q8,
+    return {"version": version, "config": dict(head.cfg), "keep": keep.to(torch.int32), "int8": q8,
             "scale": scale, "float": flt, **(extra or {})}
 
 
-def unpack(blob: dict) -> tuple[EagleHead, torch.Tensor]:
-    """(the head in fp32, the kept token ids) from pack()'s dict; ValueError if it is not one."""
-    if blob.get("version") != VERSION:
-        raise ValueError(f"an EAGLE head file of version {blob.get('version')}, not {VERSION}")
-    head = EagleHead(blob["config"])
+def unpack(blob: dict, make=EagleHead, version: int = VERSION, what: str = "an EAGLE head"):
+    """(the module in fp32, the kept token ids) from pack()'s dict; ValueError if it is not one."""
+    if blob.get("version") != version:
+        raise ValueError(f"{what} file of version {blob.get('version')}, not {version}")
+    head = make(blob["config"])
     state = {n: blob["int8"][n].float() * blob["scale"][n].float()[:, None] for n in blob["int8"]}
     state.update(blob["float"])
     head.load_state_dict(state)

@@ -40,7 +40,7 @@ def heads_dir(pair) -> Path:
     return cache_root() / "heads" / heads_key(pair)
 
 
-FILES = {"eagle": "eagle.pt", "medusa": "heads.pt"}
+FILES = {"eagle": "eagle.pt", "medusa": "heads.pt", "exit": "exit.pt"}
 
 
 def features_dir(pair) -> Path:
