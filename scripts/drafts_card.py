@@ -16,6 +16,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "assets" / "drafts"
 CARD = ROOT / "docs" / "trained_drafts.md"
 KEEP_FROM = "## Bench"
+FILES = {"eagle": "eagle.pt", "medusa": "heads.pt", "exit": "exit.pt"}  # engine/trained/store.py FILES
+
+
+def _seen(rep: dict) -> int:
+    return rep.get("tokens_seen") or rep.get("positions_seen") or rep.get("rows_seen") or 0
 
 
 def _row(name: str, xs) -> str:
@@ -54,15 +59,16 @@ def card(pass_dir: Path, machine: str, date: str) -> str:
              f"Chat share of the tokens: {meta['chat_share']:.0%}.",
              f"- Held out from the pass: conversations and files with {meta['held_out']}.",
              f"- {meta.get('stopped', '')}", ""]
-    titles = (("eagle", "EAGLE head (`--method eagle`)"), ("medusa", "Medusa heads (`--method heads`)"))
+    titles = (("eagle", "EAGLE head (`--method eagle`)"), ("medusa", "Medusa heads (`--method heads`)"),
+              ("exit", "Trained exit (`--method early-exit`)"))
     for kind, title in titles:
-        for path in sorted(SHIPPED.glob(f"*/{'eagle' if kind == 'eagle' else 'heads'}.pt")):
+        for path in sorted(SHIPPED.glob(f"*/{FILES[kind]}")):
             rep = json.loads(path.with_name(f"{kind}-report.json").read_text())
             digest = hashlib.sha256(path.read_bytes()).hexdigest()
             lines += [f"## {title}", "", f"- Design: {rep['design']}.",
                       f"- Trained on: {rep['trained_on']}.",
                       f"- Training: {rep['train_s'] / 60:.1f} min on {machine} "
-                      f"({rep.get('tokens_seen', rep.get('positions_seen', 0)):,} positions seen, "
+                      f"({_seen(rep):,} positions seen, "
                       f"{rep['steps']} steps, lr {rep['lr']}, stopped by {rep['stopped_by']}); loss (EAGLE: "
                       f"[feature, soft CE]) first → last: {rep['loss_first']} → {rep['loss_last']}"
                       + (f"; started from {rep['started_from']}" if rep.get("started_from") else "") + ".",

@@ -343,3 +343,24 @@ def test_gamma_auto_prices_the_named_head(tmp_path, target, monkeypatch):
     c = head_cost(pair, SimpleNamespace(options={"eagle_head": str(folder)}))
     assert c == load_public(pair, str(folder)).step_s / 2.0 > 0
     assert head_cost(pair) is None  # none shipped or trained for this target
+
+
+@pytest.mark.parametrize("layout", ["eagle1", "eagle3"])
+def test_published_heads_on_the_graph_cache_draft_as_on_the_dynamic_one(tmp_path, tok, layout):
+    """The graph path (engine/gpu/head.py; graphs off on a CPU): the target's graph cache keeps the states
+    a published head reads (EAGLE-3: three layers' inputs), the head runs over its fixed buffer (two
+    widths for EAGLE-3: the target's three layers, then its own state), and every round drafts what the
+    dynamic cache's run drafts; greedy output is plain's."""
+    from specviz.engine.forward import set_cache
+    model, graph_model = (tiny_llama(len(tok), layers=8) for _ in range(2))
+    assert set_cache(graph_model, "graphs") == "graphs"
+    folder = (write_eagle1 if layout == "eagle1" else write_eagle3)(tmp_path / "h", model)[0]
+    ids = tok.encode(PROMPT)
+    _, base = run(baseline(model, tok, ids, 32, GREEDY))
+    ref_rounds, ref = run(speculative(model, proposer(model, folder, tok), tok, ids, 32, 3, GREEDY))
+    prop = proposer(graph_model, folder, tok)
+    rounds, spec = run(speculative(graph_model, prop, tok, ids, 32, 3, GREEDY))
+    assert prop.static is not None and spec.token_ids == base.token_ids == ref.token_ids
+    assert spec.drafted > 0 and [r.draft_ids for r in rounds] == [r.draft_ids for r in ref_rounds]
+    if layout == "eagle3":
+        assert prop.static.widths == (3 * model.config.hidden_size, prop.drafter.head.cfg["hidden"])

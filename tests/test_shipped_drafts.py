@@ -13,6 +13,7 @@ from specviz.engine.trained.store import SHIPPED
 CARD = Path(__file__).resolve().parents[1] / "docs" / "trained_drafts.md"
 FILES = sorted(SHIPPED.glob("*/*.pt"))
 MB = 1 << 20
+KIND = {"eagle.pt": "eagle", "heads.pt": "medusa", "exit.pt": "exit"}  # a file -> its report's kind
 
 
 def test_sizes_and_card():
@@ -21,7 +22,7 @@ def test_sizes_and_card():
     for f in FILES:
         assert f.stat().st_size <= 40 * MB, f
         assert hashlib.sha256(f.read_bytes()).hexdigest() in card, f"{f} is not on the card with its sha256"
-        assert (f.parent / f"{'eagle' if f.name == 'eagle.pt' else 'medusa'}-report.json").is_file()
+        assert (f.parent / f"{KIND[f.name]}-report.json").is_file()
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f.name for f in FILES])
@@ -30,9 +31,13 @@ def test_each_file_reads(path):
     if path.name == "eagle.pt":
         head, keep = unpack(blob)
         assert len(keep) <= 40_000 and head.cfg["hidden"] > 0
+    elif path.name == "exit.pt":
+        from specviz.engine.trained.exit_head import unpack_exit
+        adapter, keep = unpack_exit(blob)
+        assert len(keep) <= 40_000 and adapter.cfg["layer"] >= 1
     else:
         assert blob["k"] >= 1 and len(blob["keep"]) <= 40_000
-    rep = json.loads((path.parent / f"{'eagle' if path.name == 'eagle.pt' else 'medusa'}-report.json").read_text())
+    rep = json.loads((path.parent / f"{KIND[path.name]}-report.json").read_text())
     assert rep.get("acceptance_by_position"), "the held-out acceptance is measured (heads accept)"
 
 

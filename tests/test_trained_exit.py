@@ -13,8 +13,8 @@ from specviz.engine.proposers import make_proposer
 from specviz.engine.proposers.early_exit import SharedCacheExitProposer
 from specviz.engine.sampling import SamplingParams
 from specviz.engine.trained import store
-from specviz.engine.trained.exit_head import ExitAdapter, TrainedExit, config_of
 from specviz.engine.trained.eagle_head import KeptHead
+from specviz.engine.trained.exit_head import ExitAdapter, TrainedExit, config_of
 from specviz.heads import features
 from specviz.models.tiny import tiny_model
 from specviz.ui.method_options import TRAINED_EXIT, setup_text

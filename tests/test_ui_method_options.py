@@ -47,7 +47,7 @@ def test_page_run_takes_the_options_positionally_in_key_order(handlers):
 
 @pytest.mark.parametrize("method, shown", [
     ("tree", {"tree_shape", "tree_budget"}), ("lookahead", {"window", "guesses"}),
-    ("early-exit", {"exit_layer"}), ("layer-skip", {"skip_layers"}),
+    ("early-exit", {"exit_layer", "trained"}), ("layer-skip", {"skip_layers"}),
     ("draft", set()), ("lookup", set()), ("rest", set()), ("staged", set()),
 ])
 def test_only_the_picked_methods_controls_show(method, shown):

@@ -424,7 +424,8 @@ def _dtype_lines(name: str, r: dict) -> list[str]:
         if rows:
             lines.append(f"[{name}] page {key}: " + "; ".join(
                 f"{m} " + (f"ERROR {x['error'][:80]}" if "error" in x else
-                           f"{'identical' if x['identical'] else 'DIFFERENT'} {x['shown_speedup']:.2f}x")
+                           f"{'identical' if x['identical'] else 'DIFFERENT'} {x['shown_speedup']:.2f}x"
+                           f"{_parting(x)}")
                 for m, x in rows.items()))
     for key in ("compiled", "compiled_tuned", "big", "head"):
         if r.get(key):

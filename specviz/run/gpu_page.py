@@ -142,8 +142,11 @@ def _methods(pair, prompt, methods, new: int, gamma: int) -> dict:
                          gamma_auto=method in ("draft", "hybrid"))  # auto γ: priced by the load's costs
         try:
             m = shown(pair, req, prompt)
-            out[method] = {k: m[k] for k in ("identical", "shown_speedup", "tokens_per_round",
-                                             "plain_tok_s", "speculative_tok_s", "path")}
+            # where a greedy run parted from plain, the target's logit gap there (a bf16 tie, or a bug: the
+            # 2026-11-29 H200 run saw the three tree methods part, and could not say which)
+            out[method] = {k: m[k] for k in ("identical", "shown_speedup", "tokens_per_round", "plain_tok_s",
+                                             "speculative_tok_s", "path", "first_difference",
+                                             "logit_gap_at_difference") if k in m}
         except Exception as err:  # noqa: BLE001 - one method's failure is its own row
             out[method] = {"error": f"{type(err).__name__}: {err}"[:300]}
     return out

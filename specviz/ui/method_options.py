@@ -12,6 +12,7 @@ from html import escape
 
 from ..engine.proposer import TEXT, Option, blank
 from ..engine.proposers import REGISTRY, method_names, method_spec
+from .trained import KINDS as TRAINED_KINDS
 from .trained import TRAINED_ONLY  # noqa: F401 (re-exported: callers read it here)
 from .trained import note_html as trained_note
 
@@ -134,7 +135,7 @@ def note_html(method: str | None, pair=None) -> str:
     (MethodSpec.loses_when; issue 71: a losing method gave no reason, before or after its run)."""
     spec = REGISTRY.get(method) if method else None
     note = spec.note if spec is not None else ""
-    extra = trained_note(method, pair) if method in TRAINED_ONLY else ""
+    extra = trained_note(method, pair) if method in TRAINED_KINDS else ""
     first = note or ("" if _shown(method) else NO_SETTINGS)
     loses = (f"<span class='sv-mode sv-loses'>{escape(spec.loses_when)}</span>"
              if spec is not None and spec.loses_when else "")

@@ -11,7 +11,8 @@ from html import escape
 TRAINED_ONLY = ("heads", "eagle", "eagle-tree")
 
 # page method -> the store's kind, and `heads <step>` (eagle-tree grows its tree with eagle's head)
-KINDS = {"heads": "medusa", "eagle": "eagle", "eagle-tree": "eagle"}
+KINDS = {"heads": "medusa", "eagle": "eagle", "eagle-tree": "eagle", "early-exit": "exit"}
+# early-exit runs untrained where its target has no trained exit: offered either way, its note says which
 PLAIN_TRAIN = "python -m specviz heads train"  # engine/proposers/heads.py train_command, pair args after it
 
 
@@ -59,6 +60,8 @@ def _kinds(values) -> dict[str, float]:
         v = values.get(kind) if isinstance(values, dict) else None
         if isinstance(v, (list, tuple)):
             v = v[0] if v else None
+        if isinstance(v, dict):  # a trained exit's agreement: {"trained": x, "untrained": y}
+            v = v.get("trained")
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             out[kind] = float(v)
     return out
@@ -120,10 +123,12 @@ def note_html(method: str | None, pair=None) -> str:
         except Exception:  # noqa: BLE001 - as found(): treated as no file
             path = rep = None
     if path is None:
-        return (f" No trained file for this target yet; train one with "
+        what = "exit (it drafts untrained)" if method == "early-exit" else "file"
+        return (f" No trained {what} for this target yet; train one with "
                 f"<code>{escape(train_command(method, pair))}</code>.")
     said = report_text(rep) or "no report next to it."
-    return f" This target's file is {_where(pair, path)}: {escape(said)}"
+    what = f"trained exit (layer {rep.get('exit_layer')})" if method == "early-exit" and rep else "file"
+    return f" This target's {what} is {_where(pair, path)}: {escape(said)}"
 
 
 def offered(trained=()) -> tuple[str, ...]:
