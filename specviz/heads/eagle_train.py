@@ -185,19 +185,13 @@ def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: flo
             if frac >= 1:
                 stopped = "minutes"
                 break
-            for g in opt.param_groups:  # warm-up over the first 30 steps, then linear decay with time
-                g["lr"] = lr * min(1.0, (step + 1) / 30) * max(0.05, 1 - frac)
+            schedule(opt, lr, step, frac)
             ws = [train[j] for j in order[i: i + batch]]
-            vloss, ploss = losses(model, w_keep, batch_of(data, ws, emb, std, True))
-            loss = vloss + P_WEIGHT * ploss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
-            opt.step()
+            batch_losses = losses(model, w_keep, batch_of(data, ws, emb, std, True))
+            log.append(learn(model, opt, *batch_losses, P_WEIGHT))
             step += 1
             seen += sum(e - s for s, e in ws)
             bar.update(sum(e - s for s, e in ws))
-            log.append((float(vloss.detach()), float(ploss.detach())))
             if step % 10 == 0:
                 v, p = (sum(x) / 10 for x in zip(*log[-10:], strict=True))
                 bar.set_postfix_str(f"ep {ep} feat {v:.3f} ce {p:.3f}")
@@ -217,11 +211,27 @@ def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: flo
               "train_windows": len(train), "held_out_windows": len(val), "steps": step,
               "tokens_seen": seen, "epochs_seen": round(seen / max(1, sum(e - s for s, e in train)), 2),
               "train_s": round(time.perf_counter() - t0, 1), "stopped_by": stopped, "lr": lr, "batch": batch,
-              "loss_first": _mean(log[:10]), "loss_last": _mean(log[-10:]),
+              "loss_first": mean_losses(log[:10]), "loss_last": mean_losses(log[-10:]),
               "held_out_first_draft_agreement": held, "feature_std": round(std, 4),
               "started_from": got.get("from_file") or ("checkpoint" if got else "scratch")}
     brief = {k: report[k] for k in ("trained_on", "pass_tokens", "held_out_first_draft_agreement")}
     return pack(model, keep, {"report": brief}), report
+
+
+def schedule(opt, lr: float, step: int, frac: float) -> None:
+    """The learning rate: warm-up over the first 30 steps, then linear decay with the time spent (frac)."""
+    for g in opt.param_groups:
+        g["lr"] = lr * min(1.0, (step + 1) / 30) * max(0.05, 1 - frac)
+
+
+def learn(model, opt, vloss, ploss, p_weight: float) -> tuple[float, float]:
+    """One optimiser step on vloss + p_weight · ploss (gradients clipped at 0.5) -> the two losses."""
+    loss = vloss + p_weight * ploss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+    opt.step()
+    return float(vloss.detach()), float(ploss.detach())
 
 
 def _checkpoint(path, model, opt, step: int, seconds: float) -> None:
@@ -231,6 +241,6 @@ def _checkpoint(path, model, opt, step: int, seconds: float) -> None:
     tmp.replace(path)
 
 
-def _mean(xs) -> list | None:
+def mean_losses(xs) -> list | None:
     return [round(sum(x) / len(x), 4) for x in zip(*xs, strict=True)] if xs else None
 

@@ -25,7 +25,7 @@ from ..engine.layers import embed, run_layers
 from ..engine.trained.eagle_head import head_weight
 from ..engine.trained.exit_head import fresh, pack_exit
 from .data import progress
-from .eagle_train import VAL_EVERY, answer_rows, kept_tokens, windows_of
+from .eagle_train import VAL_EVERY, answer_rows, kept_tokens, learn, mean_losses, schedule, windows_of
 from .features import load_shards, trained_on
 
 P_WEIGHT = 0.3  # the soft cross-entropy's weight (EAGLE's head: 0.1; here q is all the adapter is for)
@@ -91,17 +91,10 @@ def train_exit(pair, folder, *, layer: int, minutes: float = 10.0, lr: float = 1
         if steps is not None and step >= steps:
             stopped = "steps"
             break
-        for g in opt.param_groups:
-            g["lr"] = lr * min(1.0, (step + 1) / 30) * max(0.05, 1 - frac)
+        schedule(opt, lr, step, frac)
         idx = rows[torch.randint(len(rows), (batch,))]
-        vloss, ploss = _losses(model, w_keep, hl[idx], data["h"][idx])
-        loss = vloss + P_WEIGHT * ploss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
-        opt.step()
+        log.append(learn(model, opt, *_losses(model, w_keep, hl[idx], data["h"][idx]), P_WEIGHT))
         step += 1
-        log.append((float(vloss.detach()), float(ploss.detach())))
         if step % 50 == 0:
             v, p = (sum(x) / 50 for x in zip(*log[-50:], strict=True))
             print(f"exit L{layer}: step {step}, {time.perf_counter() - t0:.0f} s, feat {v:.3f} ce {p:.3f}",
@@ -115,7 +108,8 @@ def train_exit(pair, folder, *, layer: int, minutes: float = 10.0, lr: float = 1
               "pass_tokens": int(len(data["ids"])), "train_windows": len(train),
               "train_rows": int(len(rows)), "held_out_windows": len(val), "steps": step,
               "rows_seen": step * batch, "train_s": round(time.perf_counter() - t0, 1), "stopped_by": stopped,
-              "lr": lr, "batch": batch, "loss_first": _mean(log[:10]), "loss_last": _mean(log[-10:]),
+              "lr": lr, "batch": batch, "loss_first": mean_losses(log[:10]),
+              "loss_last": mean_losses(log[-10:]),
               "held_out_first_draft_agreement": agreement(model, target, w_keep, w_full, keep, hl, data,
                                                           val_rows)}
     brief = {k: report[k] for k in ("trained_on", "exit_layer", "held_out_first_draft_agreement")}
@@ -160,6 +154,3 @@ def agreement(model, target, w_keep, w_full, keep, hl, data, rows, chunk: int = 
     return {name: {w: round(hits[(k, w)] / max(count[k], 1), 4) for w in ("trained", "untrained")}
             for k, name in ((0, "chat"), (1, "code"))} | {"rows": count[0] + count[1]}
 
-
-def _mean(xs) -> list | None:
-    return [round(sum(x) / len(x), 4) for x in zip(*xs, strict=True)] if xs else None
