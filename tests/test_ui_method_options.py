@@ -207,3 +207,15 @@ def test_old_trace_without_options_still_loads(handlers, tmp_path):
     assert "draft" in rp.describe_html(back, "upload")
     back.meta["settings"].update(method="layer-skip", options=["<script>"])  # hostile upload
     assert rp.view_for(back)[0].options == {} and "<script>" not in rp.describe_html(back, "upload")
+
+
+def test_an_on_off_option_is_a_checkbox_that_reaches_the_run_as_sent():
+    """early-exit's trained exit (a FLAG): a checkbox at its default, and unticked it stays in the
+    options (False is not a blank), so the run drafts untrained."""
+    import gradio as gr
+    with gr.Blocks():
+        controls = mo.build("early-exit")
+    box = controls.inputs[mo.KEYS.index("trained")]
+    assert isinstance(box, gr.Checkbox) and box.value is True
+    values = dict.fromkeys(mo.KEYS, "") | {"trained": False}
+    assert mo.collect("early-exit", values) == {"trained": False}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from html import escape
 
-from ..engine.proposer import TEXT, Option, blank
+from ..engine.proposer import FLAG, TEXT, Option, blank
 from ..engine.proposers import REGISTRY, method_names, method_spec
 from .trained import KINDS as TRAINED_KINDS
 from .trained import TRAINED_ONLY  # noqa: F401 (re-exported: callers read it here)
@@ -169,6 +169,8 @@ def _control(spec: PageOption, visible: bool):
     common = dict(label=opt.label, info=opt.help, visible=visible, elem_id=f"sv-opt{opt.flag[1:]}")
     if opt.slider:
         return gr.Slider(opt.lo, opt.hi, value=opt.default, step=1, **common)
+    if opt.type == FLAG:  # on or off: a checkbox at its default (early-exit's trained exit)
+        return gr.Checkbox(value=bool(opt.default), **common)
     if opt.type != TEXT:
         # a text box, not gr.Number: Number(None, minimum=1) showed 0 in the browser and refused
         # every run with "Value 0 is less than minimum value 1" (a blank must mean "the default")

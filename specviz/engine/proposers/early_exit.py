@@ -171,8 +171,9 @@ def exit_layers(model, exit_layer: int) -> tuple[int, ...]:
 
 # the page's note before a run (issue 71): when this method tends to lose, in plain words
 LOSES = (
-    "When it tends to lose: on a target never trained to exit early, as here: drafts from its first L "
-    "layers rarely pass, and a deeper exit costs nearly a full step.")
+    "When it tends to lose: untrained (Trained exit unticked, or a target with no trained exit), layer L is "
+    "read as if it were the last, and its drafts rarely pass; trained, more pass, but each draft still runs "
+    "L of the target's layers and each round a verify pass, and long chains lose (accept less further on).")
 
 
 @register("early-exit", "early exit (self)", loses_when=LOSES, order=20, options=OPTIONS,
