@@ -44,8 +44,8 @@ def card(pass_dir: Path, machine: str, date: str) -> str:
     lines = ["# Trained drafts shipped with SpecViz", "",
              "The project's own drafts for the default target (Qwen2.5-Coder-1.5B-Instruct, the embedded "
              "Q4_K_M GGUF), made by its own commands and shipped in `assets/drafts/<target key>/` so that "
-             "`./run.sh` offers `eagle` and `heads` with no training step. Written by "
-             "`scripts/drafts_card.py` from the files' reports.", "",
+             "`./run.sh` offers `eagle`, `heads` and early-exit's trained exit with no training step. "
+             "Written by `scripts/drafts_card.py` from the files' reports.", "",
              "## Data", "",
              f"- One feature pass (`specviz/heads/features.py`) on {machine}, {date}: "
              f"**{meta['tokens']:,} tokens** in {len(meta['shards'])} shards, read through the "
@@ -92,6 +92,12 @@ def card(pass_dir: Path, machine: str, date: str) -> str:
               "python -m specviz heads data --tokens 1000000  # resumed",
               "python -m specviz heads all --init eagle-first.pt --minutes 45 --medusa-minutes 10 \\",
               "  --lr 4e-4 --ship",
+              "# 2026-11-29, evening: the pass to its end, the head 50 minutes more, the trained exit",
+              "python -m specviz heads data --tokens 1000000 --out <the pass folder>  # resumed to 1,000,659",
+              "python -m specviz heads eagle --resume --minutes 162 --lr 7.5e-4 --epochs 50 \\",
+              "  --precision w4a8 --data <the pass folder>  # --minutes counts the checkpoint's 112 too",
+              "python -m specviz heads exit --layer 6 --minutes 10 --data <the pass folder>",
+              "python -m specviz heads accept  # held-out acceptance into each report",
               "python scripts/drafts_card.py --pass-dir <the pass folder>            # this card",
               "```", ""]
     return "\n".join(lines)
