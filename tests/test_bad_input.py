@@ -23,7 +23,7 @@ from specviz.ui.method_options import METHOD_CHOICES, TRAINED_ONLY  # noqa: E402
 FIELDS = run_fields()  # every input of /run, in order (a raw queue/join must send them all)
 GOOD = dict(prompt="def f(x):", gamma=4, max_new_tokens=8, temperature=0.0, top_p=1.0, top_k=0, seed=0,
             chat_template=False, mode="fair", method="draft", gamma_auto=False,
-            tree_shape="", tree_budget=None, window=4, guesses=2, exit_layer=None, skip_layers="",
+            tree_shape="", tree_budget=None, window=4, guesses=2, exit_layer=None, trained=True, skip_layers="",
             fresh_memory=False, share_memory=False)
 BASE, SPEC, STATS, INFO = 0, 1, 2, 3
 

@@ -34,7 +34,7 @@ from helpers import run_fields  # noqa: E402
 FIELDS = run_fields()  # every input of /run, in order (a raw queue/join must send them all)
 GOOD = dict(prompt="def f(x):", gamma=4, max_new_tokens=24, temperature=0.0, top_p=1.0, top_k=0, seed=0,
             chat_template=False, mode="fair", method="draft", gamma_auto=False,
-            tree_shape="", tree_budget="", window=4, guesses=2, exit_layer="", skip_layers="", fresh_memory=False,
+            tree_shape="", tree_budget="", window=4, guesses=2, exit_layer="", trained=True, skip_layers="", fresh_memory=False,
             share_memory=False)
 BASE, SPEC, STATS, INFO = 0, 1, 2, 3
 MAX_NEW = 512  # the server's limit on new tokens (the built-in default)
