@@ -5,7 +5,8 @@ come from the kept tokens only; sampled sequences follow the target's law."""
 import pytest
 import torch
 from helpers import follows_target, run
-from test_eagle import _tiny_data, pair_of
+from test_eagle import GREEDY, PROMPT, _tiny_data, pair_of
+from test_eagle import one_thread as one_thread  # autouse: a scratch cache, no shipped files, one thread
 
 from specviz.calibration.selfspec import pending, resolve_options
 from specviz.engine.decoding import baseline, speculative
@@ -18,15 +19,6 @@ from specviz.engine.trained.exit_head import ExitAdapter, TrainedExit, config_of
 from specviz.heads import features
 from specviz.models.tiny import tiny_model
 from specviz.ui.method_options import TRAINED_EXIT, setup_text
-
-GREEDY = SamplingParams(temperature=0)
-PROMPT = "def quicksort(arr): arr arr"
-
-
-@pytest.fixture(autouse=True)
-def scratch(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(store, "SHIPPED", tmp_path / "shipped")
 
 
 def test_training_on_the_pass_and_the_trained_run(target, tok, tmp_path):
