@@ -104,3 +104,10 @@ def test_speedup_box_says_why_eagle_drafts_under_gamma():
     why = speedup_box._gamma_why(3.5, {"gamma": 4, "method": "eagle"})
     assert "round 1 drafts nothing" in why and "at most K" not in why
     assert "at most K" in speedup_box._gamma_why(2.0, {"gamma": 4, "method": "heads"})
+
+
+def test_early_exit_says_nothing_of_its_exit_before_a_pair_loads():
+    """While the models load, the page knows of no trained exit: early exit's note must not claim there is
+    none (the browser showed "No trained exit" beside the ticked box until the load ended)."""
+    note = mo.note_html("early-exit", None)
+    assert "No trained exit" not in note and "heads exit" not in note and "When it tends to lose" in note

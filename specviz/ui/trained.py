@@ -112,8 +112,8 @@ def _where(pair, path) -> str:
 def note_html(method: str | None, pair=None) -> str:
     """What the page adds to a trained method's note (HTML, '' for any other method): its file's
     report, or, where this target has none, the command that trains one."""
-    if method not in KINDS:
-        return ""
+    if method not in KINDS or (pair is None and method == "early-exit"):
+        return ""  # early exit runs either way: with no pair loaded yet, nothing is known of its exit
     path = rep = None
     if pair is not None:
         from ..engine.trained import store
