@@ -175,3 +175,20 @@ def copy_into(out, new) -> None:
         return
     for o, n in zip(out, new, strict=True):
         copy_into(o, n)
+
+
+def counting_capture(rows, replayed: list):
+    """capture_graph on a CPU: a 'graph' that reruns its forward into the captured outputs when replayed,
+    appending rows(outputs) (the graph's row count) to `replayed` at each replay."""
+    class Graph:
+        def __init__(self, fn, out):
+            self.fn, self.out = fn, out
+
+        def replay(self):
+            replayed.append(rows(self.out))
+            copy_into(self.out, self.fn())
+
+    def capture(fn, device, warmup=2, stream=None, pool=None):
+        out = fn()
+        return Graph(fn, out), out
+    return capture

@@ -11,10 +11,10 @@ from helpers import check_stream, fake_pair, follows_target, run
 
 from specviz.engine.decoding import baseline, speculative
 from specviz.engine.proposers import make_proposer, method_names
-from specviz.engine.proposers.eagle import Drafter, EagleProposer, KeptHead
+from specviz.engine.proposers.eagle import Drafter, EagleProposer
 from specviz.engine.sampling import SamplingParams
 from specviz.engine.trained import store
-from specviz.engine.trained.eagle_head import EagleHead, config_of, pack, unpack
+from specviz.engine.trained.eagle_head import EagleHead, KeptHead, config_of, pack, unpack
 from specviz.errors import RequestError
 from specviz.heads import features
 from specviz.models.tiny import tiny_model

@@ -7,7 +7,7 @@ import functools
 
 import pytest
 import torch
-from helpers import check_stream, copy_into, follows_target, run
+from helpers import check_stream, counting_capture, follows_target, run
 from test_eagle import drafter
 
 from specviz.engine.decoding import baseline, speculative
@@ -28,17 +28,7 @@ def fake_graphs(monkeypatch):
     """capture_graph on a CPU: a 'graph' that reruns its forward into the captured outputs; the sizes
     replayed are counted."""
     sizes = []
-
-    class Graph:
-        def __init__(self, fn, out):
-            self.fn, self.out = fn, out
-
-        def replay(self):
-            sizes.append(self.out[0].shape[0])
-            copy_into(self.out, self.fn())
-
-    monkeypatch.setattr(gpu_head, "capture_graph", lambda fn, device, warmup=2, stream=None, pool=None:
-                        (lambda out: (Graph(fn, out), out))(fn()))
+    monkeypatch.setattr(gpu_head, "capture_graph", counting_capture(lambda out: out[0].shape[0], sizes))
     return sizes
 
 

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from helpers import copy_into
+from helpers import counting_capture
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
 
@@ -139,20 +139,7 @@ def test_graph_cache_pads_verifies_to_the_captured_size(target, reference, monke
     """Graphs on (a fake capture on the CPU): verifies of 2-4 rows run in the 5-row graph, padded."""
     from specviz.engine.gpu import static
     sizes_run = []
-
-    class Graph:
-        def __init__(self, fn, out):
-            self.fn, self.out = fn, out
-
-        def replay(self):
-            sizes_run.append(self.out[0].shape[1])
-            copy_into(self.out, self.fn())
-
-    def capture(fn, device, warmup=2, stream=None, pool=None):
-        out = fn()
-        return Graph(fn, out), out
-
-    monkeypatch.setattr(static, "capture_graph", capture)
+    monkeypatch.setattr(static, "capture_graph", counting_capture(lambda out: out[0].shape[1], sizes_run))
     assert cache_decode(target, near(target), [4, 1, 3, 2], graphs=True) == reference
     assert set(sizes_run) == {1, 5}  # every verify (2-5 rows) in the one 5-row graph
 

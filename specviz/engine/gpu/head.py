@@ -134,19 +134,31 @@ class StaticHead:
         graph.replay()
         return f[:n], logits[:n]
 
-    @torch.no_grad()
-    def time_step(self, rows: int = 64, tries: int = 7) -> float:
-        """The median seconds of one 1-row draft step (the head and the kept LM head) after `rows`
-        read rows, the device synchronised around each: what γ = auto prices as the head's cost."""
+    def step_after(self, rows: int):
+        """A 1-row draft step (the head and the kept LM head) after `rows` read rows, as a callable that
+        can be timed again and again: each call drops the step before it (kv back to `rows`)."""
         self.reset()
         self.run(torch.zeros(rows, dtype=torch.long, device=self.device),
                  torch.zeros(rows, self.widths[0], dtype=self.dtype, device=self.device), list(range(rows)))
         f = torch.zeros(1, self.hidden, dtype=self.dtype, device=self.device)
+        ids = torch.zeros(1, dtype=torch.long, device=self.device)
+
+        @torch.no_grad()
+        def step():
+            self.kv.crop(rows)
+            self.run(ids, f, [rows])
+        return step
+
+    @torch.no_grad()
+    def time_step(self, rows: int = 64, tries: int = 7) -> float:
+        """The median seconds of one 1-row draft step after `rows` read rows, the device synchronised
+        around each: what γ = auto prices as the head's cost."""
+        step = self.step_after(rows)
         times = []
-        for i in range(tries):
+        for _ in range(tries):
             _sync(self.device)
             t0 = time.perf_counter()
-            self.run([0], f, [rows + i])
+            step()
             _sync(self.device)
             times.append(time.perf_counter() - t0)
         self.reset()

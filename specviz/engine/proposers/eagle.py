@@ -33,7 +33,7 @@ from ..forward import forward_logits, pick
 from ..proposer import TEXT, Option, Proposal, Proposer, check_options, register, target_vocab
 from ..sampling import greedy_rows, warp
 from ..trained import public_heads
-from ..trained.eagle_head import KV, KeptHead, head_weight, lowbit_for, unpack
+from ..trained.eagle_head import KV, on_target, unpack
 from .heads import final_norm
 
 
@@ -100,11 +100,9 @@ def load_drafter(pair) -> Drafter:
 
 
 def _read(pair, path) -> Drafter:
-    from ..trained.store import check
+    from ..trained.store import require
     target = pair.target
-    bad = check(path)
-    if bad:
-        raise RequestError(bad)
+    require(path)
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
         head, keep = unpack(blob)
@@ -113,16 +111,7 @@ def _read(pair, path) -> Drafter:
             from None
     if head.cfg["hidden"] != target.config.hidden_size:
         raise RequestError(f"The EAGLE head file {str(path)!r} was trained for another target.")
-    low = lowbit_for(target)
-    if low:
-        from ..cpu.lowbit import swap_linears
-        swap_linears(head, low)
-    dev = target.device
-    head = head.to(dev)
-    lm = KeptHead(head_weight(target.get_output_embeddings()), keep, target_vocab(target),
-                  "q8a8" if low else None).to(dev)
-    if not low and dev.type != "cpu":
-        head, lm = head.to(target.dtype), lm.to(target.dtype)
+    head, lm = on_target(head, keep, target, target_vocab(target))
     return _timed(Drafter(head, lm, target.get_input_embeddings()), target)
 
 

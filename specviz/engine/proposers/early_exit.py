@@ -215,12 +215,10 @@ def load_trained_exit(pair):
 
 
 def _read_exit(pair, path):
-    from ..trained.eagle_head import KeptHead, head_weight, lowbit_for
+    from ..trained.eagle_head import on_target
     from ..trained.exit_head import TrainedExit, unpack_exit
-    from ..trained.store import check
-    bad = check(path)
-    if bad:
-        raise RequestError(bad)
+    from ..trained.store import require
+    require(path)
     target = pair.target
     try:
         adapter, keep = unpack_exit(torch.load(path, map_location="cpu", weights_only=True))
@@ -230,13 +228,5 @@ def _read_exit(pair, path):
     layer = adapter.cfg["layer"]
     if adapter.cfg["hidden"] != target.config.hidden_size or not 1 <= layer <= n_layers(target):
         raise RequestError(f"The trained exit file {str(path)!r} was trained for another target.")
-    low = lowbit_for(target)
-    if low:
-        from ..cpu.lowbit import swap_linears
-        swap_linears(adapter, low)
-    w = head_weight(target.get_output_embeddings())
-    lm = KeptHead(w, keep, target_vocab(target), "q8a8" if low else None)
-    exit_ = TrainedExit(adapter, lm).to(target.device).eval()
-    if not low and target.device.type != "cpu":
-        exit_ = exit_.to(target.dtype)
-    return exit_
+    adapter, lm = on_target(adapter, keep, target, target_vocab(target))
+    return TrainedExit(adapter, lm).eval()

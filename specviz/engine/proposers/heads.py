@@ -140,10 +140,8 @@ def load(pair) -> Heads:
 
 
 def _read(pair, path: Path) -> Heads:
-    from ..trained.store import check
-    bad = check(path)
-    if bad:
-        raise RequestError(bad)
+    from ..trained.store import require
+    require(path)
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
         heads = Heads(int(blob["hidden"]), int(blob["k"]))

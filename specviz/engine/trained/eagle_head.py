@@ -205,6 +205,21 @@ class KeptHead(nn.Module):
         return spread_logits(self.proj(h).float(), self.keep, self.vocab)
 
 
+def on_target(module: nn.Module, keep: torch.Tensor, target, vocab: int) -> tuple[nn.Module, KeptHead]:
+    """A trained module (EAGLE's head, the trained exit's adapter) and its kept LM head, placed as the
+    target runs: Linears in its low-bit family where it has one, else its device and (on a GPU) type."""
+    low = lowbit_for(target)
+    if low:
+        from ..cpu.lowbit import swap_linears
+        swap_linears(module, low)
+    dev = target.device
+    module = module.to(dev)
+    lm = KeptHead(head_weight(target.get_output_embeddings()), keep, vocab, "q8a8" if low else None).to(dev)
+    if not low and dev.type != "cpu":
+        module, lm = module.to(target.dtype), lm.to(target.dtype)
+    return module, lm
+
+
 def lowbit_for(target) -> str | None:
     """The head's Linears in the target's own low-bit family: w4a8's kernel when the target uses it."""
     from ..cpu.lowbit import lowbit_format

@@ -117,6 +117,14 @@ def _sums(d: Path) -> dict[str, str]:
     return {name.strip().lstrip("*"): digest for digest, _, name in parts if name}
 
 
+def require(path: Path) -> None:
+    """check(), raised as the one RequestError line a loader (EAGLE, Medusa, the trained exit) shows."""
+    bad = check(path)
+    if bad:
+        from ...errors import RequestError
+        raise RequestError(bad)
+
+
 def check(path: Path) -> str | None:
     """None if `path` may be loaded; else the one line that says why not: a shipped file (assets/drafts/)
     whose sha256 is not the one its folder's SHA256SUMS lists (a damaged or half-fetched checkout, a
