@@ -1,6 +1,7 @@
 """python -m specviz heads data   [--tokens N] [--out DIR]           the feature pass (features.py)
-python -m specviz heads eagle  [--minutes M] [--data DIR] [--init FILE | --resume]   train EAGLE's head
-python -m specviz heads medusa [--minutes M] [--heads K]   train Medusa heads on the same pass
+python -m specviz heads answers [--minutes M] [--out DIR]         the target's own answers (answers.py)
+python -m specviz heads eagle  [--minutes M] [--data DIR] [--also DIR] [--init FILE | --resume]   EAGLE's head
+python -m specviz heads medusa [--minutes M] [--heads K] [--also DIR]   Medusa heads on the same pass
 python -m specviz heads exit   [--layer L] [--minutes M]    train early-exit's adapter on the same pass
 python -m specviz heads accept [--n N] [--ship]                  held-out acceptance by position
 python -m specviz heads all    [--tokens N] [--minutes M] [--medusa-minutes M] [--ship]   all of it, one load
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from ..errors import ModelError, RequestError
 
-COMMANDS = ("data", "eagle", "medusa", "exit", "accept", "all", "train", "info")
+COMMANDS = ("data", "answers", "eagle", "medusa", "exit", "accept", "all", "train", "info")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,6 +36,10 @@ def _parser() -> argparse.ArgumentParser:
                          "many of the pass")
     ap.add_argument("--data", "--out", dest="data", default=None,
                     help="the feature pass's folder (default cache_root()/features/<target key>)")
+    ap.add_argument("--also", default=None,
+                    help="eagle, medusa: a second pass to train on beside --data (heads answers' folder), "
+                         "its windows read --also-times as often")
+    ap.add_argument("--also-times", type=int, default=2)
     ap.add_argument("--layer", type=int, default=6, help="exit: the exit layer L (default 6)")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--minutes", type=float, default=15.0, help="time cap of the training loop (default 15)")
@@ -60,7 +65,7 @@ def main(argv=None) -> int:
         print("error: use 1..8 heads and at least 64 tokens", file=sys.stderr)
         return 2
     try:
-        if args.command in ("data", "eagle", "medusa", "exit"):
+        if args.command in ("data", "answers", "eagle", "medusa", "exit"):
             return _on_features(args)
         if args.command == "accept":
             return _accept(args)
@@ -90,8 +95,15 @@ def _on_features(args) -> int:
     from ..engine.trained import store
     t0 = time.perf_counter()
     # the pass and the exit's layer-L states read the target as it runs here; the heads train on its states
-    pair = _load(args, _fast_precision() if args.command in ("data", "exit") else "bf16")
+    pair = _load(args, _fast_precision() if args.command in ("data", "answers", "exit") else "bf16")
     folder = Path(args.data) if args.data else store.features_dir(pair)
+    if args.command == "answers":
+        from .answers import run_answers
+        folder = Path(args.data) if args.data else store.features_dir(pair).with_name("answers")
+        meta = run_answers(pair, folder, args.minutes, log=lambda s: print(s, file=sys.stderr))
+        print(json.dumps({"folder": str(folder), "tokens": meta.get("tokens", 0),
+                          "prompts": meta.get("next_window", 0), "seconds": meta.get("seconds", 0)}))
+        return 0
     if args.command == "data":
         from .features import run_pass
         meta = run_pass(pair.target, pair.tokenizer, folder, args.tokens or 1_000_000,
@@ -102,7 +114,8 @@ def _on_features(args) -> int:
         from .eagle_train import train_eagle
         model, report = train_eagle(pair, folder, minutes=args.minutes, epochs=args.epochs,
                                     lr=args.lr or 6e-4, max_tokens=args.tokens, init=args.init,
-                                    resume=args.resume)
+                                    resume=args.resume, also=args.also and Path(args.also),
+                                    also_times=args.also_times)
         kind = "eagle"
     elif args.command == "exit":
         from .exit_train import train_exit
@@ -112,7 +125,8 @@ def _on_features(args) -> int:
     else:
         from .medusa_train import train_medusa
         model, report = train_medusa(pair, folder, k=args.heads, minutes=args.minutes, epochs=args.epochs,
-                                     lr=args.lr or 1e-3, max_tokens=args.tokens)
+                                     lr=args.lr or 1e-3, max_tokens=args.tokens,
+                                     also=args.also and Path(args.also), also_times=args.also_times)
         kind = "medusa"
     report["total_s"] = round(time.perf_counter() - t0, 1)
     path = store.save(pair, kind, model, report, ship=args.ship)

@@ -148,8 +148,11 @@ def start_from(init) -> tuple[EagleHead, dict]:
 
 def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: float = 3e-4,
                 max_tokens: int | None = None, batch: int = 4, seed: int = 0,
-                intermediate: int = 3072, init=None, resume: bool = False) -> tuple[dict, dict]:
+                intermediate: int = 3072, init=None, resume: bool = False, also=None,
+                also_times: int = 2) -> tuple[dict, dict]:
     """The head trained on the pass in `folder` (about `minutes`), as a file's dict, and a report.
+    also: a second pass (answers.py: the target's own answers), its training windows read `also_times`
+    as often as the first pass's; its held-out windows reported apart.
     init: a head to start from (start_from); resume: go on from the folder's checkpoint (CKPT) with
     its optimizer, its step and the minutes it already spent (of `minutes`). A checkpoint is written
     every CKPT_EVERY seconds."""
@@ -161,10 +164,13 @@ def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: flo
     w_keep = w_full[keep].contiguous()
     emb_mod = target.get_input_embeddings()
     emb = emb_mod.weight.detach().to(torch.bfloat16)
-    wins = windows_of(data["seg"])
     data["score"] = answer_rows(data, pair.tokenizer)
-    val = wins[VAL_EVERY - 1:: VAL_EVERY][:200]
-    train = [w for i, w in enumerate(wins) if i % VAL_EVERY != VAL_EVERY - 1]
+    val, train = split(windows_of(data["seg"]))
+    first = {k: data[k] for k in ("ids", "kind")}
+    also_val, also_train = [], []
+    if also is not None:
+        data, also_val, also_train = join_answers(data, Path(also))
+        train += also_train * also_times
     std = float(data["h"][: 100_000].float().std())
     ckpt = Path(folder) / CKPT
     init = ckpt if resume and ckpt.is_file() else init
@@ -204,10 +210,13 @@ def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: flo
     _checkpoint(ckpt, model, opt, step, time.perf_counter() - t0)
     model.eval()
     held = agreement(model, w_keep, w_full, keep, data, val, emb)
+    if also_val:  # EAGLE's 0-α: the first draft on the target's own text, every earlier state true
+        held["own_answers"] = agreement(model, w_keep, w_full, keep, data, also_val, emb)
     report = {"design": "EAGLE-1 head: fc([e(x_{t+1}); f_t]) + one decoder layer -> f_{t+1}; the target's "
                         f"LM head restricted to {len(keep)} tokens",
-              "trained_on": trained_on(folder, data), "config": model.cfg, "kept_tokens": len(keep),
-              "pass_tokens": int(len(data["ids"])),
+              "trained_on": trained_on(folder, first) + own_answers(also_train, also_times),
+              "config": model.cfg, "kept_tokens": len(keep),
+              "pass_tokens": int(len(first["ids"])),
               "train_windows": len(train), "held_out_windows": len(val), "steps": step,
               "tokens_seen": seen, "epochs_seen": round(seen / max(1, sum(e - s for s, e in train)), 2),
               "train_s": round(time.perf_counter() - t0, 1), "stopped_by": stopped, "lr": lr, "batch": batch,
@@ -216,6 +225,33 @@ def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: flo
               "started_from": got.get("from_file") or ("checkpoint" if got else "scratch")}
     brief = {k: report[k] for k in ("trained_on", "pass_tokens", "held_out_first_draft_agreement")}
     return pack(model, keep, {"report": brief}), report
+
+
+def own_answers(train: list, times: int) -> str:
+    """The report's words for the answers pass's part, if any."""
+    if not train:
+        return ""
+    return (f"; and {sum(e - s for s, e in train):,} tokens of the target's own answers ({len(train)} "
+            f"prompts and answers, read {times} times as often)")
+
+
+def split(wins: list) -> tuple[list, list]:
+    """(held-out, training) windows: every VAL_EVERY-th held out, at most 200."""
+    val = wins[VAL_EVERY - 1:: VAL_EVERY][:200]
+    return val, [w for i, w in enumerate(wins) if i % VAL_EVERY != VAL_EVERY - 1]
+
+
+def join_answers(data: dict, folder: Path) -> tuple[dict, list, list]:
+    """The first pass's data with the answers pass's rows after it, and the answers' (held-out, training)
+    windows. Their rows are scored on the answers only (the prompt is given on the page, never drafted);
+    their window ids follow the first pass's."""
+    extra = load_shards(folder)
+    n = len(data["ids"])
+    extra["seg"] = extra["seg"] + int(data["seg"].max()) + 1
+    extra["score"] = extra.pop("ans").bool()
+    joined = {k: torch.cat([data[k], extra[k]]) for k in data}
+    val, train = split([(s + n, e + n) for s, e in windows_of(extra["seg"])])
+    return joined, val, train
 
 
 def schedule(opt, lr: float, step: int, frac: float) -> None:

@@ -199,17 +199,24 @@ def run_pass(model, tokenizer, out: Path, n_tokens: int, seq: int = SEQ, log=pri
         done += len(ids)
         bar.update(len(ids))
         if sum(len(x) for x in buf["ids"]) >= SHARD or j == len(wins) - 1:
-            name = f"shard-{len(shards):04d}.pt"
-            torch.save({k: torch.cat(v) for k, v in buf.items()}, out / (name + ".tmp"))
-            (out / (name + ".tmp")).replace(out / name)
-            shards.append({"file": name, "tokens": sum(len(x) for x in buf["ids"])})
-            meta.update(next_window=j + 1, tokens=sum(s["tokens"] for s in shards),
-                        seconds=round(meta.get("seconds", 0) + time.perf_counter() - t0, 1))
-            t0 = time.perf_counter()
-            meta_path.write_text(json.dumps(meta, indent=1))
+            t0 = write_shard(out, buf, meta, j + 1, t0)
             buf = {k: [] for k in buf}
     bar.close()
     return meta
+
+
+def write_shard(out: Path, buf: dict, meta: dict, next_window: int, t0: float) -> float:
+    """buf's rows as the next shard of the pass in `out` (tmp + rename), then meta.json with the next
+    window to read and the seconds spent since t0; -> the time now (the next shard's t0)."""
+    shards = meta["shards"]
+    name = f"shard-{len(shards):04d}.pt"
+    torch.save({k: torch.cat(v) for k, v in buf.items()}, out / (name + ".tmp"))
+    (out / (name + ".tmp")).replace(out / name)
+    shards.append({"file": name, "tokens": sum(len(x) for x in buf["ids"])})
+    meta.update(next_window=next_window, tokens=sum(s["tokens"] for s in shards),
+                seconds=round(meta.get("seconds", 0) + time.perf_counter() - t0, 1))
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    return time.perf_counter()
 
 
 def load_shards(folder: Path, max_tokens: int | None = None) -> dict:

@@ -7,13 +7,14 @@ Reported: held-out top-1 agreement of each head with the target's greedy token a
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 
 from ..engine.proposers.heads import VERSION, Heads
 from ..engine.trained.eagle_head import head_weight
 from .data import progress
-from .eagle_train import VAL_EVERY, kept_tokens, windows_of
+from .eagle_train import VAL_EVERY, join_answers, kept_tokens, own_answers, windows_of
 from .features import load_shards, trained_on
 
 
@@ -56,9 +57,13 @@ def agreement(heads, w_keep, w_full, keep, data, idx) -> dict:
 
 
 def train_medusa(pair, folder, *, k: int = 3, minutes: float = 10.0, epochs: int = 1, lr: float = 1e-3,
-                 max_tokens: int | None = None, batch: int = 256, seed: int = 0) -> tuple[dict, dict]:
+                 max_tokens: int | None = None, batch: int = 256, seed: int = 0, also=None,
+                 also_times: int = 2) -> tuple[dict, dict]:
+    """Medusa's K heads trained on the pass in `folder` (and `also`, the target's own answers: their
+    answer rows, `also_times` as often), as a file's dict, and a report."""
     torch.manual_seed(seed)
     data = load_shards(folder, max_tokens)
+    first = {n: data[n] for n in ("ids", "kind")}
     w_full = head_weight(pair.target.get_output_embeddings()).to(torch.bfloat16)
     keep = kept_tokens(data["ids"], pair.tokenizer)
     w_keep = w_full[keep].contiguous()
@@ -66,6 +71,12 @@ def train_medusa(pair, folder, *, k: int = 3, minutes: float = 10.0, epochs: int
     val = [w for i, w in enumerate(wins) if i % VAL_EVERY == VAL_EVERY - 1]
     train = [w for i, w in enumerate(wins) if i % VAL_EVERY != VAL_EVERY - 1]
     train_idx, val_idx = _positions(train, k), _positions(val, k)
+    also_train = []
+    if also is not None:
+        data["score"] = torch.ones(len(data["ids"]), dtype=torch.bool)
+        data, _, also_train = join_answers(data, Path(also))
+        idx = _positions(also_train, k)
+        train_idx = torch.cat([train_idx, *[idx[data["score"][idx]]] * also_times])
     heads = Heads(data["h"].shape[1], k)
     opt = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
     t0, step, seen, losses, stopped = time.perf_counter(), 0, 0, [], "epochs"
@@ -94,9 +105,10 @@ def train_medusa(pair, folder, *, k: int = 3, minutes: float = 10.0, epochs: int
     heads.eval().requires_grad_(False)
     held = agreement(heads, w_keep, w_full, keep, data, val_idx)
     report = {"design": f"Medusa-1 heads: h + SiLU(W_k h + b_k) through the target's LM head restricted to "
-                        f"{len(keep)} tokens", "trained_on": trained_on(folder, data), "k": k,
+                        f"{len(keep)} tokens", "k": k,
+              "trained_on": trained_on(folder, first) + own_answers(also_train, also_times),
               "kept_tokens": len(keep),
-              "pass_tokens": int(len(data["ids"])), "steps": step, "positions_seen": seen,
+              "pass_tokens": int(len(first["ids"])), "steps": step, "positions_seen": seen,
               "train_s": round(time.perf_counter() - t0, 1), "stopped_by": stopped, "lr": lr, "batch": batch,
               "loss_first": _mean(losses[:10]), "loss_last": _mean(losses[-10:]),
               "held_out_top1_by_head": held}

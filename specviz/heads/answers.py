@@ -1,0 +1,127 @@
+"""A second feature pass over the target's OWN answers (self-distillation): what the page asks a draft
+to predict is the target's greedy text, not ShareGPT's or the standard library's.
+
+python -m specviz heads answers --minutes M --out DIR asks the target (greedy, through its chat
+template, as the page does) questions it was never benchmarked on: the first user turns of ShareGPT's
+training conversations (features.held_out's complement) and HumanEval-like tasks cut from the standard
+library (a function's signature and docstring, from the pass's training files), and keeps each prompt
+and answer with the target's states, in features.py's shard format (ids, h, seg, kind; and ans, the
+rows whose next token is the answer's): the EAGLE
+trainer reads it beside the first pass (train_eagle's `also`). The answers are written by the draft
+model's chain (lossless: greedy speculative output is plain greedy's) and their states are read by the
+same prompt read as the first pass (features.states), so the rows are those of the w4a8 target the page
+runs. Resumable: each shard records the next prompt's index.
+
+Why: the first head agreed with the target 0.50 / 0.59 (chat / code) on held-out windows of the pass
+but 0.41 / 0.52 on the target's own generated text (2026-11-29, docs/trained_drafts.md): the page's
+text is the target's, and DistillSpec (Zhou et al. 2024) and Medusa-2 train drafts on it."""
+from __future__ import annotations
+
+import ast
+import json
+import textwrap
+import time
+from pathlib import Path
+
+import torch
+
+from .features import code_documents, conversations, held_out, states, write_shard
+
+MAX_CHARS = 1500  # a chat prompt longer than this is skipped (as acceptance.py's held-out prompts)
+NEW_TOKENS = 160  # an answer's length at most (the bench writes 128, the held-out runs 64)
+
+
+def code_tasks(docs, limit: int = 4000, per_file: int = 3) -> list[str]:
+    """HumanEval-like prompts from the training files: a documented top-level function's signature and
+    docstring, with the file's imports before it; at most `per_file` a file, in the files' order."""
+    out = []
+    for i, (_, text) in enumerate(docs):
+        if held_out(i):
+            continue
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        lines = text.splitlines()
+        imports = [ast.get_source_segment(text, n) for n in tree.body
+                   if isinstance(n, ast.Import | ast.ImportFrom)]
+        took = 0
+        for node in tree.body:
+            doc = ast.get_docstring(node) if isinstance(node, ast.FunctionDef) else None
+            if not doc or len(node.body) < 3 or len(doc) < 40 or node.name.startswith("_"):
+                continue
+            head = "\n".join(lines[node.lineno - 1: node.body[0].end_lineno])
+            out.append("\n".join([*[m for m in imports[:4] if m], "", "", textwrap.dedent(head), ""]))
+            took += 1
+            if took >= per_file:
+                break
+        if len(out) >= limit:
+            break
+    return out
+
+
+def prompts(limit: int = 6000) -> list[tuple[str, str]]:
+    """(kind, text): chat and code prompts interleaved 3 to 2 (the first pass's 60 % chat)."""
+    convs, _ = conversations()
+    chat = [c[0]["content"] for i, c in enumerate(convs)
+            if not held_out(i) and c[0]["role"] == "user" and 20 <= len(c[0]["content"]) <= MAX_CHARS]
+    code = code_tasks(code_documents())
+    out, a, b = [], 0, 0
+    while (a < len(chat) or b < len(code)) and len(out) < limit:
+        if b >= len(code) or (a < len(chat) and a * 2 <= b * 3):
+            out.append(("chat", chat[a]))
+            a += 1
+        else:
+            out.append(("code", code[b]))
+            b += 1
+    return out
+
+
+def answer(pair, text: str, new: int, method: str = "draft") -> tuple[list[int], int]:
+    """(the prompt's ids through the chat template and the target's greedy answer (the draft's chain), the
+    prompt's length)."""
+    from ..engine.events import RunSummary
+    from ..run.request import encode_prompt, make_request
+    from ..run.runner import run_events
+    req = make_request(text, method=method, gamma="auto", max_new_tokens=new, chat_template=True)
+    ids = encode_prompt(pair.tokenizer, req)
+    got = [e for e in run_events(pair, req, "speculative", ids) if isinstance(e, RunSummary)]
+    return ids + list(got[-1].token_ids), len(ids)
+
+
+def run_answers(pair, out: Path, minutes: float, new: int = NEW_TOKENS, log=print, method: str = "draft",
+                items=None, shard_tokens: int | None = None) -> dict:
+    """Asks, answers and reads prompts into shards under `out` for about `minutes`, resuming where
+    meta.json says. items: (kind, text) prompts (default: prompts())."""
+    out.mkdir(parents=True, exist_ok=True)
+    meta_path = out / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    items = prompts() if items is None else items
+    from ..engine.cpu.lowbit import lowbit_format
+    meta.update({"what": "the target's own greedy answers", "new_tokens": new, "method": method,
+                 "precision": lowbit_format(pair.target) or str(pair.target.dtype).replace("torch.", ""),
+                 "held_out": "as the first pass"})
+    meta.setdefault("shards", [])
+    t_end = time.perf_counter() + minutes * 60
+    buf: dict[str, list] = {"ids": [], "h": [], "seg": [], "kind": [], "ans": []}
+    t0 = time.perf_counter()
+    j = meta.get("next_window", 0)
+    while j < len(items) and time.perf_counter() < t_end:
+        kind, text = items[j]
+        t1 = time.perf_counter()
+        ids, prompt_len = answer(pair, text, new, method)
+        log(f"answers: prompt {j} ({kind}): {len(ids)} tokens in {time.perf_counter() - t1:.1f} s")
+        buf["h"].append(states(pair.target, ids))
+        buf["ids"].append(torch.tensor(ids, dtype=torch.int32))
+        buf["seg"].append(torch.full((len(ids),), j, dtype=torch.int32))
+        buf["kind"].append(torch.full((len(ids),), int(kind == "code"), dtype=torch.int8))
+        ans = torch.zeros(len(ids), dtype=torch.int8)  # row i's next token is the answer's
+        ans[prompt_len - 1: len(ids) - 1] = 1
+        buf["ans"].append(ans)
+        j += 1
+        n = sum(len(x) for x in buf["ids"])
+        if n >= (shard_tokens or 8192) or j == len(items) or time.perf_counter() >= t_end:
+            t0 = write_shard(out, buf, meta, j, t0)
+            buf = {k: [] for k in buf}
+            log(f"answers: {meta['tokens']:,} tokens, {j} prompts, {meta['seconds']:.0f} s")
+    return meta
