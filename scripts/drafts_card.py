@@ -39,7 +39,20 @@ def _acceptance(rep: dict) -> list[str]:
     return out
 
 
-def card(pass_dir: Path, machine: str, date: str) -> str:
+def _answers_lines(folder: Path | None, machine: str, date: str) -> list[str]:
+    """The data section's lines for the second pass (heads answers: the target's own answers), if any."""
+    if folder is None:
+        return []
+    m = json.loads((folder / "meta.json").read_text())
+    return [f"- A second pass (`specviz/heads/answers.py`, self-distillation) on {machine}, {date}: the "
+            f"target's own greedy answers (at most {m['new_tokens']} tokens, written by the `{m['method']}` "
+            f"chain, lossless) to {m['next_window']:,} training prompts (ShareGPT first user turns and "
+            f"signatures with docstrings of standard-library functions, 3 to 2, through the chat template), "
+            f"**{m['tokens']:,} tokens** with the prompts, their states read as the first pass's, in "
+            f"{m['seconds'] / 60:.0f} min. Held out as the first pass."]
+
+
+def card(pass_dir: Path, machine: str, date: str, answers_dir: Path | None = None) -> str:
     meta = json.loads((pass_dir / "meta.json").read_text())
     lines = ["# Trained drafts shipped with SpecViz", "",
              "The project's own drafts for the default target (Qwen2.5-Coder-1.5B-Instruct, the embedded "
@@ -58,7 +71,7 @@ def card(pass_dir: Path, machine: str, date: str) -> str:
              f"{meta['seq']} tokens through the chat template. Python standard-library source for code. "
              f"Chat share of the tokens: {meta['chat_share']:.0%}.",
              f"- Held out from the pass: conversations and files with {meta['held_out']}.",
-             f"- {meta.get('stopped', '')}", ""]
+             f"- {meta.get('stopped', '')}", *_answers_lines(answers_dir, machine, date), ""]
     titles = (("eagle", "EAGLE head (`--method eagle`)"), ("medusa", "Medusa heads (`--method heads`)"),
               ("exit", "Trained exit (`--method early-exit`)"))
     for kind, title in titles:
@@ -77,8 +90,14 @@ def card(pass_dir: Path, machine: str, date: str) -> str:
                       "conversations, code = HumanEval prompts (the pass read none of either):", "",
                       *_acceptance(rep), ""]
             if "held_out_first_draft_agreement" in rep:
-                lines.append(f"- Teacher-forced first-draft agreement on held-out windows of the pass: "
-                             f"{rep['held_out_first_draft_agreement']}.")
+                agree = dict(rep["held_out_first_draft_agreement"])
+                own = agree.pop("own_answers", None)
+                lines.append("- Teacher-forced first-draft agreement on held-out windows of the pass: "
+                             f"{agree}.")
+                if own:
+                    lines.append("- EAGLE's 0-α (the first draft with every earlier state the target's own, "
+                                 "teacher-forced) on held-out windows of the target's own answers: "
+                                 f"{own}.")
             if "held_out_top1_by_head" in rep:
                 lines.append(f"- Teacher-forced top-1 agreement by head on held-out windows: "
                              f"{rep['held_out_top1_by_head']}.")
@@ -109,8 +128,10 @@ def main() -> int:
     ap.add_argument("--machine", default="a 2-core AMD EPYC (Zen 4: AVX-512 on 256-bit units), "
                                          "torch 2.13.0+cpu")
     ap.add_argument("--date", default="2026-11-29")
+    ap.add_argument("--answers-dir", default=None, help="the second pass's folder (heads answers), if any")
     args = ap.parse_args()
-    text = card(Path(args.pass_dir), args.machine, args.date)
+    text = card(Path(args.pass_dir), args.machine, args.date,
+                Path(args.answers_dir) if args.answers_dir else None)
     old = CARD.read_text() if CARD.is_file() else ""
     if KEEP_FROM in old:
         text += "\n" + old[old.index(KEEP_FROM):]

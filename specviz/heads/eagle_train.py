@@ -126,7 +126,8 @@ def agreement(model, w_keep, w_full, keep, data, wins, emb) -> dict:
             sel = kinds == k
             hit[k][0] += int((draft[sel] == target[sel]).sum())
             hit[k][1] += int(sel.sum())
-    return {name: round(hit[k][0] / max(hit[k][1], 1), 4) for k, name in ((0, "chat"), (1, "code"))} | {
+    return {name: round(hit[k][0] / hit[k][1], 4) if hit[k][1] else None
+            for k, name in ((0, "chat"), (1, "code"))} | {
         "rows": hit[0][1] + hit[1][1]}
 
 
@@ -235,10 +236,15 @@ def own_answers(train: list, times: int) -> str:
             f"prompts and answers, read {times} times as often)")
 
 
-def split(wins: list) -> tuple[list, list]:
-    """(held-out, training) windows: every VAL_EVERY-th held out, at most 200."""
-    val = wins[VAL_EVERY - 1:: VAL_EVERY][:200]
-    return val, [w for i, w in enumerate(wins) if i % VAL_EVERY != VAL_EVERY - 1]
+def split(wins: list, every: int = VAL_EVERY) -> tuple[list, list]:
+    """(held-out, training) windows: every `every`-th held out, at most 200."""
+    val = wins[every - 1:: every][:200]
+    return val, [w for i, w in enumerate(wins) if i % every != every - 1]
+
+
+# the answers pass's prompts alternate 3 chat to 2 code (period 5): every 25th window would hold out
+# chat only (it did, 2026-11-29); every 12th holds out both kinds in their share
+ANSWERS_VAL_EVERY = 12
 
 
 def join_answers(data: dict, folder: Path) -> tuple[dict, list, list]:
@@ -250,7 +256,7 @@ def join_answers(data: dict, folder: Path) -> tuple[dict, list, list]:
     extra["seg"] = extra["seg"] + int(data["seg"].max()) + 1
     extra["score"] = extra.pop("ans").bool()
     joined = {k: torch.cat([data[k], extra[k]]) for k in data}
-    val, train = split([(s + n, e + n) for s, e in windows_of(extra["seg"])])
+    val, train = split([(s + n, e + n) for s, e in windows_of(extra["seg"])], ANSWERS_VAL_EVERY)
     return joined, val, train
 
 
