@@ -116,8 +116,15 @@ def card(pass_dir: Path, machine: str, date: str, answers_dir: Path | None = Non
               "python -m specviz heads eagle --resume --minutes 162 --lr 7.5e-4 --epochs 50 \\",
               "  --precision w4a8 --data <the pass folder>  # --minutes counts the checkpoint's 112 too",
               "python -m specviz heads exit --layer 6 --minutes 10 --data <the pass folder>",
+              "# 2026-11-29, night: the target's own answers (self-distillation), the head 42 minutes "
+              "on both",
+              "python -m specviz heads answers --minutes 60 --out <the answers folder>",
+              "python -m specviz heads eagle --init <the 163-min checkpoint> --minutes 40 --lr 4e-4 "
+              "--epochs 50 \\",
+              "  --precision w4a8 --data <the pass folder> --also <the answers folder> --also-times 3",
               "python -m specviz heads accept  # held-out acceptance into each report",
-              "python scripts/drafts_card.py --pass-dir <the pass folder>            # this card",
+              "python scripts/drafts_card.py --pass-dir <the pass folder> "
+              "--answers-dir <the answers folder>  # this card",
               "```", ""]
     return "\n".join(lines)
 

@@ -192,3 +192,19 @@ def counting_capture(rows, replayed: list):
         out = fn()
         return Graph(fn, out), out
     return capture
+
+
+def interrupted_at(monkeypatch, module, name: str, call: int):
+    """module.name (a pass's states reader) raises KeyboardInterrupt on its `call`-th call, as a person
+    pressing Ctrl-C mid-pass; the returned function puts the real one back."""
+    calls = {"n": 0}
+    real = getattr(module, name)
+
+    def flaky(*args, **kw):
+        calls["n"] += 1
+        if calls["n"] == call:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+
+    monkeypatch.setattr(module, name, flaky)
+    return lambda: monkeypatch.setattr(module, name, real)

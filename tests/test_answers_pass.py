@@ -5,26 +5,15 @@ and docstring from training files only; and EAGLE's trainer reads it beside the 
 answers' rows only and reporting agreement on the target's own text apart."""
 import pytest
 import torch
-from helpers import run
-from test_eagle import GREEDY, _tiny_data, pair_of
+from helpers import interrupted_at, run
+from test_eagle import GREEDY, _tiny_data, one_thread, pair_of  # noqa: F401 (one_thread: autouse, a cache here)
 
 from specviz.engine.decoding import baseline
-from specviz.engine.trained import store
 from specviz.heads import answers, features
 from specviz.run.request import encode_prompt, make_request
 
 ITEMS = [("chat", f"say {i} and then say it again " * 2) if i % 2 == 0 else ("code", f"def f{i}(x):\n    '''Add.'''\n")
          for i in range(8)]
-
-
-@pytest.fixture(autouse=True)
-def one_thread(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(store, "SHIPPED", tmp_path / "shipped")
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _pass(pair, out, **kw):
@@ -57,19 +46,10 @@ def _bounds(seg):
 def test_the_answers_pass_resumes_after_an_interruption(target, tok, tmp_path, monkeypatch):
     pair = pair_of(target, tok)
     whole = _pass(pair, tmp_path / "a")
-    calls = {"n": 0}
-    real = answers.states
-
-    def flaky(model, ids):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise KeyboardInterrupt
-        return real(model, ids)
-
-    monkeypatch.setattr(answers, "states", flaky)
+    restore = interrupted_at(monkeypatch, answers, "states", 5)
     with pytest.raises(KeyboardInterrupt):
         _pass(pair, tmp_path / "b")
-    monkeypatch.setattr(answers, "states", real)
+    restore()
     again = _pass(pair, tmp_path / "b")
     assert again["tokens"] == whole["tokens"] and again["next_window"] == len(ITEMS)
     a, b = features.load_shards(tmp_path / "a"), features.load_shards(tmp_path / "b")

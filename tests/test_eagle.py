@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import check_stream, fake_pair, follows_target, run
+from helpers import check_stream, fake_pair, follows_target, interrupted_at, run
 
 from specviz.engine.decoding import baseline, speculative
 from specviz.engine.proposers import make_proposer, method_names
@@ -225,19 +225,10 @@ def test_pass_resumes_after_an_interruption(target, tok, tmp_path, monkeypatch):
     convs, docs = _tiny_data()
     monkeypatch.setattr(features, "SHARD", 150)
     whole = features.run_pass(target, tok, tmp_path / "a", 900, seq=64, convs=convs, docs=docs, log=None)
-    calls = {"n": 0}
-    real = features.states
-
-    def flaky(model, ids):
-        calls["n"] += 1
-        if calls["n"] == 6:
-            raise KeyboardInterrupt
-        return real(model, ids)
-
-    monkeypatch.setattr(features, "states", flaky)
+    restore = interrupted_at(monkeypatch, features, "states", 6)
     with pytest.raises(KeyboardInterrupt):
         features.run_pass(target, tok, tmp_path / "b", 900, seq=64, convs=convs, docs=docs, log=None)
-    monkeypatch.setattr(features, "states", real)
+    restore()
     again = features.run_pass(target, tok, tmp_path / "b", 900, seq=64, convs=convs, docs=docs, log=None)
     assert again["tokens"] == whole["tokens"] >= 800 and len(again["shards"]) == len(whole["shards"]) > 2
     a, b = features.load_shards(tmp_path / "a"), features.load_shards(tmp_path / "b")
