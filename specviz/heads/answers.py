@@ -18,14 +18,22 @@ text is the target's, and DistillSpec (Zhou et al. 2024) and Medusa-2 train draf
 from __future__ import annotations
 
 import ast
-import json
 import textwrap
 import time
 from pathlib import Path
 
 import torch
 
-from .features import code_documents, conversations, held_out, states, write_shard
+from .features import (
+    add_window,
+    code_documents,
+    conversations,
+    held_out,
+    open_pass,
+    precision_of,
+    states,
+    write_shard,
+)
 
 MAX_CHARS = 1500  # a chat prompt longer than this is skipped (as acceptance.py's held-out prompts)
 NEW_TOKENS = 160  # an answer's length at most (the bench writes 128, the held-out runs 64)
@@ -93,14 +101,10 @@ def run_answers(pair, out: Path, minutes: float, new: int = NEW_TOKENS, log=prin
                 items=None, shard_tokens: int | None = None) -> dict:
     """Asks, answers and reads prompts into shards under `out` for about `minutes`, resuming where
     meta.json says. items: (kind, text) prompts (default: prompts())."""
-    out.mkdir(parents=True, exist_ok=True)
-    meta_path = out / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    meta = open_pass(out)
     items = prompts() if items is None else items
-    from ..engine.cpu.lowbit import lowbit_format
     meta.update({"what": "the target's own greedy answers", "new_tokens": new, "method": method,
-                 "precision": lowbit_format(pair.target) or str(pair.target.dtype).replace("torch.", ""),
-                 "held_out": "as the first pass"})
+                 "precision": precision_of(pair.target), "held_out": "as the first pass"})
     meta.setdefault("shards", [])
     t_end = time.perf_counter() + minutes * 60
     buf: dict[str, list] = {"ids": [], "h": [], "seg": [], "kind": [], "ans": []}
@@ -111,10 +115,7 @@ def run_answers(pair, out: Path, minutes: float, new: int = NEW_TOKENS, log=prin
         t1 = time.perf_counter()
         ids, prompt_len = answer(pair, text, new, method)
         log(f"answers: prompt {j} ({kind}): {len(ids)} tokens in {time.perf_counter() - t1:.1f} s")
-        buf["h"].append(states(pair.target, ids))
-        buf["ids"].append(torch.tensor(ids, dtype=torch.int32))
-        buf["seg"].append(torch.full((len(ids),), j, dtype=torch.int32))
-        buf["kind"].append(torch.full((len(ids),), int(kind == "code"), dtype=torch.int8))
+        add_window(buf, j, kind, ids, states(pair.target, ids))
         ans = torch.zeros(len(ids), dtype=torch.int8)  # row i's next token is the answer's
         ans[prompt_len - 1: len(ids) - 1] = 1
         buf["ans"].append(ans)

@@ -99,7 +99,7 @@ def _on_features(args) -> int:
     folder = Path(args.data) if args.data else store.features_dir(pair)
     if args.command == "answers":
         from .answers import run_answers
-        folder = Path(args.data) if args.data else store.features_dir(pair).with_name("answers")
+        folder = folder if args.data else folder.with_name("answers")
         meta = run_answers(pair, folder, args.minutes, log=lambda s: print(s, file=sys.stderr))
         print(json.dumps({"folder": str(folder), "tokens": meta.get("tokens", 0),
                           "prompts": meta.get("next_window", 0), "seconds": meta.get("seconds", 0)}))

@@ -168,9 +168,7 @@ def run_pass(model, tokenizer, out: Path, n_tokens: int, seq: int = SEQ, log=pri
              docs=None) -> dict:
     """Reads about n_tokens through `model` into shards under `out`, resuming where meta.json says.
     convs, docs: the chat and code data (default: ShareGPT's and the standard library's)."""
-    out.mkdir(parents=True, exist_ok=True)
-    meta_path = out / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    meta = open_pass(out)
     read = {"conversations": len(convs)} if convs is not None else None
     if convs is None:
         convs, read = conversations()
@@ -181,10 +179,8 @@ def run_pass(model, tokenizer, out: Path, n_tokens: int, seq: int = SEQ, log=pri
     start = meta.get("next_window", 0)
     if meta.get("n_tokens_asked") not in (None, n_tokens) or meta.get("seq") not in (None, seq):
         raise RuntimeError(f"{out} holds a pass of another size; use another --out or the same --tokens")
-    from ..engine.cpu.lowbit import lowbit_format
-    precision = lowbit_format(model) or str(next(model.parameters()).dtype).replace("torch.", "")
     meta.update({"n_tokens_asked": n_tokens, "seq": seq, "sharegpt": read, "shards": shards,
-                 "precision": precision,
+                 "precision": precision_of(model),
                  "chat_share": CHAT_SHARE, "held_out": f"index % {HELD_OUT} == {HELD_OUT - 1}"})
     bar = progress(sum(len(w[2]) for w in wins), "target states")
     bar.update(sum(len(w[2]) for w in wins[:start]))
@@ -192,10 +188,7 @@ def run_pass(model, tokenizer, out: Path, n_tokens: int, seq: int = SEQ, log=pri
     t0, done = time.perf_counter(), 0
     for j in range(start, len(wins)):
         kind, _, ids = wins[j]
-        buf["h"].append(states(model, ids))
-        buf["ids"].append(torch.tensor(ids, dtype=torch.int32))
-        buf["seg"].append(torch.full((len(ids),), j, dtype=torch.int32))
-        buf["kind"].append(torch.full((len(ids),), int(kind == "code"), dtype=torch.int8))
+        add_window(buf, j, kind, ids, states(model, ids))
         done += len(ids)
         bar.update(len(ids))
         if sum(len(x) for x in buf["ids"]) >= SHARD or j == len(wins) - 1:
@@ -203,6 +196,27 @@ def run_pass(model, tokenizer, out: Path, n_tokens: int, seq: int = SEQ, log=pri
             buf = {k: [] for k in buf}
     bar.close()
     return meta
+
+
+def open_pass(out: Path) -> dict:
+    """The folder of a pass (made if new) and its meta.json as read (empty for a new pass)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "meta.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def precision_of(model) -> str:
+    """The form the model's weights run in here: its low-bit format (w4a8), else its float type."""
+    from ..engine.cpu.lowbit import lowbit_format
+    return lowbit_format(model) or str(next(model.parameters()).dtype).replace("torch.", "")
+
+
+def add_window(buf: dict, j: int, kind: str, ids: list[int], h: torch.Tensor) -> None:
+    """One window's rows into a shard's buffer: ids, states h, its index j and its kind (1 code, 0 chat)."""
+    buf["h"].append(h)
+    buf["ids"].append(torch.tensor(ids, dtype=torch.int32))
+    buf["seg"].append(torch.full((len(ids),), j, dtype=torch.int32))
+    buf["kind"].append(torch.full((len(ids),), int(kind == "code"), dtype=torch.int8))
 
 
 def write_shard(out: Path, buf: dict, meta: dict, next_window: int, t0: float) -> float:
