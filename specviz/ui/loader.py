@@ -105,6 +105,7 @@ class ModelManager:
 
     def _run(self, spec: PairSpec) -> None:
         self._first = self._first or spec
+        t0 = time.monotonic()
         mode = "auto" if self.calibration == "blocking" else "cached"
         try:
             extra = self._extra(spec, mode)
@@ -118,6 +119,8 @@ class ModelManager:
                 self.error = load_error_text(err)
                 self.loading = None
                 self.generation += 1
+            print(f"SpecViz: loading {spec.label} failed after {time.monotonic() - t0:.0f} s: {self.error}",
+                  flush=True)  # the host's log says it too (a first start is timed from it)
             gc.collect()
             return
         with self._lock:
@@ -126,6 +129,7 @@ class ModelManager:
             self.loading, self.error, self.frac = None, None, 1.0
             self.message = "models ready"
             self.generation += 1
+        print(f"SpecViz: models ready ({spec.label}) in {time.monotonic() - t0:.0f} s", flush=True)
         gc.collect()
         if self.calibration == "background" and pair.calibration in ("untimed", "noisy") and not on_zerogpu():
             BackgroundCalibration(self, spec, pair).start()

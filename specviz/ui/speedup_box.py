@@ -190,7 +190,9 @@ def _gamma_why(g: float | None, snap: dict) -> str:
     elif snap.get("method") in ("heads", "eagle"):  # they read the states of the target's last forward
         why = (f"you set {want}; round 1 drafts nothing (no target states yet), rounds near the token "
                "limit or an end of text draft fewer" + (", and the heads draft at most K, their number"
-                                                        if snap.get("method") == "heads" else ""))
+                                                        if snap.get("method") == "heads" else
+                                                        ", and the head's chain stops once the product of "
+                                                        "its drafts' confidences falls below its stop"))
     else:
         why = f"you set {want}; this method's drafts vary in length"
     return f" · γ {g:.2f} = the mean drafted per round ({why})"

@@ -353,8 +353,8 @@ LOSES = (
 
 @register("eagle", "EAGLE head", loses_when=LOSES, order=21, summarize=_summary, cost=head_cost,
           options=OPTIONS,
-          note="A one-layer head trained on this target's own features (ShareGPT chat and stdlib code) "
-               "drafts from the target's last hidden state; shipped with the app for the default pair.",
+          note="A one-layer head trained on this target's own features drafts from the target's last "
+               f"hidden state, and stops its chain once its confidence falls below {STOP_PCT} %.",
           description="EAGLE: a trained one-layer head reads the target's own last hidden state and "
                       "drafts a chain (lossless: the target verifies every token)")
 def _build_eagle(pair, req=None):
