@@ -122,6 +122,11 @@ def card(pass_dir: Path, machine: str, date: str, answers_dir: Path | None = Non
               "python -m specviz heads eagle --init <the 163-min checkpoint> --minutes 40 --lr 4e-4 "
               "--epochs 50 \\",
               "  --precision w4a8 --data <the pass folder> --also <the answers folder> --also-times 3",
+              "# 2026-11-30: the answers resumed to 249,788 tokens, the head 42 minutes more on both",
+              "python -m specviz heads answers --minutes 55 --out <the answers folder>  # resumed",
+              "python -m specviz heads eagle --init <the 205-min checkpoint> --minutes 42 --lr 3e-4 "
+              "--epochs 50 \\",
+              "  --precision w4a8 --data <the pass folder> --also <the answers folder> --also-times 4",
               "python -m specviz heads accept  # held-out acceptance into each report",
               "python scripts/drafts_card.py --pass-dir <the pass folder> "
               "--answers-dir <the answers folder>  # this card",
