@@ -175,6 +175,12 @@ def _prediction_text(st: dict, tree: bool, snap: dict | None = None) -> str:
     return "predicted –"
 
 
+# what else shortens the rounds of the methods that draft from the target's states
+STATES_SHORT = {"heads": ", and the heads draft at most K, their number",
+                "eagle": ", and the head's chain stops once the product of its drafts' confidences falls "
+                         "below its stop"}
+
+
 def _gamma_why(g: float | None, snap: dict) -> str:
     """Which γ the formula took when it is not the γ the visitor set: the mean drafted per round, so
     that it prices the rounds this run had; and why they drafted fewer."""
@@ -187,12 +193,9 @@ def _gamma_why(g: float | None, snap: dict) -> str:
         why = f"adaptive γ moved it each round, from {want}"
     elif snap.get("method") in ("draft", "early-exit", "layer-skip"):
         why = f"you set {want}; rounds near the token limit or an end of text draft fewer"
-    elif snap.get("method") in ("heads", "eagle"):  # they read the states of the target's last forward
+    elif snap.get("method") in STATES_SHORT:  # they read the states of the target's last forward
         why = (f"you set {want}; round 1 drafts nothing (no target states yet), rounds near the token "
-               "limit or an end of text draft fewer" + (", and the heads draft at most K, their number"
-                                                        if snap.get("method") == "heads" else
-                                                        ", and the head's chain stops once the product of "
-                                                        "its drafts' confidences falls below its stop"))
+               "limit or an end of text draft fewer" + STATES_SHORT[snap["method"]])
     else:
         why = f"you set {want}; this method's drafts vary in length"
     return f" · γ {g:.2f} = the mean drafted per round ({why})"
