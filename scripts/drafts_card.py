@@ -40,16 +40,57 @@ def _acceptance(rep: dict) -> list[str]:
 
 
 def _answers_lines(folder: Path | None, machine: str, date: str) -> list[str]:
-    """The data section's lines for the second pass (heads answers: the target's own answers), if any."""
+    """The data section's lines for the second pass (heads answers: the target's own answers), if any:
+    its stretches from meta.json (answers.run_answers records each)."""
     if folder is None:
         return []
     m = json.loads((folder / "meta.json").read_text())
-    return [f"- A second pass (`specviz/heads/answers.py`, self-distillation) on {machine}, {date}: the "
+    runs = m.get("stretches") or []
+    when = "; ".join(f"{r['prompts']:,} prompts and {r['tokens']:,} tokens in {r['minutes']:.0f} min "
+                     f"(from {r['began_utc']} UTC" + (f"; {r['note']}" if r.get("note") else "") + ")"
+                     for r in runs)
+    return [f"- A second pass (`specviz/heads/answers.py`, self-distillation) on {machine}: the "
             f"target's own greedy answers (at most {m['new_tokens']} tokens, written by the `{m['method']}` "
             f"chain, lossless) to {m['next_window']:,} training prompts (ShareGPT first user turns and "
             f"signatures with docstrings of standard-library functions, 3 to 2, through the chat template), "
             f"**{m['tokens']:,} tokens** with the prompts, their states read as the first pass's, in "
-            f"{m['seconds'] / 60:.0f} min. Held out as the first pass."]
+            f"{m['seconds'] / 60:.0f} min" + (f" over {len(runs)} stretches: {when}" if runs else f", {date}")
+            + ". Held out as the first pass (and every 12th answer held out from training)."]
+
+
+def _stretches(rep: dict, machine: str) -> list[str]:
+    """A head trained in stretches (its report's history: the shipped heads it replaced): the training
+    line and a table of every stretch with its held-out position-1 acceptance and τ."""
+    runs = {k: v for k, v in (rep.get("held_out_runs") or {}).items() if isinstance(v, dict)}
+    now = {"saved_utc": rep.get("saved_utc", "?"), "stretch_s": rep.get("stretch_s", rep["train_s"]),
+           "lr": rep["lr"], "note": rep.get("note") or rep["trained_on"], "sha256": "this file",
+           "position_1": {k: (v.get("acceptance") or [None])[0] for k, v in runs.items()},
+           "tau": {k: v.get("tau") for k, v in runs.items()}}
+    rows = [*rep.get("history", []), now]
+    total = sum(r.get("stretch_s") or 0 for r in rows) / 60
+
+    def two(d: dict) -> str:
+        return " / ".join("–" if d.get(k) is None else f"{d[k]:.2f}" for k in ("chat", "code"))
+    out = [f"- Training: {total:.0f} min in all on {machine}, in {len(rows)} stretches, each from the head "
+           f"before (below). The last: {now['stretch_s'] / 60:.1f} min to {now['saved_utc']} UTC, lr "
+           f"{rep['lr']}" + (f", soft-CE weight {rep['p_weight']}" if rep.get("p_weight") else "")
+           + f", {_seen(rep):,} positions, {rep['steps']:,} steps in all; loss ([feature, soft CE], its "
+           f"first and last 10 steps) {rep['loss_first']} → {rep['loss_last']}.", "",
+           "| stretch | ended (UTC) | minutes | on | lr | position 1 chat / code | τ chat / code | sha256 |",
+           "|---|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(rows):
+        sha = r["sha256"] if r["sha256"] == "this file" else f"`{r['sha256'][:8]}…`"
+        out.append(f"| {i + 1} | {r['saved_utc']} | {(r.get('stretch_s') or 0) / 60:.1f} | {r['note']} | "
+                   f"{r['lr']:g} | {two(r.get('position_1') or {})} | {two(r.get('tau') or {})} | {sha} |")
+    return [*out, ""]
+
+
+def _training(rep: dict, machine: str) -> str:
+    """The training line of a head trained in one stretch."""
+    return (f"- Training: {rep['train_s'] / 60:.1f} min on {machine} ({_seen(rep):,} positions seen, "
+            f"{rep['steps']} steps, lr {rep['lr']}, stopped by {rep['stopped_by']}); loss (EAGLE: [feature, "
+            f"soft CE]) first → last: {rep['loss_first']} → {rep['loss_last']}"
+            + (f"; started from {rep['started_from']}" if rep.get("started_from") else "") + ".")
 
 
 def card(pass_dir: Path, machine: str, date: str, answers_dir: Path | None = None) -> str:
@@ -80,11 +121,7 @@ def card(pass_dir: Path, machine: str, date: str, answers_dir: Path | None = Non
             digest = hashlib.sha256(path.read_bytes()).hexdigest()
             lines += [f"## {title}", "", f"- Design: {rep['design']}.",
                       f"- Trained on: {rep['trained_on']}.",
-                      f"- Training: {rep['train_s'] / 60:.1f} min on {machine} "
-                      f"({_seen(rep):,} positions seen, "
-                      f"{rep['steps']} steps, lr {rep['lr']}, stopped by {rep['stopped_by']}); loss (EAGLE: "
-                      f"[feature, soft CE]) first → last: {rep['loss_first']} → {rep['loss_last']}"
-                      + (f"; started from {rep['started_from']}" if rep.get("started_from") else "") + ".",
+                      *(_stretches(rep, machine) if "history" in rep else [_training(rep, machine)]),
                       "- Held-out acceptance by draft position, measured by the engine (greedy, γ 5, 64 new "
                       "tokens a prompt, w4a8 target): chat = first user turns of held-out ShareGPT "
                       "conversations, code = HumanEval prompts (the pass read none of either):", "",
@@ -98,6 +135,7 @@ def card(pass_dir: Path, machine: str, date: str, answers_dir: Path | None = Non
                     lines.append("- EAGLE's 0-α (the first draft with every earlier state the target's own, "
                                  "teacher-forced) on held-out windows of the target's own answers: "
                                  f"{own}.")
+            lines += [f"- {f}" for f in rep.get("findings", [])]
             if "held_out_top1_by_head" in rep:
                 lines.append(f"- Teacher-forced top-1 agreement by head on held-out windows: "
                              f"{rep['held_out_top1_by_head']}.")

@@ -54,6 +54,11 @@ def test_the_answers_pass_resumes_after_an_interruption(target, tok, tmp_path, m
     assert again["tokens"] == whole["tokens"] and again["next_window"] == len(ITEMS)
     a, b = features.load_shards(tmp_path / "a"), features.load_shards(tmp_path / "b")
     assert torch.equal(a["ids"], b["ids"]) and torch.equal(a["seg"], b["seg"])
+    # each run is one stretch in meta.json (the card lists them): what the interrupted one wrote, then the rest
+    runs = again["stretches"]
+    assert len(runs) == 2 and sum(r["tokens"] for r in runs) == whole["tokens"]
+    assert sum(r["prompts"] for r in runs) == len(ITEMS) and 0 < runs[0]["prompts"] < len(ITEMS)
+    assert all(r["minutes"] >= 0 and r["began_utc"] for r in runs)
 
 
 def test_code_tasks_are_signatures_and_docstrings_of_training_files():

@@ -156,13 +156,35 @@ def test_saved_head_is_found_and_runs(target, tok):
     pair = pair_of(target, tok)
     keep = torch.arange(target.config.vocab_size)
     path = store.save(pair, "eagle", pack(random_head(target), keep), {"ok": 1})
-    assert store.find(pair, "eagle") == path and store.report(pair, "eagle") == {"ok": 1}
+    assert store.find(pair, "eagle") == path and store.report(pair, "eagle")["ok"] == 1
     ids = tok.encode(PROMPT)
     _, base = run(baseline(target, tok, ids, 24, GREEDY))
     _, spec = run(speculative(target, make_proposer(pair, "eagle"), tok, ids, 24, 3, GREEDY))
     assert spec.token_ids == base.token_ids
     shipped = store.save(pair, "eagle", pack(random_head(target), keep), {"ok": 2}, ship=True)
     assert store.find(pair, "eagle") == shipped  # a shipped head comes first
+
+
+def test_a_shipped_head_keeps_the_history_of_the_heads_it_replaces(target, tok):
+    """Shipping a new head sums the one it replaces up in the new report's history (the card's table of
+    stretches): its sha256, minutes and held-out position 1; shipping the same file again adds nothing."""
+    pair = pair_of(target, tok)
+    keep = torch.arange(target.config.vocab_size)
+    first = {"stretch_s": 60.0, "lr": 1e-3, "note": "first", "findings": ["measured"],
+             "held_out_runs": {"chat": {"acceptance": [0.3], "tau": 1.3}}}
+    path = store.save(pair, "eagle", pack(random_head(target), keep), first, ship=True)
+    digest = store.sha256_of(path)
+    assert "history" not in store.report(pair, "eagle")
+    blob = pack(random_head(target, seed=1), keep)
+    store.save(pair, "eagle", blob, {"stretch_s": 30.0, "note": "second"}, ship=True)
+    hist = store.report(pair, "eagle")["history"]
+    assert [h["sha256"] for h in hist] == [digest] and hist[0]["note"] == "first"
+    assert hist[0]["position_1"] == {"chat": 0.3} and hist[0]["tau"] == {"chat": 1.3}
+    assert store.report(pair, "eagle")["findings"] == ["measured"]
+    again = store.save(pair, "eagle", blob, store.report(pair, "eagle"), ship=True)
+    assert [h["sha256"] for h in store.report(pair, "eagle")["history"]] == [digest] and again == path
+    third = store.save(pair, "eagle", pack(random_head(target, seed=2), keep), {"note": "third"}, ship=True)
+    assert [h["note"] for h in store.report(pair, "eagle")["history"]] == ["first", "second"] and third == path
 
 
 def test_a_damaged_shipped_head_is_one_line_and_a_good_one_loads(target, tok):

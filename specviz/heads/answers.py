@@ -109,7 +109,10 @@ def run_answers(pair, out: Path, minutes: float, new: int = NEW_TOKENS, log=prin
     t_end = time.perf_counter() + minutes * 60
     buf: dict[str, list] = {"ids": [], "h": [], "seg": [], "kind": [], "ans": []}
     t0 = time.perf_counter()
-    j = meta.get("next_window", 0)
+    j = j0 = meta.get("next_window", 0)
+    tokens0 = meta.get("tokens", 0)
+    stretch = {"began_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}  # the card lists each run
+    meta["stretches"] = [*meta.get("stretches", []), stretch]
     while j < len(items) and time.perf_counter() < t_end:
         kind, text = items[j]
         t1 = time.perf_counter()
@@ -122,6 +125,8 @@ def run_answers(pair, out: Path, minutes: float, new: int = NEW_TOKENS, log=prin
         j += 1
         n = sum(len(x) for x in buf["ids"])
         if n >= (shard_tokens or 8192) or j == len(items) or time.perf_counter() >= t_end:
+            stretch.update(prompts=j - j0, tokens=meta.get("tokens", 0) + n - tokens0,
+                           minutes=round(minutes - (t_end - time.perf_counter()) / 60, 1))
             t0 = write_shard(out, buf, meta, j, t0)
             buf = {k: [] for k in buf}
             log(f"answers: {meta['tokens']:,} tokens, {j} prompts, {meta['seconds']:.0f} s")

@@ -3,7 +3,7 @@ python -m specviz heads answers [--minutes M] [--out DIR]         the target's o
 python -m specviz heads eagle  [--minutes M] [--data DIR] [--also DIR] [--init FILE | --resume]   EAGLE's head
 python -m specviz heads medusa [--minutes M] [--heads K] [--also DIR]   Medusa heads on the same pass
 python -m specviz heads exit   [--layer L] [--minutes M]    train early-exit's adapter on the same pass
-python -m specviz heads accept [--n N] [--ship]                  held-out acceptance by position
+python -m specviz heads accept [--n N] [--kinds eagle,medusa,exit]   held-out acceptance by position
 python -m specviz heads all    [--tokens N] [--minutes M] [--medusa-minutes M] [--ship]   all of it, one load
 python -m specviz heads train  [--heads K] [--tokens N] ...          Medusa heads from a bf16 stdlib pass
 python -m specviz heads info
@@ -40,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="eagle, medusa: a second pass to train on beside --data (heads answers' folder), "
                          "its windows read --also-times as often")
     ap.add_argument("--also-times", type=int, default=2)
+    ap.add_argument("--p-weight", type=float, default=None,
+                    help="eagle: the soft cross-entropy's weight, the feature loss's being 1 "
+                         "(default EAGLE-1's 0.1)")
     ap.add_argument("--layer", type=int, default=6, help="exit: the exit layer L (default 6)")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--minutes", type=float, default=15.0, help="time cap of the training loop (default 15)")
@@ -54,6 +57,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="eagle/all: go on from the pass folder's training checkpoint (eagle-train.pt), "
                          "its minutes counted in --minutes")
     ap.add_argument("--n", type=int, default=10, help="accept: held-out prompts of each kind (default 10)")
+    ap.add_argument("--kinds", default="eagle,medusa,exit",
+                    help="accept: the trained drafts to measure (default all three)")
+    ap.add_argument("--note", default=None,
+                    help="eagle/medusa/exit: this stretch in a few words, for the card's table")
     ap.add_argument("--ship", action="store_true",
                     help="eagle/medusa: write into assets/drafts/ (the repo's shipped drafts), not the cache")
     return ap
@@ -111,11 +118,11 @@ def _on_features(args) -> int:
         print(json.dumps({"folder": str(folder), "tokens": meta["tokens"], "seconds": meta["seconds"]}))
         return 0
     if args.command == "eagle":
-        from .eagle_train import train_eagle
+        from .eagle_train import P_WEIGHT, train_eagle
         model, report = train_eagle(pair, folder, minutes=args.minutes, epochs=args.epochs,
                                     lr=args.lr or 6e-4, max_tokens=args.tokens, init=args.init,
                                     resume=args.resume, also=args.also and Path(args.also),
-                                    also_times=args.also_times)
+                                    also_times=args.also_times, p_weight=args.p_weight or P_WEIGHT)
         kind = "eagle"
     elif args.command == "exit":
         from .exit_train import train_exit
@@ -129,6 +136,8 @@ def _on_features(args) -> int:
                                      also=args.also and Path(args.also), also_times=args.also_times)
         kind = "medusa"
     report["total_s"] = round(time.perf_counter() - t0, 1)
+    if args.note:
+        report["note"] = args.note
     path = store.save(pair, kind, model, report, ship=args.ship)
     print(json.dumps({"path": str(path), **report}, indent=1))
     return 0
@@ -163,7 +172,7 @@ def _accept(args, pair=None) -> int:
     prompts = held_out_prompts(args.n)
     for kind, method in (("eagle", "eagle"), ("medusa", "heads"), ("exit", "early-exit")):
         path = store.find(pair, kind)
-        if path is None:
+        if path is None or kind not in args.kinds.split(","):
             continue
         got = measure(pair, method, prompts=prompts)
         rep = store.report(pair, kind) or {}

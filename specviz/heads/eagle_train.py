@@ -150,13 +150,13 @@ def start_from(init) -> tuple[EagleHead, dict]:
 def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: float = 3e-4,
                 max_tokens: int | None = None, batch: int = 4, seed: int = 0,
                 intermediate: int = 3072, init=None, resume: bool = False, also=None,
-                also_times: int = 2) -> tuple[dict, dict]:
+                also_times: int = 2, p_weight: float = P_WEIGHT) -> tuple[dict, dict]:
     """The head trained on the pass in `folder` (about `minutes`), as a file's dict, and a report.
     also: a second pass (answers.py: the target's own answers), its training windows read `also_times`
     as often as the first pass's; its held-out windows reported apart.
     init: a head to start from (start_from); resume: go on from the folder's checkpoint (CKPT) with
     its optimizer, its step and the minutes it already spent (of `minutes`). A checkpoint is written
-    every CKPT_EVERY seconds."""
+    every CKPT_EVERY seconds. p_weight: the soft cross-entropy's weight."""
     torch.manual_seed(seed)
     data = load_shards(folder, max_tokens)
     target = pair.target
@@ -182,7 +182,7 @@ def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: flo
         opt.load_state_dict(got["opt"])
     total = minutes * 60
     t0, step, seen, log = time.perf_counter() - got.get("seconds", 0.0), got.get("step", 0), 0, []
-    saved = time.perf_counter()
+    saved = began = time.perf_counter()
     bar = progress(epochs * sum(e - s for s, e in train), "training the EAGLE head")
     stopped = "epochs"
     for ep in range(epochs):
@@ -195,7 +195,7 @@ def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: flo
             schedule(opt, lr, step, frac)
             ws = [train[j] for j in order[i: i + batch]]
             batch_losses = losses(model, w_keep, batch_of(data, ws, emb, std, True))
-            log.append(learn(model, opt, *batch_losses, P_WEIGHT))
+            log.append(learn(model, opt, *batch_losses, p_weight))
             step += 1
             seen += sum(e - s for s, e in ws)
             bar.update(sum(e - s for s, e in ws))
@@ -220,7 +220,8 @@ def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: flo
               "pass_tokens": int(len(first["ids"])),
               "train_windows": len(train), "held_out_windows": len(val), "steps": step,
               "tokens_seen": seen, "epochs_seen": round(seen / max(1, sum(e - s for s, e in train)), 2),
-              "train_s": round(time.perf_counter() - t0, 1), "stopped_by": stopped, "lr": lr, "batch": batch,
+              "train_s": round(time.perf_counter() - t0, 1), "stretch_s": round(time.perf_counter() - began),
+              "stopped_by": stopped, "lr": lr, "batch": batch, "p_weight": p_weight,
               "loss_first": mean_losses(log[:10]), "loss_last": mean_losses(log[-10:]),
               "held_out_first_draft_agreement": held, "feature_std": round(std, 4),
               "started_from": got.get("from_file") or ("checkpoint" if got else "scratch")}

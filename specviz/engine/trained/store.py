@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -82,17 +83,43 @@ def report(pair, kind: str) -> dict | None:
 
 
 def save(pair, kind: str, blob: dict, rep: dict, ship: bool = False) -> Path:
+    """Writes a trained file and its report (cache, or with `ship` the repo's assets, its sha256 into
+    SHA256SUMS and the file it replaces summed up in the report's history, which the card reads)."""
     d = shipped_dir(pair) if ship else heads_dir(pair)
     d.mkdir(parents=True, exist_ok=True)
     path = d / FILES[kind]
+    rep = {**rep, "saved_utc": rep.get("saved_utc") or time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
     torch.save(blob, path.with_suffix(".tmp"))
+    digest = sha256_of(path.with_suffix(".tmp"))
+    if ship:
+        rep = with_history(d, kind, rep, digest)
     path.with_suffix(".tmp").replace(path)
     path.with_name(f"{kind}-report.json").write_text(json.dumps(rep, indent=1))
     if ship:
         sums = _sums(d)
-        sums[path.name] = sha256_of(path)
+        sums[path.name] = digest
         (d / SUMS).write_text("".join(f"{h}  {n}\n" for n, h in sorted(sums.items())))
     return path
+
+
+# what a report keeps of each shipped file it replaced (the card's table of training stretches)
+HISTORY_KEYS = ("saved_utc", "stretch_s", "tokens_seen", "lr", "p_weight", "note", "trained_on",
+                "held_out_first_draft_agreement")
+
+
+def with_history(d: Path, kind: str, rep: dict, digest: str) -> dict:
+    """rep with the shipped file it replaces in `d` (if another: its sha256 is not `digest`) appended
+    to that file's own history: its stretch, held-out position-1 acceptance and τ."""
+    old_path, old_digest = d / f"{kind}-report.json", _sums(d).get(FILES[kind])
+    if not old_path.is_file() or old_digest in (None, digest):
+        return rep
+    old = json.loads(old_path.read_text())
+    runs = {k: v for k, v in (old.get("held_out_runs") or {}).items() if isinstance(v, dict)}
+    gone = {k: old[k] for k in HISTORY_KEYS if k in old} | {
+        "sha256": old_digest, "tau": {k: v.get("tau") for k, v in runs.items()},
+        "position_1": {k: (v.get("acceptance") or [None])[0] for k, v in runs.items()}}
+    kept = {"findings": old["findings"]} if old.get("findings") else {}  # measured on the heads before
+    return {**kept, **rep, "history": [*old.get("history", []), gone]}
 
 
 # ------------------------------------------------------------------ a shipped file's sha256, checked at load
