@@ -39,23 +39,28 @@ def _acceptance(rep: dict) -> list[str]:
     return out
 
 
-def _answers_lines(folder: Path | None, machine: str, date: str) -> list[str]:
-    """The data section's lines for the second pass (heads answers: the target's own answers), if any:
-    its stretches from meta.json (answers.run_answers records each)."""
-    if folder is None:
-        return []
-    m = json.loads((folder / "meta.json").read_text())
-    runs = m.get("stretches") or []
-    when = "; ".join(f"{r['prompts']:,} prompts and {r['tokens']:,} tokens in {r['minutes']:.0f} min "
-                     f"(from {r['began_utc']} UTC" + (f"; {r['note']}" if r.get("note") else "") + ")"
-                     for r in runs)
-    return [f"- A second pass (`specviz/heads/answers.py`, self-distillation) on {machine}: the "
-            f"target's own greedy answers (at most {m['new_tokens']} tokens, written by the `{m['method']}` "
-            f"chain, lossless) to {m['next_window']:,} training prompts (ShareGPT first user turns and "
-            f"signatures with docstrings of standard-library functions, 3 to 2, through the chat template), "
-            f"**{m['tokens']:,} tokens** with the prompts, their states read as the first pass's, in "
-            f"{m['seconds'] / 60:.0f} min" + (f" over {len(runs)} stretches: {when}" if runs else f", {date}")
-            + ". Held out as the first pass (and every 12th answer held out from training)."]
+def _answers_lines(folders: list[Path], machine: str, date: str) -> list[str]:
+    """The data section's lines for the answers passes (heads answers: the target's own answers), if
+    any: their stretches from meta.json (answers.run_answers records each)."""
+    out = []
+    for folder in folders:
+        m = json.loads((folder / "meta.json").read_text())
+        runs = m.get("stretches") or []
+        when = "; ".join(f"{r['prompts']:,} prompts and {r['tokens']:,} tokens in {r['minutes']:.0f} min "
+                         f"(from {r['began_utc']} UTC" + (f"; {r['note']}" if r.get("note") else "") + ")"
+                         for r in runs)
+        asked = ("completions, with no chat template (as the bench's code task), of signatures with "
+                 "docstrings of standard-library functions" if m.get("raw_code") else
+                 "answers to ShareGPT first user turns and signatures with docstrings of standard-library "
+                 "functions, 3 to 2, through the chat template")
+        out.append(f"- An answers pass (`specviz/heads/answers.py`, self-distillation) on "
+                   f"{machine}: the target's own greedy {asked} (at most {m['new_tokens']} tokens, written "
+                   f"by the `{m['method']}` chain, lossless), {m['next_window']:,} training prompts, "
+                   f"**{m['tokens']:,} tokens** with the prompts, their states read as the first pass's, in "
+                   f"{m['seconds'] / 60:.0f} min" + (f" over {len(runs)} stretches: {when}" if runs else
+                                                     f", {date}")
+                   + ". Held out as the first pass (and every 12th answer held out from training).")
+    return out
 
 
 def _stretches(rep: dict, machine: str) -> list[str]:
@@ -93,7 +98,7 @@ def _training(rep: dict, machine: str) -> str:
             + (f"; started from {rep['started_from']}" if rep.get("started_from") else "") + ".")
 
 
-def card(pass_dir: Path, machine: str, date: str, answers_dir: Path | None = None) -> str:
+def card(pass_dir: Path, machine: str, date: str, answers_dirs: list[Path] = ()) -> str:
     meta = json.loads((pass_dir / "meta.json").read_text())
     lines = ["# Trained drafts shipped with SpecViz", "",
              "The project's own drafts for the default target (Qwen2.5-Coder-1.5B-Instruct, the embedded "
@@ -112,7 +117,7 @@ def card(pass_dir: Path, machine: str, date: str, answers_dir: Path | None = Non
              f"{meta['seq']} tokens through the chat template. Python standard-library source for code. "
              f"Chat share of the tokens: {meta['chat_share']:.0%}.",
              f"- Held out from the pass: conversations and files with {meta['held_out']}.",
-             f"- {meta.get('stopped', '')}", *_answers_lines(answers_dir, machine, date), ""]
+             f"- {meta.get('stopped', '')}", *_answers_lines(answers_dirs, machine, date), ""]
     titles = (("eagle", "EAGLE head (`--method eagle`)"), ("medusa", "Medusa heads (`--method heads`)"),
               ("exit", "Trained exit (`--method early-exit`)"))
     for kind, title in titles:
@@ -165,9 +170,18 @@ def card(pass_dir: Path, machine: str, date: str, answers_dir: Path | None = Non
               "python -m specviz heads eagle --init <the 205-min checkpoint> --minutes 42 --lr 3e-4 "
               "--epochs 50 \\",
               "  --precision w4a8 --data <the pass folder> --also <the answers folder> --also-times 4",
-              "python -m specviz heads accept  # held-out acceptance into each report",
+              "# 2026-11-30, later: the answers resumed (stopped by hand), 15 min of the target's raw code",
+              "# completions, the head 40 minutes more on the three",
+              "python -m specviz heads answers --minutes 45 --out <the answers folder>  # resumed",
+              "python -m specviz heads answers --raw-code --minutes 15 --out <the raw answers folder>",
+              "python -m specviz heads eagle --init <the last checkpoint> --minutes 40 --lr 3e-4 "
+              "--epochs 50 \\",
+              "  --precision w4a8 --data <the pass folder> --also-times 4 \\",
+              "  --also <the answers folder>,<the raw answers folder> \\",
+              "  --note \"<this stretch in a few words>\" --ship  # the head it replaces: into the history",
+              "python -m specviz heads accept --kinds eagle  # held-out acceptance into the report",
               "python scripts/drafts_card.py --pass-dir <the pass folder> "
-              "--answers-dir <the answers folder>  # this card",
+              "--answers-dir <the answers folder>,<the raw answers folder>  # this card",
               "```", ""]
     return "\n".join(lines)
 
@@ -178,10 +192,10 @@ def main() -> int:
     ap.add_argument("--machine", default="a 2-core AMD EPYC (Zen 4: AVX-512 on 256-bit units), "
                                          "torch 2.13.0+cpu")
     ap.add_argument("--date", default="2026-11-29")
-    ap.add_argument("--answers-dir", default=None, help="the second pass's folder (heads answers), if any")
+    ap.add_argument("--answers-dir", default="", help="the answers passes' folders (heads answers), commas")
     args = ap.parse_args()
     text = card(Path(args.pass_dir), args.machine, args.date,
-                Path(args.answers_dir) if args.answers_dir else None)
+                [Path(f) for f in args.answers_dir.split(",") if f])
     old = CARD.read_text() if CARD.is_file() else ""
     if KEEP_FROM in old:
         text += "\n" + old[old.index(KEEP_FROM):]

@@ -107,3 +107,30 @@ def test_medusa_trains_on_both_passes(target, tok, tmp_path):
                            also=tmp_path / "q", also_times=2)
     assert both["positions_seen"] > alone["positions_seen"] and "own answers" in both["trained_on"]
     assert both["pass_tokens"] == alone["pass_tokens"]
+
+
+def test_raw_code_answers_complete_the_code_as_written_and_train_beside_the_others(target, tok, tmp_path):
+    """--raw-code: code tasks only, the prompt with no chat template (the bench's code task) and the
+    target's own greedy completion; a folder keeps one kind; EAGLE's trainer reads several answers folders."""
+    from specviz.heads import eagle_train
+    pair = pair_of(target, tok)
+    code = [it for it in ITEMS if it[0] == "code"]
+    meta = answers.run_answers(pair, tmp_path / "r", minutes=5, new=12, method="lookup", items=code,
+                               shard_tokens=60, log=lambda s: None, raw_code=True)
+    assert meta["raw_code"] is True and "no chat template" in meta["what"]
+    data = features.load_shards(tmp_path / "r")
+    s, e = _bounds(data["seg"])[0][0], _bounds(data["seg"])[1][0]
+    ids = encode_prompt(tok, make_request(code[0][1], chat_template=False))
+    _, plain = run(baseline(target, tok, ids, 12, GREEDY, eos_ids=pair.eos_ids))
+    assert data["ids"][s:e].tolist() == ids + plain.token_ids and bool(data["kind"][s:e].all())
+    assert not data["ans"][s: s + len(ids) - 1].any() and data["ans"][s + len(ids) - 1: e - 1].all()
+    with pytest.raises(RuntimeError, match="without the chat template"):
+        _pass(pair, tmp_path / "r")
+    _pass(pair, tmp_path / "q")
+    first = features.load_shards(tmp_path / "q")  # any pass will do as the first here
+    first["score"] = first.pop("ans").bool()
+    joined, val, train = eagle_train.join_answers(first, f"{tmp_path / 'q'},{tmp_path / 'r'}")
+    assert len(val) + len(train) == len(ITEMS) + len(code)
+    assert len(joined["ids"]) == 2 * len(first["ids"]) + len(data["ids"])
+    segs = [int(joined["seg"][s]) for s, _ in val + train]
+    assert len(set(segs)) == len(segs)  # every window its own id, across the folders

@@ -85,25 +85,32 @@ def prompts(limit: int = 6000) -> list[tuple[str, str]]:
     return out
 
 
-def answer(pair, text: str, new: int, method: str = "draft") -> tuple[list[int], int]:
-    """(the prompt's ids through the chat template and the target's greedy answer (the draft's chain), the
-    prompt's length)."""
+def answer(pair, text: str, new: int, method: str = "draft", template: bool = True) -> tuple[list[int], int]:
+    """(the prompt's ids (through the chat template unless `template` is off) and the target's greedy
+    answer (the draft's chain), the prompt's length)."""
     from ..engine.events import RunSummary
     from ..run.request import encode_prompt, make_request
     from ..run.runner import run_events
-    req = make_request(text, method=method, gamma="auto", max_new_tokens=new, chat_template=True)
+    req = make_request(text, method=method, gamma="auto", max_new_tokens=new, chat_template=template)
     ids = encode_prompt(pair.tokenizer, req)
     got = [e for e in run_events(pair, req, "speculative", ids) if isinstance(e, RunSummary)]
     return ids + list(got[-1].token_ids), len(ids)
 
 
 def run_answers(pair, out: Path, minutes: float, new: int = NEW_TOKENS, log=print, method: str = "draft",
-                items=None, shard_tokens: int | None = None) -> dict:
+                items=None, shard_tokens: int | None = None, raw_code: bool = False) -> dict:
     """Asks, answers and reads prompts into shards under `out` for about `minutes`, resuming where
-    meta.json says. items: (kind, text) prompts (default: prompts())."""
+    meta.json says. items: (kind, text) prompts (default: prompts(), or with `raw_code` the code tasks
+    alone, completed as written, with no chat template: the bench's code task and the page's
+    code-completion preset)."""
     meta = open_pass(out)
-    items = prompts() if items is None else items
-    meta.update({"what": "the target's own greedy answers", "new_tokens": new, "method": method,
+    if meta.get("raw_code", raw_code) != raw_code:
+        raise RuntimeError(f"{out} holds answers {'without' if meta['raw_code'] else 'with'} the chat template: "
+                           "use another --out")
+    if items is None:
+        items = [("code", t) for t in code_tasks(code_documents())] if raw_code else prompts()
+    meta.update({"what": "the target's own greedy completions of code, no chat template" if raw_code else
+                 "the target's own greedy answers", "raw_code": raw_code, "new_tokens": new, "method": method,
                  "precision": precision_of(pair.target), "held_out": "as the first pass"})
     meta.setdefault("shards", [])
     t_end = time.perf_counter() + minutes * 60
@@ -116,7 +123,7 @@ def run_answers(pair, out: Path, minutes: float, new: int = NEW_TOKENS, log=prin
     while j < len(items) and time.perf_counter() < t_end:
         kind, text = items[j]
         t1 = time.perf_counter()
-        ids, prompt_len = answer(pair, text, new, method)
+        ids, prompt_len = answer(pair, text, new, method, template=not raw_code)
         log(f"answers: prompt {j} ({kind}): {len(ids)} tokens in {time.perf_counter() - t1:.1f} s")
         add_window(buf, j, kind, ids, states(pair.target, ids))
         ans = torch.zeros(len(ids), dtype=torch.int8)  # row i's next token is the answer's

@@ -1,5 +1,5 @@
 """python -m specviz heads data   [--tokens N] [--out DIR]           the feature pass (features.py)
-python -m specviz heads answers [--minutes M] [--out DIR]         the target's own answers (answers.py)
+python -m specviz heads answers [--minutes M] [--out DIR] [--raw-code]   the target's own answers (answers.py)
 python -m specviz heads eagle  [--minutes M] [--data DIR] [--also DIR] [--init FILE | --resume]   EAGLE's head
 python -m specviz heads medusa [--minutes M] [--heads K] [--also DIR]   Medusa heads on the same pass
 python -m specviz heads exit   [--layer L] [--minutes M]    train early-exit's adapter on the same pass
@@ -37,9 +37,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--data", "--out", dest="data", default=None,
                     help="the feature pass's folder (default cache_root()/features/<target key>)")
     ap.add_argument("--also", default=None,
-                    help="eagle, medusa: a second pass to train on beside --data (heads answers' folder), "
-                         "its windows read --also-times as often")
+                    help="eagle, medusa: answers passes to train on beside --data (heads answers' folders, "
+                         "comma-separated), their windows read --also-times as often")
     ap.add_argument("--also-times", type=int, default=2)
+    ap.add_argument("--raw-code", action="store_true",
+                    help="answers: code tasks only, completed with no chat template (the bench's code task)")
     ap.add_argument("--p-weight", type=float, default=None,
                     help="eagle: the soft cross-entropy's weight, the feature loss's being 1 "
                          "(default EAGLE-1's 0.1)")
@@ -106,8 +108,9 @@ def _on_features(args) -> int:
     folder = Path(args.data) if args.data else store.features_dir(pair)
     if args.command == "answers":
         from .answers import run_answers
-        folder = folder if args.data else folder.with_name("answers")
-        meta = run_answers(pair, folder, args.minutes, log=lambda s: print(s, file=sys.stderr))
+        folder = folder if args.data else folder.with_name("answers-raw" if args.raw_code else "answers")
+        meta = run_answers(pair, folder, args.minutes, log=lambda s: print(s, file=sys.stderr),
+                           raw_code=args.raw_code)
         print(json.dumps({"folder": str(folder), "tokens": meta.get("tokens", 0),
                           "prompts": meta.get("next_window", 0), "seconds": meta.get("seconds", 0)}))
         return 0
@@ -121,7 +124,7 @@ def _on_features(args) -> int:
         from .eagle_train import P_WEIGHT, train_eagle
         model, report = train_eagle(pair, folder, minutes=args.minutes, epochs=args.epochs,
                                     lr=args.lr or 6e-4, max_tokens=args.tokens, init=args.init,
-                                    resume=args.resume, also=args.also and Path(args.also),
+                                    resume=args.resume, also=args.also,
                                     also_times=args.also_times, p_weight=args.p_weight or P_WEIGHT)
         kind = "eagle"
     elif args.command == "exit":
@@ -133,7 +136,7 @@ def _on_features(args) -> int:
         from .medusa_train import train_medusa
         model, report = train_medusa(pair, folder, k=args.heads, minutes=args.minutes, epochs=args.epochs,
                                      lr=args.lr or 1e-3, max_tokens=args.tokens,
-                                     also=args.also and Path(args.also), also_times=args.also_times)
+                                     also=args.also, also_times=args.also_times)
         kind = "medusa"
     report["total_s"] = round(time.perf_counter() - t0, 1)
     if args.note:

@@ -170,7 +170,7 @@ def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: flo
     first = {k: data[k] for k in ("ids", "kind")}
     also_val, also_train = [], []
     if also is not None:
-        data, also_val, also_train = join_answers(data, Path(also))
+        data, also_val, also_train = join_answers(data, also)
         train += also_train * also_times
     std = float(data["h"][: 100_000].float().std())
     ckpt = Path(folder) / CKPT
@@ -248,17 +248,22 @@ def split(wins: list, every: int = VAL_EVERY) -> tuple[list, list]:
 ANSWERS_VAL_EVERY = 12
 
 
-def join_answers(data: dict, folder: Path) -> tuple[dict, list, list]:
-    """The first pass's data with the answers pass's rows after it, and the answers' (held-out, training)
-    windows. Their rows are scored on the answers only (the prompt is given on the page, never drafted);
-    their window ids follow the first pass's."""
-    extra = load_shards(folder)
-    n = len(data["ids"])
-    extra["seg"] = extra["seg"] + int(data["seg"].max()) + 1
-    extra["score"] = extra.pop("ans").bool()
-    joined = {k: torch.cat([data[k], extra[k]]) for k in data}
-    val, train = split([(s + n, e + n) for s, e in windows_of(extra["seg"])], ANSWERS_VAL_EVERY)
-    return joined, val, train
+def join_answers(data: dict, also) -> tuple[dict, list, list]:
+    """The first pass's data with the rows of the answers passes in `also` (a folder, or several: a list
+    or commas) after it, and the answers' (held-out, training) windows. Their rows are scored on the
+    answers only (the prompt is given on the page, never drafted); their window ids follow the first
+    pass's."""
+    folders = also.split(",") if isinstance(also, str) else also if isinstance(also, list | tuple) else [also]
+    val, train = [], []
+    for folder in folders:
+        extra = load_shards(Path(folder))
+        n = len(data["ids"])
+        extra["seg"] = extra["seg"] + int(data["seg"].max()) + 1
+        extra["score"] = extra.pop("ans").bool()
+        data = {k: torch.cat([data[k], extra[k]]) for k in data}
+        v, t = split([(s + n, e + n) for s, e in windows_of(extra["seg"])], ANSWERS_VAL_EVERY)
+        val, train = val + v, train + t
+    return data, val, train
 
 
 def schedule(opt, lr: float, step: int, frac: float) -> None:

@@ -7,7 +7,6 @@ Reported: held-out top-1 agreement of each head with the target's greedy token a
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import torch
 
@@ -74,7 +73,7 @@ def train_medusa(pair, folder, *, k: int = 3, minutes: float = 10.0, epochs: int
     also_train = []
     if also is not None:
         data["score"] = torch.ones(len(data["ids"]), dtype=torch.bool)
-        data, _, also_train = join_answers(data, Path(also))
+        data, _, also_train = join_answers(data, also)
         idx = _positions(also_train, k)
         train_idx = torch.cat([train_idx, *[idx[data["score"][idx]]] * also_times])
     heads = Heads(data["h"].shape[1], k)
