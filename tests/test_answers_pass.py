@@ -134,3 +134,14 @@ def test_raw_code_answers_complete_the_code_as_written_and_train_beside_the_othe
     assert len(joined["ids"]) == 2 * len(first["ids"]) + len(data["ids"])
     segs = [int(joined["seg"][s]) for s, _ in val + train]
     assert len(set(segs)) == len(segs)  # every window its own id, across the folders
+
+
+def test_held_out_completion_runs_without_the_chat_template(target, tok, monkeypatch):
+    """heads accept's third kind, completion: the code prompts completed as written (the bench's code task)."""
+    from specviz.heads import acceptance
+    asked = []
+    real = acceptance.make_request
+    monkeypatch.setattr(acceptance, "make_request", lambda *a, **kw: asked.append(kw["chat_template"]) or real(*a, **kw))
+    got = acceptance.measure(pair_of(target, tok), "lookup", gamma=2, new=8,
+                             prompts={"code": [ITEMS[1][1]], "completion": [ITEMS[1][1]]})
+    assert asked == [True, False] and set(got) == {"code", "completion"} and got["completion"]["prompts"] == 1

@@ -65,11 +65,12 @@ def test_a_failing_lookup_or_no_pair_offers_neither(target, tok, monkeypatch):
 def test_note_says_the_reports_acceptance(target, tok):
     pair = pair_of(target, tok)
     rep = {"pass_tokens": 400_000, "held_out_first_draft_agreement": {"chat": 0.55, "code": 0.6, "rows": 9},
-           "acceptance_by_position": {"chat": [0.62, 0.4], "code": [0.71, 0.5]}, "trained_on": TRAINED_ON}
+           "acceptance_by_position": {"chat": [0.62, 0.4], "code": [0.71, 0.5], "completion": [0.66]},
+           "trained_on": TRAINED_ON}
     store.save(pair, "eagle", {"x": 1}, rep, ship=True)
     note = mo.note_html("eagle", pair)
     assert TRAINED_ON in note and "shipped with the app" in note
-    assert "first-draft acceptance: chat 0.62, code 0.71" in note and "teacher-forced" not in note
+    assert "first-draft acceptance: chat 0.62, code 0.71, completion 0.66" in note and "teacher-forced" not in note
     shown, *_ = mo.on_method("eagle", pair)
     assert shown["visible"] and "chat 0.62, code 0.71" in shown["value"]
 

@@ -4,7 +4,8 @@ rounds that reached position j whose draft there was accepted.
 
 Chat: the first user turn of ShareGPT conversations the feature pass held out (features.held_out);
 code: HumanEval prompts (the bench's code set; the pass read the standard library, never these).
-Both through the chat template, as the page sends them."""
+Both through the chat template, as the page sends them; and completion: the same HumanEval prompts
+with no chat template, completed as written (the bench's code task, the page's completion preset)."""
 from __future__ import annotations
 
 from ..engine.events import RoundEvent
@@ -20,7 +21,8 @@ def held_out_prompts(n: int) -> dict[str, list[str]]:
     convs, _ = conversations()
     chat = [c[0]["content"] for i, c in enumerate(convs)
             if held_out(i) and c[0]["role"] == "user" and 20 <= len(c[0]["content"]) <= MAX_CHARS]
-    return {"chat": chat[:n], "code": [p.text for p in humaneval_prompts(n)]}
+    code = [p.text for p in humaneval_prompts(n)]
+    return {"chat": chat[:n], "code": code, "completion": code}
 
 
 def by_position(rounds: list[RoundEvent], gamma: int) -> dict:
@@ -45,7 +47,8 @@ def measure(pair, method: str, n: int = 10, gamma: int = 5, new: int = 64, promp
     for kind, texts in (prompts or held_out_prompts(n)).items():
         rounds: list[RoundEvent] = []
         for text in texts:
-            req = make_request(text, method=method, gamma=gamma, max_new_tokens=new, chat_template=True)
+            req = make_request(text, method=method, gamma=gamma, max_new_tokens=new,
+                               chat_template=kind != "completion")
             ids = encode_prompt(pair.tokenizer, req)
             rounds += [e for e in run_events(pair, req, "speculative", ids) if isinstance(e, RoundEvent)]
         out[kind] = by_position(rounds, gamma) | {"prompts": len(texts)}

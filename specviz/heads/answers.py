@@ -105,8 +105,8 @@ def run_answers(pair, out: Path, minutes: float, new: int = NEW_TOKENS, log=prin
     code-completion preset)."""
     meta = open_pass(out)
     if meta.get("raw_code", raw_code) != raw_code:
-        raise RuntimeError(f"{out} holds answers {'without' if meta['raw_code'] else 'with'} the chat template: "
-                           "use another --out")
+        held = "without" if meta["raw_code"] else "with"
+        raise RuntimeError(f"{out} holds answers {held} the chat template: use another --out")
     if items is None:
         items = [("code", t) for t in code_tasks(code_documents())] if raw_code else prompts()
     meta.update({"what": "the target's own greedy completions of code, no chat template" if raw_code else

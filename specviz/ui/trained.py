@@ -54,9 +54,10 @@ def _tokens(n) -> str:
 
 
 def _kinds(values) -> dict[str, float]:
-    """{"chat": x, "code": y} from a dict of numbers or of per-position lists (their first entry)."""
+    """{"chat": x, "code": y[, "completion": z]} from a dict of numbers or of per-position lists (their
+    first entry)."""
     out = {}
-    for kind in ("chat", "code"):
+    for kind in ("chat", "code", "completion"):
         v = values.get(kind) if isinstance(values, dict) else None
         if isinstance(v, (list, tuple)):
             v = v[0] if v else None
