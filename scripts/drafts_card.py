@@ -57,8 +57,8 @@ def _answers_lines(folders: list[Path], machine: str, date: str) -> list[str]:
                    f"{machine}: the target's own greedy {asked} (at most {m['new_tokens']} tokens, written "
                    f"by the `{m['method']}` chain, lossless), {m['next_window']:,} training prompts, "
                    f"**{m['tokens']:,} tokens** with the prompts, their states read as the first pass's, in "
-                   f"{m['seconds'] / 60:.0f} min" + (f" over {len(runs)} stretches: {when}" if runs else
-                                                     f", {date}")
+                   f"{m['seconds'] / 60:.0f} min" + (f" over {len(runs)} stretches: {when}" if len(runs) > 1
+                                                     else f" ({when})" if runs else f", {date}")
                    + ". Held out as the first pass (and every 12th answer held out from training).")
     return out
 
@@ -75,13 +75,14 @@ def _stretches(rep: dict, machine: str) -> list[str]:
     total = sum(r.get("stretch_s") or 0 for r in rows) / 60
 
     def two(d: dict) -> str:
-        return " / ".join("–" if d.get(k) is None else f"{d[k]:.2f}" for k in ("chat", "code"))
+        return " / ".join("–" if d.get(k) is None else f"{d[k]:.2f}" for k in ("chat", "code", "completion"))
     out = [f"- Training: {total:.0f} min in all on {machine}, in {len(rows)} stretches, each from the head "
            f"before (below). The last: {now['stretch_s'] / 60:.1f} min to {now['saved_utc']} UTC, lr "
            f"{rep['lr']}" + (f", soft-CE weight {rep['p_weight']}" if rep.get("p_weight") else "")
            + f", {_seen(rep):,} positions, {rep['steps']:,} steps in all; loss ([feature, soft CE], its "
            f"first and last 10 steps) {rep['loss_first']} → {rep['loss_last']}.", "",
-           "| stretch | ended (UTC) | minutes | on | lr | position 1 chat / code | τ chat / code | sha256 |",
+           "| stretch | ended (UTC) | minutes | on | lr | position 1 chat / code / completion | τ the same "
+           "| sha256 |",
            "|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rows):
         sha = r["sha256"] if r["sha256"] == "this file" else f"`{r['sha256'][:8]}…`"
@@ -129,7 +130,9 @@ def card(pass_dir: Path, machine: str, date: str, answers_dirs: list[Path] = ())
                       *(_stretches(rep, machine) if "history" in rep else [_training(rep, machine)]),
                       "- Held-out acceptance by draft position, measured by the engine (greedy, γ 5, 64 new "
                       "tokens a prompt, w4a8 target): chat = first user turns of held-out ShareGPT "
-                      "conversations, code = HumanEval prompts (the pass read none of either):", "",
+                      "conversations, code = HumanEval prompts (the pass read none of either), both through "
+                      "the chat template; completion (where measured) = the same HumanEval prompts with "
+                      "none, completed as written (the bench's code task):", "",
                       *_acceptance(rep), ""]
             if "held_out_first_draft_agreement" in rep:
                 agree = dict(rep["held_out_first_draft_agreement"])

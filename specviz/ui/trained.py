@@ -68,6 +68,9 @@ def _kinds(values) -> dict[str, float]:
     return out
 
 
+KIND_NAMES = {"completion": "code completion"}  # heads accept's kinds as a visitor reads them
+
+
 def _acceptance(rep: dict) -> str:
     """The measured held-out acceptance of the first draft where the report has it; else the
     teacher-forced agreement the training measured (the head fed the target's true states, not a
@@ -79,7 +82,7 @@ def _acceptance(rep: dict) -> str:
                                                 "target's greedy token")):
         vals = _kinds(rep.get(key))
         if vals:
-            return f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in vals.items())
+            return f"{name}: " + ", ".join(f"{KIND_NAMES.get(k, k)} {v:.2f}" for k, v in vals.items())
     return ""
 
 
