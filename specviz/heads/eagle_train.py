@@ -233,7 +233,7 @@ def own_answers(train: list, times: int) -> str:
     """The report's words for the answers pass's part, if any."""
     if not train:
         return ""
-    return (f"; and {sum(e - s for s, e in train):,} tokens of the target's own answers ({len(train)} "
+    return (f"; and {sum(e - s for s, e in train):,} tokens of the target's own answers ({len(train):,} "
             f"prompts and answers, read {times} times as often)")
 
 
