@@ -10,13 +10,15 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ROOT / "assets" / "drafts"
+sys.path.insert(0, str(ROOT))
+from specviz.engine.trained.store import FILES, SHIPPED, summary  # noqa: E402
+
 CARD = ROOT / "docs" / "trained_drafts.md"
 KEEP_FROM = "## Bench"
-FILES = {"eagle": "eagle.pt", "medusa": "heads.pt", "exit": "exit.pt"}  # engine/trained/store.py FILES
 
 
 def _seen(rep: dict) -> int:
@@ -66,18 +68,15 @@ def _answers_lines(folders: list[Path], machine: str, date: str) -> list[str]:
 def _stretches(rep: dict, machine: str) -> list[str]:
     """A head trained in stretches (its report's history: the shipped heads it replaced): the training
     line and a table of every stretch with its held-out position-1 acceptance and τ."""
-    runs = {k: v for k, v in (rep.get("held_out_runs") or {}).items() if isinstance(v, dict)}
-    now = {"saved_utc": rep.get("saved_utc", "?"), "stretch_s": rep.get("stretch_s", rep["train_s"]),
-           "lr": rep["lr"], "note": rep.get("note") or rep["trained_on"], "sha256": "this file",
-           "position_1": {k: (v.get("acceptance") or [None])[0] for k, v in runs.items()},
-           "tau": {k: v.get("tau") for k, v in runs.items()}}
+    now = summary(rep, "this file") | {"stretch_s": rep.get("stretch_s", rep["train_s"])}
     rows = [*rep.get("history", []), now]
     total = sum(r.get("stretch_s") or 0 for r in rows) / 60
 
     def two(d: dict) -> str:
         return " / ".join("–" if d.get(k) is None else f"{d[k]:.2f}" for k in ("chat", "code", "completion"))
     out = [f"- Training: {total:.0f} min in all on {machine}, in {len(rows)} stretches, each from the head "
-           f"before (below). The last: {now['stretch_s'] / 60:.1f} min to {now['saved_utc']} UTC, lr "
+           f"before (below). The last: {now['stretch_s'] / 60:.1f} min to {now.get('saved_utc', '?')} UTC, "
+           f"lr "
            f"{rep['lr']}" + (f", soft-CE weight {rep['p_weight']}" if rep.get("p_weight") else "")
            + f", {_seen(rep):,} positions, {rep['steps']:,} steps in all; loss ([feature, soft CE], its "
            f"first and last 10 steps) {rep['loss_first']} → {rep['loss_last']}.", "",
@@ -86,7 +85,8 @@ def _stretches(rep: dict, machine: str) -> list[str]:
            "|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rows):
         sha = r["sha256"] if r["sha256"] == "this file" else f"`{r['sha256'][:8]}…`"
-        out.append(f"| {i + 1} | {r['saved_utc']} | {(r.get('stretch_s') or 0) / 60:.1f} | {r['note']} | "
+        on = r.get("note") or r.get("trained_on", "")
+        out.append(f"| {i + 1} | {r.get('saved_utc', '?')} | {(r.get('stretch_s') or 0) / 60:.1f} | {on} | "
                    f"{r['lr']:g} | {two(r.get('position_1') or {})} | {two(r.get('tau') or {})} | {sha} |")
     return [*out, ""]
 

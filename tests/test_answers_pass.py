@@ -129,7 +129,7 @@ def test_raw_code_answers_complete_the_code_as_written_and_train_beside_the_othe
     _pass(pair, tmp_path / "q")
     first = features.load_shards(tmp_path / "q")  # any pass will do as the first here
     first["score"] = first.pop("ans").bool()
-    joined, val, train = eagle_train.join_answers(first, f"{tmp_path / 'q'},{tmp_path / 'r'}")
+    joined, val, train = eagle_train.join_answers(first, [tmp_path / "q", tmp_path / "r"])
     assert len(val) + len(train) == len(ITEMS) + len(code)
     assert len(joined["ids"]) == 2 * len(first["ids"]) + len(data["ids"])
     segs = [int(joined["seg"][s]) for s, _ in val + train]

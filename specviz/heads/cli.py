@@ -124,7 +124,7 @@ def _on_features(args) -> int:
         from .eagle_train import P_WEIGHT, train_eagle
         model, report = train_eagle(pair, folder, minutes=args.minutes, epochs=args.epochs,
                                     lr=args.lr or 6e-4, max_tokens=args.tokens, init=args.init,
-                                    resume=args.resume, also=args.also,
+                                    resume=args.resume, also=args.also and args.also.split(","),
                                     also_times=args.also_times, p_weight=args.p_weight or P_WEIGHT)
         kind = "eagle"
     elif args.command == "exit":
@@ -136,7 +136,7 @@ def _on_features(args) -> int:
         from .medusa_train import train_medusa
         model, report = train_medusa(pair, folder, k=args.heads, minutes=args.minutes, epochs=args.epochs,
                                      lr=args.lr or 1e-3, max_tokens=args.tokens,
-                                     also=args.also, also_times=args.also_times)
+                                     also=args.also and args.also.split(","), also_times=args.also_times)
         kind = "medusa"
     report["total_s"] = round(time.perf_counter() - t0, 1)
     if args.note:

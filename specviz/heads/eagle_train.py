@@ -249,11 +249,10 @@ ANSWERS_VAL_EVERY = 12
 
 
 def join_answers(data: dict, also) -> tuple[dict, list, list]:
-    """The first pass's data with the rows of the answers passes in `also` (a folder, or several: a list
-    or commas) after it, and the answers' (held-out, training) windows. Their rows are scored on the
-    answers only (the prompt is given on the page, never drafted); their window ids follow the first
-    pass's."""
-    folders = also.split(",") if isinstance(also, str) else also if isinstance(also, list | tuple) else [also]
+    """The first pass's data with the rows of the answers passes in `also` (a folder, or a list of them)
+    after it, and the answers' (held-out, training) windows. Their rows are scored on the answers only
+    (the prompt is given on the page, never drafted); their window ids follow the first pass's."""
+    folders = also if isinstance(also, list | tuple) else [also]
     val, train = [], []
     for folder in folders:
         extra = load_shards(Path(folder))

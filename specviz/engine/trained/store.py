@@ -107,19 +107,24 @@ HISTORY_KEYS = ("saved_utc", "stretch_s", "tokens_seen", "lr", "p_weight", "note
                 "held_out_first_draft_agreement")
 
 
+def summary(rep: dict, digest: str) -> dict:
+    """A report as one row of the card's table of stretches (and of a later report's history): its
+    stretch, the file's sha256, and its held-out position-1 acceptance and τ by kind."""
+    runs = {k: v for k, v in (rep.get("held_out_runs") or {}).items() if isinstance(v, dict)}
+    return {k: rep[k] for k in HISTORY_KEYS if k in rep} | {
+        "sha256": digest, "tau": {k: v.get("tau") for k, v in runs.items()},
+        "position_1": {k: (v.get("acceptance") or [None])[0] for k, v in runs.items()}}
+
+
 def with_history(d: Path, kind: str, rep: dict, digest: str) -> dict:
     """rep with the shipped file it replaces in `d` (if another: its sha256 is not `digest`) appended
-    to that file's own history: its stretch, held-out position-1 acceptance and τ."""
+    to that file's own history (summary)."""
     old_path, old_digest = d / f"{kind}-report.json", _sums(d).get(FILES[kind])
     if not old_path.is_file() or old_digest in (None, digest):
         return rep
     old = json.loads(old_path.read_text())
-    runs = {k: v for k, v in (old.get("held_out_runs") or {}).items() if isinstance(v, dict)}
-    gone = {k: old[k] for k in HISTORY_KEYS if k in old} | {
-        "sha256": old_digest, "tau": {k: v.get("tau") for k, v in runs.items()},
-        "position_1": {k: (v.get("acceptance") or [None])[0] for k, v in runs.items()}}
     kept = {"findings": old["findings"]} if old.get("findings") else {}  # measured on the heads before
-    return {**kept, **rep, "history": [*old.get("history", []), gone]}
+    return {**kept, **rep, "history": [*old.get("history", []), summary(old, old_digest)]}
 
 
 # ------------------------------------------------------------------ a shipped file's sha256, checked at load
