@@ -129,7 +129,8 @@ def card(pass_dir: Path, machine: str, date: str, answers_dirs: list[Path] = ())
                       f"- Trained on: {rep['trained_on']}.",
                       *(_stretches(rep, machine) if "history" in rep else [_training(rep, machine)]),
                       "- Held-out acceptance by draft position, measured by the engine (greedy, γ 5, 64 new "
-                      "tokens a prompt, w4a8 target): chat = first user turns of held-out ShareGPT "
+                      f"tokens a prompt, w4a8 target{_kept(rep)}): chat = first user turns of held-out "
+                      "ShareGPT "
                       "conversations, code = HumanEval prompts (the pass read none of either), both through "
                       "the chat template; completion (where measured) = the same HumanEval prompts with "
                       "none, completed as written (the bench's code task):", "",
@@ -183,10 +184,19 @@ def card(pass_dir: Path, machine: str, date: str, answers_dirs: list[Path] = ())
               "  --also <the answers folder>,<the raw answers folder> \\",
               "  --note \"<this stretch in a few words>\" --ship  # the head it replaces: into the history",
               "python -m specviz heads accept --kinds eagle  # held-out acceptance into the report",
+              "# 2026-11-30, morning: the kept LM heads in 4-bit codes (eagle_head.KEPT_LOWBIT), measured",
+              "python -m specviz heads accept  # every trained draft, into its report",
+              "# and the fused taps tried (not shipped): two layers' inputs beside the answers folders",
+              "python -m specviz heads taps --data <the answers folder> --also <the raw answers folder>",
               "python scripts/drafts_card.py --pass-dir <the pass folder> "
               "--answers-dir <the answers folder>,<the raw answers folder>  # this card",
               "```", ""]
     return "\n".join(lines)
+
+
+def _kept(rep: dict) -> str:
+    form = (rep.get("held_out_runs") or {}).get("kept_lm_head")
+    return f", the kept LM head in {'4-bit codes (w4a8)' if form == 'w4a8' else form}" if form else ""
 
 
 def main() -> int:

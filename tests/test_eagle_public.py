@@ -311,10 +311,11 @@ def test_the_option_is_cli_and_api_only():
     assert method_options.collect("eagle", {"eagle_head": "a/b"}) == {}  # a page run never sends it
 
 
-def test_eagle3_drafts_on_the_lean_forward(tmp_path, tok, target):
+def test_eagle3_drafts_on_the_lean_forward(tmp_path, tok, target, monkeypatch):
     """The lean Llama-family forward (engine/cpu/lean_forward.py) does not call the decoder layers as
-    modules, so their hooks would never fire: an EAGLE-3 verify takes the module path (still drafting,
-    still plain's output)."""
+    modules, so their hooks never fire there: it copies the tapped layers' inputs itself
+    (lean_forward.tapping). An EAGLE-3 verify keeps the lean path and drafts what the module path
+    drafts, plain's output either way."""
     import copy
 
     from specviz.engine.cpu import lean_forward
@@ -326,9 +327,15 @@ def test_eagle3_drafts_on_the_lean_forward(tmp_path, tok, target):
     folder = write_eagle3(tmp_path / "h", model)[0]
     ids = tok.encode(PROMPT)
     _, base = run(baseline(model, tok, ids, 24, GREEDY))
+    _, module = run(speculative(target, proposer(target, folder, tok), tok, ids, 24, 3, GREEDY))
+    calls = []
+    real = lean_forward.run
+    monkeypatch.setattr(lean_forward, "run", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     rounds, spec = run(speculative(model, proposer(model, folder, tok), tok, ids, 24, 3, GREEDY))
-    assert spec.token_ids == base.token_ids
+    assert spec.token_ids == base.token_ids == module.token_ids
     assert all(len(r.draft_ids) > 0 for r in rounds[1:-1])  # every round after the first drafts
+    assert len(calls) >= len(rounds) - 1  # the verifies took the lean path
+    assert spec.accepted == module.accepted
 
 
 def test_gamma_auto_prices_the_named_head(tmp_path, target, monkeypatch):

@@ -1,10 +1,11 @@
 """python -m specviz heads data   [--tokens N] [--out DIR]           the feature pass (features.py)
 python -m specviz heads answers [--minutes M] [--out DIR] [--raw-code]   the target's own answers (answers.py)
-python -m specviz heads eagle  [--minutes M] [--data DIR] [--also DIR] [--init FILE | --resume]   EAGLE's head
+python -m specviz heads taps   [--data DIR] [--also DIR,DIR]   a low and a middle layer's inputs (taps.py)
+python -m specviz heads eagle  [--minutes M] [--data DIR] [--also DIR] [--init FILE | --resume] [--taps]
 python -m specviz heads medusa [--minutes M] [--heads K] [--also DIR]   Medusa heads on the same pass
 python -m specviz heads exit   [--layer L] [--minutes M]    train early-exit's adapter on the same pass
 python -m specviz heads accept [--n N] [--kinds eagle,medusa,exit]   held-out acceptance by position
-python -m specviz heads all    [--tokens N] [--minutes M] [--medusa-minutes M] [--ship]   all of it, one load
+python -m specviz heads all    [--tokens N] [--minutes M] [--medusa-minutes M] [--taps] [--ship]   all of it
 python -m specviz heads train  [--heads K] [--tokens N] ...          Medusa heads from a bf16 stdlib pass
 python -m specviz heads info
 
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from ..errors import ModelError, RequestError
 
-COMMANDS = ("data", "answers", "eagle", "medusa", "exit", "accept", "all", "train", "info")
+COMMANDS = ("data", "answers", "taps", "eagle", "medusa", "exit", "accept", "all", "train", "info")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--p-weight", type=float, default=None,
                     help="eagle: the soft cross-entropy's weight, the feature loss's being 1 "
                          "(default EAGLE-1's 0.1)")
+    ap.add_argument("--taps", action="store_true",
+                    help="eagle, all: fuse the inputs of a low and a middle layer of the target (heads taps' "
+                         "files beside the passes) into the head's first draft of a round")
     ap.add_argument("--layer", type=int, default=6, help="exit: the exit layer L (default 6)")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--minutes", type=float, default=15.0, help="time cap of the training loop (default 15)")
@@ -74,7 +78,7 @@ def main(argv=None) -> int:
         print("error: use 1..8 heads and at least 64 tokens", file=sys.stderr)
         return 2
     try:
-        if args.command in ("data", "answers", "eagle", "medusa", "exit"):
+        if args.command in ("data", "answers", "taps", "eagle", "medusa", "exit"):
             return _on_features(args)
         if args.command == "accept":
             return _accept(args)
@@ -104,7 +108,7 @@ def _on_features(args) -> int:
     from ..engine.trained import store
     t0 = time.perf_counter()
     # the pass and the exit's layer-L states read the target as it runs here; the heads train on its states
-    pair = _load(args, _fast_precision() if args.command in ("data", "answers", "exit") else "bf16")
+    pair = _load(args, _fast_precision() if args.command in ("data", "answers", "taps", "exit") else "bf16")
     folder = Path(args.data) if args.data else store.features_dir(pair)
     if args.command == "answers":
         from .answers import run_answers
@@ -113,6 +117,11 @@ def _on_features(args) -> int:
                            raw_code=args.raw_code)
         print(json.dumps({"folder": str(folder), "tokens": meta.get("tokens", 0),
                           "prompts": meta.get("next_window", 0), "seconds": meta.get("seconds", 0)}))
+        return 0
+    if args.command == "taps":
+        from .taps import run_taps
+        for f in [folder, *[Path(x) for x in (args.also or "").split(",") if x]]:
+            run_taps(pair.target, f, log=lambda s: print(s, file=sys.stderr))
         return 0
     if args.command == "data":
         from .features import run_pass
@@ -125,7 +134,8 @@ def _on_features(args) -> int:
         model, report = train_eagle(pair, folder, minutes=args.minutes, epochs=args.epochs,
                                     lr=args.lr or 6e-4, max_tokens=args.tokens, init=args.init,
                                     resume=args.resume, also=args.also and args.also.split(","),
-                                    also_times=args.also_times, p_weight=args.p_weight or P_WEIGHT)
+                                    also_times=args.also_times, p_weight=args.p_weight or P_WEIGHT,
+                                    taps=args.taps)
         kind = "eagle"
     elif args.command == "exit":
         from .exit_train import train_exit
@@ -159,8 +169,11 @@ def _all(args) -> int:
     if args.tokens or not (folder / "meta.json").is_file():
         run_pass(pair.target, pair.tokenizer, folder, args.tokens or 1_000_000,
                  log=lambda s: print(s, file=sys.stderr))
+    if args.taps:
+        from .taps import run_taps
+        run_taps(pair.target, folder, log=lambda s: print(s, file=sys.stderr))
     blob, rep = train_eagle(pair, folder, minutes=args.minutes, epochs=args.epochs if args.epochs > 1 else 50,
-                            lr=args.lr or 6e-4, init=args.init, resume=args.resume)
+                            lr=args.lr or 6e-4, init=args.init, resume=args.resume, taps=args.taps)
     print(json.dumps({"eagle": str(store.save(pair, "eagle", blob, rep, ship=args.ship)), **rep}, indent=1))
     blob, rep = train_medusa(pair, folder, k=args.heads, minutes=args.medusa_minutes, epochs=50, lr=1e-3)
     print(json.dumps({"medusa": str(store.save(pair, "medusa", blob, rep, ship=args.ship)), **rep}, indent=1))
@@ -181,10 +194,16 @@ def _accept(args, pair=None) -> int:
         rep = store.report(pair, kind) or {}
         rep["acceptance_by_position"] = {k: v["acceptance"] for k, v in got.items()}
         rep["held_out_runs"] = {"greedy": True, "gamma": 5, "new_tokens": 64,
-                                "precision": _fast_precision(), **got}
+                                "precision": _fast_precision(), "kept_lm_head": kept_form(pair), **got}
         path.with_name(f"{kind}-report.json").write_text(json.dumps(rep, indent=1))
         print(json.dumps({method: got}, indent=1))
     return 0
+
+
+def kept_form(pair) -> str:
+    """The form the trained drafts' kept LM head runs in beside this target (eagle_head.KEPT_LOWBIT)."""
+    from ..engine.trained.eagle_head import KEPT_LOWBIT, lowbit_for
+    return KEPT_LOWBIT if lowbit_for(pair.target) else "float"
 
 
 def _legacy(args) -> int:

@@ -12,6 +12,7 @@ Reported: held-out top-1 agreement of the head's first draft with the target's g
 (teacher-forced, over the target's whole vocabulary), on chat and on code windows."""
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,6 +28,9 @@ KEEP = 32768
 NOISE = 0.2  # EAGLE's uniform feature noise, in units of the features' standard deviation
 P_WEIGHT = 0.1  # EAGLE-1's weight of the soft cross-entropy (feature loss: 1)
 VAL_EVERY = 25  # every 25th window of the pass is held out for the report
+# of the rows with fused taps, the share trained without them: on the page the second and later drafts
+# read the head's own predicted state, which has none
+TAP_DROP = 0.3
 
 
 def kept_tokens(ids: torch.Tensor, tokenizer, keep: int = KEEP) -> torch.Tensor:
@@ -94,6 +98,15 @@ def batch_of(data, wins, emb, std: float, noise: bool):
         mask[j, :m] = data["score"][s + 1: e]
     if noise:
         f_in = f_in + ((torch.rand_like(f_in, dtype=torch.float32) - 0.5) * 2 * NOISE * std).to(f_in.dtype)
+    if "tap_row" in data:  # fused taps: each row's beside f_t, zeros where it has none or drops them
+        taps = torch.zeros(b, n, data["tapx"].shape[1], dtype=torch.bfloat16)
+        for j, (s, e) in enumerate(wins):
+            r = data["tap_row"][s: e - 1].long()
+            ok = r >= 0
+            taps[j, : e - s - 1][ok] = data["tapx"][r[ok]]
+        if noise:
+            taps = taps * (torch.rand(b, n, 1) >= TAP_DROP).to(taps.dtype)
+        f_in = torch.cat([f_in, taps], -1)
     return e_in, f_in, f_out, mask
 
 
@@ -135,47 +148,51 @@ CKPT = "eagle-train.pt"  # the training's checkpoint in the pass's folder (resum
 CKPT_EVERY = 300.0  # seconds between two checkpoints
 
 
-def start_from(init) -> tuple[EagleHead, dict]:
+def start_from(init, taps=None) -> tuple[EagleHead, dict]:
     """A head to go on training: a checkpoint of this loop (its weights, optimizer, step and seconds),
-    or a trained file (eagle.pt: int8 rows, dequantised)."""
+    or a trained file (eagle.pt: int8 rows, dequantised). taps: layers the head is to fuse; a head
+    without them gets a FusedTaps at 0 (the same head to start with) and a new optimizer."""
     blob = torch.load(init, map_location="cpu", weights_only=False)
     if "state" in blob:
         model = EagleHead(blob["config"])
         model.load_state_dict(blob["state"])
-        return model, blob
-    model, _ = unpack(blob)
-    return model.requires_grad_(True), {"from_file": str(init)}
+        got = blob
+    else:
+        model, _ = unpack(blob)
+        got = {"from_file": str(init)}
+    if taps and list(model.cfg.get("taps") or []) != list(taps):
+        if model.cfg.get("taps"):
+            raise RuntimeError(f"{init} fuses layers {model.cfg['taps']}, not {list(taps)}")
+        fused = EagleHead({**model.cfg, "taps": list(taps)})
+        fused.load_state_dict(model.state_dict(), strict=False)
+        model, got = fused, {k: v for k, v in got.items() if k != "opt"} | {"fused_from": str(init)}
+    return model.requires_grad_(True), got
 
 
 def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: float = 3e-4,
                 max_tokens: int | None = None, batch: int = 4, seed: int = 0,
                 intermediate: int = 3072, init=None, resume: bool = False, also=None,
-                also_times: int = 2, p_weight: float = P_WEIGHT) -> tuple[dict, dict]:
+                also_times: int = 2, p_weight: float = P_WEIGHT, taps: bool = False) -> tuple[dict, dict]:
     """The head trained on the pass in `folder` (about `minutes`), as a file's dict, and a report.
     also: a second pass (answers.py: the target's own answers), its training windows read `also_times`
     as often as the first pass's; its held-out windows reported apart.
     init: a head to start from (start_from); resume: go on from the folder's checkpoint (CKPT) with
     its optimizer, its step and the minutes it already spent (of `minutes`). A checkpoint is written
-    every CKPT_EVERY seconds. p_weight: the soft cross-entropy's weight."""
+    every CKPT_EVERY seconds. p_weight: the soft cross-entropy's weight. taps: fuse the taps' pass
+    (taps.py) where the folders have one: rows without it train the head as it reads later drafts."""
     torch.manual_seed(seed)
-    data = load_shards(folder, max_tokens)
     target = pair.target
+    data, first, (val, train), (also_val, also_train), layers = read_passes(
+        pair, folder, max_tokens, also, also_times, taps)
     w_full = head_weight(target.get_output_embeddings()).to(torch.bfloat16)
-    keep = kept_tokens(data["ids"], pair.tokenizer)
+    keep = kept_tokens(first["ids"], pair.tokenizer)
     w_keep = w_full[keep].contiguous()
-    emb_mod = target.get_input_embeddings()
-    emb = emb_mod.weight.detach().to(torch.bfloat16)
-    data["score"] = answer_rows(data, pair.tokenizer)
-    val, train = split(windows_of(data["seg"]))
-    first = {k: data[k] for k in ("ids", "kind")}
-    also_val, also_train = [], []
-    if also is not None:
-        data, also_val, also_train = join_answers(data, also)
-        train += also_train * also_times
+    emb = target.get_input_embeddings().weight.detach().to(torch.bfloat16)
     std = float(data["h"][: 100_000].float().std())
     ckpt = Path(folder) / CKPT
     init = ckpt if resume and ckpt.is_file() else init
-    model, got = start_from(init) if init else (EagleHead(config_of(target, intermediate)), {})
+    model, got = start_from(init, layers) if init else (
+        EagleHead({**config_of(target, intermediate), **({"taps": list(layers)} if layers else {})}), {})
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     if "opt" in got:
@@ -213,9 +230,13 @@ def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: flo
     held = agreement(model, w_keep, w_full, keep, data, val, emb)
     if also_val:  # EAGLE's 0-α: the first draft on the target's own text, every earlier state true
         held["own_answers"] = agreement(model, w_keep, w_full, keep, data, also_val, emb)
+    fused = (f"; f_t plus the inputs of the target's layers {model.cfg['taps']} (FusedTaps) on the rows the "
+             "target read" if model.cfg.get("taps") else "")
     report = {"design": "EAGLE-1 head: fc([e(x_{t+1}); f_t]) + one decoder layer -> f_{t+1}; the target's "
-                        f"LM head restricted to {len(keep)} tokens",
-              "trained_on": trained_on(folder, first) + own_answers(also_train, also_times),
+                        f"LM head restricted to {len(keep)} tokens" + fused,
+              "trained_on": trained_on(folder, first) + own_answers(also_train, also_times) + (
+                  "; its first draft of a round also reads what the target's layers "
+                  f"{' and '.join(map(str, model.cfg['taps']))} read" if model.cfg.get("taps") else ""),
               "config": model.cfg, "kept_tokens": len(keep),
               "pass_tokens": int(len(first["ids"])),
               "train_windows": len(train), "held_out_windows": len(val), "steps": step,
@@ -227,6 +248,52 @@ def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: flo
               "started_from": got.get("from_file") or ("checkpoint" if got else "scratch")}
     brief = {k: report[k] for k in ("trained_on", "pass_tokens", "held_out_first_draft_agreement")}
     return pack(model, keep, {"report": brief}), report
+
+
+def read_passes(pair, folder, max_tokens, also, also_times: int, taps: bool):
+    """(the rows of the pass and of the answers passes after it, the pass's own ids and kinds, its
+    (held-out, training) windows with the answers' training windows read also_times as often, the
+    answers' (held-out, training) windows, the taps' layers or None)."""
+    data = load_shards(folder, max_tokens)
+    data["score"] = answer_rows(data, pair.tokenizer)
+    val, train = split(windows_of(data["seg"]))
+    first = {k: data[k] for k in ("ids", "kind")}
+    also_val, also_train = [], []
+    folders = [Path(folder)]
+    if also is not None:
+        data, also_val, also_train = join_answers(data, also)
+        train += also_train * also_times
+        folders += [Path(f) for f in (also if isinstance(also, list | tuple) else [also])]
+    layers = tap_layers(data, folders, max_tokens) if taps else None
+    return data, first, (val, train), (also_val, also_train), layers
+
+
+def tap_layers(data: dict, folders: list, max_tokens: int | None) -> list[int]:
+    """The taps' layers the folders' sidecars hold (taps.py), their rows joined into data (tap_row, tapx)
+    in the order the folders' rows are; RuntimeError where none has them or they differ."""
+    from .taps import join_taps, load_taps
+    layers = {tuple(json.loads((f / "meta.json").read_text()).get("taps", {}).get("layers") or ())
+              for f in folders} - {()}
+    if len(layers) != 1:
+        raise RuntimeError(f"--taps needs the taps of one set of layers beside the passes (found "
+                           f"{layers or 'none'}): python -m specviz heads taps --data DIR --also DIRS")
+    caps = [max_tokens, *[None] * (len(folders) - 1)]
+    got = [load_taps(f, cap) for f, cap in zip(folders, caps, strict=True)]
+    sizes = [sum(s["tokens"] for s in _read_shards(f, cap)) for f, cap in zip(folders, caps, strict=True)]
+    data["tap_row"], data["tapx"] = join_taps(list(zip(got, sizes, strict=True)))
+    if len(data["tap_row"]) != len(data["ids"]):
+        raise RuntimeError("the taps' rows do not line up with the passes' rows")
+    return list(next(iter(layers)))
+
+
+def _read_shards(folder: Path, max_tokens: int | None) -> list:
+    meta, out, n = json.loads((folder / "meta.json").read_text()), [], 0
+    for s in meta["shards"]:
+        if max_tokens is not None and n >= max_tokens:
+            break
+        out.append(s)
+        n += s["tokens"]
+    return out
 
 
 def own_answers(train: list, times: int) -> str:

@@ -247,10 +247,12 @@ def _open(cache, structs: list[Layer]) -> bool:
 
 
 def forward_stack(structs: list[Layer], h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache,
-                  rows: tuple | None = None) -> bool:
+                  rows: tuple | None = None, taps: list | None = None) -> bool:
     """Every layer for h (1, n, hidden) in place, as forward() one by one would (same C code in the
     same order: the same bits); False (nothing done) where the cache is not one it can write.
-    rows: a tree's (tree_rows), else a chain's (row r sees every key up to its own)."""
+    rows: a tree's (tree_rows), else a chain's (row r sees every key up to its own).
+    taps: a list of (layer index, []) whose list gets a copy of h as that layer reads it (the stack
+    then runs as one call a segment between taps: the same C code in the same order)."""
     n, nl = h.shape[1], len(structs)
     room = _cache_room(cache, nl, n)
     if room is None and _open(cache, structs):
@@ -259,9 +261,20 @@ def forward_stack(structs: list[Layer], h: torch.Tensor, cos: torch.Tensor, sin:
         return False
     kb, vb, kr, kh, p, b = room
     ends, base, extra = rows or (None, None, None)
-    if qgemm.library().layers_forward(_stack(structs), nl, h.data_ptr(), n, cos.data_ptr(), sin.data_ptr(),
-                                      kb, vb, kr, kh, p, ends, base, extra, torch.get_num_threads()):
-        raise MemoryError("no memory for a layer's scratch")
+    cuts = [0, *sorted({i for i, _ in taps or () if 0 < i < nl}), nl]
+    for a, z in zip(cuts, cuts[1:], strict=False):
+        for i, box in taps or ():
+            if i == a:
+                box.append(h.clone())
+        seg_k, seg_v = (kb, vb) if (a, z) == (0, nl) else (
+            (ctypes.c_void_p * (z - a))(*kb[a:z]), (ctypes.c_void_p * (z - a))(*vb[a:z]))
+        if qgemm.library().layers_forward(_stack(structs[a:z]), z - a, h.data_ptr(), n, cos.data_ptr(),
+                                          sin.data_ptr(), seg_k, seg_v, kr, kh, p, ends, base, extra,
+                                          torch.get_num_threads()):
+            raise MemoryError("no memory for a layer's scratch")
+    for i, box in taps or ():
+        if i >= nl:  # past the last layer: what the final norm reads
+            box.append(h.clone())
     if b is not None:  # the layers' views now end at p + n (a StaticKV's caller moves its pointer)
         views = b.buf[:, :, :, :p + n].unbind(0)
         for i, layer in enumerate(cache.layers):

@@ -20,6 +20,8 @@ calls around the cache's update instead, bit-identical too.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -147,14 +149,18 @@ def run(model, ids: list[int], cache, keep: int, stack: list | None, joint: bool
     x = torch.tensor([ids], device=dev)
     h = body.embed_tokens(x)
     cos, sin = body.rotary_emb(h, torch.arange(p, p + n, device=dev).unsqueeze(0))
+    taps = body.__dict__.get("_specviz_taps")
     if stack is not None:
         h, cos, sin = h.contiguous(), cos[0].contiguous(), sin[0].contiguous()
-        if not kernel_layer.forward_stack(stack, h, cos, sin, cache):
+        if not kernel_layer.forward_stack(stack, h, cos, sin, cache, taps=taps):
             for i, s in enumerate(stack):
+                _tap(taps, i, h)
                 kernel_layer.forward(s, h, cos, sin, cache, i)
+            _tap(taps, len(stack), h)
         return model.lm_head(body.norm(h)[:, -keep:]) if keep else None
     tables = rotary_tables(cos, sin) if joint else None
     for i, layer in enumerate(body.layers):
+        _tap(taps, i, h)
         attn = layer.self_attn
         qkv = attn.qkv_proj(layer.input_layernorm(h))
         if joint:
@@ -166,7 +172,32 @@ def run(model, ids: list[int], cache, keep: int, stack: list | None, joint: bool
         out = _attend(attn, q, k, v)
         h = h + attn.o_proj(out.reshape(1, n, -1).contiguous())
         h = h + layer.mlp(layer.post_attention_layernorm(h))
+    _tap(taps, len(body.layers), h)  # a tap past the last layer: what the final norm reads
     return model.lm_head(body.norm(h)[:, -keep:]) if keep else None
+
+
+@contextlib.contextmanager
+def tapping(model, layers, boxes=None):
+    """While a forward of `model` runs on this path: a copy of h (1, n, hidden) as each of `layers`
+    reads it, one list a layer (`boxes`, or new ones; EAGLE's fused taps: proposers/eagle.py). The
+    module path's forwards never look here: a forward pre-hook on those layers serves them (one of the
+    two fills the lists)."""
+    body = getattr(model, "model", None)
+    taps = list(zip([int(i) for i in layers], boxes or [[] for _ in layers], strict=True))
+    if body is None:  # not the Llama family's layout: never this path
+        yield [box for _, box in taps]
+        return
+    body.__dict__["_specviz_taps"] = taps
+    try:
+        yield [box for _, box in taps]
+    finally:
+        body.__dict__.pop("_specviz_taps", None)
+
+
+def _tap(taps, i: int, h: torch.Tensor) -> None:
+    for j, box in taps or ():
+        if j == i:
+            box.append(h.clone())
 
 
 def forward_masked(model, ids: list[int], positions: list[int], bias: torch.Tensor, cache,
@@ -189,6 +220,6 @@ def forward_masked(model, ids: list[int], positions: list[int], bias: torch.Tens
     cos, sin = body.rotary_emb(h, torch.tensor([positions], device=model.device))
     h = h.contiguous()
     if not kernel_layer.forward_stack(structs, h, cos[0].contiguous(), sin[0].contiguous(), cache,
-                                      kernel_layer.tree_rows(visible)):
+                                      kernel_layer.tree_rows(visible), body.__dict__.get("_specviz_taps")):
         return None
     return model.lm_head(body.norm(h)[:, -keep:])[0].float()

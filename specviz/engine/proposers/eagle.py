@@ -47,6 +47,7 @@ class Drafter:
     step_s: float | None = None  # one draft step (the layer over one row + the kept LM head), timed at load
     taps: tuple[int, ...] | None = None  # EAGLE-3: the target layers whose inputs it reads; None: final norm
     statics: list = field(default_factory=list, repr=False)  # graph-path heads not in use (gpu/head.py)
+    fused: tuple[int, ...] | None = None  # our head's FusedTaps: the target layers whose inputs it adds
 
     def take_static(self, capacity: int, graphs: bool):
         """A StaticHead of at least `capacity` rows for one run (captured once, then pooled: give_static)."""
@@ -111,8 +112,11 @@ def _read(pair, path) -> Drafter:
             from None
     if head.cfg["hidden"] != target.config.hidden_size:
         raise RequestError(f"The EAGLE head file {str(path)!r} was trained for another target.")
+    fused = tuple(head.cfg.get("taps") or ()) or None
+    if fused and max(fused) >= target.config.num_hidden_layers:
+        raise RequestError(f"The EAGLE head file {str(path)!r} reads layers {list(fused)} the target lacks.")
     head, lm = on_target(head, keep, target, target_vocab(target))
-    return _timed(Drafter(head, lm, target.get_input_embeddings()), target)
+    return _timed(Drafter(head, lm, target.get_input_embeddings(), fused=fused), target)
 
 
 def _timed(d: Drafter, target) -> Drafter:
@@ -295,7 +299,11 @@ class EagleProposer(Proposer):
             with self.states() as boxes:
                 logits = forward_logits(self.model, fed + tokens, self.cache, keep)
             if not all(boxes):
-                return logits
+                if self.drafter.taps is not None or not boxes[0]:
+                    return logits
+                boxes = boxes[:1]  # fused taps not read (a path that neither hooks nor taps): f_t alone
+            if self.drafter.fused and len({box[-1].shape[-2] for box in boxes}) > 1:  # no output layer read
+                boxes = boxes[:1]
             h = torch.cat([box[-1][0] for box in boxes], -1)
         # a prompt read in two parts: the states are of its last part only
         self.rows = (h, start + len(fed) + len(tokens) - h.shape[0], start + len(fed) - 1)
@@ -305,28 +313,40 @@ class EagleProposer(Proposer):
     def states(self):
         """While a target forward runs: the states the head reads (_hooks), one list of outputs per tap."""
         boxes, handles = self._hooks()
+        d = self.drafter
         try:
-            yield boxes
+            if d.fused or d.taps:  # the lean forward fills the same lists as the layers' pre-hooks
+                from ..cpu.lean_forward import tapping
+                with tapping(self.model, d.fused or d.taps, boxes[1:] if d.fused else boxes):
+                    yield boxes
+            else:
+                yield boxes
         finally:
             for handle in handles:
                 handle.remove()
 
     def _hooks(self):
-        """EAGLE-1/2: the final norm's output (post-norm states). EAGLE-3: the inputs of its tapped
-        decoder layers (a tap past the last layer: the final norm's input), in layer order."""
+        """EAGLE-1/2: the final norm's output (post-norm states); our head with fused taps, then the inputs
+        of those layers too. EAGLE-3: the inputs of its tapped decoder layers (a tap past the last
+        layer: the final norm's input), in layer order."""
+        layers = self.model.model.layers
         if self.drafter.taps is None:
             box = []
-            return [box], [final_norm(self.model).register_forward_hook(lambda m, i, out: box.append(out))]
-        layers = self.model.model.layers
+            boxes = [box] + [[] for _ in self.drafter.fused or ()]
+            handles = [final_norm(self.model).register_forward_hook(lambda m, i, out: box.append(out))]
+            # the module path (model(...)) calls the layers: their pre-hooks fill the taps' lists;
+            # the lean path does not call them, and fills them itself (states(): tapping)
+            handles += [layers[i].register_forward_pre_hook(
+                lambda m, args, kw, b=b: b.append(args[0] if args else kw["hidden_states"]), with_kwargs=True)
+                for i, b in zip(self.drafter.fused or (), boxes[1:], strict=True)]
+            return boxes, handles
         boxes = [[] for _ in self.drafter.taps]
         handles = [(layers[i] if i < len(layers) else final_norm(self.model)).register_forward_pre_hook(
             lambda m, args, kw, box=box: box.append(args[0] if args else kw["hidden_states"]),
             with_kwargs=True) for i, box in zip(self.drafter.taps, boxes, strict=True)]
         # The lean forward (backends lean.py, static.py: cpu/lean_forward.run) runs the layers' parts or
-        # one C call, never the layer modules, so their hooks would not fire; it stands aside for a
-        # model with a hook of its own (test_eagle3_drafts_on_the_lean_forward). The final norm it does
-        # call as a module: EAGLE-1/2 keeps the lean path.
-        handles.append(self.model.register_forward_pre_hook(lambda m, args: None))
+        # one C call, never the layer modules, so their hooks do not fire there: it fills the same lists
+        # itself (states(): tapping; test_eagle3_drafts_on_the_lean_forward)
         return boxes, handles
 
     def rollback(self, committed, n_accepted, n_drafted):

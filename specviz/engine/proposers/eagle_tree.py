@@ -83,15 +83,16 @@ class EagleTreeProposer(TreeGrower, EagleProposer):
         """The tree verify forward (tree_forward_logits), keeping the final norm's output: the
         post-norm states of the rows it read, the nodes' last, in node order."""
         start = cache.get_seq_length()
-        with self.states() as (box,):  # EAGLE-1/2 heads only (the builder): the final norm's output
-            logits = tree_forward_logits(model, cache, fed=fed, tokens=tokens, parents=parents,
+        with self.states() as boxes:  # EAGLE-1/2 heads only (the builder): the final norm's output,
+            logits = tree_forward_logits(model, cache, fed=fed, tokens=tokens, parents=parents,  # taps
                                          depths=depths, keep=keep)
-        if box:
+        if boxes[0]:
             # a prompt read in two parts (context_apart: row-exact targets): both parts' rows where
             # both were normed, in order; else the last call's, which end with the N nodes, the rows
             # before them ending at the last fed token
-            whole = sum(b.shape[1] for b in box) == len(fed) + len(tokens)
-            h = torch.cat([b[0] for b in box]) if whole else box[-1][0]
+            whole = sum(b.shape[1] for b in boxes[0]) == len(fed) + len(tokens)
+            hs = [torch.cat([b[0] for b in box]) if whole else box[-1][0] for box in boxes if box]
+            h = torch.cat(hs, -1) if len(hs) == len(boxes) and len({x.shape[0] for x in hs}) == 1 else hs[0]
             n_fed = h.shape[0] - len(tokens)
             self.rows = (h, start + len(fed) - n_fed, n_fed)
         return logits

@@ -252,16 +252,16 @@ _KEPT: dict = {}  # (target id, heads id) -> the kept LM head: built once per lo
 
 
 def kept_head(pair, heads):
-    """The LM head over the heads' kept tokens (eagle.KeptHead: 8-bit codes beside a w4a8 target),
-    or None for heads that read the whole vocabulary."""
+    """The LM head over the heads' kept tokens (eagle.KeptHead: 4-bit codes beside a w4a8 target, as
+    EAGLE's: KEPT_LOWBIT), or None for heads that read the whole vocabulary."""
     keep = getattr(heads, "keep", None)
     if keep is None:
         return None
-    from ..trained.eagle_head import KeptHead, head_weight, lowbit_for
+    from ..trained.eagle_head import KEPT_LOWBIT, KeptHead, head_weight, lowbit_for
     key = (id(pair.target), id(heads))
     if key not in _KEPT:
         _KEPT.clear()
         low = lowbit_for(pair.target)
         _KEPT[key] = KeptHead(head_weight(pair.target.get_output_embeddings()), keep,
-                              target_vocab(pair.target), "q8a8" if low else None).to(pair.target.device)
+                              target_vocab(pair.target), KEPT_LOWBIT if low else None).to(pair.target.device)
     return _KEPT[key]
