@@ -22,7 +22,8 @@ import torch.nn.functional as F
 
 from ..engine.trained.eagle_head import EagleHead, config_of, head_weight, pack, unpack
 from .data import progress
-from .features import load_shards, trained_on
+from .features import load_shards, trained_on, windows_of
+from .taps import join_taps, load_taps
 
 KEEP = 32768
 NOISE = 0.2  # EAGLE's uniform feature noise, in units of the features' standard deviation
@@ -43,13 +44,6 @@ def kept_tokens(ids: torch.Tensor, tokenizer, keep: int = KEEP) -> torch.Tensor:
             break
         picked.setdefault(t)
     return torch.tensor(sorted(picked), dtype=torch.long)
-
-
-def windows_of(seg: torch.Tensor) -> list[tuple[int, int]]:
-    """(start, end) of each window in the concatenated pass."""
-    cut = (torch.nonzero(seg[1:] != seg[:-1]).flatten() + 1).tolist()
-    starts = [0, *cut]
-    return list(zip(starts, [*cut, len(seg)], strict=True))
 
 
 def answer_rows(data: dict, tokenizer) -> torch.Tensor:
@@ -271,7 +265,6 @@ def read_passes(pair, folder, max_tokens, also, also_times: int, taps: bool):
 def tap_layers(data: dict, folders: list, max_tokens: int | None) -> list[int]:
     """The taps' layers the folders' sidecars hold (taps.py), their rows joined into data (tap_row, tapx)
     in the order the folders' rows are; RuntimeError where none has them or they differ."""
-    from .taps import join_taps, load_taps
     layers = {tuple(json.loads((f / "meta.json").read_text()).get("taps", {}).get("layers") or ())
               for f in folders} - {()}
     if len(layers) != 1:

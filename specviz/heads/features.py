@@ -245,6 +245,13 @@ def load_shards(folder: Path, max_tokens: int | None = None) -> dict:
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
+def windows_of(seg: torch.Tensor) -> list[tuple[int, int]]:
+    """(start, end) of each window in the concatenated pass."""
+    cut = (torch.nonzero(seg[1:] != seg[:-1]).flatten() + 1).tolist()
+    starts = [0, *cut]
+    return list(zip(starts, [*cut, len(seg)], strict=True))
+
+
 def trained_on(folder: Path, data: dict) -> str:
     """One sentence for the page's method card: what a draft trained on this pass learned from."""
     meta = json.loads((folder / "meta.json").read_text())

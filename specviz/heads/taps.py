@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..engine.forward import new_cache
+from .features import windows_of
 
 
 def layers_for(target) -> tuple[int, int]:
@@ -58,7 +59,6 @@ def read_taps(model, ids: list[int], layers) -> torch.Tensor:
 def run_taps(model, folder: Path, layers=None, log=print) -> dict:
     """Sidecars for every shard of the pass in `folder` that has none; meta.json records the layers."""
     from .data import progress
-    from .eagle_train import windows_of
     layers = tuple(layers or layers_for(model))
     meta_path = folder / "meta.json"
     meta = json.loads(meta_path.read_text())

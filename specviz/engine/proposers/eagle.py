@@ -329,7 +329,7 @@ class EagleProposer(Proposer):
         """EAGLE-1/2: the final norm's output (post-norm states); our head with fused taps, then the inputs
         of those layers too. EAGLE-3: the inputs of its tapped decoder layers (a tap past the last
         layer: the final norm's input), in layer order."""
-        layers = self.model.model.layers
+        layers = self.model.model.layers if self.drafter.fused or self.drafter.taps else None
         if self.drafter.taps is None:
             box = []
             boxes = [box] + [[] for _ in self.drafter.fused or ()]
