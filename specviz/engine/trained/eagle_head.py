@@ -214,10 +214,11 @@ def head_weight(lm_head: nn.Module) -> torch.Tensor:
 
 # ------------------------------------------------------------------ the kept tokens' output layer
 # The kept LM head beside a w4a8 target, in w4a8's 4-bit codes, not the target's own output layer's 8-bit
-# ones: the shipped EAGLE head's step went 2.4 -> 1.6 ms (its 32,768 x 1536 rows were 2/3 of the bytes it
-# reads), held-out first-draft acceptance as before within noise (chat 0.449 against 0.445, code 0.574
-# against 0.556, completion 0.598 against 0.595; Zen 4, 2 cores, 2026-11-30). q only proposes: the
-# target verifies with its own output layer, so the output is the target's either way.
+# ones: the shipped EAGLE head's step went 2.2 -> 1.5 ms on avx512vnni and 2.3 -> 1.5 ms with the avx2
+# kernels (its 32,768 x 1536 rows were 2/3 of the bytes it reads), held-out first-draft acceptance as
+# before within noise (chat 0.444 against 0.445, code 0.581 against 0.556, completion 0.601 against
+# 0.595; Zen 4, 2 cores, 2026-11-30; docs/trained_drafts.md). q only proposes: the target verifies with
+# its own output layer, so the output is the target's either way.
 KEPT_LOWBIT = "w4a8"
 
 
