@@ -11,7 +11,9 @@ written from predicted states are dropped at the next round, when the verify's t
 
 A published head can stand in for ours (option eagle_head: a folder or Hub id; trained/public_heads.py):
 EAGLE-1/2's reads the same post-norm states; EAGLE-3's reads the inputs of three of the target's layers,
-hooked the same way, and its own draft vocabulary (q 0 outside it).
+hooked the same way, and its own draft vocabulary (q 0 outside it). Our head with fused taps (cfg "taps";
+tried 2026-11-30, not shipped) reads two layers' inputs beside f_t on the CPU paths (the lean stack copies
+them: cpu/lean_forward.tapping); on the graph path it drafts from f_t alone, as its later drafts do.
 
 Lossless: q is the head's softmax over the kept tokens after the request's warp (0 elsewhere), each
 draft drawn from it; the engine's modified rejection sampling keeps the target's law, and greedy
