@@ -152,3 +152,20 @@ def test_taps_pass_then_a_fused_head_trained_from_a_plain_one_runs(target, tok, 
     _, base = run(baseline(target, tok, ids, 24, GREEDY))
     _, spec = run(speculative(target, make_proposer(pair, "eagle"), tok, ids, 24, 3, GREEDY))
     assert spec.token_ids == base.token_ids and spec.drafted > 0
+
+
+@pytest.mark.parametrize("params,gamma", [(SamplingParams(temperature=1.0), 2),
+                                          (SamplingParams(temperature=0.8, top_k=3), 3)])
+def test_fused_sequences_follow_target_distribution(params, gamma):
+    """Under sampling a fused head's chain keeps the target's law (chi-square over whole sequences)."""
+    from helpers import follows_target
+    V, L, N = 4, 4, 1200
+    t = tiny_model(V, seed=10, layers=2, init=0.8)
+    torch.manual_seed(2)
+    head = EagleHead({**config_of(t, intermediate=48), "taps": [1]})
+    for p in head.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    d = Drafter(head.eval().requires_grad_(False), KeptHead(t.lm_head.weight, torch.arange(V), V, None),
+                t.get_input_embeddings(), fused=(1,))
+    assert follows_target(t, lambda: EagleProposer(t, d, stop_below=0.0), [1, 2, 3, 1, 2], L, gamma, params,
+                          N) > 1e-3

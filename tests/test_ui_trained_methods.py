@@ -70,7 +70,7 @@ def test_note_says_the_reports_acceptance(target, tok):
     store.save(pair, "eagle", {"x": 1}, rep, ship=True)
     note = mo.note_html("eagle", pair)
     assert TRAINED_ON in note and "shipped with the app" in note
-    assert "acceptance: chat 0.62, code 0.71, code completion 0.66" in note and "teacher-forced" not in note
+    assert "first-draft acceptance: chat 0.62, code 0.71, code completion 0.66" in note and "teacher-forced" not in note
     shown, *_ = mo.on_method("eagle", pair)
     assert shown["visible"] and "chat 0.62, code 0.71" in shown["value"]
 

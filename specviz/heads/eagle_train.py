@@ -272,21 +272,10 @@ def tap_layers(data: dict, folders: list, max_tokens: int | None) -> list[int]:
                            f"{layers or 'none'}): python -m specviz heads taps --data DIR --also DIRS")
     caps = [max_tokens, *[None] * (len(folders) - 1)]
     got = [load_taps(f, cap) for f, cap in zip(folders, caps, strict=True)]
-    sizes = [sum(s["tokens"] for s in _read_shards(f, cap)) for f, cap in zip(folders, caps, strict=True)]
-    data["tap_row"], data["tapx"] = join_taps(list(zip(got, sizes, strict=True)))
+    data["tap_row"], data["tapx"] = join_taps(got)
     if len(data["tap_row"]) != len(data["ids"]):
         raise RuntimeError("the taps' rows do not line up with the passes' rows")
     return list(next(iter(layers)))
-
-
-def _read_shards(folder: Path, max_tokens: int | None) -> list:
-    meta, out, n = json.loads((folder / "meta.json").read_text()), [], 0
-    for s in meta["shards"]:
-        if max_tokens is not None and n >= max_tokens:
-            break
-        out.append(s)
-        n += s["tokens"]
-    return out
 
 
 def own_answers(train: list, times: int) -> str:

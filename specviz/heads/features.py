@@ -233,15 +233,20 @@ def write_shard(out: Path, buf: dict, meta: dict, next_window: int, t0: float) -
     return time.perf_counter()
 
 
-def load_shards(folder: Path, max_tokens: int | None = None) -> dict:
-    """The written shards as one dict of tensors (ids, h, seg, kind)."""
-    meta = json.loads((folder / "meta.json").read_text())
-    parts, n = [], 0
-    for s in meta["shards"]:
+def shards_upto(folder: Path, max_tokens: int | None = None) -> list[dict]:
+    """The entries of the pass's written shards (file, tokens) up to the first that reaches max_tokens."""
+    out, n = [], 0
+    for s in json.loads((folder / "meta.json").read_text())["shards"]:
         if max_tokens is not None and n >= max_tokens:
             break
-        parts.append(torch.load(folder / s["file"], weights_only=True))
+        out.append(s)
         n += s["tokens"]
+    return out
+
+
+def load_shards(folder: Path, max_tokens: int | None = None) -> dict:
+    """The written shards as one dict of tensors (ids, h, seg, kind)."""
+    parts = [torch.load(folder / s["file"], weights_only=True) for s in shards_upto(folder, max_tokens)]
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..engine.forward import new_cache
-from .features import windows_of
+from .features import shards_upto, windows_of
 
 
 def layers_for(target) -> tuple[int, int]:
@@ -83,14 +83,11 @@ def run_taps(model, folder: Path, layers=None, log=print) -> dict:
     return meta
 
 
-def load_taps(folder: Path, max_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+def load_taps(folder: Path, max_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """For the shards load_shards(folder, max_tokens) reads: (per row the index of its taps' row, -1 for
-    none; the taps' rows), or None where no shard has a sidecar."""
-    meta = json.loads((folder / "meta.json").read_text())
-    rows, parts, n, m = [], [], 0, 0
-    for s in meta["shards"]:
-        if max_tokens is not None and n >= max_tokens:
-            break
+    none; the taps' rows, None where no shard has a sidecar)."""
+    rows, parts, m = [], [], 0
+    for s in shards_upto(folder, max_tokens):
         path = sidecar(folder / s["file"])
         if path.is_file():
             x = torch.load(path, weights_only=True)
@@ -99,19 +96,15 @@ def load_taps(folder: Path, max_tokens: int | None = None) -> tuple[torch.Tensor
             m += len(x)
         else:
             rows.append(torch.full((s["tokens"],), -1, dtype=torch.int32))
-        n += s["tokens"]
-    return (torch.cat(rows), torch.cat(parts)) if parts else None
+    return torch.cat(rows), torch.cat(parts) if parts else None
 
 
 def join_taps(got: list) -> tuple[torch.Tensor, torch.Tensor]:
-    """load_taps' answers of passes joined one after another (None: a pass without taps, `rows` long)."""
+    """load_taps' answers of passes joined one after another, as their rows are."""
     rows, parts, m = [], [], 0
-    for item, n in got:
-        if item is None:
-            rows.append(torch.full((n,), -1, dtype=torch.int32))
-            continue
-        r, x = item
+    for r, x in got:
         rows.append(torch.where(r >= 0, r + m, r))
-        parts.append(x)
-        m += len(x)
+        if x is not None:
+            parts.append(x)
+            m += len(x)
     return torch.cat(rows), torch.cat(parts)

@@ -213,6 +213,14 @@ def _cache_room(cache, nl: int, n: int):
     return b.kb, b.vb, b.buf.stride(3), b.buf.stride(2), p, b
 
 
+def tap(taps, i: int, h: torch.Tensor) -> None:
+    """A copy of h (1, n, hidden) into the list of each tap (layer index, list) at layer i: what layer i
+    reads (forward_stack; lean_forward.tapping)."""
+    for j, box in taps or ():
+        if j == i:
+            box.append(h.clone())
+
+
 def tree_rows(visible: list) -> tuple:
     """Rows' visible keys (rowwise_attention.visible_keys: a causal prefix as a slice, else a tree row's
     positions in cache order) -> layers_forward's (ends, base, extras) C arrays: each row's key
@@ -263,9 +271,7 @@ def forward_stack(structs: list[Layer], h: torch.Tensor, cos: torch.Tensor, sin:
     ends, base, extra = rows or (None, None, None)
     cuts = [0, *sorted({i for i, _ in taps or () if 0 < i < nl}), nl]
     for a, z in zip(cuts, cuts[1:], strict=False):
-        for i, box in taps or ():
-            if i == a:
-                box.append(h.clone())
+        tap(taps, a, h)
         seg_k, seg_v = (kb, vb) if (a, z) == (0, nl) else (
             (ctypes.c_void_p * (z - a))(*kb[a:z]), (ctypes.c_void_p * (z - a))(*vb[a:z]))
         if qgemm.library().layers_forward(_stack(structs[a:z]), z - a, h.data_ptr(), n, cos.data_ptr(),

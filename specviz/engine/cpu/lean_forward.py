@@ -154,13 +154,13 @@ def run(model, ids: list[int], cache, keep: int, stack: list | None, joint: bool
         h, cos, sin = h.contiguous(), cos[0].contiguous(), sin[0].contiguous()
         if not kernel_layer.forward_stack(stack, h, cos, sin, cache, taps=taps):
             for i, s in enumerate(stack):
-                _tap(taps, i, h)
+                kernel_layer.tap(taps, i, h)
                 kernel_layer.forward(s, h, cos, sin, cache, i)
-            _tap(taps, len(stack), h)
+            kernel_layer.tap(taps, len(stack), h)
         return model.lm_head(body.norm(h)[:, -keep:]) if keep else None
     tables = rotary_tables(cos, sin) if joint else None
     for i, layer in enumerate(body.layers):
-        _tap(taps, i, h)
+        kernel_layer.tap(taps, i, h)
         attn = layer.self_attn
         qkv = attn.qkv_proj(layer.input_layernorm(h))
         if joint:
@@ -172,7 +172,7 @@ def run(model, ids: list[int], cache, keep: int, stack: list | None, joint: bool
         out = _attend(attn, q, k, v)
         h = h + attn.o_proj(out.reshape(1, n, -1).contiguous())
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    _tap(taps, len(body.layers), h)  # a tap past the last layer: what the final norm reads
+    kernel_layer.tap(taps, len(body.layers), h)  # a tap past the last layer: what the final norm reads
     return model.lm_head(body.norm(h)[:, -keep:]) if keep else None
 
 
@@ -192,12 +192,6 @@ def tapping(model, layers, boxes=None):
         yield [box for _, box in taps]
     finally:
         body.__dict__.pop("_specviz_taps", None)
-
-
-def _tap(taps, i: int, h: torch.Tensor) -> None:
-    for j, box in taps or ():
-        if j == i:
-            box.append(h.clone())
 
 
 def forward_masked(model, ids: list[int], positions: list[int], bias: torch.Tensor, cache,
