@@ -145,3 +145,18 @@ def test_held_out_completion_runs_without_the_chat_template(target, tok, monkeyp
     got = acceptance.measure(pair_of(target, tok), "lookup", gamma=2, new=8,
                              prompts={"code": [ITEMS[1][1]], "completion": [ITEMS[1][1]]})
     assert asked == [True, False] and set(got) == {"code", "completion"} and got["completion"]["prompts"] == 1
+
+
+def test_batched_answers_are_each_prompts_own_greedy_answer(target, tok, tmp_path):
+    """answer_batch (left-padded, one generate for several prompts) writes what plain greedy writes for
+    each prompt alone, cut after its stop token; a folder started past other prompts starts there."""
+    pair = pair_of(target, tok)
+    texts = [text for _, text in ITEMS[:4]]
+    for (ids, n), text in zip(answers.answer_batch(pair, texts, 12), texts, strict=True):
+        req = make_request(text, method="lookup", max_new_tokens=12, chat_template=True)
+        prompt = encode_prompt(tok, req)
+        _, plain = run(baseline(target, tok, prompt, 12, GREEDY, eos_ids=pair.eos_ids))
+        assert n == len(prompt) and ids == prompt + plain.token_ids
+    meta = _pass(pair, tmp_path / "b", batch=3, start=2)
+    assert meta["next_window"] == len(ITEMS) and meta["method"].startswith("batched")
+    assert features.load_shards(tmp_path / "b")["seg"].min() == 2

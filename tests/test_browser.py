@@ -101,15 +101,22 @@ def test_generation_renders_tokens_and_charts(browser, server, scheme):
 
 
 def test_stop_button_stops_the_run(browser, server):
+    """Stop, clicked as the run starts timing, ends it as "stopped by you". On a loaded 2-core machine
+    the tiny run's 512 tokens sometimes ended before the click reached the server (2026-11-30: 1 run
+    in ~10 of the suite): that try counts for nothing and Run is pressed again, up to three times, so a
+    Stop that never stops still fails every try."""
     page, errors = open_page(browser, server, "light")
     set_number(page, "sv-max-new", 512)
     set_number(page, "sv-gamma", 2)
-    click_once_running(page, "#sv-stop")
-    press(page)
+    for _ in range(3):
+        click_once_running(page, "#sv-stop")
+        press(page)
+        run_ended(page, timeout=TIMEOUT)
+        if "stopped" in page.inner_text("#sv-stats"):
+            break
     page.wait_for_function("document.querySelector('#sv-stats').innerText.includes('stopped')",
-                           timeout=60_000)
+                           timeout=10_000)
     shows(page, "#sv-runinfo", "stopped by you", TIMEOUT)  # the run's last update; the stats may come first
-    run_ended(page, timeout=TIMEOUT)
     # the next run starts clean
     set_number(page, "sv-max-new", 16)
     run_and_wait(page)

@@ -43,6 +43,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--also-times", type=int, default=2)
     ap.add_argument("--raw-code", action="store_true",
                     help="answers: code tasks only, completed with no chat template (the bench's code task)")
+    ap.add_argument("--at-once", type=int, default=1,
+                    help="answers: prompts a batched generate answers at once (default 1: the draft's chain)")
+    ap.add_argument("--start", type=int, default=0,
+                    help="answers: a new folder's first prompt (past the prompts another folder read)")
     ap.add_argument("--p-weight", type=float, default=None,
                     help="eagle: the soft cross-entropy's weight, the feature loss's being 1 "
                          "(default EAGLE-1's 0.1)")
@@ -114,7 +118,7 @@ def _on_features(args) -> int:
         from .answers import run_answers
         folder = folder if args.data else folder.with_name("answers-raw" if args.raw_code else "answers")
         meta = run_answers(pair, folder, args.minutes, log=lambda s: print(s, file=sys.stderr),
-                           raw_code=args.raw_code)
+                           raw_code=args.raw_code, batch=args.at_once, start=args.start)
         print(json.dumps({"folder": str(folder), "tokens": meta.get("tokens", 0),
                           "prompts": meta.get("next_window", 0), "seconds": meta.get("seconds", 0)}))
         return 0
