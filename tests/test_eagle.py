@@ -288,8 +288,14 @@ def test_training_resumes_from_its_checkpoint_and_starts_from_a_file(target, tok
     assert again["started_from"] == "checkpoint" and again["steps"] == 2 * rep["steps"]
     torch.save(blob, tmp_path / "eagle.pt")  # a trained file: its weights, dequantised, go on learning
     model, got = eagle_train.start_from(tmp_path / "eagle.pt")
-    assert got == {"from_file": str(tmp_path / "eagle.pt")} and all(p.requires_grad for p in model.parameters())
+    assert got["from_file"] == str(tmp_path / "eagle.pt") and all(p.requires_grad for p in model.parameters())
+    assert torch.equal(got["keep"], blob["keep"].long()) and got["trained_before"] == rep["trained_on"]
     assert torch.equal(pack(model, blob["keep"])["int8"]["fc.weight"], blob["int8"]["fc.weight"])
+    # trained on from the file over another pass: the file's kept vocabulary, and what it read before
+    features.run_pass(target, tok, tmp_path / "q", 600, seq=64, convs=convs[::-1], docs=docs, log=None)
+    more, rep2 = eagle_train.train_eagle(pair, tmp_path / "q", minutes=1, epochs=1, lr=3e-3,
+                                         init=tmp_path / "eagle.pt")
+    assert torch.equal(more["keep"], blob["keep"]) and rep2["trained_on"].startswith(rep["trained_on"] + "; then ")
 
 
 def test_medusa_training_on_the_pass(target, tok, tmp_path):

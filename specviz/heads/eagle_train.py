@@ -151,9 +151,10 @@ def start_from(init, taps=None) -> tuple[EagleHead, dict]:
         model = EagleHead(blob["config"])
         model.load_state_dict(blob["state"])
         got = blob
-    else:
-        model, _ = unpack(blob)
-        got = {"from_file": str(init)}
+    else:  # a trained file keeps its kept vocabulary and says what it was trained on before
+        model, keep = unpack(blob)
+        before = (blob.get("report") or {}).get("trained_on")
+        got = {"from_file": str(init), "keep": keep, "trained_before": before}
     if taps and list(model.cfg.get("taps") or []) != list(taps):
         if model.cfg.get("taps"):
             raise RuntimeError(f"{init} fuses layers {model.cfg['taps']}, not {list(taps)}")
@@ -179,14 +180,14 @@ def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: flo
     data, first, (val, train), (also_val, also_train), layers = read_passes(
         pair, folder, max_tokens, also, also_times, taps)
     w_full = head_weight(target.get_output_embeddings()).to(torch.bfloat16)
-    keep = kept_tokens(first["ids"], pair.tokenizer)
-    w_keep = w_full[keep].contiguous()
     emb = target.get_input_embeddings().weight.detach().to(torch.bfloat16)
     std = float(data["h"][: 100_000].float().std())
     ckpt = Path(folder) / CKPT
     init = ckpt if resume and ckpt.is_file() else init
     model, got = start_from(init, layers) if init else (
         EagleHead({**config_of(target, intermediate), **({"taps": list(layers)} if layers else {})}), {})
+    keep = got["keep"] if "keep" in got else kept_tokens(first["ids"], pair.tokenizer)  # a file's own
+    w_keep = w_full[keep].contiguous()
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     if "opt" in got:
@@ -228,7 +229,8 @@ def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: flo
              "target read" if model.cfg.get("taps") else "")
     report = {"design": "EAGLE-1 head: fc([e(x_{t+1}); f_t]) + one decoder layer -> f_{t+1}; the target's "
                         f"LM head restricted to {len(keep)} tokens" + fused,
-              "trained_on": trained_on(folder, first) + own_answers(also_train, also_times) + (
+              "trained_on": (f"{got['trained_before']}; then " if got.get("trained_before") else "")
+              + trained_on(folder, first) + own_answers(also_train, also_times) + (
                   "; its first draft of a round also reads what the target's layers "
                   f"{' and '.join(map(str, model.cfg['taps']))} read" if model.cfg.get("taps") else ""),
               "config": model.cfg, "kept_tokens": len(keep),
