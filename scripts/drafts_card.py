@@ -18,7 +18,9 @@ sys.path.insert(0, str(ROOT))
 from specviz.engine.trained.store import FILES, SHIPPED, summary  # noqa: E402
 
 CARD = ROOT / "docs" / "trained_drafts.md"
+COMMANDS = ROOT / "docs" / "trained_drafts_commands.sh"  # the card's "Commands", a log kept by hand
 KEEP_FROM = "## Bench"
+MACHINE = "a 2-core AMD EPYC (Zen 4: AVX-512 on 256-bit units), torch 2.13.0+cpu"  # of every stretch so far
 
 
 def _seen(rep: dict) -> int:
@@ -57,7 +59,10 @@ def _answers_lines(folders: list[Path], machine: str, date: str) -> list[str]:
                  "functions, 3 to 2, through the chat template")
         out.append(f"- An answers pass (`specviz/heads/answers.py`, self-distillation) on "
                    f"{machine}: the target's own greedy {asked} (at most {m['new_tokens']} tokens, written "
-                   f"by the `{m['method']}` chain, lossless), {m['next_window']:,} training prompts, "
+                   + (f"by a {m['method']} at once (their states then read one by one; a near-tie may break "
+                      "otherwise than one prompt's greedy)" if m["method"].startswith("batched")
+                      else f"by the `{m['method']}` chain, lossless")
+                   + f"), {m['next_window'] - m.get('start', 0):,} training prompts, "
                    f"**{m['tokens']:,} tokens** with the prompts, their states read as the first pass's, in "
                    f"{m['seconds'] / 60:.0f} min" + (f" over {len(runs)} stretches: {when}" if len(runs) > 1
                                                      else f" ({when})" if runs else f", {date}")
@@ -99,15 +104,31 @@ def _training(rep: dict, machine: str) -> str:
             + (f"; started from {rep['started_from']}" if rep.get("started_from") else "") + ".")
 
 
-def card(pass_dir: Path, machine: str, date: str, answers_dirs: list[Path] = ()) -> str:
-    meta = json.loads((pass_dir / "meta.json").read_text())
+def card(pass_dir: Path | None, machine: str, date: str, answers_dirs: list[Path] = (), old: str = "") -> str:
+    """The card; with no pass_dir (its folder gone with an earlier machine) the old card's data lines
+    stay, and the answers_dirs' lines are added after them."""
     lines = ["# Trained drafts shipped with SpecViz", "",
              "The project's own drafts for the default target (Qwen2.5-Coder-1.5B-Instruct, the embedded "
              "Q4_K_M GGUF), made by its own commands and shipped in `assets/drafts/<target key>/` so that "
              "`./run.sh` offers `eagle`, `heads` and early-exit's trained exit with no training step. "
              "Written by `scripts/drafts_card.py` from the files' reports.", "",
              "## Data", "",
-             f"- One feature pass (`specviz/heads/features.py`) on {machine}, {date}: "
+             *(_pass_lines(pass_dir, machine, date) if pass_dir else _old_data(old)),
+             *_answers_lines(answers_dirs, machine, date), ""]
+    return "\n".join(lines + _drafts(machine) + _commands())
+
+
+def _old_data(old: str) -> list[str]:
+    """The old card's data lines (between "## Data" and the next heading)."""
+    if "## Data" not in old:
+        raise SystemExit("no --pass-dir and no old card to keep the data lines of")
+    part = old[old.index("## Data") + len("## Data"):].split("\n## ")[0]
+    return [line for line in part.strip().splitlines() if line.strip()]
+
+
+def _pass_lines(pass_dir: Path, machine: str, date: str) -> list[str]:
+    meta = json.loads((pass_dir / "meta.json").read_text())
+    return [f"- One feature pass (`specviz/heads/features.py`) on {machine}, {date}: "
              f"**{meta['tokens']:,} tokens** in {len(meta['shards'])} shards, read through the "
              f"{meta.get('precision', '?')} target in {meta['seconds'] / 60:.0f} min "
              f"({meta['tokens'] / meta['seconds']:.0f} tokens/s), windows of {meta['seq']} tokens.",
@@ -118,7 +139,12 @@ def card(pass_dir: Path, machine: str, date: str, answers_dirs: list[Path] = ())
              f"{meta['seq']} tokens through the chat template. Python standard-library source for code. "
              f"Chat share of the tokens: {meta['chat_share']:.0%}.",
              f"- Held out from the pass: conversations and files with {meta['held_out']}.",
-             f"- {meta.get('stopped', '')}", *_answers_lines(answers_dirs, machine, date), ""]
+             f"- {meta.get('stopped', '')}"]
+
+
+def _drafts(machine: str) -> list[str]:
+    """Each shipped draft's section, from its report."""
+    lines = []
     titles = (("eagle", "EAGLE head (`--method eagle`)"), ("medusa", "Medusa heads (`--method heads`)"),
               ("exit", "Trained exit (`--method early-exit`)"))
     for kind, title in titles:
@@ -151,47 +177,11 @@ def card(pass_dir: Path, machine: str, date: str, answers_dirs: list[Path] = ())
             lines += [f"- File: `{path.relative_to(ROOT)}`, {path.stat().st_size / 2**20:.1f} MB, "
                       f"sha256 `{digest}` (checked at load against `SHA256SUMS` beside it: a damaged file "
                       "is refused with one line).", ""]
-    lines += ["## Commands", "", "```bash",
-              "python -m specviz heads data --tokens 1000000  # the pass (resumable; stopped by hand)",
-              "python -m specviz heads all --minutes 32 --medusa-minutes 7 --ship  # EAGLE, Medusa, accept",
-              "# 2026-11-29, later: the pass resumed to 661k tokens, the head trained on from the first one",
-              "python -m specviz heads data --tokens 1000000  # resumed",
-              "python -m specviz heads all --init eagle-first.pt --minutes 45 --medusa-minutes 10 \\",
-              "  --lr 4e-4 --ship",
-              "# 2026-11-29, evening: the pass to its end, the head 50 minutes more, the trained exit",
-              "python -m specviz heads data --tokens 1000000 --out <the pass folder>  # resumed to 1,000,659",
-              "python -m specviz heads eagle --resume --minutes 162 --lr 7.5e-4 --epochs 50 \\",
-              "  --precision w4a8 --data <the pass folder>  # --minutes counts the checkpoint's 112 too",
-              "python -m specviz heads exit --layer 6 --minutes 10 --data <the pass folder>",
-              "# 2026-11-29, night: the target's own answers (self-distillation), the head 42 minutes "
-              "on both",
-              "python -m specviz heads answers --minutes 60 --out <the answers folder>",
-              "python -m specviz heads eagle --init <the 163-min checkpoint> --minutes 40 --lr 4e-4 "
-              "--epochs 50 \\",
-              "  --precision w4a8 --data <the pass folder> --also <the answers folder> --also-times 3",
-              "# 2026-11-30: the answers resumed to 249,788 tokens, the head 42 minutes more on both",
-              "python -m specviz heads answers --minutes 55 --out <the answers folder>  # resumed",
-              "python -m specviz heads eagle --init <the 205-min checkpoint> --minutes 42 --lr 3e-4 "
-              "--epochs 50 \\",
-              "  --precision w4a8 --data <the pass folder> --also <the answers folder> --also-times 4",
-              "# 2026-11-30, later: the answers resumed (stopped by hand), 15 min of the target's raw code",
-              "# completions, the head 40 minutes more on the three",
-              "python -m specviz heads answers --minutes 45 --out <the answers folder>  # resumed",
-              "python -m specviz heads answers --raw-code --minutes 15 --out <the raw answers folder>",
-              "python -m specviz heads eagle --init <the last checkpoint> --minutes 40 --lr 3e-4 "
-              "--epochs 50 \\",
-              "  --precision w4a8 --data <the pass folder> --also-times 4 \\",
-              "  --also <the answers folder>,<the raw answers folder> \\",
-              "  --note \"<this stretch in a few words>\" --ship  # the head it replaces: into the history",
-              "python -m specviz heads accept --kinds eagle  # held-out acceptance into the report",
-              "# 2026-11-30, morning: the kept LM heads in 4-bit codes (eagle_head.KEPT_LOWBIT), measured",
-              "python -m specviz heads accept  # every trained draft, into its report",
-              "# and the fused taps tried (not shipped): two layers' inputs beside the answers folders",
-              "python -m specviz heads taps --data <the answers folder> --also <the raw answers folder>",
-              "python scripts/drafts_card.py --pass-dir <the pass folder> "
-              "--answers-dir <the answers folder>,<the raw answers folder>  # this card",
-              "```", ""]
-    return "\n".join(lines)
+    return lines
+
+
+def _commands() -> list[str]:
+    return ["## Commands", "", "```bash", *COMMANDS.read_text().splitlines()[2:], "```", ""]
 
 
 def _kept(rep: dict) -> str:
@@ -201,15 +191,15 @@ def _kept(rep: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--pass-dir", required=True)
-    ap.add_argument("--machine", default="a 2-core AMD EPYC (Zen 4: AVX-512 on 256-bit units), "
-                                         "torch 2.13.0+cpu")
+    ap.add_argument("--pass-dir", default=None,
+                    help="the feature pass's folder (default: keep the old card's data lines)")
+    ap.add_argument("--machine", default=MACHINE)
     ap.add_argument("--date", default="2026-11-29")
     ap.add_argument("--answers-dir", default="", help="the answers passes' folders (heads answers), commas")
     args = ap.parse_args()
-    text = card(Path(args.pass_dir), args.machine, args.date,
-                [Path(f) for f in args.answers_dir.split(",") if f])
     old = CARD.read_text() if CARD.is_file() else ""
+    text = card(args.pass_dir and Path(args.pass_dir), args.machine, args.date,
+                [Path(f) for f in args.answers_dir.split(",") if f], old)
     if KEEP_FROM in old:
         text += "\n" + old[old.index(KEEP_FROM):]
     CARD.write_text(text)

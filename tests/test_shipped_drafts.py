@@ -46,3 +46,16 @@ def test_every_shipped_file_is_in_its_sha256sums():
     from specviz.engine.trained import store
     for f in FILES:
         assert store.check(f) is None, store.check(f)
+
+
+def test_the_card_is_what_its_script_writes():
+    """docs/trained_drafts.md is scripts/drafts_card.py's output: with the pass's folder gone (an earlier
+    machine's), the script keeps the card's data lines and "Bench", and writes the rest from the reports
+    and docs/trained_drafts_commands.sh, so a report edited without the card fails here."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("drafts_card", CARD.parents[1] / "scripts" / "drafts_card.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    old = CARD.read_text()
+    text = mod.card(None, mod.MACHINE, "2026-11-29", [], old)
+    assert text + "\n" + old[old.index(mod.KEEP_FROM):] == old

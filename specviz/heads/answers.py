@@ -141,6 +141,7 @@ def run_answers(pair, out: Path, minutes: float, new: int = NEW_TOKENS, log=prin
                  "method": f"batched generate, {batch} prompts" if batch > 1 else method,
                  "precision": precision_of(pair.target), "held_out": "as the first pass"})
     meta.setdefault("shards", [])
+    meta.setdefault("start", start)  # the first prompt this folder read
     t_end = time.perf_counter() + minutes * 60
     buf: dict[str, list] = {"ids": [], "h": [], "seg": [], "kind": [], "ans": []}
     t0 = time.perf_counter()
