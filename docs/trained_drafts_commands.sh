@@ -33,3 +33,9 @@ python -m specviz heads accept  # every trained draft, into its report
 # and the fused taps tried (not shipped): two layers' inputs beside the answers folders
 python -m specviz heads taps --data <the answers folder> --also <the raw answers folder>
 python scripts/drafts_card.py --pass-dir <the pass folder> --answers-dir <the answers folder>,<the raw answers folder>  # this card
+# 2026-11-30, later: fresh answers (8 prompts a batched generate), a fine-tune from the shipped head (not shipped)
+python -m specviz heads answers --at-once 8 --start 1500 --minutes 40 --out <a new answers folder>
+python -m specviz heads answers --raw-code --at-once 8 --start 200 --minutes 12 --out <a new raw answers folder>
+python -m specviz heads eagle --init assets/drafts/b0e025e7e782d89f/eagle.pt --minutes 35 --epochs 50 --lr 2e-4 \
+  --precision w4a8 --data <a 30,822-token pass> --also <the two new folders> --also-times 3
+python scripts/drafts_card.py  # the card again, its data lines kept (the pass folder is gone)
