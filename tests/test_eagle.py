@@ -296,6 +296,9 @@ def test_training_resumes_from_its_checkpoint_and_starts_from_a_file(target, tok
     more, rep2 = eagle_train.train_eagle(pair, tmp_path / "q", minutes=1, epochs=1, lr=3e-3,
                                          init=tmp_path / "eagle.pt")
     assert torch.equal(more["keep"], blob["keep"]) and rep2["trained_on"].startswith(rep["trained_on"] + "; then ")
+    resumed, rep3 = eagle_train.train_eagle(pair, tmp_path / "q", minutes=1, epochs=1, lr=3e-3, resume=True)
+    assert rep3["started_from"] == "checkpoint" and torch.equal(resumed["keep"], blob["keep"])
+    assert rep3["trained_on"] == rep2["trained_on"]
 
 
 def test_medusa_training_on_the_pass(target, tok, tmp_path):

@@ -100,10 +100,11 @@ def answer(pair, text: str, new: int, method: str = "draft", template: bool = Tr
 def answer_batch(pair, texts: list[str], new: int, template: bool = True) -> list[tuple[list[int], int]]:
     """answer() for several prompts in one batched greedy generate (left-padded), each answer cut after
     its first stop token: (ids, prompt length) each. Why: a CPU step reads the weights once for every
-    row, so 8 prompts at once write 64 tokens/s where one writes 17 through the same module path, and
-    the draft's chain ~40 (2-core Zen 4, w4a8, 2026-11-30). The answers are training text, and their
-    states are read again by the first pass's prompt read, so a rare padded-batch tie broken
-    otherwise than plain greedy's costs nothing."""
+    row, so 8 prompts at once write 64 tokens/s where one writes 17 through the same module path (2-core
+    Zen 4, w4a8, 2026-11-30); a whole pass with its states read ran at 46 tokens/s against the draft's
+    chain's 43, one prompt at a time. The padded batch rounds otherwise than one prompt's forward, so
+    near-ties break otherwise (3 of 8 answers equalled the chain's over 48 tokens, one parting at a top-2
+    gap of 0.02): these are training text, and their states are read again by the pass's prompt read."""
     from ..run.request import encode_prompt, make_request
     tok = pair.tokenizer
     prompts = [encode_prompt(tok, make_request(t, max_new_tokens=new, chat_template=template)) for t in texts]

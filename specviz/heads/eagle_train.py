@@ -215,12 +215,12 @@ def train_eagle(pair, folder, *, minutes: float = 30.0, epochs: int = 1, lr: flo
                 v, p = (sum(x) / 10 for x in zip(*log[-10:], strict=True))
                 bar.set_postfix_str(f"ep {ep} feat {v:.3f} ce {p:.3f}")
             if time.perf_counter() - saved >= CKPT_EVERY:
-                _checkpoint(ckpt, model, opt, step, time.perf_counter() - t0)
+                _checkpoint(ckpt, model, opt, step, time.perf_counter() - t0, got, keep)
                 saved = time.perf_counter()
         if stopped == "minutes":
             break
     bar.close()
-    _checkpoint(ckpt, model, opt, step, time.perf_counter() - t0)
+    _checkpoint(ckpt, model, opt, step, time.perf_counter() - t0, got, keep)
     model.eval()
     held = agreement(model, w_keep, w_full, keep, data, val, emb)
     if also_val:  # EAGLE's 0-α: the first draft on the target's own text, every earlier state true
@@ -332,10 +332,12 @@ def learn(model, opt, vloss, ploss, p_weight: float) -> tuple[float, float]:
     return float(vloss.detach()), float(ploss.detach())
 
 
-def _checkpoint(path, model, opt, step: int, seconds: float) -> None:
+def _checkpoint(path, model, opt, step: int, seconds: float, got: dict, keep: torch.Tensor) -> None:
+    """The loop's state, with the kept vocabulary and what a file it started from had read (a resume
+    keeps both, whatever pass it is given)."""
     tmp = path.with_suffix(".tmp")
     torch.save({"config": model.cfg, "state": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                "seconds": seconds}, tmp)
+                "seconds": seconds, "keep": keep, "trained_before": got.get("trained_before")}, tmp)
     tmp.replace(path)
 
 
