@@ -181,7 +181,15 @@ def _drafts(machine: str) -> list[str]:
 
 
 def _commands() -> list[str]:
-    return ["## Commands", "", "```bash", *COMMANDS.read_text().splitlines()[2:], "```", ""]
+    """The commands' log without its leading comment (what the file is)."""
+    lines = COMMANDS.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+    return ["## Commands", "", "```bash", *lines[first:], "```", ""]
+
+
+def with_bench(text: str, old: str) -> str:
+    """The card written from the reports, with the old card's hand-kept "Bench" after it."""
+    return text + "\n" + old[old.index(KEEP_FROM):] if KEEP_FROM in old else text
 
 
 def _kept(rep: dict) -> str:
@@ -200,9 +208,7 @@ def main() -> int:
     old = CARD.read_text() if CARD.is_file() else ""
     text = card(args.pass_dir and Path(args.pass_dir), args.machine, args.date,
                 [Path(f) for f in args.answers_dir.split(",") if f], old)
-    if KEEP_FROM in old:
-        text += "\n" + old[old.index(KEEP_FROM):]
-    CARD.write_text(text)
+    CARD.write_text(with_bench(text, old))
     print(CARD)
     return 0
 
