@@ -85,6 +85,8 @@ def shipped_heads_run(pair):
                        temperature=0, chat_template=True)
     ids = encode_prompt(pair.tokenizer, req)
     *plain, _ = run_events(pair, req, "baseline", ids)
+    got = [t.token_id for t in output_tokens(plain)]
+    assert len(set(got)) > 2, degenerate(pair, req, ids, got)
     for method in ("eagle", "heads"):
         req = make_request("Write a Python function that reverses a list.", method=method, gamma=3,
                            max_new_tokens=24, temperature=0, chat_template=True)
@@ -92,3 +94,25 @@ def shipped_heads_run(pair):
         eq = compare_greedy(output_tokens(plain), output_tokens(rounds), str(pair.dtype))
         assert eq.ok, (method, eq.message())
         assert spec.drafted > 0 and spec.accepted > 0, method
+
+
+def degenerate(pair, req, ids, got) -> str:
+    """What a plain run that wrote one token over and over met, for CI's log: the machine, the formats, and
+    whether a second plain run and the module path (kernel_layer.off) write the same. Why: CI once saw the
+    default load write token 75972 24 times here (2026-11-30) where no machine of ours did."""
+    import platform
+
+    import torch
+
+    from specviz.engine.cpu import kernel_layer, qgemm
+    from specviz.run.equality import output_tokens
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
+    flags = sorted(f for f in qgemm._cpu_flags() if f.startswith(("avx512", "avx_vnni", "amx")))
+    kernel_layer.moved()
+    *again, _ = run_events(pair, req, "baseline", ids)
+    with kernel_layer.off(), torch.inference_mode():
+        top = int(pair.target(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+    return (f"plain wrote {got[:8]} ({pair.tokenizer.decode(got[:8])!r}); again after moved(): "
+            f"{[t.token_id for t in output_tokens(again)][:8]}; the module path's first token: {top}; "
+            f"{pair.precision_label}; kernel {qgemm.describe()}; {torch.get_num_threads()} threads; {cpu} "
+            f"{platform.machine()} {' '.join(flags)}; {pair.precision_note[:300]}")
