@@ -86,7 +86,7 @@ def shipped_heads_run(pair):
     ids = encode_prompt(pair.tokenizer, req)
     *plain, _ = run_events(pair, req, "baseline", ids)
     got = [t.token_id for t in output_tokens(plain)]
-    assert len(set(got)) > 2, degenerate(pair, req, ids, got)
+    assert len(set(got)) > 2, degenerate(pair, req, ids, got, output_tokens(plain)[0].gap)
     for method in ("eagle", "heads"):
         req = make_request("Write a Python function that reverses a list.", method=method, gamma=3,
                            max_new_tokens=24, temperature=0, chat_template=True)
@@ -96,7 +96,7 @@ def shipped_heads_run(pair):
         assert spec.drafted > 0 and spec.accepted > 0, method
 
 
-def degenerate(pair, req, ids, got) -> str:
+def degenerate(pair, req, ids, got, gap=None) -> str:
     """What a plain run that wrote one token over and over met, for CI's log: the machine, the formats, and
     whether a second plain run and the module path (kernel_layer.off) write the same. Why: CI once saw the
     default load write token 75972 24 times here (2026-11-30) where no machine of ours did."""
@@ -112,7 +112,8 @@ def degenerate(pair, req, ids, got) -> str:
     *again, _ = run_events(pair, req, "baseline", ids)
     with kernel_layer.off(), torch.inference_mode():
         top = int(pair.target(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
-    return (f"plain wrote {got[:8]} ({pair.tokenizer.decode(got[:8])!r}); again after moved(): "
+    return (f"plain wrote {got[:8]} ({pair.tokenizer.decode(got[:8])!r}), its first row's top logit "
+            f"{getattr(gap, 'top_logit', None)}, gap {gap}; again after moved(): "
             f"{[t.token_id for t in output_tokens(again)][:8]}; the module path's first token: {top}; "
             f"{pair.precision_label}; kernel {qgemm.describe()}; {torch.get_num_threads()} threads; {cpu} "
             f"{platform.machine()} {' '.join(flags)}; {pair.precision_note[:300]}")
