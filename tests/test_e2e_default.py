@@ -85,18 +85,18 @@ def shipped_heads_run(pair):
                        temperature=0, chat_template=True)
     ids = encode_prompt(pair.tokenizer, req)
     *plain, _ = run_events(pair, req, "baseline", ids)
-    got = [t.token_id for t in output_tokens(plain)]
-    assert len(set(got)) > 2, degenerate(pair, req, ids, got, output_tokens(plain)[0].gap)
+    base = output_tokens(plain)
+    assert len({t.token_id for t in base}) > 2, degenerate(pair, req, ids, base)
     for method in ("eagle", "heads"):
         req = make_request("Write a Python function that reverses a list.", method=method, gamma=3,
                            max_new_tokens=24, temperature=0, chat_template=True)
         *rounds, spec = run_events(pair, req, "speculative", ids)
-        eq = compare_greedy(output_tokens(plain), output_tokens(rounds), str(pair.dtype))
+        eq = compare_greedy(base, output_tokens(rounds), str(pair.dtype))
         assert eq.ok, (method, eq.message())
         assert spec.drafted > 0 and spec.accepted > 0, method
 
 
-def degenerate(pair, req, ids, got, gap=None) -> str:
+def degenerate(pair, req, ids, base) -> str:
     """What a plain run that wrote one token over and over met, for CI's log: the machine, the formats, and
     whether a second plain run and the module path (kernel_layer.off) write the same. Why: CI once saw the
     default load write token 75972 24 times here (2026-11-30) where no machine of ours did."""
@@ -105,9 +105,10 @@ def degenerate(pair, req, ids, got, gap=None) -> str:
     import torch
 
     from specviz.engine.cpu import kernel_layer, qgemm
+    from specviz.machine import cpu_flags, cpu_model
     from specviz.run.equality import output_tokens
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
-    flags = sorted(f for f in qgemm._cpu_flags() if f.startswith(("avx512", "avx_vnni", "amx")))
+    got, gap = [t.token_id for t in base], base[0].gap
+    flags = sorted(f for f in cpu_flags() if f.startswith(("avx512", "avx_vnni", "amx")))
     kernel_layer.moved()
     *again, _ = run_events(pair, req, "baseline", ids)
     with kernel_layer.off(), torch.inference_mode():
@@ -115,5 +116,5 @@ def degenerate(pair, req, ids, got, gap=None) -> str:
     return (f"plain wrote {got[:8]} ({pair.tokenizer.decode(got[:8])!r}), its first row's top logit "
             f"{getattr(gap, 'top_logit', None)}, gap {gap}; again after moved(): "
             f"{[t.token_id for t in output_tokens(again)][:8]}; the module path's first token: {top}; "
-            f"{pair.precision_label}; kernel {qgemm.describe()}; {torch.get_num_threads()} threads; {cpu} "
-            f"{platform.machine()} {' '.join(flags)}; {pair.precision_note[:300]}")
+            f"{pair.precision_label}; kernel {qgemm.describe()}; {torch.get_num_threads()} threads; "
+            f"{cpu_model()} {platform.machine()} {' '.join(flags)}; {pair.precision_note[:300]}")
