@@ -326,6 +326,18 @@ def test_an_int8_candidate_shares_the_fp32_tensors_and_leaves_the_model_intact()
     assert got.get_input_embeddings().weight.dtype == torch.float32
 
 
+def test_a_load_packs_only_the_choice_calibrate_will_take(tmp_path, monkeypatch):
+    """load_pair packs the target in a cached low-bit format at load (calibrate.serving); an entry
+    calibrate() times again (noisy, the machine quiet now) is not served, so the load stays fp32."""
+    path = tmp_path / "cal.json"
+    cal.save(path, cal.Choice("w4a8", "w4a8", "w4a8 both", timings={"noisy": True}))
+    assert cal.serving(path, "auto") is None and cal.serving(path, "fresh") is None
+    assert cal.serving(path, "cached").target == "w4a8"  # cached mode never times anything
+    monkeypatch.setattr(cal, "busy", lambda *a: True)
+    assert cal.serving(path, "auto").target == "w4a8"  # still busy: the noisy entry serves
+    assert cal.serving(tmp_path / "none.json", "auto") is None
+
+
 def test_a_noisy_cached_calibration_is_timed_again_once_quiet(tmp_path, tok, monkeypatch):
     """mode auto (bench, CLI): an entry timed under load serves only while the machine is busy;
     once quiet it is timed again, and the quiet timing replaces it in the cache."""

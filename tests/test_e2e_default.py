@@ -98,8 +98,9 @@ def shipped_heads_run(pair):
 
 def degenerate(pair, req, ids, base) -> str:
     """What a plain run that wrote one token over and over met, for CI's log: the machine, the formats, and
-    whether a second plain run and the module path (kernel_layer.off) write the same. Why: CI once saw the
-    default load write token 75972 24 times here (2026-11-30) where no machine of ours did."""
+    whether a second plain run and the module path (kernel_layer.off) write the same. Why: CI saw the default
+    load write one token 24 times here (2026-11-30): a target packed at load, timed again, and cast to bf16
+    under its kernels (docs/why.md#packed-not-fp32; tests/test_lowbit.py keeps that from coming back)."""
     import platform
 
     import torch

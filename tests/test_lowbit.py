@@ -383,6 +383,34 @@ def test_a_calibrated_choice_is_the_same_model_as_the_cached_one(monkeypatch, to
         assert torch.equal(fresh(ids).logits, cached(ids).logits)
 
 
+@pytest.mark.skipif("w4a8" not in FORMATS, reason="needs the w4a8 kernel")
+def test_a_target_packed_at_load_and_timed_again_is_never_cast(monkeypatch, tok):
+    """A cached w4a8 choice packs the target at load; when calibrate() times it again (the entry was
+    noisy, the machine is quiet now) the float candidates come from disk, never from the packed
+    model: its first parameter (the fp32 input table) once passed it off as fp32, the bf16 candidate
+    cast it in place, and the w4a8 model it chose read bf16 scales as float32 (CI, 2026-11-30: the
+    default pair wrote one token 24 times)."""
+    from specviz.engine.cpu.lean import make_lean
+    monkeypatch.setattr(cal, "busy", lambda *a: False)
+    monkeypatch.setattr(cal.lowbit, "available", lambda: ("w4a8",))
+    monkeypatch.setattr(cal.lowbit, "row_exact", lambda: ("w4a8",))
+    step = {torch.float32: 0.6, torch.bfloat16: 0.3}
+    monkeypatch.setattr(cal, "time_forwards", lambda m, ns, **kw: {
+        n: 0.1 if lowbit.lowbit_format(m) else step[next(m.parameters()).dtype] for n in ns})
+    build = lambda: make_lean(tiny_model(len(tok), seed=0, layers=2, hidden=64))  # noqa: E731
+    packed = lowbit.to_lowbit(build(), "w4a8")
+    assert cal._form(packed) == "w4a8" and next(packed.parameters()).dtype == torch.float32
+    got, _, choice = cal.calibrate(packed, None, native_bf16=True, min_params=0, reload=cal.Loaded(build))
+    assert not choice.cached and choice.target == "w4a8" and "bf16" in choice.timings["target"]
+    want = lowbit.to_lowbit(build(), "w4a8")
+    dtypes = lambda m: [(n, t.dtype) for n, t in (*m.named_parameters(), *m.named_buffers())]  # noqa: E731
+    assert dtypes(got) == dtypes(want) and dtypes(packed) == dtypes(want)
+    ids = torch.tensor([[1, 5, 9, 2]])
+    with torch.inference_mode():
+        assert torch.equal(got(ids).logits, want(ids).logits)
+    assert cal.convert(packed, "fp32", build) is not packed and cal.convert(packed, "w4a8") is packed
+
+
 def test_a_background_calibration_keeps_no_twin_between_timings(monkeypatch, tok, tmp_path):
     """mode="fresh" (the app's background calibration, beside the pair in service): each twin is
     freed after its timing and the winner packed again, so one candidate is held at a time."""

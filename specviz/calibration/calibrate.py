@@ -17,20 +17,19 @@ The choice logic (calibration/choice.py) is pure, tested with injected timings.
 """
 from __future__ import annotations
 
-import json
 import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from ..engine.costs import MAX_VERIFY_TOKENS, CostModel
+from ..engine.costs import MAX_VERIFY_TOKENS
 from ..engine.cpu import lowbit
 from ..engine.cpu.lean import settle
 from ..engine.cpu.memory import trim_heap
 from ..machine import pause_point  # before each timed forward: a background calibration's pause
 from . import probe
+from .cache import CACHE_VERSION, Choice, cache_path, load_cached, save  # noqa: F401 - callers' calibrate.X
 from .choice import (  # noqa: F401 - the choice logic's names, re-exported with the measuring
     CHOICE_N,
     DRAFT_PROMPT_SPREAD,
@@ -62,9 +61,6 @@ COMPILE_HOPE = 1.5
 REPEATS = 3  # median of 3: ~15 s for a first calibration of the default pair on 2 cores
 CURVE_REPEATS = 7  # the verify curve's rounds (docs/why.md#verify-interleaved)
 CONFIRM_MARGIN = 1.3  # the two fastest are re-timed only when this close (choice.PRUNE: further timings)
-# 2: the target choice counts the prompt's forward; 3: the draft's too; 4: the target's score is a
-# whole request, plain run and speculative run (choice.PLAIN_WEIGHT)
-CACHE_VERSION = 4
 BUSY_LOAD_PER_CORE = 2.0  # above this 1-minute load per core a calibration is not cached
 
 # auto: the cache, else measure now; cached: the cache, else an untimed default (never times anything,
@@ -73,74 +69,6 @@ BUSY_LOAD_PER_CORE = 2.0  # above this 1-minute load per core a calibration is n
 MODES = ("auto", "cached", "fresh")
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@dataclass
-class Choice:
-    """What runs on each side, why, and what it costs."""
-
-    target: str  # "fp32" | "bf16" | "fp16" | "int8" | a low-bit format (lowbit.FORMATS)
-    draft: str | None  # same names; None without a draft model
-    note: str  # one line for page/CLI/bench/traces, e.g. "target bfloat16 (128 ms/step vs 279 ms fp32 ...)"
-    costs: CostModel | None = None
-    timings: dict = field(default_factory=dict)  # {"target": {prec: {n: s}}, "draft": {prec: s}}
-    cached: bool = False
-
-    @property
-    def noisy(self) -> bool:
-        """Measured under load (kept until a quiet measurement replaces it)."""
-        return bool(self.timings.get("noisy"))
-
-    @property
-    def untimed(self) -> bool:
-        return bool(self.timings.get("untimed"))
-
-    def to_dict(self) -> dict:
-        return {"version": CACHE_VERSION, "target": self.target, "draft": self.draft, "note": self.note,
-                "costs": self.costs.to_dict() if self.costs else None, "timings": self.timings}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Choice":
-        costs = CostModel.from_dict(d["costs"]) if d.get("costs") else None
-        timings = dict(d["timings"])  # JSON made the token counts strings
-        timings["target"] = {p: {int(n): s for n, s in t.items()}
-                             for p, t in timings.get("target", {}).items()}
-        return cls(d["target"], d["draft"], d["note"], costs, timings, cached=True)
-
-
-# ------------------------------------------------------------------- cache
-
-
-def cache_path(root: Path, *, target_ref: str, draft_ref: str | None, precision: str,
-               quantize: str | None, device: str) -> Path:
-    import hashlib
-
-    from ..engine.cpu import qgemm
-    from ..machine import machine_key
-    # the kernel's identity too: timings of an older kernel would choose by numbers no longer true
-    key = "|".join([target_ref, draft_ref or "", precision, quantize or "none", device, machine_key(),
-                    qgemm.source_key()])
-    return Path(root) / "calibration" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
-
-
-def load_cached(path: Path) -> Choice | None:
-    try:
-        d = json.loads(Path(path).read_text())
-        return Choice.from_dict(d) if d.get("version") == CACHE_VERSION else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # missing or unreadable: measure again
-
-
-def save(path: Path, choice: Choice) -> None:
-    import os
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(choice.to_dict(), indent=1))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache only costs a re-measurement next time
 
 
 # --------------------------------------------------------------- measuring
@@ -209,15 +137,24 @@ def _dtype_name(model) -> str:
     return {v: k for k, v in DTYPES.items()}.get(dt, str(dt))
 
 
+def _form(model) -> str:
+    """What a model runs in: its low-bit format, "int8" (dynamic int8 Linears) or its float type.
+    Not its first parameter's type alone: a packed w4a8 model's is its fp32 input table, and taking
+    it for fp32 let the bf16 candidate cast it in place, its kernels' float32 scales read as bf16
+    (the default pair wrote one token over and over: CI, 2026-11-30; docs/why.md#packed-not-fp32)."""
+    from ..engine.cpu import speed
+    return lowbit.lowbit_format(model) or ("int8" if speed.has_int8(model) else _dtype_name(model))
+
+
 def convert(model, prec: str, reload=None):
     """`model` in precision `prec`. Float casts are in place; int8 makes a
     quantised copy of an fp32 model; fp32 after a lossy cast needs reload()."""
     from ..engine.cpu import speed
-    have = _dtype_name(model)
-    if prec in LOWBIT and lowbit.lowbit_format(model) == prec:
+    have = _form(model)
+    if prec in LOWBIT and have == prec:
         return model  # converted at load (a cached choice)
     if prec in LOWBIT:  # quantised from the fp32 weights, which stay intact for other candidates
-        if have != "fp32" or lowbit.lowbit_format(model):
+        if have != "fp32":
             model = reload()
         return lowbit.lowbit_copy(model, prec)
     if prec == "int8":
@@ -226,8 +163,10 @@ def convert(model, prec: str, reload=None):
         # on a twin sharing the fp32 tensors: quantize_dynamic's own copy is a deepcopy of the whole
         # model (the 0.5B draft: 2 GB more beside a serving pair; a first start peaked at 9.48 GB)
         return speed.quantize_int8(lowbit.twin(settle(model)), inplace=True)
-    if prec == "fp32" and have != "fp32":
-        model = reload()  # bf16 -> fp32 would not give the original weights back
+    if have != "fp32" and (prec == "fp32" or have not in DTYPES):
+        # bf16 -> fp32 would not give the original weights back; a packed or int8 model has no
+        # float weights to cast (its scales would be cast under its kernels)
+        model = reload()
     # a deferred fusion (lean.defer) casts each layer as it is fused: one layer's fused fp32 at a time
     settle(model, None if prec == "fp32" else lambda layer: layer.to(DTYPES[prec]))
     model = model.to(DTYPES[prec])
@@ -279,7 +218,7 @@ def _confirm(target, timings, reload, progress, default, twins) -> tuple[object,
 
 def _sliced(model, cands: list[str], side: str, probes: dict, progress) -> list[str]:
     """cands less those whose slice loses (calibration/probe.py); probes[side]: what slices said."""
-    if len(cands) < 2 or _dtype_name(model) != "fp32" or lowbit.lowbit_format(model):
+    if len(cands) < 2 or _form(model) != "fp32":
         return cands
     progress(f"timing the {side}'s candidates on a slice of it", 0.9)
     shapes, score, hope = ((CHOICE_N, _score, None) if side == "target" else  # hope: _compiled_draft
@@ -331,7 +270,7 @@ def _time_target(target, cands, reload, progress, default, probes: dict,
     if chosen in twins:
         target = twins[chosen]
     twins.clear()  # the re-timed runner-up's twin is freed before the curve is timed
-    if _dtype_name(target) != chosen or chosen == "int8" or chosen in LOWBIT:
+    if _form(target) != chosen or chosen == "int8" or chosen in LOWBIT:
         target = convert(target, chosen, reload)
     have = timings.get(chosen, {})
     progress(f"measuring verify costs v(k), k = 1..{MAX_VERIFY_TOKENS - 1}", 0.93)
@@ -437,7 +376,7 @@ def calibrate(target, draft, *, precision: str = "auto", quantize: str | None = 
     reload = reload or Loaded(None, None)
     where = "GPU" if device != "cpu" else "CPU"
     cached = load_cached(cache_file) if cache_file and mode != "fresh" else None
-    if cached and cached.noisy and mode == "auto" and not busy():  # timed under load, now quiet: again
+    if retime(cached, mode):
         progress("the cached calibration was timed under load: timing it again now", 0.02)
         cached = None
     if cached and cached.target in tc and (draft is None or cached.draft in dc):
@@ -485,6 +424,18 @@ def calibrate(target, draft, *, precision: str = "auto", quantize: str | None = 
     if cache_file and (not choice.noisy or old is None or old.noisy):
         save(cache_file, choice)  # noisy beats nothing; a quiet one replaces it, never the reverse
     return target, draft, choice
+
+
+def serving(cache_file: Path, mode: str) -> Choice | None:
+    """The cached choice calibrate() will take in `mode`, or None (none, mode fresh, or timed again)."""
+    cached = load_cached(cache_file) if mode != "fresh" else None
+    return None if retime(cached, mode) else cached
+
+
+def retime(cached: Choice | None, mode: str) -> bool:
+    """Whether calibrate() times a cached choice again instead of taking it: one timed under load, in
+    mode auto, once the machine is quiet."""
+    return cached is not None and cached.noisy and mode == "auto" and not busy()
 
 
 def busy(load1: float | None = None, cores: int | None = None) -> bool:

@@ -225,13 +225,13 @@ def load_pair(spec: PairSpec, device: str | None = None, dtype: torch.dtype | No
     cache_file = cache_file or calibrate.cache_path(cache_root(), target_ref=refs["target"],
                                                     draft_ref=draft_key, precision=precision,
                                                     quantize=quantize, device=dev.type)
-    cached = calibrate.load_cached(cache_file)  # a cached float choice loads straight in that type
+    cached = calibrate.serving(cache_file, calibration)  # float: loaded in it; low-bit: packed at load
     start = {side: calibrate.DTYPES.get(p, torch.float32) if p else None
              for side, p in (("target", cached and cached.target), ("draft", cached and cached.draft))}
     load = _loader(dev, lean)
     progress(f"loading target {spec.target}", 0.0)
     target, tok = load(refs["target"], dtype or start["target"] or auto_dtype,
-                       cached.target if cached and calibration != "fresh" and dtype is None else None)
+                       cached.target if cached and dtype is None else None)
     draft = tok_draft = None
     if load_draft:
         progress(f"loading draft {spec.draft}", 0.6)
