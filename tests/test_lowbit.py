@@ -356,11 +356,9 @@ def test_a_twin_keeps_its_float_tensors_when_the_original_is_cast_after(tok):
     assert covered.get("w4a8", True)  # the kernel path serves the default format
 
 
-@pytest.mark.skipif("w4a8" not in FORMATS, reason="needs the w4a8 kernel")
-def test_a_calibrated_choice_is_the_same_model_as_the_cached_one(monkeypatch, tok):
-    """The model a first calibration hands over (bf16 timed after the w4a8 twin) is the one a
-    cached choice loads: same modules, dtypes and C path, same logits."""
-    from specviz.engine.cpu import kernel_layer
+def _w4a8_wins(monkeypatch, tok):
+    """Calibration offered w4a8 (timed 0.1 s), fp32 (0.6) and bf16 (0.3), on a quiet machine: the
+    builder of the fused tiny target it times."""
     from specviz.engine.cpu.lean import make_lean
     monkeypatch.setattr(cal, "busy", lambda *a: False)
     monkeypatch.setattr(cal.lowbit, "available", lambda: ("w4a8",))
@@ -369,6 +367,15 @@ def test_a_calibrated_choice_is_the_same_model_as_the_cached_one(monkeypatch, to
     monkeypatch.setattr(cal, "time_forwards", lambda m, ns, **kw: {
         n: 0.1 if lowbit.lowbit_format(m) else step[next(m.parameters()).dtype] for n in ns})
     build = lambda: make_lean(tiny_model(len(tok), seed=0, layers=2, hidden=64))  # noqa: E731
+    return build
+
+
+@pytest.mark.skipif("w4a8" not in FORMATS, reason="needs the w4a8 kernel")
+def test_a_calibrated_choice_is_the_same_model_as_the_cached_one(monkeypatch, tok):
+    """The model a first calibration hands over (bf16 timed after the w4a8 twin) is the one a
+    cached choice loads: same modules, dtypes and C path, same logits."""
+    from specviz.engine.cpu import kernel_layer
+    build = _w4a8_wins(monkeypatch, tok)
     fresh, _, choice = cal.calibrate(build(), None, native_bf16=True, min_params=0,
                                      reload=cal.Loaded(build))
     assert choice.target == "w4a8" and "bf16" in choice.timings["target"]
@@ -390,14 +397,7 @@ def test_a_target_packed_at_load_and_timed_again_is_never_cast(monkeypatch, tok)
     model: its first parameter (the fp32 input table) once passed it off as fp32, the bf16 candidate
     cast it in place, and the w4a8 model it chose read bf16 scales as float32 (CI, 2026-11-30: the
     default pair wrote one token 24 times)."""
-    from specviz.engine.cpu.lean import make_lean
-    monkeypatch.setattr(cal, "busy", lambda *a: False)
-    monkeypatch.setattr(cal.lowbit, "available", lambda: ("w4a8",))
-    monkeypatch.setattr(cal.lowbit, "row_exact", lambda: ("w4a8",))
-    step = {torch.float32: 0.6, torch.bfloat16: 0.3}
-    monkeypatch.setattr(cal, "time_forwards", lambda m, ns, **kw: {
-        n: 0.1 if lowbit.lowbit_format(m) else step[next(m.parameters()).dtype] for n in ns})
-    build = lambda: make_lean(tiny_model(len(tok), seed=0, layers=2, hidden=64))  # noqa: E731
+    build = _w4a8_wins(monkeypatch, tok)
     packed = lowbit.to_lowbit(build(), "w4a8")
     assert cal._form(packed) == "w4a8" and next(packed.parameters()).dtype == torch.float32
     got, _, choice = cal.calibrate(packed, None, native_bf16=True, min_params=0, reload=cal.Loaded(build))
