@@ -148,7 +148,8 @@ def _form(model) -> str:
 
 def convert(model, prec: str, reload=None):
     """`model` in precision `prec`. Float casts are in place; int8 makes a
-    quantised copy of an fp32 model; fp32 after a lossy cast needs reload()."""
+    quantised copy of an fp32 model; fp32 after a lossy cast, or anything from a packed or int8
+    model, needs reload()."""
     from ..engine.cpu import speed
     have = _form(model)
     if prec in LOWBIT and have == prec:
@@ -375,10 +376,7 @@ def calibrate(target, draft, *, precision: str = "auto", quantize: str | None = 
                          "use --precision auto")
     reload = reload or Loaded(None, None)
     where = "GPU" if device != "cpu" else "CPU"
-    cached = load_cached(cache_file) if cache_file and mode != "fresh" else None
-    if retime(cached, mode):
-        progress("the cached calibration was timed under load: timing it again now", 0.02)
-        cached = None
+    cached = serving(cache_file, mode, progress) if cache_file else None
     if cached and cached.target in tc and (draft is None or cached.draft in dc):
         progress(f"precision from the calibration cache: {cached.note}", 0.9)
         target = convert(target, cached.target, reload.target)
@@ -426,10 +424,15 @@ def calibrate(target, draft, *, precision: str = "auto", quantize: str | None = 
     return target, draft, choice
 
 
-def serving(cache_file: Path, mode: str) -> Choice | None:
-    """The cached choice calibrate() will take in `mode`, or None (none, mode fresh, or timed again)."""
+def serving(cache_file: Path, mode: str, progress=None) -> Choice | None:
+    """The cached choice calibrate() will take in `mode`, or None (none, mode fresh, or timed again:
+    progress says so)."""
     cached = load_cached(cache_file) if mode != "fresh" else None
-    return None if retime(cached, mode) else cached
+    if not retime(cached, mode):
+        return cached
+    if progress is not None:
+        progress("the cached calibration was timed under load: timing it again now", 0.02)
+    return None
 
 
 def retime(cached: Choice | None, mode: str) -> bool:
